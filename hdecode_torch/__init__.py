@@ -1,0 +1,17 @@
+"""hdecode_torch: Bayes-optimal decoding of hierarchical classifiers, batched on CPU and GPU.
+
+A model gives p(leaf | x); each hierarchical metric has its own best prediction.
+``get_metric(name, hierarchy).decode(leaf_probs)`` returns it for a whole batch.
+"""
+
+from .hierarchy import Hierarchy, list_hierarchies, load_hierarchy
+from .kernels import node_probabilities
+from .kernels.validation import ROW_SUM_TOLERANCE
+from .metrics import CostMatrixMetric, Posterior, get_metric, list_metrics
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Hierarchy", "load_hierarchy", "list_hierarchies", "node_probabilities",
+    "get_metric", "list_metrics", "CostMatrixMetric", "Posterior", "ROW_SUM_TOLERANCE", "__version__",
+]

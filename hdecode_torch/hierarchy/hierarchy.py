@@ -1,0 +1,481 @@
+"""The compiled class tree every kernel, metric and decoder works on."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from .structure import CompiledTree, canonical_order, compile_parents
+
+__all__ = ["Hierarchy"]
+
+
+def _sort_or_keep(items: list) -> list:
+    """Sorted original ids when they are mutually comparable, else first-seen order."""
+    try:
+        return sorted(items)
+    except TypeError:
+        return list(items)
+
+
+class Hierarchy:
+    """A validated class tree compiled into tensors.
+
+    Canonical ids (SPEC §1): leaves are ``0..L-1`` in the model's column order and
+    internal nodes ``L..N-1``, so a class index *is* a leaf's node id.  Build one with
+    :meth:`from_parents`, :meth:`from_dict`, :meth:`from_edges`, :meth:`from_networkx`,
+    :meth:`from_paths`, :meth:`from_json` or :func:`~hdecode_torch.load_hierarchy`.
+
+    Tensor attributes (all on :attr:`device`, ``N`` nodes, ``L`` leaves, ``D`` the
+    deepest leaf's depth):
+
+    - ``parent``: (N,) int64, -1 at the root
+    - ``depth``: (N,) int64, 0 at the root
+    - ``ancestors``: (N, D+1) int64, ``ancestors[n, d]`` is the ancestor of ``n`` at depth
+      ``d`` (``n`` itself at ``d = depth[n]``) and the sentinel ``N`` below ``n``'s depth.
+      This "ancestors by depth" table gives every LCA in O(D) without an N×L matrix.
+    - ``leaf_count``: (N,) int64, number of leaves under each node
+    - ``information``: (N,) float64, ``I(n) = log(L / leaf_count[n])``
+    - ``min_leaf_depth`` / ``max_leaf_depth``: (N,) int64, shallowest / deepest leaf below
+    - ``height``: (N,) int64, ``max_leaf_depth - depth``
+    - ``children_ptr`` (N+1,) / ``children`` (N-1,): int64 CSR of children, ascending ids
+    - ``levels``: list of (n_d,) int64 tensors, the nodes at each depth
+    """
+
+    def __init__(self, parents, names: Sequence[Hashable] | None = None, labels: Sequence[str] | None = None,
+                 *, device: torch.device | str | None = None, _compiled: CompiledTree | None = None):
+        tree = _compiled if _compiled is not None else compile_parents(parents)
+        n = tree.num_nodes
+        if names is None:
+            names = list(range(n))
+        names = list(names)
+        if len(names) != n:
+            raise ValueError(f"Expected `names` to have one entry per node ({n}), but got {len(names)}")
+        if labels is not None:
+            labels = [str(x) for x in labels]
+            if len(labels) != n:
+                raise ValueError(f"Expected `labels` to have one entry per node ({n}), but got {len(labels)}")
+        self._tree = tree
+        self._names = names
+        self._labels = labels
+        self._index: dict | None = None
+        self.num_nodes: int = n
+        self.num_leaves: int = int((tree.children_ptr[1:] == tree.children_ptr[:-1]).sum())
+        self.root: int = int(np.flatnonzero(tree.parent == -1)[0])
+        self.max_depth: int = len(tree.levels) - 1
+        self._device = torch.device(device) if device is not None else torch.device("cpu")
+        self._build_tensors()
+
+    # ------------------------------------------------------------------ tensors
+    def _build_tensors(self) -> None:
+        t, dev = self._tree, self._device
+
+        def T(a):
+            return torch.as_tensor(np.ascontiguousarray(a)).to(dev)
+
+        self.parent = T(t.parent)
+        self.depth = T(t.depth)
+        self.ancestors = T(t.ancestors)
+        self.leaf_count = T(t.leaf_count)
+        self.information = T(np.log(self.num_leaves / t.leaf_count.astype(np.float64)))
+        self.min_leaf_depth = T(t.min_leaf_depth)
+        self.max_leaf_depth = T(t.max_leaf_depth)
+        self.height = self.max_leaf_depth - self.depth
+        self.children_ptr = T(t.children_ptr)
+        self.children = T(t.children)
+        self.levels = [T(lvl) for lvl in t.levels]
+        self._cache: dict[Any, Any] = {}
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def to(self, device: torch.device | str) -> "Hierarchy":
+        """Return this hierarchy with its tensors on ``device`` (``self`` if already there)."""
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        if device == self._device:
+            return self
+        copies = self.__dict__.setdefault("_copies", {self._device: self})
+        if device not in copies:  # one compiled copy per device, shared by all copies
+            new = object.__new__(Hierarchy)
+            new.__dict__.update(self.__dict__)
+            new._device = device
+            new._build_tensors()
+            copies[device] = new
+        return copies[device]
+
+    def cached(self, key: Hashable, build: Callable[[], Any]) -> Any:
+        """Memoize a tree-only derived structure (per hierarchy and device)."""
+        try:
+            return self._cache[key]
+        except KeyError:
+            value = self._cache[key] = build()
+            return value
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        for k in ("parent", "depth", "ancestors", "leaf_count", "information", "min_leaf_depth",
+                  "max_leaf_depth", "height", "children_ptr", "children", "levels", "_cache", "_index", "_copies"):
+            state.pop(k, None)
+        state["_device"] = str(self._device)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._device = torch.device(state["_device"])
+        self._index = None
+        self._build_tensors()
+
+    # ----------------------------------------------------------------- derived
+    @property
+    def leaf_depth(self) -> torch.Tensor:
+        """(L,) int64 depth of each leaf."""
+        return self.depth[: self.num_leaves]
+
+    @property
+    def names(self) -> list:
+        """Original id of every node, in canonical order."""
+        return list(self._names)
+
+    @property
+    def labels(self) -> list[str] | None:
+        """Human-readable labels if the source had them, else ``None``."""
+        return None if self._labels is None else list(self._labels)
+
+    def name(self, node: int) -> Hashable:
+        return self._names[int(node)]
+
+    def label(self, node: int) -> str:
+        """Readable label of ``node`` (its label, else its original id)."""
+        node = int(node)
+        return self._labels[node] if self._labels is not None else str(self._names[node])
+
+    def index(self, original_id: Hashable) -> int:
+        """Canonical id of the node whose original id is ``original_id``."""
+        if self._index is None:
+            self._index = {nm: i for i, nm in enumerate(self._names)}
+        try:
+            return self._index[original_id]
+        except KeyError:
+            raise KeyError(f"Unknown node id {original_id!r}") from None
+        except TypeError:
+            raise TypeError(f"Node ids must be hashable, but got {type(original_id).__name__}") from None
+
+    @property
+    def is_leaf(self) -> torch.Tensor:
+        """(N,) bool."""
+        return torch.arange(self.num_nodes, device=self._device) < self.num_leaves
+
+    @property
+    def num_children(self) -> torch.Tensor:
+        """(N,) int64."""
+        return self.children_ptr[1:] - self.children_ptr[:-1]
+
+    def leaf_ancestor_incidence(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Sparse (L, N) matrix with a 1 where the column is an ancestor of (or is) the row leaf."""
+        def build():
+            anc = self.ancestors[: self.num_leaves]
+            valid = anc < self.num_nodes
+            rows = torch.arange(self.num_leaves, device=self._device)[:, None].expand_as(anc)[valid]
+            idx = torch.stack([rows, anc[valid]])
+            vals = torch.ones(idx.shape[1], dtype=dtype, device=self._device)
+            return torch.sparse_coo_tensor(idx, vals, (self.num_leaves, self.num_nodes), check_invariants=False).coalesce()
+        return self.cached(("leaf_ancestor_incidence", dtype), build)
+
+    @property
+    def parents_list(self) -> list[int]:
+        return self._tree.parent.tolist()
+
+    def statistics(self) -> dict:
+        """Sizes, depths, branching and single-child chains, as plain Python numbers."""
+        t = self._tree
+        nchild = t.children_ptr[1:] - t.children_ptr[:-1]
+        internal = nchild > 0
+        leaf_depth = t.depth[: self.num_leaves]
+        unary = np.flatnonzero(nchild == 1)
+        return {
+            "num_nodes": self.num_nodes,
+            "num_leaves": self.num_leaves,
+            "num_internal": int(internal.sum()),
+            "max_depth": self.max_depth,
+            "min_leaf_depth": int(leaf_depth.min()),
+            "mean_leaf_depth": float(leaf_depth.mean()),
+            "max_branching": int(nchild.max()),
+            "mean_branching": float(nchild[internal].mean()),
+            "num_single_child_nodes": int(unary.size),
+            "leaves_per_depth": {int(d): int(c) for d, c in zip(*np.unique(leaf_depth, return_counts=True))},
+        }
+
+    def __repr__(self) -> str:
+        return (f"Hierarchy(num_nodes={self.num_nodes}, num_leaves={self.num_leaves}, "
+                f"max_depth={self.max_depth}, device={self._device})")
+
+    def __len__(self) -> int:
+        return self.num_nodes
+
+    # ------------------------------------------------------------ constructors
+    @classmethod
+    def from_parents(cls, parents, names: Sequence[Hashable] | None = None, labels: Sequence[str] | None = None,
+                     leaf_order: Sequence[Hashable] | None = None) -> "Hierarchy":
+        """Build from ``parents[i]`` = parent of node ``i`` (``-1`` for the root).
+
+        If the leaves are already ``0..L-1`` (and no ``leaf_order`` is given) the ids are
+        kept.  Otherwise nodes are renumbered: leaves in ``leaf_order`` (original ids;
+        default ascending), then internal nodes in ascending original index.
+        ``names`` are the original ids (default ``0..N-1``).
+        """
+        is_leaf, _ = canonical_order(parents)
+        par = np.asarray(parents, dtype=np.int64)
+        n = par.shape[0]
+        if names is not None and len(names) != n:
+            raise ValueError(f"Expected `names` to have one entry per node ({n}), but got {len(names)}")
+        if labels is not None and len(labels) != n:
+            raise ValueError(f"Expected `labels` to have one entry per node ({n}), but got {len(labels)}")
+        num_leaves = int(is_leaf.sum())
+        names_list = list(range(n)) if names is None else list(names)
+        if leaf_order is None and is_leaf[:num_leaves].all():
+            return cls(par, names_list, labels)
+        if leaf_order is None:
+            leaves = np.flatnonzero(is_leaf)
+        else:
+            pos = {nm: i for i, nm in enumerate(names_list)}
+            leaves = _leaf_positions(leaf_order, pos, is_leaf)
+        order = np.concatenate([leaves, np.flatnonzero(~is_leaf)])
+        new_of_old = np.empty(n, dtype=np.int64)
+        new_of_old[order] = np.arange(n)
+        old_par = par[order]
+        new_par = np.where(old_par >= 0, new_of_old[np.maximum(old_par, 0)], -1)
+        new_names = [names_list[i] for i in order]
+        new_labels = None if labels is None else [labels[i] for i in order]
+        return cls(new_par, new_names, new_labels)
+
+    @classmethod
+    def from_dict(cls, children_of: Mapping[Hashable, Iterable[Hashable]], leaf_order: Sequence[Hashable] | None = None,
+                  labels: Mapping[Hashable, str] | None = None) -> "Hierarchy":
+        """Build from ``{parent: [children, ...]}`` with ids of any hashable type.
+
+        ``leaf_order``: the leaves' ids in model column order (default: sorted ids).
+        Internal nodes get ids ``L..N-1`` in sorted order (first-seen order if the ids
+        cannot be compared).
+        """
+        if not isinstance(children_of, Mapping):
+            raise TypeError(f"Expected `children_of` to be a mapping {{parent: [children]}}, but got {type(children_of).__name__}")
+        pairs = []
+        for p, cs in children_of.items():
+            if isinstance(cs, (str, bytes)) or not isinstance(cs, Iterable):
+                raise TypeError(f"Expected the children of {p!r} to be a list of ids, but got {cs!r}")
+            pairs.extend((p, c) for c in cs)
+        return cls._from_pairs(pairs, leaf_order, labels, extra_nodes=list(children_of.keys()))
+
+    @classmethod
+    def from_edges(cls, pairs: Iterable[tuple[Hashable, Hashable]] | str | os.PathLike,
+                   leaf_order: Sequence[Hashable] | None = None, labels: Mapping[Hashable, str] | None = None,
+                   delimiter: str | None = None) -> "Hierarchy":
+        """Build from ``(parent, child)`` pairs, or from a CSV/TSV file with two columns.
+
+        A file may start with a header line ``parent,child``; lines starting with ``#``
+        are skipped.  The delimiter is sniffed (comma, tab, whitespace) unless given.
+        """
+        if isinstance(pairs, (str, os.PathLike)):
+            pairs = _read_edge_file(pairs, delimiter)
+        pair_list = []
+        for i, e in enumerate(pairs):
+            if isinstance(e, (str, bytes)) or len(e) != 2:
+                raise ValueError(f"Expected `pairs` to hold (parent, child) pairs, but item {i} is {e!r}")
+            pair_list.append((e[0], e[1]))
+        return cls._from_pairs(pair_list, leaf_order, labels)
+
+    @classmethod
+    def from_networkx(cls, graph, leaf_order: Sequence[Hashable] | None = None, label_attr: str | None = "label") -> "Hierarchy":
+        """Build from a ``networkx.DiGraph`` whose edges point from parent to child."""
+        if not hasattr(graph, "edges") or not hasattr(graph, "is_directed"):
+            raise TypeError(f"Expected `graph` to be a networkx DiGraph, but got {type(graph).__name__}")
+        if not graph.is_directed():
+            raise ValueError("Expected `graph` to be directed (parent -> child edges), but it is undirected")
+        labels = None
+        if label_attr is not None:
+            found = {n: d[label_attr] for n, d in graph.nodes(data=True) if label_attr in d}
+            labels = found or None
+        return cls._from_pairs(list(graph.edges()), leaf_order, labels, extra_nodes=list(graph.nodes()))
+
+    @classmethod
+    def from_paths(cls, paths: Sequence[str], sep: str = "/") -> "Hierarchy":
+        """Build from one label path per class, in model column order, e.g. ``"animal/dog/beagle"``.
+
+        Node ids are the path prefixes.  If the paths do not share a first component, an
+        implicit root with id ``""`` is added.  A class path that is a prefix of another
+        class path is an error (use :meth:`with_stop_leaves` on a tree with internal labels).
+        """
+        if isinstance(paths, (str, bytes)):
+            raise TypeError("Expected `paths` to be a sequence of strings, one per class, but got a single string")
+        paths = list(paths)
+        if not paths:
+            raise ValueError("Expected a non-empty tree, but `paths` is empty")
+        split = []
+        for i, p in enumerate(paths):
+            if not isinstance(p, str):
+                raise TypeError(f"Expected `paths` to hold strings, but paths[{i}] is {type(p).__name__}")
+            parts = [x for x in p.strip(sep).split(sep)]
+            if not p.strip(sep) or any(x == "" for x in parts):
+                raise ValueError(f"Expected non-empty path components, but paths[{i}] = {p!r}")
+            split.append(parts)
+        if len(set(map(tuple, split))) != len(split):
+            dup = next(p for p in paths if paths.count(p) > 1)
+            raise ValueError(f"Expected one path per class, but {dup!r} appears twice")
+        firsts = {s[0] for s in split}
+        implicit = len(firsts) > 1 or any(len(s) == 1 for s in split)
+        pairs, leaves = [], []
+        for parts in split:
+            prefix = [sep.join(parts[: i + 1]) for i in range(len(parts))]
+            chain = ([""] if implicit else []) + prefix
+            pairs.extend(zip(chain[:-1], chain[1:]))
+            leaves.append(prefix[-1])
+        pairs = list(dict.fromkeys(pairs))
+        leafset = set(leaves)
+        internal_classes = {p for p, _ in pairs if p in leafset}
+        if internal_classes:
+            raise ValueError(
+                f"Class path {sorted(internal_classes)[0]!r} is a prefix of another class path: classes must be "
+                "leaves. Build the tree without it, then use Hierarchy.with_stop_leaves()"
+            )
+        return cls._from_pairs(pairs, leaves, None)
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike) -> "Hierarchy":
+        """Load ``{"parents": [...], "ids": [...], "labels": [...]}`` (``ids``/``labels`` optional)."""
+        with open(path) as f:
+            data = json.load(f)
+        return cls.from_json_dict(data)
+
+    @classmethod
+    def from_json_dict(cls, data: Mapping) -> "Hierarchy":
+        if not isinstance(data, Mapping) or "parents" not in data:
+            raise ValueError("Expected a JSON object with a `parents` field")
+        return cls.from_parents(data["parents"], names=data.get("ids"), labels=data.get("labels"))
+
+    def to_json_dict(self) -> dict:
+        out = {"num_nodes": self.num_nodes, "num_leaves": self.num_leaves, "parents": self.parents_list,
+               "ids": [x if isinstance(x, (int, str)) else str(x) for x in self._names]}
+        if self._labels is not None:
+            out["labels"] = self.labels
+        return out
+
+    def to_json(self, path: str | os.PathLike) -> None:
+        """Write ``parents`` (canonical), ``ids`` (original ids) and ``labels``; read back with :meth:`from_json`."""
+        with open(path, "w") as f:
+            json.dump(self.to_json_dict(), f)
+
+    @classmethod
+    def _from_pairs(cls, pairs: list, leaf_order, labels, extra_nodes: Iterable[Hashable] = ()) -> "Hierarchy":
+        nodes: dict[Hashable, int] = {}
+        for p, c in pairs:
+            for x in (p, c):
+                try:
+                    nodes.setdefault(x, len(nodes))
+                except TypeError:
+                    raise TypeError(f"Node ids must be hashable, but got {x!r}") from None
+        for x in extra_nodes:
+            nodes.setdefault(x, len(nodes))
+        if not nodes:
+            raise ValueError("Expected a non-empty tree, but got no nodes")
+        ids = list(nodes)
+        n = len(ids)
+        par = np.full(n, -1, dtype=np.int64)
+        seen_parent: dict[int, Hashable] = {}
+        for p, c in pairs:
+            ci = nodes[c]
+            if ci in seen_parent and seen_parent[ci] != p:
+                raise ValueError(f"Node {c!r} has two parents ({seen_parent[ci]!r} and {p!r}): a hierarchy must be a tree")
+            seen_parent[ci] = p
+            par[ci] = nodes[p]
+        is_leaf, _ = canonical_order(par)
+        leaf_ids = [ids[i] for i in np.flatnonzero(is_leaf)]
+        internal_ids = [ids[i] for i in np.flatnonzero(~is_leaf)]
+        if leaf_order is None:
+            leaf_order = _sort_or_keep(leaf_ids)
+        else:
+            leaf_order = list(leaf_order)
+            _leaf_positions(leaf_order, nodes, is_leaf)
+        order_ids = list(leaf_order) + _sort_or_keep(internal_ids)
+        order = np.array([nodes[x] for x in order_ids], dtype=np.int64)
+        new_of_old = np.empty(n, dtype=np.int64)
+        new_of_old[order] = np.arange(n)
+        old_par = par[order]
+        new_par = np.where(old_par >= 0, new_of_old[np.maximum(old_par, 0)], -1)
+        lab = None
+        if labels:
+            lab = [str(labels.get(x, x)) for x in order_ids]
+        return cls(new_par, order_ids, lab)
+
+    def with_stop_leaves(self, nodes: Iterable[int] | None = None, suffix: str = "<stop>") -> "Hierarchy":
+        """A new tree with a "stop" leaf under each given internal node (default: all).
+
+        For datasets whose labels can be internal nodes (paper §3, remark): the label
+        "internal node n" becomes the new leaf ``(name(n), suffix)``.  The new leaves come
+        after the existing ones in column order.
+        """
+        if nodes is None:
+            nodes = range(self.num_leaves, self.num_nodes)
+        nodes = sorted({int(x) for x in nodes})
+        for x in nodes:
+            if not (self.num_leaves <= x < self.num_nodes):
+                raise ValueError(f"Expected internal node ids in {self.num_leaves}..{self.num_nodes - 1}, but got {x}")
+        pairs = [(self._names[int(p)], self._names[c]) for c, p in enumerate(self._tree.parent) if p >= 0]
+        stops = [(self._names[x], suffix) for x in nodes]
+        pairs += [(self._names[x], s) for x, s in zip(nodes, stops)]
+        order = list(self._names[: self.num_leaves]) + stops
+        labels = None
+        if self._labels is not None:
+            labels = dict(zip(self._names, self._labels))
+            labels.update({s: f"{self._labels[x]} ({suffix})" for x, s in zip(nodes, stops)})
+        return Hierarchy._from_pairs(pairs, order, labels)
+
+
+def _leaf_positions(leaf_order, pos: Mapping, is_leaf: np.ndarray) -> np.ndarray:
+    leaf_order = list(leaf_order)
+    out = np.empty(len(leaf_order), dtype=np.int64)
+    for i, x in enumerate(leaf_order):
+        try:
+            j = pos[x]
+        except (KeyError, TypeError):
+            raise ValueError(f"Unknown id {x!r} in `leaf_order` (item {i}): it is not a node of the tree") from None
+        if not is_leaf[j]:
+            raise ValueError(f"`leaf_order` item {i} ({x!r}) is an internal node, not a leaf")
+        out[i] = j
+    if len(set(out.tolist())) != len(out):
+        raise ValueError("Expected each leaf once in `leaf_order`, but some appear twice")
+    if len(out) != int(is_leaf.sum()):
+        raise ValueError(
+            f"Expected `leaf_order` to list all {int(is_leaf.sum())} leaves, but it has {len(out)}"
+        )
+    return out
+
+
+def _read_edge_file(path, delimiter: str | None) -> list[tuple[str, str]]:
+    with open(path, newline="") as f:
+        lines = [ln for ln in f.read().splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    if not lines:
+        raise ValueError(f"Expected (parent, child) lines in {os.fspath(path)!r}, but it is empty")
+    if delimiter is None:
+        first = lines[0]
+        delimiter = "," if "," in first else ("\t" if "\t" in first else None)
+    rows = []
+    if delimiter is None:
+        rows = [ln.split() for ln in lines]
+    else:
+        rows = list(csv.reader(lines, delimiter=delimiter))
+    rows = [[c.strip() for c in r] for r in rows]
+    if rows and [c.lower() for c in rows[0][:2]] == ["parent", "child"]:
+        rows = rows[1:]
+    for i, r in enumerate(rows):
+        if len(r) < 2:
+            raise ValueError(f"Expected two columns (parent, child) in {os.fspath(path)!r}, but line {i + 1} is {r!r}")
+    return [(r[0], r[1]) for r in rows]

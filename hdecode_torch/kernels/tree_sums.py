@@ -1,0 +1,65 @@
+"""Sums over subtrees and over root paths: the two tree reductions every metric is made of.
+
+Pure functions of (hierarchy tables, tensor) -> tensor.  Each runs one vectorized
+step per tree level (a loop over depth, never over nodes or samples), so the work is
+O(N * prod(rest)) with no N x L matrix.
+
+Layout: **node-major**, ``(N, *)`` — the node dimension first and the batch after it.
+Each level step then moves whole contiguous rows (one row per node), which on CPU is
+about 4x faster than scattering along the last dimension of a ``(B, N)`` tensor
+(measured on tieredImageNet-H, B = 4000: 3.9 ms vs 16.8 ms).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .segment import index_add_rows
+
+__all__ = ["subtree_sum", "leaf_to_node_sum", "path_sum", "level_pairs"]
+
+
+def level_pairs(h) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``[(nodes_d, parent(nodes_d)) for d = D..1]``, cached on the hierarchy."""
+    def build():
+        return [(lvl, h.parent[lvl]) for lvl in reversed(h.levels[1:])]
+    return h.cached("level_pairs", build)
+
+
+def subtree_sum(h, values: torch.Tensor) -> torch.Tensor:
+    """Sum of ``values`` over every node's subtree, the node included.
+
+    values: (N, *) float, node-major.  Returns a new (N, *) tensor, same dtype:
+    ``out[n] = Σ_{m ∈ D(n)} values[m]``.
+    """
+    out = values.clone()
+    for nodes, parents in level_pairs(h):
+        index_add_rows(out, parents, out.index_select(0, nodes))
+    return out
+
+
+def leaf_to_node_sum(h, leaf_values: torch.Tensor) -> torch.Tensor:
+    """Push leaf values up the tree: ``out[n] = Σ_{l ∈ L(n)} leaf_values[l]``.
+
+    leaf_values: (L, *) float, leaf-major.  Returns (N, *), same dtype.  With
+    probabilities this is p(n) for every node.
+    """
+    out = leaf_values.new_zeros((h.num_nodes,) + tuple(leaf_values.shape[1:]))
+    out[: h.num_leaves] = leaf_values
+    for nodes, parents in level_pairs(h):
+        index_add_rows(out, parents, out.index_select(0, nodes))
+    return out
+
+
+def path_sum(h, values: torch.Tensor, include_root: bool = True) -> torch.Tensor:
+    """Sum of ``values`` along every root path: ``out[n] = Σ_{a ∈ A(n)} values[a]``.
+
+    values: (N, *) float or int.  With ``include_root=False`` the root's row is left out
+    of every sum.  Returns a new (N, *) tensor.
+    """
+    out = values.clone()
+    if not include_root:
+        out[h.root] = 0
+    for nodes, parents in reversed(level_pairs(h)):
+        out.index_copy_(0, nodes, out.index_select(0, nodes) + out.index_select(0, parents))
+    return out

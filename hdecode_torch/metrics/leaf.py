@@ -1,0 +1,53 @@
+"""Leaf metrics: top-1 accuracy and the LCA height (mistake severity of Karthik et al.)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..kernels.ancestry import lca
+from ..kernels.tree_sums import path_sum
+from .base import NodeMetric
+from .posterior import Posterior
+
+__all__ = ["Accuracy", "LCAHeight"]
+
+
+class Accuracy(NodeMetric):
+    """1 if the predicted node is the target leaf, else 0."""
+
+    name = "accuracy"
+    kind = "leaf"
+    higher_is_better = True
+    description = "1 if the predicted leaf is the target (top-1 accuracy)"
+
+    def _values(self, h, pred, target):
+        return (pred == target).to(torch.float64)
+
+    def expected_table(self, post: Posterior) -> torch.Tensor:
+        """(N, B): p(n) on leaves, 0 on internal nodes."""
+        out = post.node.clone()
+        out[post.h.num_leaves:] = 0
+        return out
+
+
+class LCAHeight(NodeMetric):
+    """height(LCA(h, y)): 0 for a correct leaf, larger for mistakes that split higher up."""
+
+    name = "lca_height"
+    kind = "leaf"
+    higher_is_better = False
+    description = "height of LCA(prediction, target), Karthik et al. 2021 (lower is better)"
+
+    def _values(self, h, pred, target):
+        return h.height[lca(h, pred, target)].to(torch.float64)
+
+    def expected_table(self, post: Posterior) -> torch.Tensor:
+        """(N, B) ``Σ_j height(a_j) (p(a_j) - p(a_{j+1})) + height(h) p(h)`` over h's root path a_0..a_k = h:
+        the mass that splits off the path at a_j has its LCA with h at a_j."""
+        h, p = post.h, post.node
+        height = h.height.to(p.dtype)
+        nonroot = torch.ones(h.num_nodes, dtype=torch.bool, device=p.device)
+        nonroot[h.root] = False
+        par = h.parent.clamp(min=0)
+        split = torch.where(nonroot[:, None], height[par, None] * (p[par] - p), torch.zeros_like(p))
+        return path_sum(h, split) + height[:, None] * p

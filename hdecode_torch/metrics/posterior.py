@@ -1,0 +1,99 @@
+"""The sufficient statistics of a batch of leaf distributions, computed once and shared.
+
+A :class:`Posterior` holds checked leaf probabilities and computes, lazily and only
+once, the node-level sums that metrics and decoders need (node probabilities, sums of
+leaf-weighted probabilities, per-leaf-depth masses).  Several metrics evaluated on the
+same batch (e.g. a ``MetricCollection``) reuse one Posterior.  All tables are
+node-major: ``(N, B)`` or ``(N, E, B)``.
+"""
+
+from __future__ import annotations
+
+from typing import Hashable
+
+import torch
+
+from ..kernels.tree_sums import leaf_to_node_sum
+from ..kernels.validation import prepare_leaf_probs
+
+__all__ = ["Posterior"]
+
+
+class Posterior:
+    """Leaf probabilities of a batch and the node sums derived from them.
+
+    Attributes:
+        h: the hierarchy, on the probabilities' device.
+        probs: (B, L) float32/float64 checked probabilities.
+        unbatched: whether the user passed a single (L,) distribution.
+    """
+
+    def __init__(self, h, leaf_probs, *, from_logits: bool = False, normalize: bool = False,
+                 validate: bool = True, name: str = "leaf_probs"):
+        if isinstance(leaf_probs, Posterior):
+            raise TypeError("Posterior already built")
+        probs, unbatched = prepare_leaf_probs(leaf_probs, h.num_leaves, name=name, from_logits=from_logits,
+                                              normalize=normalize, validate=validate)
+        self.h = h.to(probs.device)
+        self.probs = probs
+        self.unbatched = unbatched
+        self._memo: dict[Hashable, torch.Tensor] = {}
+
+    @classmethod
+    def of(cls, h, leaf_probs, **kwargs) -> "Posterior":
+        """``leaf_probs`` if it already is a Posterior of ``h``, else a new one."""
+        if isinstance(leaf_probs, Posterior):
+            return leaf_probs
+        return cls(h, leaf_probs, **kwargs)
+
+    def chunk(self, start: int, stop: int) -> "Posterior":
+        """The samples ``start:stop`` as a Posterior (no re-validation)."""
+        new = object.__new__(Posterior)
+        new.h, new.probs, new.unbatched, new._memo = self.h, self.probs[start:stop], False, {}
+        return new
+
+    @property
+    def batch_size(self) -> int:
+        return self.probs.shape[0]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.probs.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.probs.device
+
+    def _get(self, key, build):
+        if key not in self._memo:
+            self._memo[key] = build()
+        return self._memo[key]
+
+    @property
+    def node(self) -> torch.Tensor:
+        """(N, B) node probabilities p(n)."""
+        return self._get("node", lambda: leaf_to_node_sum(self.h, self.probs.t()))
+
+    def weighted_node(self, key: Hashable, leaf_weights: torch.Tensor) -> torch.Tensor:
+        """(N, B) ``Σ_{l ∈ L(n)} p(l) w(l)`` for a fixed per-leaf weight ``leaf_weights`` (L,)."""
+        return self._get(("weighted", key), lambda: leaf_to_node_sum(
+            self.h, self.probs.t() * leaf_weights.to(self.dtype)[:, None]))
+
+    def leaf_depth_values(self) -> torch.Tensor:
+        """(E,) int64 the distinct leaf depths, ascending."""
+        return self.h.cached("leaf_depth_values", lambda: torch.unique(self.h.leaf_depth))
+
+    def by_leaf_depth(self) -> torch.Tensor:
+        """(N, E, B) per-leaf-depth masses ``Q[n, e] = Σ_{l ∈ L(n), d(l) = depths[e]} p(l)``."""
+        def build():
+            h = self.h
+            depths = self.leaf_depth_values()
+            group = h.cached("leaf_depth_group", lambda: torch.searchsorted(depths, h.leaf_depth))
+            leaf = self.probs.new_zeros(h.num_leaves, depths.numel(), self.batch_size)
+            leaf.scatter_(1, group[:, None, None].expand(-1, 1, self.batch_size), self.probs.t()[:, None, :])
+            return leaf_to_node_sum(h, leaf)
+        return self._get("by_leaf_depth", build)
+
+    def expected_leaf_depth(self) -> torch.Tensor:
+        """(B,) E[d(y)]."""
+        return self._get("e_depth", lambda: self.probs @ self.h.leaf_depth.to(self.dtype))

@@ -1,0 +1,172 @@
+"""Every metric against the plain reference implementation (tests/reference.py)."""
+
+import numpy as np
+import pytest
+import torch
+
+import hdecode_torch as hd
+import reference as ref
+from testing import DEVICES, batch, bundled, metric_cases, model_like, random_trees
+
+
+def _ref_set(info, mask):
+    return np.asarray(mask, dtype=bool)
+
+
+@pytest.mark.parametrize("name,params", list(metric_cases()))
+@pytest.mark.parametrize("device", DEVICES)
+def test_values_and_expected_on_random_trees(name, params, device):
+    rng = np.random.default_rng(hash(name) % 1000)
+    for h, info in random_trees(1, 25, num_nodes_max=13):
+        h = h.to(device)
+        m = hd.get_metric(name, h, **params)
+        B = 12
+        P = batch(rng, B, info.L)
+        y = rng.integers(0, info.L, B)
+        pred = rng.integers(0, info.N, B)
+        got = m(torch.as_tensor(pred, device=device), torch.as_tensor(y, device=device)).cpu().numpy()
+        want = [ref.metric_value(info, name, int(pred[b]), int(y[b]), **params) for b in range(B)]
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+        e = m.expected(torch.as_tensor(P, device=device), torch.as_tensor(pred, device=device)).cpu().numpy()
+        e_want = [ref.expected(info, name, P[b], int(pred[b]), **params) for b in range(B)]
+        np.testing.assert_allclose(e, e_want, rtol=1e-10, atol=1e-12)
+        if m.kind == "set":
+            masks = rng.random((B, info.N)) < 0.4
+            got = m(torch.as_tensor(masks, device=device), torch.as_tensor(y, device=device)).cpu().numpy()
+            want = [ref.metric_value(info, name, masks[b], int(y[b]), **params) for b in range(B)]
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+            e = m.expected(torch.as_tensor(P, device=device), torch.as_tensor(masks, device=device)).cpu().numpy()
+            e_want = [ref.expected(info, name, P[b], masks[b], **params) for b in range(B)]
+            np.testing.assert_allclose(e, e_want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("tree", ["tieredimagenet-h", "inat19"])
+@pytest.mark.parametrize("name,params", list(metric_cases()))
+def test_values_and_expected_on_bundled_trees(tree, name, params):
+    h, info = bundled(tree)
+    rng = np.random.default_rng(3)
+    m = hd.get_metric(name, h, **params)
+    B = 6
+    P = model_like(rng, h, B, "confused")
+    y = rng.integers(0, info.L, B)
+    pred = np.concatenate([rng.integers(0, info.N, B - 2), y[:1], [h.root]])
+    got = m(torch.as_tensor(pred), torch.as_tensor(y)).numpy()
+    want = [ref.metric_value(info, name, int(pred[b]), int(y[b]), **params) for b in range(B)]
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    e = m.expected(torch.as_tensor(P), torch.as_tensor(pred)).numpy()
+    e_want = [ref.expected(info, name, P[b], int(pred[b]), **params) for b in range(B)]
+    np.testing.assert_allclose(e, e_want, rtol=1e-9, atol=1e-12)
+
+
+def test_known_values():
+    # A chain of depth 8 ending in two sibling leaves at depth 9.
+    parents = {f"n{i}": [f"n{i + 1}"] for i in range(8)}
+    parents["n8"] = ["a", "b"]
+    h = hd.Hierarchy.from_dict(parents, leaf_order=["a", "b"])
+    a, b = torch.tensor([0]), torch.tensor([1])
+    assert hd.get_metric("wu_palmer", h)(a, b).item() == pytest.approx(8 / 9)
+    assert hd.get_metric("tree_distance", h)(a, b).item() == 2
+    assert hd.get_metric("mistake_severity", h)(a, a).item() == 0
+    assert hd.get_metric("lca_height", h)(a, b).item() == 1
+    assert hd.get_metric("hf_beta", h, beta=1.0)(a, b).item() == pytest.approx(0.9)
+    assert hd.get_metric("jaccard", h)(a, b).item() == pytest.approx(9 / 11)
+    assert hd.get_metric("hamming", h)(a, b).item() == pytest.approx(2 / 10)
+    root = torch.tensor([h.root])
+    assert hd.get_metric("wu_palmer", h)(root, b).item() == 0
+    assert hd.get_metric("tree_distance_c", h, c=0.5)(root, b).item() == 9
+
+
+def test_wu_palmer_and_zhao_match_dense_cost():
+    h, info = bundled("tieredimagenet-h")
+    nodes = torch.arange(h.num_nodes).repeat_interleave(h.num_leaves)
+    leaves = torch.arange(h.num_leaves).repeat(h.num_nodes)
+    for name in ("wu_palmer", "zhao"):
+        got = hd.get_metric(name, h)(nodes, leaves).view(h.num_nodes, h.num_leaves).numpy()
+        want = 1 - ref.cost_matrix(info, name)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-15)
+
+
+def test_cost_matrix_metric_equals_builtin():
+    h, info = bundled("inat19")
+    rng = np.random.default_rng(0)
+    cost = ref.cost_matrix(info, "tree_distance")
+    m = hd.CostMatrixMetric(h, cost)
+    P = torch.as_tensor(model_like(rng, h, 5, "diffuse"))
+    pred = torch.as_tensor(rng.integers(0, h.num_nodes, 5))
+    builtin = hd.get_metric("tree_distance", h)
+    torch.testing.assert_close(m.expected(P, pred), builtin.expected(P, pred))
+    assert torch.equal(m(pred, torch.arange(5)), builtin(pred, torch.arange(5)))
+
+
+def test_node_probabilities_match_reference():
+    for h, info in random_trees(5, 30):
+        rng = np.random.default_rng(1)
+        P = batch(rng, 7, info.L)
+        got = hd.node_probabilities(h, torch.as_tensor(P)).numpy()
+        want = np.stack([ref.node_probs(info, p) for p in P])
+        np.testing.assert_allclose(got, want, atol=1e-12)
+        one = hd.node_probabilities(h, torch.as_tensor(P[0]))
+        assert one.shape == (info.N,)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_node_probabilities_dtypes(dtype):
+    h, _ = bundled("tieredimagenet-h")
+    P = torch.softmax(torch.randn(9, h.num_leaves, dtype=torch.float64), 1)
+    out = hd.node_probabilities(h, P.to(dtype))
+    assert out.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    torch.testing.assert_close(out[:, h.root], torch.ones(9, dtype=out.dtype), atol=1e-2, rtol=0)
+    ref_out = hd.node_probabilities(h, P.to(dtype).to(torch.float64), validate=False)
+    torch.testing.assert_close(out.to(torch.float64), ref_out, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bad,exc,match", [
+    (lambda L: torch.full((2, L), 1.0 / L).neg(), ValueError, "from_logits=True"),
+    (lambda L: torch.full((2, L), float("nan")), ValueError, "NaN"),
+    (lambda L: torch.full((2, L), 2.0 / L), ValueError, "normalize=True"),
+    (lambda L: torch.full((2, L + 1), 1.0 / (L + 1)), ValueError, "columns"),
+    (lambda L: torch.ones(2, L, dtype=torch.long), TypeError, "floating-point"),
+    (lambda L: torch.ones(2, 2, L), ValueError, "shape"),
+    (lambda L: "probs", TypeError, "torch.Tensor"),
+])
+def test_bad_probabilities(bad, exc, match):
+    h, _ = bundled("inat19")
+    with pytest.raises(exc, match=match):
+        hd.node_probabilities(h, bad(h.num_leaves))
+    m = hd.get_metric("wu_palmer", h)
+    with pytest.raises(exc, match=match):
+        m.expected(bad(h.num_leaves), torch.zeros(2, dtype=torch.long))
+
+
+def test_normalize_and_logits():
+    h, _ = bundled("inat19")
+    x = torch.rand(3, h.num_leaves, dtype=torch.float64)
+    p = hd.node_probabilities(h, x, normalize=True)
+    torch.testing.assert_close(p[:, h.root], torch.ones(3, dtype=torch.float64))
+    q = hd.node_probabilities(h, x, from_logits=True)
+    torch.testing.assert_close(q, hd.node_probabilities(h, torch.softmax(x, 1)))
+
+
+def test_bad_targets_and_params():
+    h, _ = bundled("inat19")
+    m = hd.get_metric("tree_distance", h)
+    with pytest.raises(ValueError, match="target"):
+        m(torch.tensor([0]), torch.tensor([h.num_leaves]))
+    with pytest.raises(ValueError, match="target"):
+        m(torch.tensor([0]), torch.tensor([-1]))
+    with pytest.raises(TypeError, match="target"):
+        m(torch.tensor([0]), torch.tensor([0.5]))
+    with pytest.raises(ValueError, match="pred"):
+        m(torch.tensor([h.num_nodes]), torch.tensor([0]))
+    with pytest.raises(ValueError, match="Expected `beta` to be a float > 0, but got -1"):
+        hd.get_metric("hf_beta", h, beta=-1)
+    with pytest.raises(ValueError, match="`c`"):
+        hd.get_metric("tree_distance_c", h, c=-0.5)
+    with pytest.raises(ValueError, match="Unknown metric"):
+        hd.get_metric("f1", h)
+    with pytest.raises(ValueError, match="Bad parameters"):
+        hd.get_metric("wu_palmer", h, beta=2)
+    with pytest.raises(ValueError, match="shape"):
+        hd.CostMatrixMetric(h, torch.zeros(3, 3))
+    with pytest.raises(TypeError, match="bool set"):
+        m(torch.zeros(1, h.num_nodes, dtype=torch.bool), torch.tensor([0]))
