@@ -40,20 +40,23 @@ def ancestor_closure(h, sets: torch.Tensor) -> torch.Tensor:
     return (counts > 0).t()
 
 
-def argbest(h, values: torch.Tensor, higher_is_better: bool, mask: torch.Tensor | None = None) -> torch.Tensor:
-    """Best node per column of a node-major score table, with deterministic ties.
+def argbest(h, values: torch.Tensor, higher_is_better: bool, mask: torch.Tensor | None = None,
+            prefer_deep: bool = True, ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Best entry per column of a node-major score table, with deterministic ties.
 
-    values: (K, B) float scores of nodes ``ids`` (K = N, or the first K ids, e.g. leaves);
-    mask: optional (K, B) bool of allowed entries.  Among exactly tied best scores the
-    deepest node wins, then the smallest id.  Returns (B,) int64.
+    values: (K, B) float scores; ``ids``: (K, B) int64 node id of each entry (default: row
+    ``k`` is node ``k``, e.g. K = N for all nodes or K = L for the leaves); mask: optional
+    (K, B) bool of allowed entries.  Among exactly tied best scores the deepest node wins
+    (unless ``prefer_deep=False``), then the smallest id.  Returns (B,) int64 *node ids*.
     """
     v = values if higher_is_better else -values
     if mask is not None:
         v = v.masked_fill(~mask, float("-inf"))
     best = v.max(dim=0, keepdim=True).values
-    k = values.shape[0]
-    depth = h.depth[:k]
-    ids = torch.arange(k, device=values.device)
-    key = depth * k + (k - 1 - ids)  # deeper first, then smaller id
-    key = torch.where(v == best, key[:, None], torch.full_like(key[:, None], -1))
-    return key.argmax(dim=0)
+    n = h.num_nodes
+    if ids is None:
+        ids = torch.arange(values.shape[0], device=values.device)[:, None].expand_as(values)
+    key = (h.depth[ids] * n if prefer_deep else 0) + (n - 1 - ids)  # deeper first, then smaller id
+    key = torch.where(v == best, key, torch.full_like(key, -1))
+    pos = key.argmax(dim=0, keepdim=True)
+    return ids.gather(0, pos)[0]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.ancestry import ancestor_closure, ancestor_mask
+from ..kernels.ancestry import ancestor_closure, ancestor_mask, argbest
 from ..kernels.chunking import chunk_ranges
 from ..kernels.validation import check_node_ids, check_node_sets, check_targets
 from .posterior import Posterior
@@ -97,6 +97,32 @@ class NodeMetric(BaseMetric):
                          for a, b in self._chunks(post, chunk_size)])
         return out[0] if post.unbatched else out
 
+    def decode(self, leaf_probs, *, validate: bool | None = None, chunk_size: int | None = None) -> torch.Tensor:
+        """Bayes-optimal prediction: the node (leaf, for leaf metrics) of best expected value.
+
+        leaf_probs: (B, L) or (L,) float (or a :class:`Posterior`).  Returns (B,) (or ()) int64
+        node ids.  Large batches are decoded in chunks bounded by the memory budget.  Exact
+        ties go to the deepest node, then the smallest id (leaf metrics: the smallest id).
+        """
+        post = self._posterior(leaf_probs, validate)
+        parts = [self._decode(post.chunk(a, b)) for a, b in self._chunks(post, chunk_size)]
+        out = torch.cat(parts) if len(parts) > 1 else parts[0]
+        return out[0] if post.unbatched else out
+
+    def _decode(self, post: Posterior) -> torch.Tensor:
+        """Default: exhaustive over the structural table of every node (leaves for leaf metrics)."""
+        table = self.expected_table(post)
+        if self.kind == "leaf":
+            return argbest(post.h, table[: post.h.num_leaves], self.higher_is_better, prefer_deep=False)
+        return argbest(post.h, table, self.higher_is_better)
+
+    def dense_matrix(self) -> torch.Tensor:
+        """(N, L) float64 value of every (node, leaf) pair — O(N·L) memory, for small trees and tests."""
+        h = self.hierarchy
+        nodes = torch.arange(h.num_nodes, device=h.device)
+        leaves = torch.arange(h.num_leaves, device=h.device)
+        return self._values(h, nodes[:, None].expand(-1, h.num_leaves), leaves[None, :].expand(h.num_nodes, -1))
+
     # --- to implement
     def _values(self, h, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -153,6 +179,20 @@ class SetMetric(BaseMetric):
             raise ValueError(f"Expected `pred` to have {post.batch_size} rows, but got {sets2.shape[0]}")
         out = torch.cat([self._expected_sets(post.chunk(a, b), sets2[a:b]) for a, b in self._chunks(post, chunk_size)])
         return out[0] if post.unbatched else out
+
+    def decode(self, leaf_probs, *, validate: bool | None = None, chunk_size: int | None = None) -> torch.Tensor:
+        """Bayes-optimal node set.  leaf_probs: (B, L) or (L,) float (or a Posterior).
+
+        Returns (B, N) (or (N,)) bool, ancestor-closed, containing the root.
+        """
+        post = self._posterior(leaf_probs, validate)
+        parts = [self._decode(post.chunk(a, b)) for a, b in self._chunks(post, chunk_size)]
+        out = torch.cat(parts) if len(parts) > 1 else parts[0]
+        return out[0] if post.unbatched else out
+
+    def _decode(self, post: Posterior) -> torch.Tensor:
+        raise NotImplementedError(
+            f"No Bayes-optimal decoder for `{self.name}`: SPEC §4.1 defines exact rules for hf_beta and hamming only")
 
     def _from_counts(self, inter, size, ysize):
         raise NotImplementedError

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels.ancestry import argbest
+from ..kernels.pruning import PruningStatistics, candidate_mask, compact, pruning_statistics
 from ..kernels.validation import as_tensor
 from .base import NodeMetric
 from .posterior import Posterior
@@ -21,8 +23,14 @@ class CostMatrixMetric(NodeMetric):
     name = "cost_matrix"
     description = "user-supplied (N, L) cost matrix"
 
-    def __init__(self, hierarchy, cost, higher_is_better: bool = False, name: str | None = None, **kw):
+    STRATEGIES = ("auto", "candidates", "dense")
+
+    def __init__(self, hierarchy, cost, higher_is_better: bool = False, name: str | None = None,
+                 strategy: str = "auto", **kw):
         super().__init__(hierarchy, **kw)
+        if strategy not in self.STRATEGIES:
+            raise ValueError(f"Expected `strategy` to be one of {self.STRATEGIES}, but got {strategy!r}")
+        self.strategy = strategy
         c = as_tensor(cost, "cost")
         if not c.is_floating_point():
             c = c.to(torch.float64)
@@ -36,6 +44,21 @@ class CostMatrixMetric(NodeMetric):
         if name is not None:
             self.name = name
         self._cost_on: dict = {}
+        self._pruning: PruningStatistics | None = None
+
+    @property
+    def pruning(self) -> PruningStatistics:
+        """Lemma 4.3 / Prop. E.6 statistics, computed once (vectorized over N×L)."""
+        if self._pruning is None:
+            h = self.hierarchy
+            as_cost = -self.cost if self.higher_is_better else self.cost
+            self._pruning = pruning_statistics(h, as_cost.to(h.device))
+        return self._pruning
+
+    @property
+    def is_hierarchically_reasonable(self) -> bool:
+        """Whether the cost satisfies the paper's conditions (eq. 2 and eq. 1 or its root form)."""
+        return self.pruning.reasonable
 
     def cost_on(self, device, dtype) -> torch.Tensor:
         """The cost matrix on ``device`` in ``dtype`` (cached)."""
@@ -49,6 +72,23 @@ class CostMatrixMetric(NodeMetric):
 
     def _bytes_per_sample(self, h):
         return 8 * h.num_nodes * 2
+
+    def _decode(self, post: Posterior) -> torch.Tensor:
+        """Pruned candidates when the cost is hierarchically reasonable, else exhaustive search.
+
+        ``strategy="dense"`` always takes the exhaustive (N, B) table; ``"candidates"`` and
+        ``"auto"`` prune (falling back to exhaustive when the cost is not reasonable).
+        """
+        h = post.h
+        stats = self.pruning
+        if self.strategy == "dense" or not stats.reasonable:
+            return argbest(h, self.expected_table(post), self.higher_is_better)
+        if stats.m_in.device != h.device:
+            stats = self._pruning = stats.to(h.device)
+        ids, valid = compact(candidate_mask(h, post.node, stats), fill=h.root)
+        rows = self.cost_on(post.device, post.dtype)[ids]  # (C, B, L)
+        risk = torch.einsum("cbl,bl->cb", rows, post.probs)
+        return argbest(h, risk, self.higher_is_better, mask=valid, ids=ids)
 
     def expected_table(self, post: Posterior) -> torch.Tensor:
         """(N, B) ``cost @ probsᵀ``."""

@@ -23,6 +23,10 @@ class Accuracy(NodeMetric):
     def _values(self, h, pred, target):
         return (pred == target).to(torch.float64)
 
+    def _decode(self, post: Posterior) -> torch.Tensor:
+        """argmax leaf (ties: smallest id)."""
+        return post.probs.argmax(dim=1)
+
     def expected_table(self, post: Posterior) -> torch.Tensor:
         """(N, B): p(n) on leaves, 0 on internal nodes."""
         out = post.node.clone()

@@ -14,6 +14,7 @@ import torch
 from ..kernels.ancestry import lca, lca_depth
 from ..kernels.tree_sums import path_sum
 from ..kernels.validation import check_nonnegative
+from ..kernels.closed_forms import deepest_above
 from .base import NodeMetric
 from .posterior import Posterior
 
@@ -36,6 +37,12 @@ class TreeDistance(NodeMetric):
         d = h.depth
         return (d[pred] + d[target] - 2 * lca_depth(h, pred, target)).to(torch.float64)
 
+    threshold = 0.5
+
+    def _decode(self, post: Posterior) -> torch.Tensor:
+        """Deepest node with p(n) > (1 + c) / 2 (c = 0 here), the root if none."""
+        return deepest_above(post.h, post.node, self.threshold)
+
     def expected_table(self, post: Posterior) -> torch.Tensor:
         h, p = post.h, post.node
         depth = h.depth.to(p.dtype)[:, None]
@@ -51,6 +58,7 @@ class TreeDistanceC(TreeDistance):
     def __init__(self, hierarchy, c: float = 1.0, **kw):
         super().__init__(hierarchy, **kw)
         self.c = check_nonnegative(c, "c")
+        self.threshold = (1 + self.c) / 2
 
     @property
     def params(self):
@@ -63,12 +71,61 @@ class TreeDistanceC(TreeDistance):
         return super().expected_table(post) + self.c * post.h.depth.to(post.dtype)[:, None]
 
 
-class WuPalmer(NodeMetric):
+class _DecodeStrategy(NodeMetric):
+    """Node metrics whose decoder can also run on their dense (N, L) matrix.
+
+    ``strategy``: ``"structural"`` (risks from root-path sums, no N×L tensor), ``"dense"``
+    (one (N, L) @ (L, B) product), ``"candidates"`` (Lemma 4.3 / Prop. E.6 pruning on the
+    dense matrix, then the candidates' risks), or ``"auto"``: dense while N·L ≤
+    ``DENSE_MAX_ENTRIES`` when that measured faster for this metric, else structural.
+    """
+
+    STRATEGIES = ("auto", "structural", "dense", "candidates")
+    DENSE_MAX_ENTRIES = 2_000_000
+    dense_is_faster = False
+
+    def __init__(self, hierarchy, strategy: str = "auto", **kw):
+        super().__init__(hierarchy, **kw)
+        if strategy not in self.STRATEGIES:
+            raise ValueError(f"Expected `strategy` to be one of {self.STRATEGIES}, but got {strategy!r}")
+        self.strategy = strategy
+        self._as_cost = None
+
+    def _resolved_strategy(self) -> str:
+        if self.strategy != "auto":
+            return self.strategy
+        h = self.hierarchy
+        small = h.num_nodes * h.num_leaves <= self.DENSE_MAX_ENTRIES
+        return "dense" if (small and self.dense_is_faster) else "structural"
+
+    def as_cost_matrix_metric(self):
+        """This metric as a :class:`CostMatrixMetric` (dense; built once)."""
+        if self._as_cost is None:
+            from .cost_matrix import CostMatrixMetric
+
+            h = self.hierarchy
+            if h.num_nodes * h.num_leaves > 50 * self.DENSE_MAX_ENTRIES:
+                raise ValueError(f"The dense strategies need an N×L matrix ({h.num_nodes}×{h.num_leaves}); "
+                                 "use strategy='structural' on a tree this large")
+            strategy = "dense" if self._resolved_strategy() == "dense" else "candidates"
+            self._as_cost = CostMatrixMetric(h, self.dense_matrix(), higher_is_better=self.higher_is_better,
+                                             name=self.name, strategy=strategy, validate=False)
+        return self._as_cost
+
+    def _decode(self, post: Posterior) -> torch.Tensor:
+        if self._resolved_strategy() == "structural":
+            return super()._decode(post)
+        return self.as_cost_matrix_metric()._decode(post)
+
+
+class WuPalmer(_DecodeStrategy):
     """Wu-Palmer similarity 2 d(LCA) / (d(h) + d(y))."""
 
     name = "wu_palmer"
     higher_is_better = True
     description = "Wu-Palmer similarity 2 d(LCA) / (d(h) + d(y))"
+    # tieredImageNet-H, B = 4000, 2-core CPU: dense 61 ms vs structural 218 ms (10 leaf depths).
+    dense_is_faster = True
 
     def _values(self, h, pred, target):
         d = h.depth.to(torch.float64)
@@ -88,7 +145,7 @@ class WuPalmer(NodeMetric):
         return torch.einsum("neb,ne->nb", s, w)
 
 
-class Zhao(NodeMetric):
+class Zhao(_DecodeStrategy):
     """Zhao et al.'s information-content similarity 2 I(LCA) / (I(h) + I(y)), I(n) = log(L / |L(n)|).
 
     With a single leaf every I is 0; the value is then defined as 1.
@@ -97,6 +154,8 @@ class Zhao(NodeMetric):
     name = "zhao"
     higher_is_better = True
     description = "Zhao similarity 2 I(LCA) / (I(h) + I(y)), information content I"
+    # tieredImageNet-H, B = 4000, 2-core CPU: structural 34 ms vs dense 49 ms.
+    dense_is_faster = False
 
     def _values(self, h, pred, target):
         info = h.information

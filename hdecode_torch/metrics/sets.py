@@ -10,6 +10,8 @@ import torch
 
 from ..kernels.tree_sums import path_sum
 from ..kernels.validation import check_positive
+from ..kernels.closed_forms import hamming_set
+from ..kernels.hf_beta import decode_hf_beta
 from .base import SetMetric
 from .posterior import Posterior
 
@@ -30,6 +32,9 @@ class HFBeta(SetMetric):
     @property
     def params(self):
         return {"beta": self.beta}
+
+    def _decode(self, post: Posterior) -> torch.Tensor:
+        return decode_hf_beta(post.h, post.node, post.by_leaf_depth(), post.leaf_depth_values(), self.beta)
 
     def _from_counts(self, inter, size, ysize):
         b2 = self.beta ** 2
@@ -56,6 +61,9 @@ class Hamming(SetMetric):
     name = "hamming"
     higher_is_better = False
     description = "symmetric difference |h+ xor y+| / |y+| (lower is better)"
+
+    def _decode(self, post: Posterior) -> torch.Tensor:
+        return hamming_set(post.h, self.inverse_depth_mass(post))
 
     def _from_counts(self, inter, size, ysize):
         return (size + ysize - 2 * inter) / ysize

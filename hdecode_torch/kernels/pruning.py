@@ -1,0 +1,117 @@
+"""Candidate pruning for node metrics given as a cost matrix (paper Lemma 4.3 and Prop. E.6).
+
+For a non-root node n with parent π(n) and δ(n, l) = C(n, l) − C(π(n), l):
+
+- ``m_in``/``M_in``: min/max over l ∈ L(n) of −δ (how much n beats its parent on its own leaves);
+- ``m_out``/``M_out``: min/max of δ over the leaves outside n that matter — all other
+  leaves, or, when the cost is equal for n and π(n) on every leaf whose LCA with n is the
+  root (Prop. E.6), only the leaves of L(a_n) \\ L(n), a_n the child of the root above n.
+
+With s(n) = 1 (or p(a_n)) the risk difference obeys
+R(π(n)) − R(n) ≥ m_in·p(n) − M_out·(s − p(n))  and  ≤ M_in·p(n) − m_out·(s − p(n)),
+so π(n) is strictly worse than n when the first bound is > 0 and n is strictly worse than
+π(n) when the second is < 0.  These are the paper's thresholds q_max/q_min written without
+division, which keeps them valid for every sign.  Pruning only drops strictly worse nodes,
+so the argmin over the survivors, with any tie rule, is the argmin over all nodes.
+The statistics depend on the tree and the cost only: computed once, vectorized.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["PruningStatistics", "pruning_statistics", "candidate_mask", "compact"]
+
+
+@dataclass(frozen=True)
+class PruningStatistics:
+    reasonable: bool  # hierarchically reasonable (eq. 2 and eq. 1 or its root form)
+    root_form: bool  # costs equal under the root: use p(a_n) (Prop. E.6)
+    m_in: torch.Tensor  # (N,) float64
+    M_in: torch.Tensor
+    m_out: torch.Tensor
+    M_out: torch.Tensor
+    top: torch.Tensor  # (N,) int64 a_n (the root for the root)
+
+    def to(self, device):
+        f = lambda t: t.to(device)  # noqa: E731
+        return PruningStatistics(self.reasonable, self.root_form, f(self.m_in), f(self.M_in), f(self.m_out),
+                                 f(self.M_out), f(self.top))
+
+
+def pruning_statistics(h, cost: torch.Tensor, rtol: float = 1e-12) -> PruningStatistics:
+    """Lemma 4.3 / Prop. E.6 statistics of a dense (N, L) cost (lower is better), float64."""
+    cost = cost.to(torch.float64)
+    n_nodes, n_leaves = cost.shape
+    dev = cost.device
+    leaf_anc = h.ancestors[:n_leaves].to(dev)  # (L, D+1)
+    depth = h.depth.to(dev)
+    parent = h.parent.to(dev)
+    nodes = torch.arange(n_nodes, device=dev)
+    inside = leaf_anc.t()[depth] == nodes[:, None]  # (N, L): l ∈ L(n)
+    top = leaf_anc.t()[1][None, :] if h.max_depth >= 1 else None
+    a_n = h.ancestors[:, 1].to(dev) if h.max_depth >= 1 else nodes
+    a_n = torch.where(depth == 0, nodes, a_n)
+    same_top = top == a_n[:, None]  # (N, L): LCA(n, l) ≠ root
+    delta = cost - cost[parent.clamp(min=0)]
+    nonroot = depth > 0
+    scale = rtol * cost.abs().max().clamp(min=1.0)
+    root_equal = bool(((delta.abs() <= scale) | same_top | ~nonroot[:, None]).all())
+    outside = ~inside & (same_top if root_equal else torch.ones_like(inside))
+    inf = torch.tensor(float("inf"), dtype=torch.float64, device=dev)
+    gain = -delta
+    m_in = torch.where(inside, gain, inf).amin(1)
+    M_in = torch.where(inside, gain, -inf).amax(1)
+    m_out = torch.where(outside, delta, inf).amin(1)
+    M_out = torch.where(outside, delta, -inf).amax(1)
+    has_out = outside.any(1)
+    m_out = torch.where(has_out, m_out, torch.zeros_like(m_out))
+    M_out = torch.where(has_out, M_out, torch.zeros_like(M_out))
+    ok_in = bool(((m_in > 0) | ~nonroot).all())
+    ok_out = bool(((m_out > 0) | ~has_out | ~nonroot).all())
+    zero = torch.zeros_like(m_in)
+    fix = lambda t: torch.where(nonroot, t, zero)  # noqa: E731  (the root has no parent: no statistics)
+    return PruningStatistics(ok_in and ok_out, root_equal, fix(m_in), fix(M_in), fix(m_out), fix(M_out), a_n)
+
+
+def candidate_mask(h, p: torch.Tensor, stats: PruningStatistics) -> torch.Tensor:
+    """Nodes that may be optimal.  p: (N, B) node-major node probabilities.  Returns (N, B) bool.
+
+    Comparisons carry a slack of a few ulps of the compared terms, so rounding in p can
+    only keep extra candidates, never drop the optimum.
+    """
+    dt = p.dtype
+    s = p[stats.top] if stats.root_form else torch.ones_like(p)
+    rest = (s - p).clamp(min=0)
+    f = lambda t: t.to(dt)[:, None]  # noqa: E731
+    eps = 16 * torch.finfo(dt).eps
+    a, b = f(stats.M_in) * p, f(stats.m_out) * rest
+    drop_self = a < b - eps * (a.abs() + b.abs() + eps)
+    c, d = f(stats.m_in) * p, f(stats.M_out) * rest
+    drop_parent = c > d + eps * (c.abs() + d.abs() + eps)
+    nonroot = h.depth > 0
+    drop_self &= nonroot[:, None]
+    drop_parent &= nonroot[:, None]
+    parent_dropped = torch.zeros_like(p).index_add_(0, h.parent[nonroot], drop_parent[nonroot].to(dt)) > 0
+    return ~(drop_self | parent_dropped)
+
+
+def compact(mask: torch.Tensor, fill: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pack the True rows of each column of a (N, B) mask to the top, keeping id order.
+
+    Returns ``(ids, valid)``, both (C, B) with C the largest count in the batch (one host
+    sync to learn C); padding entries hold ``fill`` and ``valid`` False.
+    """
+    n, b = mask.shape
+    count = mask.sum(0)
+    c = int(count.max()) if b else 0
+    pos = mask.cumsum(0) - 1
+    pos = torch.where(mask, pos, torch.full_like(pos, c))
+    ids = torch.full((c + 1, b), fill, dtype=torch.long, device=mask.device)
+    src = torch.arange(n, device=mask.device)[:, None].expand(n, b)
+    ids.scatter_(0, pos, src)
+    ids = ids[:c]
+    valid = torch.arange(c, device=mask.device)[:, None] < count[None, :]
+    return torch.where(valid, ids, torch.full_like(ids, fill)), valid

@@ -1,0 +1,250 @@
+"""Every Bayes-optimal decoder against exhaustive oracles: brute force over nodes, enumeration of
+every ancestor-closed set on small random trees, and slow exact references on the bundled trees."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+import hdecode_torch as hd
+import reference as ref
+from testing import DEVICES, batch, bundled, dense_cost, model_like, random_trees
+
+DECODABLE = [("accuracy", {}), ("lca_height", {}), ("tree_distance", {}), ("tree_distance_c", {"c": 0.3}),
+             ("tree_distance_c", {"c": 1.5}), ("wu_palmer", {}), ("zhao", {}), ("hf_beta", {"beta": 0.5}),
+             ("hf_beta", {"beta": 1.0}), ("hf_beta", {"beta": 2.0}), ("hamming", {})]
+IDS = [n + "".join(f"-{v}" for v in p.values()) for n, p in DECODABLE]
+
+
+def _pred_for_ref(m, pred_row):
+    if m.kind == "set":
+        return np.asarray(pred_row, dtype=bool)
+    return int(pred_row)
+
+
+def _check_optimal(info, name, params, P, pred, m, rtol=1e-9):
+    for b in range(P.shape[0]):
+        best, _ = ref.optimal(info, name, P[b], **params)
+        got = ref.expected(info, name, P[b], _pred_for_ref(m, pred[b]), **params)
+        assert got == pytest.approx(best, rel=rtol, abs=1e-12), (name, params, b, P[b])
+
+
+@pytest.mark.parametrize("name,params", DECODABLE, ids=IDS)
+@pytest.mark.parametrize("device", DEVICES)
+def test_exact_on_small_random_trees(name, params, device):
+    rng = np.random.default_rng(11)
+    trees = 40 if hd.metrics.registry.METRICS[name].kind != "set" else 25
+    for h, info in random_trees(7, trees, num_nodes_max=11):
+        m = hd.get_metric(name, h.to(device), **params)
+        P = batch(rng, 10, info.L)
+        pred = m.decode(torch.as_tensor(P, device=device)).cpu().numpy()
+        _check_optimal(info, name, params, P, pred, m)
+        if m.kind == "set":
+            assert pred[:, h.root].all()
+            par = info.parents
+            for row in pred:  # ancestor-closed
+                nodes = np.flatnonzero(row)
+                assert all(row[par[n]] for n in nodes if par[n] >= 0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_hf_beta_on_trees_with_shallow_heavy_leaves(device):
+    """Where the paper's Lemma 4.4 is wrong (SPEC §4.3): unbalanced trees, a heavy shallow leaf."""
+    rng = np.random.default_rng(5)
+    for h, info in random_trees(8, 25, num_nodes_max=12, deep_bias=0.6):
+        P = batch(rng, 6, info.L)
+        shallow = int(np.argmin(info.depth[: info.L]))
+        P = 0.5 * P
+        P[:, shallow] += 0.5
+        for beta in (0.5, 1.0, 2.0):
+            m = hd.get_metric("hf_beta", h.to(device), beta=beta)
+            pred = m.decode(torch.as_tensor(P, device=device)).cpu().numpy()
+            _check_optimal(info, "hf_beta", {"beta": beta}, P, pred, m)
+
+
+def _slow_node_optimum(info, name, params, P):
+    cost = dense_cost(info, name, **params)  # (N, L), lower is better
+    if name in ("accuracy", "lca_height"):
+        cost = cost[: info.L]
+    return (P @ cost.T).min(1)
+
+
+def _slow_hf_beta_optimum(info, P, beta):
+    """Δ_k decomposition over *all* nodes (no pruning), in numpy.  k is capped by a direct bound:
+    U(S) ≤ (1+β²)(D+1)/(k+β²) for |S⁺| = k, and U* ≥ U({root}) ≥ (1+β²)/(1+β²(D+1))."""
+    b2 = beta * beta
+    leaf_depth = np.asarray(info.depth[: info.L])
+    big_d = leaf_depth.max()
+    kmax = min(info.N, int((big_d + 1) * (1 + b2 * (big_d + 1)) - b2) + 1)
+    inc = np.zeros((info.N, info.L))
+    for l in range(info.L):
+        inc[info.ancestors(l), l] = 1
+    out = []
+    for p in P:
+        ks = np.arange(1, kmax + 1)[:, None]
+        w = p[None, :] * (1 + b2) / (ks + b2 * (leaf_depth[None, :] + 1))  # (K, L)
+        delta = -np.sort(-(w @ inc.T), axis=1)  # (K, N) descending
+        out.append(max(delta[k - 1, :k].sum() for k in range(1, kmax + 1)))
+    return np.array(out)
+
+
+@pytest.mark.parametrize("tree", ["tieredimagenet-h", "inat19"])
+@pytest.mark.parametrize("kind", ["peaked", "diffuse", "confused", "shallow"])
+def test_node_decoders_exact_on_bundled_trees(tree, kind):
+    h, info = bundled(tree)
+    rng = np.random.default_rng(abs(hash((tree, kind))) % 2**32)
+    P = model_like(rng, h, 40, kind)
+    for name, params in DECODABLE:
+        m = hd.get_metric(name, h, **params)
+        if m.kind == "set":
+            continue
+        pred = m.decode(torch.as_tensor(P))
+        got = m.expected(torch.as_tensor(P), pred).numpy()
+        best = _slow_node_optimum(info, name, params, P)
+        want = 1 - best if m.higher_is_better else best
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12, err_msg=f"{name} {params}")
+
+
+@pytest.mark.parametrize("tree", ["tieredimagenet-h", "inat19"])
+def test_set_decoders_exact_on_bundled_trees(tree):
+    h, info = bundled(tree)
+    rng = np.random.default_rng(2)
+    P = np.concatenate([model_like(rng, h, 2, k) for k in ("peaked", "diffuse", "confused", "shallow")])
+    for beta in (0.5, 1.0):
+        m = hd.get_metric("hf_beta", h, beta=beta)
+        pred = m.decode(torch.as_tensor(P))
+        got = m.expected(torch.as_tensor(P), pred).numpy()
+        np.testing.assert_allclose(got, _slow_hf_beta_optimum(info, P, beta), rtol=1e-10)
+    m = hd.get_metric("hamming", h)
+    pred = m.decode(torch.as_tensor(P)).numpy()
+    for b in range(P.shape[0]):
+        assert set(np.flatnonzero(pred[b])) == set(ref.hamming_closed_form(info, P[b]))
+
+
+def test_paper_bound_is_wrong_ours_is_not():
+    """On tieredImageNet-H with a heavy shallow leaf, pruning with the paper's Lemma 4.4 loses hF_0.5."""
+    h, info = bundled("tieredimagenet-h")
+    rng = np.random.default_rng(0)
+    P = model_like(rng, h, 60, "shallow")
+    beta = 0.5
+    m = hd.get_metric("hf_beta", h, beta=beta)
+    ours = m.expected(torch.as_tensor(P), m.decode(torch.as_tensor(P))).numpy()
+    b2 = beta ** 2
+    dmax = h.max_leaf_depth.numpy()
+    paper_keep = lambda pn: pn >= 1 / (1 + b2 * (dmax + 1))  # noqa: E731
+    worse = 0
+    for b, p in enumerate(P):
+        pn = ref.node_probs(info, p)
+        keep = paper_keep(pn)
+        keep[h.root] = True
+        best_paper = 0.0
+        leaf_depth = info.depth[: info.L]
+        for k in range(1, int(keep.sum()) + 1):
+            w = p * (1 + b2) / (k + b2 * (leaf_depth + 1))
+            delta = h.leaf_ancestor_incidence(torch.float64).t().matmul(torch.as_tensor(w)).numpy()
+            delta[~keep] = -np.inf
+            best_paper = max(best_paper, np.sort(delta)[::-1][:k].sum())
+        assert ours[b] >= best_paper - 1e-12
+        worse += ours[b] > best_paper + 1e-9
+    assert worse > 0  # the paper's pruning is sub-optimal on some of these inputs
+
+
+@pytest.mark.parametrize("strategy", ["structural", "dense", "candidates"])
+@pytest.mark.parametrize("name", ["wu_palmer", "zhao"])
+def test_strategies_agree(name, strategy):
+    for tree in ("tieredimagenet-h", "inat19"):
+        h, info = bundled(tree)
+        rng = np.random.default_rng(1)
+        P = torch.as_tensor(np.concatenate([model_like(rng, h, 20, k) for k in ("peaked", "diffuse", "confused", "shallow")]))
+        m = hd.get_metric(name, h, strategy=strategy)
+        ref_m = hd.get_metric(name, h, strategy="structural")
+        got = m.expected(P, m.decode(P))
+        torch.testing.assert_close(got, ref_m.expected(P, ref_m.decode(P)), rtol=1e-12, atol=1e-12)
+
+
+def test_cost_matrix_metric_reasonable_and_not():
+    rng = np.random.default_rng(3)
+    for h, info in random_trees(9, 30, num_nodes_max=12):
+        P = batch(rng, 8, info.L)
+        for name in ("wu_palmer", "tree_distance", "lca_height"):
+            cost = dense_cost(info, name)
+            for strategy in ("candidates", "dense"):
+                m = hd.CostMatrixMetric(h, cost, strategy=strategy)
+                pred = m.decode(torch.as_tensor(P)).numpy()
+                for b in range(len(P)):
+                    assert P[b] @ cost[pred[b]] == pytest.approx((P[b] @ cost.T).min(), abs=1e-12)
+        noise = rng.random((info.N, info.L))  # not hierarchically reasonable: exhaustive fallback
+        m = hd.CostMatrixMetric(h, noise)
+        assert not m.is_hierarchically_reasonable
+        pred = m.decode(torch.as_tensor(P)).numpy()
+        np.testing.assert_allclose([P[b] @ noise[pred[b]] for b in range(len(P))], (P @ noise.T).min(1), atol=1e-12)
+        util = hd.CostMatrixMetric(h, noise, higher_is_better=True)
+        pred = util.decode(torch.as_tensor(P)).numpy()
+        np.testing.assert_allclose([P[b] @ noise[pred[b]] for b in range(len(P))], (P @ noise.T).max(1), atol=1e-12)
+
+
+def test_reasonableness_checks_on_bundled_trees():
+    h, _ = bundled("tieredimagenet-h")
+    wp = hd.get_metric("wu_palmer", h).as_cost_matrix_metric()
+    assert wp.is_hierarchically_reasonable and wp.pruning.root_form
+    hi, _ = bundled("inat19")
+    zh = hd.get_metric("zhao", hi).as_cost_matrix_metric()
+    assert not zh.is_hierarchically_reasonable  # single-child chains: node and parent cost the same
+
+
+@pytest.mark.parametrize("name,params", DECODABLE, ids=IDS)
+def test_chunking_and_batch_composition(name, params):
+    h, _ = bundled("tieredimagenet-h")
+    rng = np.random.default_rng(4)
+    P = torch.as_tensor(np.concatenate([model_like(rng, h, 6, k) for k in ("peaked", "diffuse", "confused", "shallow")]))
+    m = hd.get_metric(name, h, **params)
+    full = m.decode(P)
+    assert torch.equal(m.decode(P, chunk_size=5), full)
+    assert torch.equal(m.decode(P[7]), full[7])
+    assert torch.equal(m.decode(P.flip(0)).flip(0), full)
+
+
+@pytest.mark.parametrize("name,params", DECODABLE, ids=IDS)
+def test_float32_matches_float64_and_empty_batch(name, params):
+    h, _ = bundled("inat19")
+    rng = np.random.default_rng(6)
+    P = torch.as_tensor(np.concatenate([model_like(rng, h, 10, k) for k in ("peaked", "diffuse", "confused")]))
+    m = hd.get_metric(name, h, **params)
+    e64 = m.expected(P, m.decode(P))
+    e32 = m.expected(P, m.decode(P.float()))
+    torch.testing.assert_close(e32, e64, rtol=1e-5, atol=1e-6)
+    for dt in (torch.float16, torch.bfloat16):
+        e_half = m.expected(P, m.decode(P.to(dt), validate=False))
+        assert ((e_half - e64) * (1 if m.higher_is_better else -1)).min() > -0.02
+    empty = m.decode(torch.zeros(0, h.num_leaves))
+    assert empty.shape == ((0, h.num_nodes) if m.kind == "set" else (0,))
+
+
+@st.composite
+def tree_and_probs(draw):
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    par = ref.random_tree(rng, num_nodes_max=draw(st.integers(3, 10)), unary_prob=draw(st.floats(0, 0.5)))
+    info = ref.TreeInfo(par)
+    kind = draw(st.sampled_from(["dirichlet", "peaked", "uniform", "onehot", "sparse", "dyadic"]))
+    return hd.Hierarchy.from_parents(par), info, ref.random_distribution(rng, info.L, kind), rng
+
+
+@given(tree_and_probs(), st.sampled_from(DECODABLE))
+def test_optimal_beats_every_other_prediction(data, metric):
+    h, info, p, rng = data
+    name, params = metric
+    m = hd.get_metric(name, h, **params)
+    pred = m.decode(torch.as_tensor(p))
+    mine = ref.expected(info, name, p, _pred_for_ref(m, pred.numpy()), **params)
+    sign = 1 if m.higher_is_better else -1
+    others = [ref.heuristic(hn, info, p) for hn in ("argmax_leaf", "top_down", "majority", "plurality",
+                                                    "expected_information", "hie")]
+    others += list(rng.integers(0, info.N, 5))
+    if m.kind == "set":
+        others = [ref.set_to_mask(info, info.ancestors(int(o))) for o in others]
+        others += [ref.closure(info, set(np.flatnonzero(rng.random(info.N) < 0.5)) | {info.root}) for _ in range(5)]
+    elif m.kind == "leaf":
+        others = [o for o in others if o < info.L] + [int(rng.integers(0, info.L))]
+    for o in others:
+        assert sign * mine >= sign * ref.expected(info, name, p, o, **params) - 1e-12
