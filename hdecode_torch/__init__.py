@@ -15,3 +15,7 @@ __all__ = [
     "Hierarchy", "load_hierarchy", "list_hierarchies", "node_probabilities",
     "get_metric", "list_metrics", "CostMatrixMetric", "Posterior", "ROW_SUM_TOLERANCE", "__version__",
 ]
+
+from .decoders import calibrate_darts, get_decoder, list_decoders  # noqa: E402
+
+__all__ += ["get_decoder", "list_decoders", "calibrate_darts"]

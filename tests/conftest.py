@@ -8,3 +8,10 @@ from hypothesis import settings  # noqa: E402
 settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True)
 settings.register_profile("dev", max_examples=30, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# Under pytest-xdist each worker is a process: one intra-op thread each avoids oversubscribing
+# the 2 cores (index_add_ slows down ~100x when 4 threads fight for 2 cores).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    import torch
+
+    torch.set_num_threads(1)

@@ -1,0 +1,15 @@
+"""Decoders: heuristics of the literature (SPEC §4.2), their registry, and DARTS calibration."""
+
+from .base import Decoder
+from .calibration import calibrate_darts
+from .heuristics import (
+    CRM, ArgmaxLeaf, ConfidenceThreshold, Darts, ExpectedInformation, HiE, InformationThreshold, Majority,
+    Plurality, TopDown,
+)
+from .registry import OptimalDecoder, get_decoder, list_decoders
+
+__all__ = [
+    "Decoder", "get_decoder", "list_decoders", "calibrate_darts", "OptimalDecoder",
+    "ArgmaxLeaf", "TopDown", "ConfidenceThreshold", "Majority", "Plurality", "Darts", "ExpectedInformation",
+    "InformationThreshold", "HiE", "CRM",
+]

@@ -1,0 +1,97 @@
+"""Decoder names (SPEC §4.2) -> classes, and the ``"optimal"`` wrapper around a metric's own decoder."""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from ..metrics.posterior import Posterior
+from .base import Decoder
+from .heuristics import (
+    CRM, ArgmaxLeaf, ConfidenceThreshold, Darts, ExpectedInformation, HiE, InformationThreshold, Majority,
+    Plurality, TopDown,
+)
+
+__all__ = ["DECODERS", "OptimalDecoder", "get_decoder", "list_decoders"]
+
+
+class OptimalDecoder(Decoder):
+    """The Bayes-optimal decoder of a metric (SPEC §4.1), as a :class:`Decoder`.
+
+    ``decode`` returns what ``get_metric(metric, h, **params).decode`` returns: (B,) int64
+    node ids for node and leaf metrics, (B, N) bool sets for set metrics.
+    """
+
+    name = "optimal"
+    description = "Bayes-optimal decoder of a metric: get_decoder('optimal', h, metric='wu_palmer', **params)"
+
+    def __init__(self, hierarchy, metric="accuracy", *, validate: bool = True, **metric_params):
+        super().__init__(hierarchy, validate=validate)
+        from ..metrics import get_metric
+
+        self.metric = get_metric(metric, hierarchy, **metric_params)
+
+    @property
+    def params(self) -> dict:
+        return dict(self.metric.params)
+
+    @property
+    def key(self) -> str:
+        return f"optimal:{self.metric.key}"
+
+    def __repr__(self) -> str:
+        return f"OptimalDecoder({self.hierarchy!r}, metric={self.metric!r})"
+
+    def _decode(self, post: Posterior) -> torch.Tensor:
+        # The metric unbatches a 1-D input itself; hand it a batched view so that the base
+        # class does the unbatching exactly once.
+        batched = post.chunk(0, post.batch_size) if post.unbatched else post
+        return self.metric.decode(batched)
+
+
+DECODERS: dict[str, type[Decoder]] = {
+    cls.name: cls
+    for cls in (ArgmaxLeaf, TopDown, ConfidenceThreshold, Majority, Plurality, Darts, ExpectedInformation,
+                InformationThreshold, HiE, CRM, OptimalDecoder)
+}
+
+
+def list_decoders() -> dict[str, str]:
+    """``{name: one-line description}`` of every decoder :func:`get_decoder` builds."""
+    return {name: cls.description for name, cls in DECODERS.items()}
+
+
+def _accepted(cls) -> list[str]:
+    sig = inspect.signature(cls.__init__)
+    return [n for n, prm in sig.parameters.items()
+            if n not in ("self", "hierarchy") and prm.kind not in (prm.VAR_KEYWORD, prm.VAR_POSITIONAL)]
+
+
+def get_decoder(name, hierarchy, **params) -> Decoder:
+    """The decoder ``name`` on ``hierarchy``, e.g. ``get_decoder("darts", h, lam=0.5)``.
+
+    Parameters: ``tau`` in [0, 1) (``confidence_threshold``, default 1/2), ``lam`` >= 0
+    (``darts``, default 0), ``threshold`` >= 0 (``information_threshold``, required), and
+    ``validate``.  ``get_decoder("optimal", h, metric="wu_palmer", **metric_params)`` wraps
+    the metric's Bayes-optimal decoder.  A :class:`Decoder` passed as ``name`` is returned
+    as is.  Unknown names or parameters and out-of-range values raise ``ValueError``.
+    """
+    if isinstance(name, Decoder):
+        return name
+    if not isinstance(name, str):
+        raise TypeError(f"Expected `name` to be a decoder name, but got {type(name).__name__}")
+    if name not in DECODERS:
+        raise ValueError(f"Unknown decoder {name!r}; available: {', '.join(sorted(DECODERS))}")
+    cls = DECODERS[name]
+    if cls is not OptimalDecoder:
+        accepted = _accepted(cls)
+        unknown = sorted(set(params) - set(accepted))
+        if unknown:
+            raise ValueError(f"Unknown parameter(s) {', '.join(map(repr, unknown))} for decoder {name!r}; "
+                             f"accepted: {', '.join(accepted)}")
+        sig = inspect.signature(cls.__init__)
+        missing = [n for n in accepted if sig.parameters[n].default is inspect.Parameter.empty and n not in params]
+        if missing:
+            raise ValueError(f"Decoder {name!r} requires the parameter(s) {', '.join(map(repr, missing))}")
+    return cls(hierarchy, **params)
