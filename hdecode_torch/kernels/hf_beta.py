@@ -61,8 +61,19 @@ def decode_hf_beta(h, p: torch.Tensor, q: torch.Tensor, leaf_depths: torch.Tenso
     per_k = max(1, c * bsz * (dt.itemsize * 3 + 8))
     block = max(1, get_memory_budget() // per_k)
     ks_all = torch.arange(1, c + 1, device=p.device, dtype=dt)
-    for start in range(0, c, block):
-        ks = ks_all[start:start + block]  # (K,)
+    # Any closed set of size k scores at most UB(k) = Σ_e Q_e(root)(1+β²)(e+1)/(k+β²(e+1)),
+    # since |S ∩ A(l)| ≤ d(l)+1; UB decreases in k, so once UB(k) is below every sample's best
+    # score no larger k can win and the loop stops (one host sync per block of k).
+    root_mass = q[h.root]  # (E, B)
+    starts = [0] + list(range(min(16, c), c, block))  # a small first block gives a good lower bound early
+    for i, start in enumerate(starts):
+        stop = starts[i + 1] if i + 1 < len(starts) else c
+        if start > 0:
+            k_next = float(start + 1)
+            ub = ((1 + b2) * (e[:, None] + 1) / (k_next + b2 * (e[:, None] + 1)) * root_mass).sum(0)
+            if bool((ub < best_val).all()):
+                break
+        ks = ks_all[start:stop]  # (K,)
         w = (1 + b2) / (ks[:, None] + b2 * (e[None, :] + 1))  # (K, E)
         delta = torch.einsum("cbe,ke->kcb", qc, w)  # (K, C, B)
         delta = delta.masked_fill(~valid[None], float("-inf"))
