@@ -40,6 +40,8 @@ def decode_hf_beta(h, p: torch.Tensor, q: torch.Tensor, leaf_depths: torch.Tenso
     """
     dt = p.dtype
     bsz = p.shape[1]
+    if bsz == 0:
+        return torch.zeros(0, h.num_nodes, dtype=torch.bool, device=p.device)
     bound = hf_beta_bound(h, beta).to(dt)
     keep = p >= bound[:, None] * (1 - 64 * torch.finfo(dt).eps)  # slack: rounding may only add candidates
     keep[h.root] = True
