@@ -40,23 +40,46 @@ def ancestor_closure(h, sets: torch.Tensor) -> torch.Tensor:
     return (counts > 0).t()
 
 
+def _tie_rank(h) -> torch.Tensor:
+    """(N,) int64 preference among tied nodes: deeper first, then smaller id (larger is preferred)."""
+    n = h.num_nodes
+    return h.cached("tie_rank", lambda: h.depth * n + (n - 1 - torch.arange(n, device=h.depth.device)))
+
+
 def argbest(h, values: torch.Tensor, higher_is_better: bool, mask: torch.Tensor | None = None,
             prefer_deep: bool = True, ids: torch.Tensor | None = None) -> torch.Tensor:
     """Best entry per column of a node-major score table, with deterministic ties.
 
-    values: (K, B) float scores; ``ids``: (K, B) int64 node id of each entry (default: row
-    ``k`` is node ``k``, e.g. K = N for all nodes or K = L for the leaves); mask: optional
-    (K, B) bool of allowed entries.  Among exactly tied best scores the deepest node wins
-    (unless ``prefer_deep=False``), then the smallest id.  Returns (B,) int64 *node ids*.
+    values: (K, B) float scores; ``ids``: (K, B) int64 node id of each entry, in increasing
+    order down each column (default: row ``k`` is node ``k``, e.g. K = N for all nodes or
+    K = L for the leaves); mask: optional (K, B) bool of allowed entries.  Among exactly tied
+    best scores the deepest node wins (unless ``prefer_deep=False``), then the smallest id.
+    Returns (B,) int64 node ids.
+
+    ``max``/``min`` return the first (smallest-id) best entry in one pass; only columns that
+    actually hold a tie pay for the depth rule.  On CPU that costs one host sync to find
+    them; on CUDA the rule is applied to every column instead, so there is no sync.
     """
-    v = values if higher_is_better else -values
-    if mask is not None:
-        v = v.masked_fill(~mask, float("-inf"))
-    best = v.max(dim=0, keepdim=True).values
-    n = h.num_nodes
-    if ids is None:
-        ids = torch.arange(values.shape[0], device=values.device)[:, None].expand_as(values)
-    key = (h.depth[ids] * n if prefer_deep else 0) + (n - 1 - ids)  # deeper first, then smaller id
-    key = torch.where(v == best, key, torch.full_like(key, -1))
-    pos = key.argmax(dim=0, keepdim=True)
-    return ids.gather(0, pos)[0]
+    fill = float("-inf") if higher_is_better else float("inf")
+    v = values if mask is None else values.masked_fill(~mask, fill)
+    best, first = v.max(dim=0) if higher_is_better else v.min(dim=0)
+    pick = (lambda pos: pos) if ids is None else (lambda pos: ids.gather(0, pos[None])[0])  # noqa: E731
+    if not prefer_deep or v.shape[0] == 0:
+        return pick(first)
+    tied = v == best[None, :]
+    rank = _tie_rank(h)
+
+    def resolve(t, node_ids):
+        key = torch.where(t, rank[node_ids], torch.full_like(node_ids, -1))
+        return key.argmax(dim=0)
+
+    rows = torch.arange(v.shape[0], device=v.device)[:, None]
+    if v.device.type != "cpu":
+        return pick(resolve(tied, rows.expand_as(v) if ids is None else ids))
+    cols = (tied.sum(0) > 1).nonzero()[:, 0]
+    if cols.numel() == 0:
+        return pick(first)
+    sub_ids = rows.expand(-1, cols.numel()) if ids is None else ids[:, cols]
+    pos = first.clone()
+    pos[cols] = resolve(tied[:, cols], sub_ids)
+    return pick(pos)

@@ -16,7 +16,7 @@ import torch
 
 from .segment import index_add_rows
 
-__all__ = ["subtree_sum", "leaf_to_node_sum", "path_sum", "level_pairs"]
+__all__ = ["subtree_sum", "subtree_sum_", "leaf_to_node_sum", "path_sum", "level_pairs"]
 
 
 def level_pairs(h) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -32,10 +32,14 @@ def subtree_sum(h, values: torch.Tensor) -> torch.Tensor:
     values: (N, *) float, node-major.  Returns a new (N, *) tensor, same dtype:
     ``out[n] = Σ_{m ∈ D(n)} values[m]``.
     """
-    out = values.clone()
+    return subtree_sum_(h, values.clone())
+
+
+def subtree_sum_(h, values: torch.Tensor) -> torch.Tensor:
+    """In-place :func:`subtree_sum` (overwrites and returns ``values``)."""
     for nodes, parents in level_pairs(h):
-        index_add_rows(out, parents, out.index_select(0, nodes))
-    return out
+        index_add_rows(values, parents, values.index_select(0, nodes))
+    return values
 
 
 def leaf_to_node_sum(h, leaf_values: torch.Tensor) -> torch.Tensor:
@@ -44,11 +48,10 @@ def leaf_to_node_sum(h, leaf_values: torch.Tensor) -> torch.Tensor:
     leaf_values: (L, *) float, leaf-major.  Returns (N, *), same dtype.  With
     probabilities this is p(n) for every node.
     """
-    out = leaf_values.new_zeros((h.num_nodes,) + tuple(leaf_values.shape[1:]))
+    out = leaf_values.new_empty((h.num_nodes,) + tuple(leaf_values.shape[1:]))
     out[: h.num_leaves] = leaf_values
-    for nodes, parents in level_pairs(h):
-        index_add_rows(out, parents, out.index_select(0, nodes))
-    return out
+    out[h.num_leaves:] = 0
+    return subtree_sum_(h, out)
 
 
 def path_sum(h, values: torch.Tensor, include_root: bool = True) -> torch.Tensor:

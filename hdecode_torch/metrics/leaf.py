@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.ancestry import lca
+from ..kernels.ancestry import argbest, lca
 from ..kernels.tree_sums import path_sum
 from .base import NodeMetric
 from .posterior import Posterior
@@ -50,8 +50,18 @@ class LCAHeight(NodeMetric):
         the mass that splits off the path at a_j has its LCA with h at a_j."""
         h, p = post.h, post.node
         height = h.height.to(p.dtype)
-        nonroot = torch.ones(h.num_nodes, dtype=torch.bool, device=p.device)
-        nonroot[h.root] = False
-        par = h.parent.clamp(min=0)
-        split = torch.where(nonroot[:, None], height[par, None] * (p[par] - p), torch.zeros_like(p))
+        par = _parent_or_self(h)  # the root's split term is then 0
+        split = height[par, None] * (p[par] - p)
         return path_sum(h, split) + height[:, None] * p
+
+    def _decode(self, post: Posterior) -> torch.Tensor:
+        """The leaf of least expected LCA height (Karthik et al.'s CRM), exactly; ties: smallest id."""
+        h, p = post.h, post.node
+        height = h.height.to(p.dtype)
+        par = _parent_or_self(h)
+        table = path_sum(h, height[par, None] * (p[par] - p))[: h.num_leaves]  # height(leaf) = 0
+        return argbest(h, table, higher_is_better=False, prefer_deep=False)
+
+
+def _parent_or_self(h) -> torch.Tensor:
+    return h.cached("parent_or_self", lambda: torch.where(h.parent >= 0, h.parent, h.root))

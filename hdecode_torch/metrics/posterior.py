@@ -13,7 +13,7 @@ from typing import Hashable
 
 import torch
 
-from ..kernels.tree_sums import leaf_to_node_sum
+from ..kernels.tree_sums import leaf_to_node_sum, subtree_sum_
 from ..kernels.validation import prepare_leaf_probs
 
 __all__ = ["Posterior"]
@@ -29,11 +29,15 @@ class Posterior:
     """
 
     def __init__(self, h, leaf_probs, *, from_logits: bool = False, normalize: bool = False,
-                 validate: bool = True, name: str = "leaf_probs"):
+                 validate: bool = True, name: str = "leaf_probs", extra_checks=()):
+        from ..hierarchy import Hierarchy
+
+        if not isinstance(h, Hierarchy):
+            raise TypeError(f"Expected `hierarchy` to be a Hierarchy, but got {type(h).__name__}")
         if isinstance(leaf_probs, Posterior):
-            raise TypeError("Posterior already built")
+            raise TypeError(f"`{name}` is already a Posterior: pass it directly to decode/expected, or use Posterior.of")
         probs, unbatched = prepare_leaf_probs(leaf_probs, h.num_leaves, name=name, from_logits=from_logits,
-                                              normalize=normalize, validate=validate)
+                                              normalize=normalize, validate=validate, extra_checks=extra_checks)
         self.h = h.to(probs.device)
         self.probs = probs
         self.unbatched = unbatched
@@ -41,8 +45,15 @@ class Posterior:
 
     @classmethod
     def of(cls, h, leaf_probs, **kwargs) -> "Posterior":
-        """``leaf_probs`` if it already is a Posterior of ``h``, else a new one."""
+        """``leaf_probs`` if it already is a Posterior of ``h`` (or of an identical tree), else a new one.
+
+        A Posterior built on another tree is a ``ValueError``: its node sums would be
+        meaningless for ``h``.
+        """
         if isinstance(leaf_probs, Posterior):
+            if not leaf_probs.h.same_tree(h):
+                raise ValueError(f"Expected a Posterior of {h!r}, but got one of a different tree {leaf_probs.h!r}: "
+                                 "build it with Posterior(hierarchy, leaf_probs) for this hierarchy")
             return leaf_probs
         return cls(h, leaf_probs, **kwargs)
 
@@ -89,9 +100,11 @@ class Posterior:
             h = self.h
             depths = self.leaf_depth_values()
             group = h.cached("leaf_depth_group", lambda: torch.searchsorted(depths, h.leaf_depth))
-            leaf = self.probs.new_zeros(h.num_leaves, depths.numel(), self.batch_size)
-            leaf.scatter_(1, group[:, None, None].expand(-1, 1, self.batch_size), self.probs.t()[:, None, :])
-            return leaf_to_node_sum(h, leaf)
+            e = depths.numel()
+            out = self.probs.new_zeros(h.num_nodes, e, self.batch_size)
+            rows = torch.arange(h.num_leaves, device=group.device) * e + group  # row (leaf, its depth group)
+            out.view(h.num_nodes * e, self.batch_size).index_copy_(0, rows, self.probs.t())
+            return subtree_sum_(h, out)
         return self._get("by_leaf_depth", build)
 
     def expected_leaf_depth(self) -> torch.Tensor:
