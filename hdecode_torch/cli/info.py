@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 
+import numpy as np
+
+from ..hierarchy import list_hierarchies
 from .common import load_any_hierarchy
 
 
@@ -12,14 +15,40 @@ def add_parser(sub) -> None:
     p = sub.add_parser("info", help="statistics of a hierarchy (sizes, depths, branching, single-child chains)",
                        description="Print statistics of a bundled hierarchy or of a JSON/CSV/edge-list file.")
     p.add_argument("hierarchy", nargs="?", default="tieredimagenet-h",
-                   help="bundled name (tieredimagenet-h, inat19) or a file (default: tieredimagenet-h)")
+                   help=f"bundled name ({', '.join(list_hierarchies())}) or a file (default: tieredimagenet-h)")
+    p.add_argument("--leaf-order", metavar="FILE", help="for an edge list: leaf names in column order, one per line")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.set_defaults(func=run)
 
 
+def single_child_chains(h) -> dict:
+    """Maximal runs of single-child nodes (each node of a run is the only child of the previous one).
+
+    Every node on such a run has the same leaf set as its child, hence the same p(n): decoders
+    must break these ties (SPEC §4.2), so their length is worth knowing.
+    """
+    parent = h.parent.cpu().numpy()
+    unary = (h.num_children == 1).cpu().numpy()
+    run = np.zeros(h.num_nodes, dtype=np.int64)  # length of the unary run ending at each node
+    for level in h.levels:  # one vectorized step per depth; run is 0 on non-unary nodes
+        nodes = level.cpu().numpy()
+        par = parent[nodes]
+        run[nodes] = unary[nodes] * (np.where(par >= 0, run[np.maximum(par, 0)], 0) + 1)
+    # A run ends at a unary node whose only child is not unary.
+    child_of_unary = np.zeros(h.num_nodes, dtype=bool)
+    has_parent = parent >= 0
+    child_of_unary[np.flatnonzero(has_parent)] = unary[parent[has_parent]]
+    ends = unary.copy()
+    ends[parent[has_parent & unary & child_of_unary]] = False
+    lengths = run[ends]
+    return {"single_child_chains": int(lengths.size),
+            "longest_single_child_chain": int(lengths.max()) if lengths.size else 0}
+
+
 def run(args: argparse.Namespace) -> int:
-    h = load_any_hierarchy(args.hierarchy)
+    h = load_any_hierarchy(args.hierarchy, args.leaf_order)
     stats = h.statistics()
+    stats.update(single_child_chains(h))
     if args.json:
         print(json.dumps(stats, indent=2))
         return 0

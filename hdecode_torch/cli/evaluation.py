@@ -1,0 +1,134 @@
+"""Scoring every (metric, decoder) pair on one set of model outputs, with standard errors.
+
+Heuristic predictions do not depend on the metric, so each heuristic decodes a chunk
+once; each metric's optimal decoder decodes it once; one :class:`Posterior` per chunk
+shares the node sums between all of them.  Per-sample values are reduced on the fly into
+means and variances (Chan et al.'s pairwise update), including the variances of the
+*paired* differences between decoders: all decoders see the same samples, so their
+difference is measured far more precisely than each value on its own.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..metrics import Posterior
+
+__all__ = ["Evaluation", "evaluate", "has_optimal", "OPTIMAL"]
+
+OPTIMAL = "optimal"
+
+
+class _Moments:
+    """Running count, mean and sum of squared deviations of a batch of vectors, merged chunk by chunk."""
+
+    def __init__(self):
+        self.n = 0
+        self.mean = None
+        self.m2 = None
+
+    def add(self, x: torch.Tensor) -> None:
+        """x: (B, *) float64 samples along dim 0."""
+        b = x.shape[0]
+        if b == 0:
+            return
+        mean_b = x.mean(0)
+        m2_b = ((x - mean_b) ** 2).sum(0)
+        if self.n == 0:
+            self.n, self.mean, self.m2 = b, mean_b, m2_b
+            return
+        n = self.n + b
+        delta = mean_b - self.mean
+        self.mean = self.mean + delta * (b / n)
+        self.m2 = self.m2 + m2_b + delta ** 2 * (self.n * b / n)
+        self.n = n
+
+    def stderr(self) -> torch.Tensor:
+        if self.n < 2:
+            return torch.full_like(self.mean, math.nan)
+        return (self.m2 / (self.n - 1) / self.n).sqrt()
+
+
+@dataclass
+class Evaluation:
+    """Means over samples of every (metric, decoder) pair.
+
+    ``metrics``: metric objects (rows); ``decoders``: column keys, ``"optimal"`` first.
+    ``mean``/``stderr``: (M, D) float64, NaN where a metric has no optimal decoder.
+    ``paired_stderr[m, a, b]``: standard error of mean(value_a - value_b) on metric m.
+    """
+
+    metrics: list
+    decoders: list[str]
+    num_samples: int
+    mean: torch.Tensor
+    stderr: torch.Tensor
+    paired_stderr: torch.Tensor
+    available: torch.Tensor  # (M, D) bool
+
+    def best(self, m: int) -> int:
+        """Column of the best decoder for metric row ``m`` (first among exact ties)."""
+        v = self.mean[m].clone()
+        sign = 1.0 if self.metrics[m].higher_is_better else -1.0
+        v = torch.where(self.available[m], sign * v, torch.full_like(v, -math.inf))
+        return int(torch.argmax(v))
+
+    def tied_with_best(self, m: int, z: float = 2.0) -> torch.Tensor:
+        """(D,) bool: columns whose paired difference to the best is within ``z`` paired standard errors."""
+        b = self.best(m)
+        diff = (self.mean[m] - self.mean[m, b]).abs()
+        tol = z * self.paired_stderr[m, :, b]
+        return self.available[m] & ((diff <= tol) | (diff <= 1e-12))
+
+
+def has_optimal(metric) -> bool:
+    """Whether the metric has an exact decoder (jaccard's raises NotImplementedError)."""
+    # Probing one one-hot row is the cheapest decode there is, and finds out before a long run.
+    h = metric.hierarchy
+    probe = torch.zeros(1, h.num_leaves, dtype=torch.float64, device=h.device)
+    probe[0, 0] = 1.0
+    try:
+        metric.decode(probe)
+    except NotImplementedError:
+        return False
+    return True
+
+
+def evaluate(h, probs: torch.Tensor, targets: torch.Tensor, metrics: list, heuristics: list, *,
+             batch_size: int = 4096, from_logits: bool = False, normalize: bool = False,
+             progress=None) -> Evaluation:
+    """Score ``optimal`` (per metric) and every heuristic on every metric.
+
+    probs: (B, L) float on the compute device (logits with ``from_logits``); targets: (B,)
+    int64 on the same device.  Set metrics score a heuristic's node as its ancestor set.
+    """
+    optimal_ok = [has_optimal(m) for m in metrics]
+    keys = [OPTIMAL] + [d.key for d in heuristics]
+    M, D = len(metrics), len(keys)
+    single, paired = _Moments(), _Moments()
+    B = probs.shape[0]
+    if B == 0:
+        raise ValueError("no samples to evaluate")
+    for start in range(0, B, batch_size):
+        stop = min(start + batch_size, B)
+        post = Posterior(h, probs[start:stop], from_logits=from_logits, normalize=normalize,
+                         name="probs" if start == 0 else f"probs[{start}:{stop}]")
+        y = targets[start:stop]
+        preds = [d.decode(post) for d in heuristics]
+        rows = []
+        for m, ok in zip(metrics, optimal_ok):
+            opt = m(m.decode(post), y) if ok else torch.full((stop - start,), math.nan, dtype=torch.float64,
+                                                             device=probs.device)
+            rows.append(torch.stack([opt] + [m(p, y) for p in preds], 1))
+        values = torch.stack(rows, 1)  # (b, M, D) float64
+        single.add(values)
+        paired.add(values[:, :, :, None] - values[:, :, None, :])
+        if progress is not None:
+            progress.update(stop - start)
+    available = torch.ones(M, D, dtype=torch.bool)
+    available[:, 0] = torch.tensor(optimal_ok)
+    return Evaluation(metrics=metrics, decoders=keys, num_samples=B, mean=single.mean.cpu(),
+                      stderr=single.stderr().cpu(), paired_stderr=paired.stderr().cpu(), available=available)
