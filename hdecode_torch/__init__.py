@@ -19,3 +19,17 @@ __all__ = [
 from .decoders import calibrate_darts, get_decoder, list_decoders  # noqa: E402
 
 __all__ += ["get_decoder", "list_decoders", "calibrate_darts"]
+
+from .integrations.module import DecodingHead  # noqa: E402
+
+# HierarchicalMetricsCallback stays out of __all__: a star import must not need Lightning.
+__all__ += ["DecodingHead", "HierarchicalMetric"]
+
+
+def __getattr__(name):
+    # torchmetrics and Lightning load on first use, so `import hdecode_torch` stays fast.
+    if name in ("HierarchicalMetric", "HierarchicalMetricsCallback"):
+        from . import integrations
+
+        return getattr(integrations, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

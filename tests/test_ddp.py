@@ -1,0 +1,99 @@
+"""HierarchicalMetric across 2 CPU processes (gloo, torch.distributed by hand) equals one process.
+
+The validation set size divides by the world size (DistributedSampler pads otherwise)
+and the model is not trained, so both runs score the same predictions.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+import hdecode_torch as hd
+
+WORLD = 2
+N_SAMPLES, DIM = 96, 12
+PAIRS = [("accuracy", {}, "optimal"), ("tree_distance", {}, "optimal"), ("wu_palmer", {}, "optimal"),
+         ("hf_beta", {"beta": 0.5}, "optimal"), ("hamming", {}, "majority"), ("zhao", {}, ("darts", {"lam": 0.5}))]
+
+
+def _tree():
+    return hd.load_hierarchy("tieredimagenet-h")
+
+
+def _data():
+    g = torch.Generator().manual_seed(0)
+    h = _tree()
+    return torch.randn(N_SAMPLES, DIM, generator=g), torch.randint(0, h.num_leaves, (N_SAMPLES,), generator=g)
+
+
+def _net(num_leaves):
+    torch.manual_seed(1)
+    net = nn.Sequential(nn.Linear(DIM, 24), nn.Tanh(), nn.Linear(24, num_leaves))
+    with torch.no_grad():
+        net[-1].weight.mul_(15)  # peaked, varied outputs (a fresh net is near uniform over 608 classes)
+    return net
+
+
+def assert_same_mean(key, got, want):
+    """DDP sums the same per-sample values in another order (per rank, then across ranks), so a mean
+    of non-integer values may differ from the one-process mean in the last bits of float64;
+    integer-valued metrics (accuracy, tree distance) are bitwise equal."""
+    got, want = float(got), float(want)
+    if key.split("/")[-2 if key.startswith("val/") else 0].startswith(("accuracy", "tree_distance")):
+        assert got == want, (key, got, want)
+    else:
+        assert abs(got - want) <= 4 * 2.0 ** -52 * abs(want), (key, got, want)
+
+
+# --------------------------------------------------------------------------- torch.distributed, by hand
+def _metrics(h):
+    from hdecode_torch.integrations import HierarchicalMetric
+
+    return {f"{m}/{d if isinstance(d, str) else d[0]}": HierarchicalMetric(h, m, decoder=d, from_logits=True, **p)
+            for m, p, d in PAIRS}
+
+
+def _metric_worker(rank, init_file, out_dir):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    try:
+        h = _tree()
+        x, y = _data()
+        net = _net(h.num_leaves)
+        mine = torch.arange(rank, N_SAMPLES, WORLD)  # DistributedSampler's split
+        metrics = _metrics(h)
+        with torch.no_grad():
+            for chunk in mine.split(10):
+                logits = net(x[chunk])
+                for m in metrics.values():
+                    m.update(logits, y[chunk])
+        torch.save({k: m.compute() for k, m in metrics.items()}, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_metric_under_gloo_equals_single_process(tmp_path):
+    mp.spawn(_metric_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
+    h = _tree()
+    x, y = _data()
+    net = _net(h.num_leaves)
+    single = _metrics(h)
+    with torch.no_grad():
+        logits = net(x)
+    for a in range(0, N_SAMPLES, 16):
+        for m in single.values():
+            m.update(logits[a:a + 16], y[a:a + 16])
+    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+    for key, m in single.items():
+        want = m.compute()
+        for r in range(WORLD):
+            got = results[r][key]
+            assert got.dtype == torch.float64
+            assert_same_mean(key, got, want)
+        assert torch.equal(results[0][key], results[1][key])  # every rank gets the global value

@@ -1,0 +1,72 @@
+"""The Lightning callback under DDP (ddp_spawn, 2 CPU processes, gloo) logs what one process logs.
+
+Same data and untrained model in both runs; the set size divides by the world size, so
+DistributedSampler neither pads nor repeats samples.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+
+import pytest
+import torch
+
+import hdecode_torch as hd
+from test_ddp import WORLD, _data, _net, _tree, assert_same_mean
+
+pl = pytest.importorskip("pytorch_lightning")
+
+
+class _Module(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.net = _net(_tree().num_leaves)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        return {"logits": self.net(x), "target": y}
+
+
+def _validate(tmp_path, devices, strategy):
+    from hdecode_torch.integrations import HierarchicalMetricsCallback
+
+    cb = HierarchicalMetricsCallback(_tree(), metrics=[("accuracy", {}), ("tree_distance", {}), ("wu_palmer", {}),
+                                                       ("hf_beta", {"beta": 0.5})],
+                                     decoders=["optimal", "majority", ("darts", {"lam": 0.5})])
+    x, y = _data()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
+    logger = pl.loggers.CSVLogger(tmp_path, name=strategy, version=0)  # fixed: ddp_spawn creates it in a child
+    trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy=strategy, logger=logger, callbacks=[cb],
+                         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+    trainer.validate(_Module(), loader, verbose=False)
+    values = {k: v for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+    return values, logger
+
+
+def _csv_values(logger):
+    rows = list(csv.DictReader(open(os.path.join(logger.log_dir, "metrics.csv"))))
+    return {k: float(v) for r in rows for k, v in r.items() if k.startswith("val/") and v}
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_callback_ddp_spawn_equals_single_process(tmp_path):
+    one, one_log = _validate(tmp_path, 1, "auto")
+    two, two_log = _validate(tmp_path, WORLD, "ddp_spawn")
+    assert len(one) == 12 and set(one) == set(two)
+    for k in one:
+        assert_same_mean(k, two[k], one[k])
+    csv_one, csv_two = _csv_values(one_log), _csv_values(two_log)
+    assert set(csv_one) == set(one) == set(csv_two)
+    for k in one:
+        assert csv_one[k] == float(one[k]) and csv_two[k] == float(two[k])
+    # And the single-process values are the direct computation.
+    h = _tree()
+    x, y = _data()
+    with torch.no_grad():
+        probs = torch.softmax(_net(h.num_leaves)(x), 1)
+    wp = hd.get_metric("wu_palmer", h)
+    assert float(one["val/wu_palmer/optimal"]) == pytest.approx(float(wp(wp.decode(probs), y).mean()), rel=1e-12)
+    td = hd.get_metric("tree_distance", h)
+    darts = hd.get_decoder("darts", h, lam=0.5)
+    assert float(one["val/tree_distance/darts[lam=0.5]"]) == float(td(darts.decode(probs), y).mean())

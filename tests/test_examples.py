@@ -1,0 +1,107 @@
+"""Each example runs at a small size and its printed/returned values check out against direct computation."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import hdecode_torch as hd
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run(name, *args, timeout=120):
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, str(EXAMPLES / f"{name}.py"), "--threads", "1", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_decoding_head_example(tmp_path):
+    out = tmp_path / "head.json"
+    stdout = _run("decoding_head", "--samples", 1500, "--test-samples", 200, "--epochs", 2, "--show", 3,
+                  "--json", out)
+    res = json.loads(out.read_text())
+    assert set(res["results"]) == {"accuracy", "tree_distance", "wu_palmer", "zhao", "hf_beta[beta=0.5]", "hamming"}
+    for key, r in res["results"].items():
+        # The head's predictions are Bayes-optimal under the model's posterior: never worse in expectation.
+        sign = 1 if r["higher_is_better"] else -1
+        assert sign * (r["expected_optimal"] - r["expected_argmax_leaf"]) >= -1e-6, key
+        assert len(res["shown"][key]) == 3
+    acc = res["results"]["accuracy"]
+    assert acc["test_optimal"] == acc["test_argmax_leaf"] == pytest.approx(res["test_top1"])
+    td = res["results"]["tree_distance"]
+    assert td["expected_optimal"] < td["expected_argmax_leaf"]  # an uncertain model: internal nodes pay off
+    assert "least confident" in stdout and "hf_beta[beta=0.5]" in stdout
+
+
+def test_batch_inference_example(tmp_path):
+    preds, timings = tmp_path / "preds.npz", tmp_path / "t.json"
+    stdout = _run("batch_inference", "--samples", 2500, "--chunk-size", 1000, "--device", "cpu",
+                  "--metrics", "tree_distance", "wu_palmer", "hf_beta:0.5", "--output", preds, "--json", timings)
+    info = json.loads(timings.read_text())
+    assert info["rows"] == 2500 and info["device"] == "cpu" and info["rows_per_second"] > 0
+    assert set(info["timing"]) == {"copy+check", "node sums", "tree_distance", "wu_palmer", "hf_beta[beta=0.5]"}
+    assert "rows/s" in stdout
+    # Chunked predictions equal one whole-array decode of the same synthetic probabilities.
+    h = hd.load_hierarchy("tieredimagenet-h")
+    probs = torch.from_numpy(_load("batch_inference").synthetic_probabilities(h.num_leaves, 2500, 0.25, 0))
+    saved = np.load(preds)
+    assert np.array_equal(saved["tree_distance"], hd.get_metric("tree_distance", h).decode(probs).numpy())
+    assert np.array_equal(saved["wu_palmer"], hd.get_metric("wu_palmer", h).decode(probs).numpy())
+    sets = np.unpackbits(saved["hf_beta(beta=0.5)"], axis=1, count=h.num_nodes).astype(bool)
+    assert np.array_equal(sets, hd.get_metric("hf_beta", h, beta=0.5).decode(probs).numpy())
+
+
+def test_batch_inference_in_process_chunking_is_invisible():
+    mod = _load("batch_inference")
+    a = mod.main(["--samples", "700", "--chunk-size", "128", "--device", "cpu", "--metrics", "zhao", "hamming"])
+    b = mod.main(["--samples", "700", "--chunk-size", "700", "--device", "cpu", "--metrics", "zhao", "hamming"])
+    for key in ("zhao", "hamming"):
+        assert np.array_equal(a["predictions"][key], b["predictions"][key])
+
+
+def test_lightning_example():
+    pytest.importorskip("pytorch_lightning")
+    mod = _load("lightning_synthetic")
+    out = mod.main(["--epochs", "1", "--samples", "1200", "--val-samples", "300", "--quiet", "--seed", "1"])
+    assert len(out["history"]) == 1
+    logged = out["logged"]
+    assert len(logged) == 7 * 7 - 1  # jaccard has no optimal decoder
+    assert logged == {f"val/{k}": v for k, v in out["history"][-1].items()}
+    # tree_distance's optimal rule *is* majority (deepest node with p > 1/2); accuracy's is argmax.
+    assert logged["val/tree_distance/optimal"] == logged["val/tree_distance/majority"]
+    assert logged["val/accuracy/optimal"] == logged["val/accuracy/argmax_leaf"]
+    # The logged values are the direct computation on the trained model's validation outputs.
+    h = hd.load_hierarchy("tieredimagenet-h")
+    x, y = out["val"].tensors
+    model = out["model"].eval()
+    with torch.no_grad():
+        probs = torch.softmax(model(x), 1)
+    checks = [("wu_palmer", {}, None, "optimal"), ("hf_beta", {"beta": 0.5}, None, "optimal"),
+              ("zhao", {}, "plurality", "plurality"), ("jaccard", {}, "hie", "hie"),
+              ("hamming", {}, ("darts", {"lam": 0.0}), "darts[lam=0]")]
+    for metric, params, decoder, label in checks:
+        m = hd.get_metric(metric, h, **params)
+        if decoder is None:
+            pred = m.decode(probs)
+        else:
+            name, dp = (decoder, {}) if isinstance(decoder, str) else decoder
+            pred = hd.get_decoder(name, h, **dp).decode(probs)
+        assert logged[f"val/{m.key}/{label}"] == pytest.approx(float(m(pred, y).mean()), rel=1e-9), (metric, label)

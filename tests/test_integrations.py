@@ -1,0 +1,555 @@
+"""DecodingHead, HierarchicalMetric and the Lightning callback (SPEC §5), single process.
+
+Every value is compared with a direct computation through get_metric / get_decoder.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import hdecode_torch as hd
+import hdecode_torch.metrics.posterior as posterior_module
+from hdecode_torch.integrations import DecodingHead, HierarchicalMetric, clear_posterior_cache, shared_posterior
+from testing import DEVICES, devices
+
+H = hd.load_hierarchy("tieredimagenet-h")
+L = H.num_leaves
+
+# (metric, metric params, decoder spec) covering leaf, node and set metrics, optimal and heuristic decoders.
+PAIRS = [
+    ("accuracy", {}, "optimal"),
+    ("lca_height", {}, "optimal"),
+    ("tree_distance", {}, "optimal"),
+    ("tree_distance_c", {"c": 0.5}, "optimal"),
+    ("wu_palmer", {}, "optimal"),
+    ("zhao", {}, "optimal"),
+    ("hf_beta", {"beta": 0.5}, "optimal"),
+    ("hamming", {}, "optimal"),
+    ("wu_palmer", {}, "majority"),
+    ("hf_beta", {"beta": 1.0}, ("darts", {"lam": 0.5})),
+    ("jaccard", {}, "plurality"),
+    ("tree_distance", {}, "top_down"),
+]
+PAIR_IDS = [f"{m}-{d if isinstance(d, str) else d[0]}" for m, _, d in PAIRS]
+
+
+def _model(seed=0, dim=16, num_leaves=L):
+    torch.manual_seed(seed)
+    net = nn.Sequential(nn.Linear(dim, 32), nn.ReLU(), nn.Linear(32, num_leaves))
+    with torch.no_grad():
+        net[-1].weight.mul_(15)  # peaked, varied outputs (a fresh net is near uniform over 608 classes)
+    return net
+
+
+def _direct_decode(h, metric, params, decoder, probs):
+    if decoder == "optimal":
+        return hd.get_metric(metric, h, **params).decode(probs)
+    name, dparams = (decoder, {}) if isinstance(decoder, str) else decoder
+    return hd.get_decoder(name, h, **dparams).decode(probs)
+
+
+def _scores(rng_seed, batch, scale=3.0, device="cpu"):
+    g = torch.Generator().manual_seed(rng_seed)
+    return (torch.randn(batch, L, generator=g) * scale).to(device)
+
+
+# --------------------------------------------------------------------------- DecodingHead
+@pytest.mark.parametrize("metric,params,decoder", PAIRS, ids=PAIR_IDS)
+def test_head_equals_direct_decoding(metric, params, decoder):
+    model = _model().eval()
+    x = torch.randn(24, 16, generator=torch.Generator().manual_seed(1))
+    pipeline = nn.Sequential(model, DecodingHead(H, metric, decoder=decoder, **params))
+    with torch.no_grad():
+        out = pipeline(x)
+        want = _direct_decode(H, metric, params, decoder, torch.softmax(model(x), dim=1))
+    assert out.dtype == want.dtype and out.shape == want.shape
+    assert torch.equal(out, want)
+    head = pipeline[1]
+    if decoder == "optimal" and hd.get_metric(metric, H, **params).kind == "set":
+        assert head.returns_sets and out.shape == (24, H.num_nodes) and out.dtype == torch.bool
+    else:
+        assert not head.returns_sets and out.shape == (24,) and out.dtype == torch.int64
+
+
+def test_head_probabilities_input_and_unbatched():
+    probs = torch.softmax(_scores(2, 8), dim=1)
+    head = DecodingHead(H, "wu_palmer", from_logits=False)
+    want = hd.get_metric("wu_palmer", H).decode(probs)
+    assert torch.equal(head(probs), want)
+    assert head(probs[3]).shape == () and int(head(probs[3])) == int(want[3])
+
+
+def test_head_rejects_bad_input_and_jaccard_optimal():
+    head = DecodingHead(H, "tree_distance")
+    bad = _scores(3, 4)
+    bad[1, 5] = float("nan")
+    with pytest.raises(ValueError, match="NaN|finite"):
+        head(bad)
+    with pytest.raises(ValueError, match="columns"):
+        head(torch.randn(4, L + 1))
+    with pytest.raises(ValueError, match="sum to 1"):
+        DecodingHead(H, "tree_distance", from_logits=False)(bad.nan_to_num().abs())
+    with pytest.raises(ValueError, match="no Bayes-optimal decoder"):
+        DecodingHead(H, "jaccard")
+    with pytest.raises(ValueError, match="Unknown metric"):
+        DecodingHead(H, "nope")
+    with pytest.raises(ValueError, match="Unknown decoder"):
+        DecodingHead(H, "accuracy", decoder="nope")
+    with pytest.raises(TypeError, match="Hierarchy"):
+        DecodingHead(H.parents_list, "accuracy")
+    # jaccard with a heuristic decoder is fine
+    x = _scores(4, 6)
+    assert torch.equal(DecodingHead(H, "jaccard", decoder="majority")(x),
+                       hd.get_decoder("majority", H).decode(torch.softmax(x, 1)))
+
+
+def test_head_buffers_and_state_dict_round_trip():
+    head = DecodingHead(H, "hf_beta", beta=0.5)
+    state = head.state_dict()
+    assert list(state) == ["parent"]
+    assert torch.equal(state["parent"], H.parent)
+    # A head built on another tree of the same size takes the loaded tree.
+    rng = np.random.default_rng(0)
+    other_parents = np.asarray(H.parents_list).copy()
+    leaves = rng.permutation(L)[:2]
+    internal = [n for n in range(L, H.num_nodes) if n != H.root]
+    other_parents[leaves] = rng.choice(internal, 2)  # move two leaves: a different tree, same size
+    other = hd.Hierarchy.from_parents(other_parents)
+    if any(other.num_children[n] == 0 for n in range(L, H.num_nodes)):
+        pytest.skip("moving leaves emptied an internal node")
+    fresh = DecodingHead(other, "hf_beta", beta=0.5)
+    x = _scores(5, 10)
+    fresh.load_state_dict(state)
+    assert fresh.hierarchy.same_tree(H)
+    assert torch.equal(fresh(x), head(x))
+    assert fresh.metric.key == "hf_beta[beta=0.5]"
+
+
+def test_head_torch_save_load(tmp_path):
+    model = _model(3).eval()
+    pipeline = nn.Sequential(model, DecodingHead(H, "zhao"))
+    x = torch.randn(12, 16)
+    with torch.no_grad():
+        want = pipeline(x)
+    path = tmp_path / "pipeline.pt"
+    torch.save(pipeline, path)
+    loaded = torch.load(path, weights_only=False)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), want)
+    buf = io.BytesIO()
+    torch.save(pipeline.state_dict(), buf)
+    buf.seek(0)
+    again = nn.Sequential(_model(4).eval(), DecodingHead(H, "zhao"))
+    again.load_state_dict(torch.load(buf, weights_only=True))
+    with torch.no_grad():
+        assert torch.equal(again(x), want)
+
+
+def test_head_inference_mode_then_normal_use():
+    tree = hd.Hierarchy.from_parents(H.parents_list)  # fresh: its caches get built under inference mode
+    head = DecodingHead(tree, "hf_beta", beta=1.0)
+    x = _scores(6, 16)
+    with torch.inference_mode():
+        out = head(x)
+    assert out.is_inference()
+    # The caches built under inference mode must not break ordinary (autograd-enabled) use later.
+    probs = torch.softmax(x, 1)
+    assert torch.equal(hd.get_metric("hf_beta", tree, beta=1.0).decode(probs), out)
+    assert torch.equal(head(x), out)
+    td = hd.get_metric("tree_distance", tree)
+    logits = x.clone().requires_grad_(True)
+    p = torch.softmax(logits, 1)
+    assert torch.equal(td.decode(p.detach()), DecodingHead(tree, "tree_distance")(x))
+
+
+@devices
+def test_head_to_device(device):
+    head = DecodingHead(H, "wu_palmer").to(device)
+    assert head.parent.device.type == device
+    assert head.hierarchy.device.type == device
+    x = _scores(7, 8, device=device)
+    out = head(x)
+    assert out.device.type == device
+    assert torch.equal(out.cpu(), hd.get_metric("wu_palmer", H).decode(torch.softmax(x.cpu(), 1)))
+
+
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs CUDA")
+def test_head_device_mismatch_is_clear():
+    head = DecodingHead(H, "wu_palmer").to("cuda")
+    with pytest.raises(ValueError, match="head's device"):
+        head(_scores(8, 4))
+
+
+# --------------------------------------------------------------------------- HierarchicalMetric
+@pytest.mark.parametrize("metric,params,decoder", PAIRS, ids=PAIR_IDS)
+def test_metric_equals_mean_of_direct_values(metric, params, decoder):
+    m = HierarchicalMetric(H, metric, decoder=decoder, from_logits=True, **params)
+    direct = get = hd.get_metric(metric, H, **params)
+    values = []
+    for seed, batch in [(10, 7), (11, 16), (12, 1)]:
+        logits = _scores(seed, batch)
+        target = torch.randint(0, L, (batch,), generator=torch.Generator().manual_seed(seed))
+        m.update(logits, target)
+        pred = _direct_decode(H, metric, params, decoder, torch.softmax(logits, 1))
+        values.append(direct(pred, target))
+    value = m.compute()
+    want = torch.cat(values).mean()
+    assert value.dtype == torch.float64
+    assert torch.allclose(value, want, rtol=1e-12, atol=0)
+    assert m.higher_is_better == get.higher_is_better
+    m.reset()
+    assert m.count == 0 and m.total == 0
+
+
+def test_metric_forward_returns_batch_value_and_accumulates():
+    m = HierarchicalMetric(H, "tree_distance", decoder="majority")
+    td, maj = hd.get_metric("tree_distance", H), hd.get_decoder("majority", H)
+    batches = [(torch.softmax(_scores(s, 9), 1), torch.arange(9) * (s + 1) % L) for s in range(3)]
+    for p, y in batches:
+        assert torch.allclose(m(p, y), td(maj.decode(p), y).mean())
+    want = torch.cat([td(maj.decode(p), y) for p, y in batches]).mean()
+    assert torch.allclose(m.compute(), want, rtol=1e-12)
+
+
+def test_metric_errors():
+    with pytest.raises(ValueError, match="no Bayes-optimal decoder"):
+        HierarchicalMetric(H, "jaccard")
+    with pytest.raises(ValueError, match="Unexpected keyword|Bad parameters"):
+        HierarchicalMetric(H, "accuracy", gamma=2)
+    m = HierarchicalMetric(H, "accuracy")
+    with pytest.raises(ValueError, match="target"):
+        m.update(torch.softmax(_scores(1, 3), 1), torch.tensor([0, 1, L]))
+    with pytest.raises(ValueError, match="logits|sum to 1|probabilities"):
+        m.update(_scores(1, 3), torch.tensor([0, 1, 2]))
+
+
+def test_metric_torchmetrics_kwargs_and_state():
+    m = HierarchicalMetric(H, ("hf_beta", {"beta": 2.0}), decoder=("darts", {"lam": 1.0}), compute_on_cpu=True,
+                           sync_on_compute=False)
+    assert m.compute_on_cpu and not m.sync_on_compute
+    assert m.key == "hf_beta[beta=2]/darts[lam=1]"
+    assert m.higher_is_better is True
+    assert HierarchicalMetric(H, "tree_distance").higher_is_better is False
+    assert set(m._defaults) == {"total", "count", "signature"}
+    assert m.total.dtype == torch.float64 and m.count.dtype == torch.float64
+
+
+def _count_node_sums(monkeypatch):
+    calls = {"n": 0}
+    original = posterior_module.leaf_to_node_sum
+
+    def counting(*args, **kwargs):
+        calls["n"] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(posterior_module, "leaf_to_node_sum", counting)
+    return calls
+
+
+def test_collection_computes_node_probabilities_once_per_batch(monkeypatch):
+    from torchmetrics import MetricCollection
+
+    calls = _count_node_sums(monkeypatch)
+    coll = MetricCollection({
+        "td_majority": HierarchicalMetric(H, "tree_distance", decoder="majority"),
+        "wp_plurality": HierarchicalMetric(H, "wu_palmer", decoder="plurality"),
+        "hf_darts": HierarchicalMetric(H, "hf_beta", decoder=("darts", {"lam": 0.5}), beta=0.5),
+        "jac_topdown": HierarchicalMetric(H, "jaccard", decoder="top_down"),
+        "acc_cthr": HierarchicalMetric(H, "accuracy", decoder=("confidence_threshold", {"tau": 0.3})),
+    }, compute_groups=False)
+    clear_posterior_cache()
+    for seed in range(3):
+        p = torch.softmax(_scores(seed, 12), 1)
+        y = torch.randint(0, L, (12,), generator=torch.Generator().manual_seed(seed))
+        before = calls["n"]
+        coll.update(p, y)
+        assert calls["n"] - before == 1  # one p(n) table for all five (metric, decoder) pairs
+    out = coll.compute()
+    assert set(out) == {"td_majority", "wp_plurality", "hf_darts", "jac_topdown", "acc_cthr"}
+
+
+def test_collection_with_optimal_decoders_adds_no_recomputation(monkeypatch):
+    """However the optimal decoders use the Posterior, the collection costs what one shared Posterior costs."""
+    from torchmetrics import MetricCollection
+
+    specs = [("tree_distance", {}, "optimal"), ("hf_beta", {"beta": 0.5}, "optimal"), ("hamming", {}, "optimal"),
+             ("wu_palmer", {}, "majority"), ("zhao", {}, "plurality")]
+    calls = _count_node_sums(monkeypatch)
+    p = torch.softmax(_scores(9, 16), 1)
+    y = torch.arange(16) * 37 % L
+    post = hd.Posterior(H, p)
+    for m, prm, d in specs:
+        _direct_decode(H, m, prm, d, post)
+    shared_cost = calls["n"]
+    coll = MetricCollection({f"{m}/{d}": HierarchicalMetric(H, m, decoder=d, **prm) for m, prm, d in specs},
+                            compute_groups=False)
+    clear_posterior_cache()
+    calls["n"] = 0
+    coll.update(p, y)
+    assert calls["n"] == shared_cost
+    unshared = 0
+    for m, prm, d in specs:
+        calls["n"] = 0
+        _direct_decode(H, m, prm, d, p)
+        unshared += calls["n"]
+    assert shared_cost < unshared
+
+
+def test_collection_compute_groups_do_not_merge_different_pairs():
+    """Two decoders that agree on the first batch must still be accumulated separately."""
+    from torchmetrics import MetricCollection
+
+    coll = MetricCollection({
+        "argmax": HierarchicalMetric(H, "tree_distance", decoder="argmax_leaf"),
+        "optimal": HierarchicalMetric(H, "tree_distance", decoder="optimal"),
+    })  # compute_groups=True: torchmetrics' default
+    onehot = torch.zeros(4, L, dtype=torch.float64)
+    onehot[torch.arange(4), torch.tensor([0, 5, 9, 300])] = 1.0
+    y = torch.tensor([0, 5, 9, 300])
+    coll.update(onehot, y)  # both decoders predict the leaf: equal states after batch 1
+    p = torch.softmax(_scores(13, 32, scale=1.0), 1).double()
+    y2 = torch.randint(0, L, (32,), generator=torch.Generator().manual_seed(13))
+    coll.update(p, y2)
+    td = hd.get_metric("tree_distance", H)
+    want_arg = torch.cat([td(onehot.argmax(1), y), td(p.argmax(1), y2)]).mean()
+    want_opt = torch.cat([td(td.decode(onehot), y), td(td.decode(p), y2)]).mean()
+    assert not torch.allclose(want_arg, want_opt)
+    out = coll.compute()
+    assert torch.allclose(out["argmax"], want_arg, rtol=1e-12)
+    assert torch.allclose(out["optimal"], want_opt, rtol=1e-12)
+
+
+def test_posterior_cache_is_keyed_on_identity_and_version():
+    p = torch.softmax(_scores(14, 5), 1)
+    a = shared_posterior(H, p)
+    assert shared_posterior(H, p) is a
+    assert shared_posterior(hd.Hierarchy.from_parents(H.parents_list), p) is a  # same tree, other object
+    assert shared_posterior(H, p.clone()) is not a
+    q = p.clone()
+    b = shared_posterior(H, q)
+    q[0] = torch.roll(q[0], 1)  # in-place change: the cached node sums would be stale
+    c = shared_posterior(H, q)
+    assert c is not b and torch.equal(c.probs, q)
+    assert shared_posterior(H, q, from_logits=True) is not c
+    small = hd.Hierarchy.from_parents([-1, 0, 0, 1, 1])
+    assert shared_posterior(small, torch.full((2, 3), 1 / 3)).h.same_tree(small)
+    # A metric updated with an in-place modified batch sees the new values.
+    m = HierarchicalMetric(H, "accuracy", decoder="argmax_leaf")
+    y = p.argmax(1)
+    m.update(p, y)
+    p2 = p.clone()
+    m.update(p2, y)
+    p2.copy_(torch.roll(p2, 1, dims=1))
+    m.update(p2, y)
+    acc = hd.get_metric("accuracy", H)
+    want = torch.cat([acc(p.argmax(1), y), acc(p.argmax(1), y), acc(p2.argmax(1), y)]).mean()
+    assert torch.allclose(m.compute(), want)
+
+
+def test_metric_inference_tensors():
+    m = HierarchicalMetric(H, "wu_palmer", decoder="optimal", from_logits=True)
+    with torch.inference_mode():
+        x = _scores(15, 6)
+        y = torch.arange(6)
+        m.update(x, y)
+        m.update(x, y)  # second use of the same inference tensor: cache hit without a version counter
+    wp = hd.get_metric("wu_palmer", H)
+    want = wp(wp.decode(torch.softmax(x, 1)), y).mean()
+    assert torch.allclose(m.compute(), want, rtol=1e-12)
+
+
+@devices
+def test_metric_on_device(device):
+    m = HierarchicalMetric(H, "hf_beta", beta=0.5).to(device)
+    p = torch.softmax(_scores(16, 8), 1)
+    y = torch.arange(8) * 11
+    m.update(p.to(device), y.to(device))
+    assert m.total.device.type == device
+    hf = hd.get_metric("hf_beta", H, beta=0.5)
+    assert torch.allclose(m.compute().cpu(), hf(hf.decode(p), y).mean(), rtol=1e-12)
+
+
+# --------------------------------------------------------------------------- Lightning callback
+try:
+    import pytorch_lightning as pl
+except ImportError:  # the callback tests need it; the rest of this file does not
+    pl = None
+needs_lightning = pytest.mark.skipif(pl is None, reason="needs pytorch_lightning")
+
+
+class _Data(torch.utils.data.Dataset):
+    def __init__(self, n, dim=16, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(n, dim, generator=g)
+        self.y = torch.randint(0, L, (n,), generator=g)
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+class _Module(pl.LightningModule if pl is not None else nn.Module):
+    def __init__(self, output_key="logits"):
+        super().__init__()
+        self.net = _model(5)
+        self.output_key = output_key
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.cross_entropy(self.net(x), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        logits = self.net(x)
+        if self.output_key == "probs":
+            return {"probs": torch.softmax(logits, 1)}  # targets read from the (x, y) batch
+        return {"logits": logits, "target": y}
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
+def _trainer(tmp_path, callbacks, **kw):
+    return pl.Trainer(accelerator="cpu", devices=1, max_epochs=2, callbacks=callbacks,
+                      logger=pl.loggers.CSVLogger(tmp_path),
+                      enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                      num_sanity_val_steps=2, **kw)
+
+
+def _direct_values(net, data, metrics, decoders):
+    with torch.no_grad():
+        probs = torch.softmax(net(data.x), 1)
+    out = {}
+    for metric, params in metrics:
+        m = hd.get_metric(metric, H, **params)
+        for dec in decoders:
+            if dec == "optimal":
+                if metric == "jaccard":
+                    continue
+                pred, label = m.decode(probs), "optimal"
+            else:
+                name, dp = (dec, {}) if isinstance(dec, str) else dec
+                d = hd.get_decoder(name, H, **dp)
+                pred, label = d.decode(probs), d.key
+            out[f"val/{m.key}/{label}"] = m(pred, data.y).mean()
+    return out
+
+
+@needs_lightning
+def test_callback_logs_direct_values(tmp_path, capsys):
+    from hdecode_torch.integrations import HierarchicalMetricsCallback
+
+    metrics = [("accuracy", {}), ("tree_distance", {}), ("hf_beta", {"beta": 0.5}), ("jaccard", {})]
+    decoders = ["optimal", "majority", ("darts", {"lam": 0.5})]
+    with pytest.warns(UserWarning, match="jaccard"):
+        cb = HierarchicalMetricsCallback(H, metrics=metrics, decoders=decoders, print_table=True)
+    train, val = _Data(64, seed=1), _Data(40, seed=2)
+    module = _Module()
+    trainer = _trainer(tmp_path, [cb])
+    trainer.fit(module, torch.utils.data.DataLoader(train, batch_size=16),
+                torch.utils.data.DataLoader(val, batch_size=16))
+    assert len(cb.history) == 2  # one per epoch: the sanity check is not reported
+    want = _direct_values(module.net, val, metrics, decoders)
+    assert len(want) == 3 * 4 - 1
+    logged = {k: v for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+    assert set(logged) == set(want)
+    for k, v in want.items():
+        assert torch.allclose(logged[k].double(), v, rtol=1e-12), k
+        metric_key, label = k.split("/")[1:]
+        assert cb.results[(metric_key, label)] == pytest.approx(float(v), rel=1e-12)
+    assert "val/jaccard/optimal" not in logged and ("jaccard", "optimal") in cb.skipped
+    assert len({round(float(v), 6) for v in logged.values()}) >= 8  # non-degenerate predictions
+    # The logger received every pair at every epoch.
+    import csv
+
+    rows = list(csv.DictReader(open(trainer.logger.experiment.metrics_file_path)))
+    epochs_logged = [r for r in rows if r.get("val/tree_distance/majority")]
+    assert len(epochs_logged) == 2
+    assert float(epochs_logged[-1]["val/accuracy/optimal"]) == pytest.approx(float(want["val/accuracy/optimal"]))
+    printed = capsys.readouterr().out
+    assert printed.count("[val] epoch") == 2 and "hf_beta[beta=0.5]" in printed and "darts[lam=0.5]" in printed
+
+
+@needs_lightning
+def test_callback_probs_key_extract_and_validate(tmp_path):
+    from hdecode_torch.integrations import HierarchicalMetricsCallback
+
+    metrics, decoders = [("wu_palmer", {})], ["optimal", "top_down"]
+    cb = HierarchicalMetricsCallback(H, metrics=["wu_palmer"], decoders=decoders, output_key="probs")
+    assert cb.from_logits is False
+    seen = []
+
+    def extract(outputs, batch):
+        seen.append(1)
+        return outputs["probs"], batch[1]
+
+    with pytest.raises(ValueError, match="from_logits"):
+        HierarchicalMetricsCallback(H, metrics=["wu_palmer"], extract=extract)
+    cb2 = HierarchicalMetricsCallback(H, metrics=["wu_palmer"], decoders=["optimal"], extract=extract, prefix="ev",
+                                      from_logits=False)
+    val = _Data(24, seed=3)
+    module = _Module(output_key="probs")
+    trainer = _trainer(tmp_path, [cb, cb2])
+    trainer.validate(module, torch.utils.data.DataLoader(val, batch_size=10), verbose=False)
+    want = _direct_values(module.net, val, metrics, decoders)
+    for k, v in want.items():
+        assert torch.allclose(trainer.callback_metrics[k].double(), v, rtol=1e-12)
+    assert torch.allclose(trainer.callback_metrics["ev/wu_palmer/optimal"].double(), want["val/wu_palmer/optimal"])
+    assert len(seen) == 3
+
+
+@needs_lightning
+def test_callback_errors(tmp_path):
+    from hdecode_torch.integrations import HierarchicalMetricsCallback
+
+    with pytest.raises(ValueError, match="from_logits"):
+        HierarchicalMetricsCallback(H, metrics=["accuracy"], output_key="out")
+    with pytest.raises(TypeError, match="lists"):
+        HierarchicalMetricsCallback(H, metrics="accuracy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ValueError, match="No \\(metric, decoder\\) pair"):
+            HierarchicalMetricsCallback(H, metrics=["jaccard"], decoders=["optimal"])
+    cb = HierarchicalMetricsCallback(H, metrics=["accuracy"], output_key="scores_missing", from_logits=True)
+    trainer = _trainer(tmp_path, [cb])
+    with pytest.raises(ValueError, match="scores_missing"):
+        trainer.validate(_Module(), torch.utils.data.DataLoader(_Data(8), batch_size=4), verbose=False)
+
+
+@needs_lightning
+def test_package_exports():
+    assert hd.DecodingHead is DecodingHead
+    assert hd.HierarchicalMetric is HierarchicalMetric
+    from hdecode_torch.integrations import HierarchicalMetricsCallback, callback_class
+
+    assert hd.HierarchicalMetricsCallback is HierarchicalMetricsCallback
+    assert issubclass(HierarchicalMetricsCallback, pl.Callback)
+    assert callback_class("pytorch_lightning") is HierarchicalMetricsCallback
+
+
+def test_compiled_pipeline_runs_the_head_eagerly():
+    """torch.compile of backbone + head: the backbone is compiled, the head (excluded) stays exact.
+
+    Compiled by inductor, the hF_β decoder returned wrong sets (torch 2.13 CPU); excluding the
+    head from compilation keeps the pipeline's output identical to eager.
+    """
+    import torch._dynamo
+
+    model = nn.Sequential(nn.Linear(8, L)).eval()
+    pipeline = nn.Sequential(model, DecodingHead(H, "hf_beta", beta=0.5))
+    x = torch.randn(32, 8, generator=torch.Generator().manual_seed(3)) * 4
+    with torch.no_grad():
+        want = pipeline(x)
+        torch._dynamo.reset()
+        got = torch.compile(pipeline)(x)
+        head_only = torch.compile(pipeline[1])(model(x))
+    assert torch.equal(got, want)
+    assert torch.equal(head_only, want)
