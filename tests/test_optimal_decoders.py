@@ -248,3 +248,15 @@ def test_optimal_beats_every_other_prediction(data, metric):
         others = [o for o in others if o < info.L] + [int(rng.integers(0, info.L))]
     for o in others:
         assert sign * mine >= sign * ref.expected(info, name, p, o, **params) - 1e-12
+
+
+def test_candidate_compaction_compiles_correctly():
+    """Inductor once dropped compact()'s scatter (issued before a graph break): hF_β went wrong."""
+    from hdecode_torch.kernels.pruning import compact
+
+    mask = torch.rand(300, 7, generator=torch.Generator().manual_seed(0)) < 0.05
+    ids, valid = compact(mask, fill=300)
+    for col in range(7):
+        assert ids[valid[:, col], col].tolist() == mask[:, col].nonzero()[:, 0].tolist()
+    c_ids, c_valid = torch.compile(compact)(mask, 300)
+    assert torch.equal(c_ids, ids) and torch.equal(c_valid, valid)

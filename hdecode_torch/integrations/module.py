@@ -167,10 +167,12 @@ class DecodingHead(nn.Module):
     with the host (validation, ``int(count.max())`` sizes), so Dynamo splits them into
     3-8 graphs.  The first call took 2-30 s to compile, and steady-state times moved by
     under a millisecond or got worse (eager -> compiled): tree_distance 0.8 -> 0.4 ms,
-    majority 0.7 -> 0.3 ms, darts 0.9 -> 2.1 ms, wu_palmer 7.7 -> 14 ms, hf_beta 16 -> 20 ms.  Worse, the inductor
-    backend returned *wrong* hF_β sets on every row, because it miscompiles the
-    candidate compaction (``kernels.pruning.compact``); the ``eager`` and ``aot_eager``
-    backends were right.  ``fullgraph=True`` fails at the first data-dependent branch.
+    majority 0.7 -> 0.3 ms, darts 0.9 -> 2.1 ms, wu_palmer 7.7 -> 14 ms, hf_beta 16 -> 20 ms.  The inductor
+    backend also returned wrong hF_β sets while the candidate compaction
+    (``kernels.pruning.compact``) scattered into a buffer allocated before a graph break; that
+    kernel now scatters before its host sync and compiles correctly (tested), but with no
+    speed to gain the head stays eager.  ``fullgraph=True`` fails at the first data-dependent
+    branch.
     """
 
     def __init__(self, hierarchy: Hierarchy, metric="accuracy", decoder="optimal", from_logits: bool = True,

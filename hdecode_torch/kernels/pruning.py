@@ -106,12 +106,15 @@ def compact(mask: torch.Tensor, fill: int) -> tuple[torch.Tensor, torch.Tensor]:
     """
     n, b = mask.shape
     count = mask.sum(0)
-    c = int(count.max()) if b else 0
-    pos = mask.cumsum(0) - 1
-    pos = torch.where(mask, pos, torch.full_like(pos, c))
-    ids = torch.full((c + 1, b), fill, dtype=torch.long, device=mask.device)
-    src = torch.arange(n, device=mask.device)[:, None].expand(n, b)
-    ids.scatter_(0, pos, src)
+    kept = mask.cumsum(0)
+    # A permutation of the rows: kept ones first (in id order), the others after them.  A
+    # scatter without duplicate targets is deterministic; and it runs before the host sync
+    # below, because torch.compile (inductor, torch 2.13) dropped an in-place scatter into a
+    # buffer that was allocated before the graph break.
+    rows = torch.arange(n, device=mask.device)[:, None]
+    pos = torch.where(mask, kept - 1, count[None, :] + rows - kept)
+    ids = torch.empty((n, b), dtype=torch.long, device=mask.device).scatter(0, pos, rows.expand(n, b))
+    c = int(count.max()) if b and n else 0
     ids = ids[:c]
     valid = torch.arange(c, device=mask.device)[:, None] < count[None, :]
     return torch.where(valid, ids, torch.full_like(ids, fill)), valid

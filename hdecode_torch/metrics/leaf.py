@@ -55,12 +55,13 @@ class LCAHeight(NodeMetric):
         return path_sum(h, split) + height[:, None] * p
 
     def _decode(self, post: Posterior) -> torch.Tensor:
-        """The leaf of least expected LCA height (Karthik et al.'s CRM), exactly; ties: smallest id."""
+        """The leaf of least expected LCA height (Karthik et al.'s CRM), exactly; ties: the deeper
+        leaf, then the smallest id (the node rule, so this equals the ``crm`` decoder)."""
         h, p = post.h, post.node
         height = h.height.to(p.dtype)
         par = _parent_or_self(h)
         table = path_sum(h, height[par, None] * (p[par] - p))[: h.num_leaves]  # height(leaf) = 0
-        return argbest(h, table, higher_is_better=False, prefer_deep=False)
+        return argbest(h, table, higher_is_better=False)
 
 
 def _parent_or_self(h) -> torch.Tensor:
