@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import numbers
 
-from ..kernels.validation import check_targets
+import torch
+
+from ..hierarchy import Hierarchy
+from ..kernels.validation import RangeCheck, as_targets, as_tensor
 from ..metrics.posterior import Posterior
 from .heuristics import darts_predict, hierarchically_correct
 
@@ -13,6 +16,14 @@ __all__ = ["calibrate_darts"]
 # Beyond this λ, (I(n) + λ) rounds to λ even in float64 (I(n) ≤ log L is far below λ's ulp),
 # so DARTS has reached its limit rule: the most probable node, deepest among ties.
 _LAM_LIMIT = 1e18
+
+
+def _real(value, name: str) -> float:
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and value.is_floating_point():
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"Expected `{name}` to be a real number, but got {type(value).__name__}")
+    return float(value)  # nan fails the caller's range test
 
 
 def calibrate_darts(hierarchy, leaf_probs, targets, target_accuracy: float, *, tol: float = 1e-4,
@@ -41,21 +52,30 @@ def calibrate_darts(hierarchy, leaf_probs, targets, target_accuracy: float, *, t
         reaches (the limit λ → ∞ still predicts nodes that miss it: the model puts all its
         mass below a node that does not contain the label).
     """
-    if isinstance(target_accuracy, bool) or not isinstance(target_accuracy, numbers.Real) \
-            or not (0.0 <= float(target_accuracy) <= 1.0):
+    if not isinstance(hierarchy, Hierarchy):
+        raise TypeError(f"Expected `hierarchy` to be a Hierarchy, but got {type(hierarchy).__name__}")
+    target_accuracy = _real(target_accuracy, "target_accuracy")
+    if not (0.0 <= target_accuracy <= 1.0):
         raise ValueError(f"Expected `target_accuracy` to be a float in [0, 1], but got {target_accuracy}")
-    target_accuracy = float(target_accuracy)
-    if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not (0 < float(tol) < 1):
+    tol = _real(tol, "tol")
+    if not (0 < tol < 1):
         raise ValueError(f"Expected `tol` to be a float in (0, 1), but got {tol}")
-    if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter <= 0:
+    if isinstance(max_iter, bool) or not isinstance(max_iter, numbers.Integral) or max_iter <= 0:
         raise ValueError(f"Expected `max_iter` to be a positive int, but got {max_iter!r}")
-    post = Posterior(hierarchy, leaf_probs, from_logits=from_logits, validate=validate)
+    max_iter = int(max_iter)
+    # One fused check (probabilities and target range), one host sync.
+    x = as_tensor(leaf_probs, "leaf_probs")
+    y = as_targets(targets, hierarchy.num_leaves, name="targets", device=x.device)
+    post = Posterior(hierarchy, x, from_logits=from_logits, validate=validate,
+                     extra_checks=[RangeCheck(y, hierarchy.num_leaves, "targets", "leaf ids")])
     if post.unbatched:
         raise ValueError("Expected `leaf_probs` to be a (B, L) batch of held-out samples, but got a single (L,) row")
     if post.batch_size == 0:
         raise ValueError("Expected `leaf_probs` to hold at least one held-out sample, but got B = 0")
+    if y.dim() != 1 or y.shape[0] != post.batch_size:
+        raise ValueError(f"Expected `targets` to have shape ({post.batch_size},) (one label per sample), but got "
+                         f"{tuple(y.shape)}")
     h, p = post.h, post.node
-    y = check_targets(targets, h.num_leaves, post.batch_size, name="targets", validate=validate, device=post.device)
 
     def accuracy(lam: float) -> float:
         return float(hierarchically_correct(h, darts_predict(h, p, lam), y).double().mean())

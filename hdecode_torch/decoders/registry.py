@@ -6,6 +6,7 @@ import inspect
 
 import torch
 
+from ..metrics.base import SetMetric
 from ..metrics.posterior import Posterior
 from .base import Decoder
 from .heuristics import (
@@ -31,6 +32,11 @@ class OptimalDecoder(Decoder):
         from ..metrics import get_metric
 
         self.metric = get_metric(metric, hierarchy, **metric_params)
+        if self.metric.hierarchy is not hierarchy and not self.metric.hierarchy.same_tree(hierarchy):
+            raise ValueError(f"Expected `metric` to be defined on {hierarchy!r}, but it is on {self.metric.hierarchy!r}")
+        if isinstance(self.metric, SetMetric) and type(self.metric)._decode is SetMetric._decode:
+            raise ValueError(f"Metric `{self.metric.key}` has no Bayes-optimal decoder (SPEC §4.1: exact rules exist "
+                             "for hf_beta and hamming among set metrics); use a heuristic decoder instead")
 
     @property
     def params(self) -> dict:

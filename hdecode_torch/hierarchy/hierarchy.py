@@ -5,13 +5,14 @@ from __future__ import annotations
 import csv
 import json
 import os
+import warnings
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
-from .structure import CompiledTree, canonical_order, compile_parents
+from .structure import CompiledTree, _as_parent_array, canonical_order, compile_parents
 
 __all__ = ["Hierarchy"]
 
@@ -54,11 +55,12 @@ class Hierarchy:
         n = tree.num_nodes
         if names is None:
             names = list(range(n))
-        names = list(names)
+        names = _as_list(names, "names")
         if len(names) != n:
             raise ValueError(f"Expected `names` to have one entry per node ({n}), but got {len(names)}")
+        _check_unique_ids(names)
         if labels is not None:
-            labels = [str(x) for x in labels]
+            labels = [str(x) for x in _as_list(labels, "labels")]
             if len(labels) != n:
                 raise ValueError(f"Expected `labels` to have one entry per node ({n}), but got {len(labels)}")
         self._tree = tree
@@ -98,9 +100,7 @@ class Hierarchy:
 
     def to(self, device: torch.device | str) -> "Hierarchy":
         """Return this hierarchy with its tensors on ``device`` (``self`` if already there)."""
-        device = torch.device(device)
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
+        device = _as_device(device)
         if device == self._device:
             return self
         copies = self.__dict__.setdefault("_copies", {self._device: self})
@@ -120,6 +120,13 @@ class Hierarchy:
             value = self._cache[key] = build()
             return value
 
+    def same_tree(self, other) -> bool:
+        """Whether ``other`` is a Hierarchy with the same canonical structure (``parents``), on any device."""
+        if other is self or getattr(other, "_tree", None) is self._tree:
+            return True
+        return (isinstance(other, Hierarchy) and other.num_nodes == self.num_nodes
+                and other.num_leaves == self.num_leaves and np.array_equal(other._tree.parent, self._tree.parent))
+
     def __getstate__(self):
         state = dict(self.__dict__)
         for k in ("parent", "depth", "ancestors", "leaf_count", "information", "min_leaf_depth",
@@ -130,7 +137,13 @@ class Hierarchy:
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        self._device = torch.device(state["_device"])
+        device = torch.device(state["_device"])
+        if device.type == "cuda" and not torch.cuda.is_available():
+            # Pickled on a GPU machine, loaded on one without CUDA: the tree itself is device-free.
+            warnings.warn(f"Hierarchy was pickled on {device}, but CUDA is not available: loading it on the CPU",
+                          stacklevel=2)
+            device = torch.device("cpu")
+        self._device = device
         self._index = None
         self._build_tensors()
 
@@ -233,12 +246,17 @@ class Hierarchy:
         ``names`` are the original ids (default ``0..N-1``).
         """
         is_leaf, _ = canonical_order(parents)
-        par = np.asarray(parents, dtype=np.int64)
+        par = _as_parent_array(parents)
         n = par.shape[0]
-        if names is not None and len(names) != n:
-            raise ValueError(f"Expected `names` to have one entry per node ({n}), but got {len(names)}")
-        if labels is not None and len(labels) != n:
-            raise ValueError(f"Expected `labels` to have one entry per node ({n}), but got {len(labels)}")
+        if names is not None:
+            names = _as_list(names, "names")
+            if len(names) != n:
+                raise ValueError(f"Expected `names` to have one entry per node ({n}), but got {len(names)}")
+            _check_unique_ids(names)
+        if labels is not None:
+            labels = _as_list(labels, "labels")
+            if len(labels) != n:
+                raise ValueError(f"Expected `labels` to have one entry per node ({n}), but got {len(labels)}")
         num_leaves = int(is_leaf.sum())
         names_list = list(range(n)) if names is None else list(names)
         if leaf_order is None and is_leaf[:num_leaves].all():
@@ -286,9 +304,12 @@ class Hierarchy:
         """
         if isinstance(pairs, (str, os.PathLike)):
             pairs = _read_edge_file(pairs, delimiter)
+        if isinstance(pairs, (bytes, Mapping)) or not isinstance(pairs, Iterable):
+            raise TypeError(f"Expected `pairs` to be an iterable of (parent, child) pairs or a file path, but got "
+                            f"{type(pairs).__name__}")
         pair_list = []
         for i, e in enumerate(pairs):
-            if isinstance(e, (str, bytes)) or len(e) != 2:
+            if isinstance(e, (str, bytes)) or not hasattr(e, "__len__") or len(e) != 2:
                 raise ValueError(f"Expected `pairs` to hold (parent, child) pairs, but item {i} is {e!r}")
             pair_list.append((e[0], e[1]))
         return cls._from_pairs(pair_list, leaf_order, labels)
@@ -357,21 +378,33 @@ class Hierarchy:
 
     @classmethod
     def from_json_dict(cls, data: Mapping) -> "Hierarchy":
+        """Inverse of :meth:`to_json_dict`: JSON arrays in ``ids`` become tuples (ids must be hashable)."""
         if not isinstance(data, Mapping) or "parents" not in data:
             raise ValueError("Expected a JSON object with a `parents` field")
-        return cls.from_parents(data["parents"], names=data.get("ids"), labels=data.get("labels"))
+        ids = data.get("ids")
+        if ids is not None:
+            ids = [_from_json_id(x) for x in _as_list(ids, "ids")]
+        return cls.from_parents(data["parents"], names=ids, labels=data.get("labels"))
 
     def to_json_dict(self) -> dict:
+        """``{"num_nodes", "num_leaves", "parents", "ids"[, "labels"]}``, JSON-serializable.
+
+        Original ids are written as they are when they are JSON scalars (str, int, float, bool,
+        None; numpy scalars become Python ones) and tuples of them as JSON arrays, which
+        :meth:`from_json` reads back as tuples, so ``with_stop_leaves`` ids ``(name, "<stop>")``
+        round-trip.  Any other id type is a ``TypeError``: convert the ids to strings first.
+        """
         out = {"num_nodes": self.num_nodes, "num_leaves": self.num_leaves, "parents": self.parents_list,
-               "ids": [x if isinstance(x, (int, str)) else str(x) for x in self._names]}
+               "ids": [_to_json_id(x) for x in self._names]}
         if self._labels is not None:
             out["labels"] = self.labels
         return out
 
     def to_json(self, path: str | os.PathLike) -> None:
         """Write ``parents`` (canonical), ``ids`` (original ids) and ``labels``; read back with :meth:`from_json`."""
+        data = self.to_json_dict()  # raises before the file is touched
         with open(path, "w") as f:
-            json.dump(self.to_json_dict(), f)
+            json.dump(data, f)
 
     @classmethod
     def _from_pairs(cls, pairs: list, leaf_order, labels, extra_nodes: Iterable[Hashable] = ()) -> "Hierarchy":
@@ -424,7 +457,10 @@ class Hierarchy:
         """
         if nodes is None:
             nodes = range(self.num_leaves, self.num_nodes)
-        nodes = sorted({int(x) for x in nodes})
+        try:
+            nodes = sorted({int(x) for x in nodes})
+        except (TypeError, ValueError):
+            raise TypeError(f"Expected `nodes` to be internal node ids (ints), but got {nodes!r}") from None
         for x in nodes:
             if not (self.num_leaves <= x < self.num_nodes):
                 raise ValueError(f"Expected internal node ids in {self.num_leaves}..{self.num_nodes - 1}, but got {x}")
@@ -479,3 +515,69 @@ def _read_edge_file(path, delimiter: str | None) -> list[tuple[str, str]]:
         if len(r) < 2:
             raise ValueError(f"Expected two columns (parent, child) in {os.fspath(path)!r}, but line {i + 1} is {r!r}")
     return [(r[0], r[1]) for r in rows]
+
+
+def _as_list(values, name: str) -> list:
+    """A list from any sized iterable (a string is not accepted: it would be split into characters)."""
+    if values is None or isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
+        raise TypeError(f"Expected `{name}` to be a sequence with one entry per node, but got {type(values).__name__}")
+    return list(values)
+
+
+def _check_unique_ids(names: list) -> None:
+    try:
+        distinct = len(set(names))
+    except TypeError:
+        bad = next(x for x in names if not isinstance(x, Hashable) or _unhashable(x))
+        raise TypeError(f"Expected hashable node ids in `names`, but got {bad!r} ({type(bad).__name__})") from None
+    if distinct != len(names):
+        seen: set = set()
+        dup = next(x for x in names if x in seen or seen.add(x))
+        raise ValueError(f"Expected distinct node ids in `names`, but {dup!r} appears more than once")
+
+
+def _unhashable(x) -> bool:
+    try:
+        hash(x)
+    except TypeError:
+        return True
+    return False
+
+
+def _as_device(device) -> torch.device:
+    if isinstance(device, torch.device):
+        dev = device
+    elif isinstance(device, (str, int)) and not isinstance(device, bool):
+        try:
+            dev = torch.device(device)
+        except RuntimeError as exc:
+            raise ValueError(f"Expected `device` to be a torch device such as 'cpu' or 'cuda:0', but got {device!r}: "
+                             f"{exc}") from None
+    else:
+        raise TypeError(f"Expected `device` to be a torch.device or a string, but got {type(device).__name__}")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"Cannot move the hierarchy to {dev}: CUDA is not available")
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        elif dev.index >= torch.cuda.device_count():
+            raise ValueError(f"Cannot move the hierarchy to {dev}: only {torch.cuda.device_count()} CUDA device(s)")
+    return dev
+
+
+_JSON_SCALARS = (str, int, float, bool, type(None))
+
+
+def _to_json_id(x):
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, _JSON_SCALARS):
+        return x
+    if isinstance(x, tuple):
+        return [_to_json_id(v) for v in x]
+    raise TypeError(f"Cannot write node id {x!r} ({type(x).__name__}) to JSON: ids must be str, int, float, bool, "
+                    "None or tuples of these; convert the ids to strings first")
+
+
+def _from_json_id(x):
+    return tuple(_from_json_id(v) for v in x) if isinstance(x, list) else x

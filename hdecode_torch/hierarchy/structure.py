@@ -35,24 +35,38 @@ class CompiledTree:
 
 
 def _as_parent_array(parents) -> np.ndarray:
+    if parents is None or isinstance(parents, (str, bytes, dict)) or not hasattr(parents, "__len__") and not hasattr(parents, "__array__"):
+        raise TypeError(f"Expected `parents` to be a sequence of integer node ids, but got {type(parents).__name__}")
     try:
-        arr = np.asarray(parents)
-    except Exception as exc:  # pragma: no cover - numpy accepts nearly everything
-        raise TypeError(f"Expected `parents` to be a sequence of ints, but got {type(parents).__name__}") from exc
+        arr = np.asarray(parents.cpu() if hasattr(parents, "cpu") else parents)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise TypeError(f"Expected `parents` to be a flat sequence of ints, but got {type(parents).__name__}: {exc}") from None
     if arr.ndim != 1:
         raise ValueError(f"Expected `parents` to be one-dimensional, but got shape {tuple(arr.shape)}")
     if arr.size == 0:
         raise ValueError("Expected a non-empty tree, but `parents` is empty")
     if arr.dtype == bool or not (np.issubdtype(arr.dtype, np.integer) or arr.dtype == object or np.issubdtype(arr.dtype, np.floating)):
         raise TypeError(f"Expected `parents` to hold integer node ids, but got dtype {arr.dtype}")
-    if arr.dtype == object or np.issubdtype(arr.dtype, np.floating):
-        try:
-            as_int = arr.astype(np.int64)
-        except (TypeError, ValueError) as exc:
-            raise TypeError("Expected `parents` to hold integer node ids") from exc
-        if not np.array_equal(as_int, arr.astype(np.float64)):
-            raise TypeError("Expected `parents` to hold integer node ids, but got non-integer values")
-        arr = as_int
+    if arr.dtype == object:
+        if not all(isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)) for x in arr.tolist()):
+            raise TypeError("Expected `parents` to hold integer node ids, but got non-integer entries")
+        big = [x for x in arr.tolist() if not (-1 <= x < arr.size)]
+        if big:
+            i = next(i for i, x in enumerate(arr.tolist()) if not (-1 <= x < arr.size))
+            raise ValueError(f"Expected every entry of `parents` in -1..{arr.size - 1}, but parents[{i}] = {big[0]}")
+        arr = arr.astype(np.int64)
+    elif np.issubdtype(arr.dtype, np.floating):
+        finite = np.isfinite(arr)
+        if not finite.all() or not np.array_equal(np.floor(arr), arr):
+            i = int(np.flatnonzero(~finite | (np.floor(np.where(finite, arr, 0)) != np.where(finite, arr, 0)))[0])
+            raise TypeError(f"Expected `parents` to hold integer node ids, but parents[{i}] = {arr[i]!r}")
+        if (np.abs(arr) > 2.0 ** 62).any():
+            i = int(np.flatnonzero(np.abs(arr) > 2.0 ** 62)[0])
+            raise ValueError(f"Expected every entry of `parents` in -1..{arr.size - 1}, but parents[{i}] = {arr[i]!r}")
+        arr = arr.astype(np.int64)
+    elif arr.dtype == np.uint64 and (arr > np.iinfo(np.int64).max).any():
+        i = int(np.flatnonzero(arr > np.iinfo(np.int64).max)[0])
+        raise ValueError(f"Expected every entry of `parents` in -1..{arr.size - 1}, but parents[{i}] = {int(arr[i])}")
     return arr.astype(np.int64, copy=False)
 
 

@@ -27,6 +27,10 @@ def node_probabilities(h, leaf_probs, *, from_logits: bool = False, normalize: b
         The result is a transposed view of a node-major buffer; call ``.contiguous()`` if
         a row-major copy is needed.
     """
+    from ..hierarchy import Hierarchy
+
+    if not isinstance(h, Hierarchy):
+        raise TypeError(f"Expected `h` to be a Hierarchy, but got {type(h).__name__}")
     probs, unbatched = prepare_leaf_probs(leaf_probs, h.num_leaves, from_logits=from_logits,
                                           normalize=normalize, validate=validate)
     h = h.to(probs.device)

@@ -8,6 +8,7 @@ what was expected, what was found, and the fix.
 from __future__ import annotations
 
 import numbers
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -18,6 +19,10 @@ __all__ = [
     "compute_dtype",
     "as_tensor",
     "prepare_leaf_probs",
+    "RangeCheck",
+    "check_ranges",
+    "as_targets",
+    "as_node_ids",
     "check_targets",
     "check_node_ids",
     "check_node_sets",
@@ -48,17 +53,74 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def as_tensor(x, name: str) -> torch.Tensor:
-    """Accept tensors, numpy arrays and nested lists; anything else is a TypeError."""
+    """Accept dense tensors, numpy arrays and nested lists; anything else is a TypeError."""
     if isinstance(x, torch.Tensor):
+        if x.layout != torch.strided:
+            raise TypeError(f"Expected `{name}` to be a dense tensor, but got layout {x.layout}: pass `{name}.to_dense()`")
+        if x.device.type == "meta":
+            raise ValueError(f"Expected `{name}` to hold data, but it is a meta tensor (shape {tuple(x.shape)})")
         return x
     if isinstance(x, (np.ndarray, list, tuple)):
         try:
-            return torch.as_tensor(np.asarray(x))
-        except (TypeError, ValueError) as exc:
+            arr = np.asarray(x)
+            if arr.dtype == object:
+                raise TypeError(f"mixed or non-numeric entries (numpy dtype {arr.dtype})")
+            return torch.as_tensor(arr)
+        except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
             raise TypeError(f"Expected `{name}` to be a tensor or array of numbers: {exc}") from None
     raise TypeError(f"Expected `{name}` to be a torch.Tensor, but got {type(x).__name__}")
 
 
+# --------------------------------------------------------------------------- range checks
+class RangeCheck(NamedTuple):
+    """``tensor`` (integer ids) must lie in ``0..hi-1``; ``what`` names the ids in messages."""
+
+    tensor: torch.Tensor
+    hi: int
+    name: str
+    what: str
+
+
+def _range_flag(c: RangeCheck, device) -> torch.Tensor:
+    t = c.tensor
+    ok = ((t >= 0) & (t < c.hi)).all()
+    return ok if ok.device == device else ok.to(device)
+
+
+def _raise_range_error(c: RangeCheck) -> None:
+    t = c.tensor.reshape(-1)
+    out = (t < 0) | (t >= c.hi)
+    bad = t[out]
+    pos = int(out.nonzero()[0])
+    raise ValueError(
+        f"Expected `{c.name}` in 0..{c.hi - 1} ({c.what}), but got {int(bad[0])} at position {pos} "
+        f"({bad.numel()} value(s) out of range)"
+    )
+
+
+def range_flags(checks, device) -> list[torch.Tensor]:
+    """One 0-d bool tensor on ``device`` per :class:`RangeCheck` (no host sync)."""
+    return [_range_flag(c, device) for c in checks]
+
+
+def raise_first_range_error(checks, oks) -> None:
+    for c, ok in zip(checks, oks):
+        if not ok:
+            _raise_range_error(c)
+
+
+def check_ranges(checks, validate: bool = True) -> None:
+    """Check every :class:`RangeCheck` with a single host sync (nothing when ``validate=False``)."""
+    checks = [c for c in checks if c is not None]
+    if not validate or not checks:
+        return
+    device = checks[0].tensor.device
+    oks = torch.stack(range_flags(checks, device)).tolist()  # the one host sync
+    if not all(oks):
+        raise_first_range_error(checks, oks)
+
+
+# --------------------------------------------------------------------------- probabilities
 def prepare_leaf_probs(
     leaf_probs,
     num_leaves: int,
@@ -68,19 +130,28 @@ def prepare_leaf_probs(
     from_logits: bool = False,
     validate: bool = True,
     device: torch.device | None = None,
+    extra_checks=(),
 ) -> tuple[torch.Tensor, bool]:
     """Check and convert leaf probabilities to a ``(B, L)`` tensor in the compute dtype.
 
     leaf_probs: (B, L) or (L,) float.  Returns ``(probs, unbatched)`` where ``probs`` is
     (B, L) float32 (float64 kept) and ``unbatched`` tells whether the input was 1-D.
-    ``from_logits`` applies a softmax; ``normalize`` divides each row by its sum.
+    ``from_logits`` applies a softmax (``-inf`` logits are allowed: probability 0, as long as
+    each row has a finite entry); ``normalize`` divides each row by its sum.
+    ``extra_checks``: :class:`RangeCheck` s (e.g. predictions or targets on the same device)
+    checked in the same fused reduction, so that a whole call syncs with the host once.
+    With ``validate=False`` nothing is checked and nothing syncs.
     """
     x = as_tensor(leaf_probs, name)
     if not x.is_floating_point():
-        raise TypeError(
-            f"Expected `{name}` to be a floating-point tensor, but got dtype {x.dtype}"
-            + (" (class indices? decoders take probabilities)" if not x.dtype.is_complex else "")
-        )
+        kind = "complex" if x.is_complex() else ("bool" if x.dtype == torch.bool else "integer")
+        hint = {
+            "integer": " (class indices? decoders take probabilities; cast with .float() if these are counts "
+                       "and pass normalize=True)",
+            "bool": " (a one-hot mask? cast with .float())",
+            "complex": "",
+        }[kind]
+        raise TypeError(f"Expected `{name}` to be a floating-point tensor, but got dtype {x.dtype}{hint}")
     if x.dim() not in (1, 2):
         raise ValueError(f"Expected `{name}` to have shape (B, {num_leaves}) or ({num_leaves},), but got {tuple(x.shape)}")
     unbatched = x.dim() == 1
@@ -95,32 +166,72 @@ def prepare_leaf_probs(
         x = x.to(device)
     in_dtype = x.dtype
     x = x.to(compute_dtype(in_dtype))
+    checks = [c for c in extra_checks if c is not None] if validate else []
     if from_logits:
-        if validate and x.numel() and not bool(torch.isfinite(x).all()):
-            raise ValueError(f"Expected `{name}` (logits) to be finite, but it contains NaN or infinite values")
+        if validate and x.numel():
+            # One pass: a row max is NaN if the row holds a NaN (max propagates NaN), +inf if it holds
+            # +inf, -inf if every entry is -inf.  A -inf entry elsewhere is a masked class (p = 0).
+            row_max = x.amax(dim=1)
+            ok = ((row_max > float("-inf")) & (row_max < float("inf"))).all()
+            oks = torch.stack([ok] + range_flags(checks, x.device)).tolist()  # the one host sync
+            if not oks[0]:
+                _raise_logits_error(x, name)
+            raise_first_range_error(checks, oks[1:])
+        else:
+            check_ranges(checks)
         return torch.softmax(x, dim=1), unbatched
-    if not validate and not normalize:
+    if not validate:
+        if normalize:
+            x = x / x.sum(dim=1, keepdim=True)
         return x, unbatched
     if x.numel() == 0:
+        check_ranges(checks)
         return x, unbatched
+    # Two passes over the data (a sum and a min), one host sync.  NaN and +inf make a row sum
+    # non-finite and NaN makes the min NaN, so the one flag covers finiteness too; the error
+    # path then finds out exactly what is wrong.
     sums = x.sum(dim=1)
+    nonneg = x.amin() >= 0
     tol = row_sum_tolerance(in_dtype)
-    finite = torch.isfinite(x).all()
-    nonneg = (x >= 0).all()
-    rows_ok = ((sums - 1).abs() <= tol).all() if not normalize else (sums > 0).all()
-    flags = torch.stack([finite, nonneg, rows_ok]).tolist()  # the one host sync
-    if not all(flags):
-        _raise_probs_error(x, sums, flags, name, tol, normalize)
+    if normalize:
+        ok = nonneg & ((sums > 0) & torch.isfinite(sums)).all()
+    else:
+        ok = nonneg & ((sums - 1).abs() <= tol).all()
+    oks = torch.stack([ok] + range_flags(checks, x.device)).tolist()  # the one host sync
+    if not oks[0]:
+        finite, nonneg = bool(torch.isfinite(x).all()), bool((x >= 0).all())
+        if normalize and finite and nonneg and not bool((sums <= 0).any()):
+            # Finite entries whose sum overflows: rescale each row by its maximum first.
+            x = x / x.amax(dim=1, keepdim=True)
+            sums = x.sum(dim=1)
+        else:
+            _raise_probs_error(x, sums, (finite, nonneg), name, tol, normalize, in_dtype)
+    raise_first_range_error(checks, oks[1:])
     if normalize:
         x = x / sums[:, None]
     return x, unbatched
 
 
-def _raise_probs_error(x, sums, flags, name, tol, normalize):
-    finite, nonneg, rows_ok = flags
+def _raise_logits_error(x, name):
+    if bool(torch.isnan(x).any()):
+        row = int(torch.isnan(x).any(1).nonzero()[0])
+        raise ValueError(f"Expected `{name}` (logits) to be free of NaN, but row {row} contains NaN")
+    if bool(torch.isposinf(x).any()):
+        row = int(torch.isposinf(x).any(1).nonzero()[0])
+        raise ValueError(f"Expected `{name}` (logits) to be finite or -inf, but row {row} contains +inf")
+    row = int((x.amax(dim=1) == float("-inf")).nonzero()[0])
+    raise ValueError(f"Expected each row of `{name}` (logits) to have a finite entry, but row {row} is all -inf "
+                     "(every class masked)")
+
+
+def _raise_probs_error(x, sums, flags, name, tol, normalize, in_dtype):
+    finite, nonneg = flags
     if not finite:
-        row = int((~torch.isfinite(x)).any(1).nonzero()[0])
-        raise ValueError(f"Expected `{name}` to be finite, but row {row} contains NaN or infinite values")
+        bad = ~torch.isfinite(x)
+        row = int(bad.any(1).nonzero()[0])
+        what = "NaN" if bool(torch.isnan(x[row]).any()) else "infinite"
+        raise ValueError(f"Expected `{name}` to be finite, but row {row} contains {what} values (NaN or infinite "
+                         "probabilities are never valid; check the model's output)")
     if not nonneg:
         row = int((x < 0).any(1).nonzero()[0])
         hint = " These look like logits: pass from_logits=True (or apply softmax)."
@@ -130,48 +241,56 @@ def _raise_probs_error(x, sums, flags, name, tol, normalize):
         )
     if normalize:
         row = int((sums <= 0).nonzero()[0])
-        raise ValueError(f"Cannot normalize `{name}`: row {row} sums to {float(sums[row]):.4g}")
+        raise ValueError(f"Cannot normalize `{name}`: row {row} sums to {float(sums[row]):.4g} (expected a positive sum)")
     bad = ((sums - 1).abs() > tol).nonzero()
     row = int(bad[0])
     raise ValueError(
-        f"Expected each row of `{name}` to sum to 1 (tolerance {tol:g} for {x.dtype} input), but row {row} sums "
+        f"Expected each row of `{name}` to sum to 1 (tolerance {tol:g} for {in_dtype} input), but row {row} sums "
         f"to {float(sums[row]):.6g} ({bad.numel()} bad row(s)). Pass normalize=True to renormalize, or "
         "from_logits=True if these are logits"
     )
 
 
+# --------------------------------------------------------------------------- ids
+def _integer_ids(x, name: str, what: str) -> torch.Tensor:
+    t = as_tensor(x, name)
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise TypeError(f"Expected `{name}` to hold integer {what}, but got dtype {t.dtype}")
+    return t
+
+
+def as_targets(target, num_leaves: int, batch: int | None = None, *, name: str = "target",
+               device: torch.device | None = None) -> torch.Tensor:
+    """Type and shape checks of (B,) or () integer class indices (no host sync).  Returns int64."""
+    t = _integer_ids(target, name, "class indices")
+    if t.dim() > 1:
+        raise ValueError(f"Expected `{name}` to have shape (B,) or (), but got {tuple(t.shape)}")
+    if batch is not None and t.dim() == 1 and t.shape[0] != batch:
+        raise ValueError(f"Expected `{name}` to have {batch} entries (one per sample), but got {t.shape[0]}")
+    return t.to(device=device if device is not None else t.device, dtype=torch.long)
+
+
+def as_node_ids(pred, num_nodes: int, *, name: str = "pred", device: torch.device | None = None) -> torch.Tensor:
+    """Type and shape checks of (B,) or () integer node ids (no host sync).  Returns int64."""
+    t = _integer_ids(pred, name, "node ids")
+    if t.dim() > 1:
+        raise ValueError(f"Expected `{name}` to have shape (B,) or () (node ids), but got {tuple(t.shape)}")
+    return t.to(device=device if device is not None else t.device, dtype=torch.long)
+
+
 def check_targets(target, num_leaves: int, batch: int | None = None, *, name: str = "target",
                   validate: bool = True, device: torch.device | None = None) -> torch.Tensor:
     """target: (B,) or () integer class indices in ``0..L-1``.  Returns int64 (B,) (or ())."""
-    t = as_tensor(target, name)
-    if t.is_floating_point() or t.dtype == torch.bool or t.is_complex():
-        raise TypeError(f"Expected `{name}` to hold integer class indices, but got dtype {t.dtype}")
-    if t.dim() > 1:
-        raise ValueError(f"Expected `{name}` to have shape (B,), but got {tuple(t.shape)}")
-    if batch is not None and t.dim() == 1 and t.shape[0] != batch:
-        raise ValueError(f"Expected `{name}` to have {batch} entries (one per sample), but got {t.shape[0]}")
-    t = t.to(device=device if device is not None else t.device, dtype=torch.long)
-    if validate and t.numel():
-        lo, hi = torch.aminmax(t)
-        lo, hi = int(lo), int(hi)
-        if lo < 0 or hi >= num_leaves:
-            bad = lo if lo < 0 else hi
-            raise ValueError(f"Expected `{name}` in 0..{num_leaves - 1} (leaf ids), but got {bad}")
+    t = as_targets(target, num_leaves, batch, name=name, device=device)
+    check_ranges([RangeCheck(t, num_leaves, name, "leaf ids")], validate)
     return t
 
 
 def check_node_ids(pred, num_nodes: int, *, name: str = "pred", validate: bool = True,
                    device: torch.device | None = None) -> torch.Tensor:
     """pred: (B,) or () integer node ids in ``0..N-1``.  Returns int64."""
-    t = as_tensor(pred, name)
-    if t.is_floating_point() or t.dtype == torch.bool:
-        raise TypeError(f"Expected `{name}` to hold integer node ids, but got dtype {t.dtype}")
-    t = t.to(device=device if device is not None else t.device, dtype=torch.long)
-    if validate and t.numel():
-        lo, hi = torch.aminmax(t)
-        lo, hi = int(lo), int(hi)
-        if lo < 0 or hi >= num_nodes:
-            raise ValueError(f"Expected `{name}` in 0..{num_nodes - 1} (node ids), but got {lo if lo < 0 else hi}")
+    t = as_node_ids(pred, num_nodes, name=name, device=device)
+    check_ranges([RangeCheck(t, num_nodes, name, "node ids")], validate)
     return t
 
 
@@ -180,8 +299,8 @@ def check_node_sets(pred, num_nodes: int, *, name: str = "pred", device: torch.d
     t = as_tensor(pred, name)
     if t.dtype != torch.bool:
         raise TypeError(f"Expected `{name}` as a node set to be a bool tensor, but got dtype {t.dtype}")
-    if t.shape[-1] != num_nodes or t.dim() not in (1, 2):
-        raise ValueError(f"Expected `{name}` to have shape (B, {num_nodes}), but got {tuple(t.shape)}")
+    if t.dim() not in (1, 2) or t.shape[-1] != num_nodes:
+        raise ValueError(f"Expected `{name}` to have shape (B, {num_nodes}) or ({num_nodes},), but got {tuple(t.shape)}")
     return t.to(device) if device is not None else t
 
 

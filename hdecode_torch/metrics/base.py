@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from ..kernels.ancestry import ancestor_closure, ancestor_mask, argbest
 from ..kernels.chunking import chunk_ranges
-from ..kernels.validation import check_node_ids, check_node_sets, check_targets
+from ..kernels.validation import (
+    RangeCheck, as_node_ids, as_targets, as_tensor, check_node_sets, check_ranges, check_targets,
+)
 from .posterior import Posterior
 
 __all__ = ["BaseMetric", "NodeMetric", "SetMetric"]
+
+
+def _chunk_size(chunk_size):
+    """``None`` or a positive int (numpy integers accepted); the range is checked by ``chunk_ranges``."""
+    if isinstance(chunk_size, numbers.Integral) and not isinstance(chunk_size, bool):
+        return int(chunk_size)
+    if chunk_size is not None and not isinstance(chunk_size, (int, float)):
+        raise TypeError(f"Expected `chunk_size` to be a positive int or None, but got {type(chunk_size).__name__}")
+    return chunk_size
 
 
 class BaseMetric:
@@ -19,6 +32,11 @@ class BaseMetric:
     - ``m.expected(leaf_probs, pred) -> (B,)`` ``Σ_l p(l) m(pred, l)``, in the compute dtype;
     - ``m.decode(leaf_probs)`` the Bayes-optimal prediction (SPEC §3 formats);
     - ``m.higher_is_better``, ``m.kind`` (``"leaf"``, ``"node"`` or ``"set"``), ``m.name``, ``m.params``.
+
+    Devices: ``expected`` and ``decode`` run on the probabilities' device (the hierarchy and
+    ``pred`` are moved there); ``m(pred, target)`` runs on ``pred``'s device (``target`` is
+    moved there).  Every input check of one call is fused into a single host sync;
+    ``validate=False`` skips them all (out-of-range ids then give undefined results).
     """
 
     name: str = ""
@@ -53,11 +71,27 @@ class BaseMetric:
     def _bytes_per_sample(self, h) -> int:
         return 8 * h.num_nodes * 4
 
+    def _validate(self, validate) -> bool:
+        return bool(self.validate if validate is None else validate)
+
     def _posterior(self, leaf_probs, validate) -> Posterior:
-        return Posterior.of(self.hierarchy, leaf_probs, validate=self.validate if validate is None else validate)
+        return Posterior.of(self.hierarchy, leaf_probs, validate=self._validate(validate))
+
+    def _posterior_with(self, leaf_probs, pred, convert, validate):
+        """``(posterior, pred)`` with ``pred`` converted by ``convert(pred, device) -> (tensor, RangeCheck|None)``
+        onto the probabilities' device, its range check fused into the probabilities' check (one host sync)."""
+        if isinstance(leaf_probs, Posterior):
+            post = self._posterior(leaf_probs, validate)
+            pred, check = convert(pred, post.device)
+            check_ranges([check], validate)
+            return post, pred
+        x = as_tensor(leaf_probs, "leaf_probs")
+        pred, check = convert(pred, x.device)
+        post = Posterior(self.hierarchy, x, validate=validate, extra_checks=[check])
+        return post, pred
 
     def _chunks(self, post: Posterior, chunk_size=None):
-        return chunk_ranges(post.batch_size, self._bytes_per_sample(post.h), chunk_size)
+        return chunk_ranges(post.batch_size, self._bytes_per_sample(post.h), _chunk_size(chunk_size))
 
     def _target(self, target, batch, device, validate):
         return check_targets(target, self.hierarchy.num_leaves, batch, validate=validate, device=device)
@@ -68,30 +102,41 @@ class NodeMetric(BaseMetric):
 
     kind = "node"
 
+    def _node_ids(self, pred, device=None):
+        t = as_tensor(pred, "pred")
+        if t.dtype == torch.bool:
+            raise TypeError(f"`{self.name}` scores single nodes: expected `pred` to be int64 node ids, but got a bool "
+                            "set (use a set metric such as hf_beta for node sets)")
+        n = self.hierarchy.num_nodes
+        t = as_node_ids(t, n, device=device)
+        return t, RangeCheck(t, n, "pred", "node ids")
+
     def __call__(self, pred, target, *, validate: bool | None = None) -> torch.Tensor:
-        """pred: (B,) int64 node ids; target: (B,) int64 leaf ids.  Returns (B,) float64."""
-        validate = self.validate if validate is None else validate
+        """pred: (B,) or () int64 node ids; target: (B,) or () int64 leaf ids (broadcast against each other).
+
+        Returns (B,) (or ()) float64, on ``pred``'s device.
+        """
+        validate = self._validate(validate)
         h = self.hierarchy
-        if isinstance(pred, torch.Tensor) and pred.dtype == torch.bool:
-            raise TypeError(f"`{self.name}` scores single nodes: expected `pred` to be int64 node ids, but got a bool set")
-        pred = check_node_ids(pred, h.num_nodes, validate=validate)
+        pred, pred_check = self._node_ids(pred)
         h = h.to(pred.device)
-        target = self._target(target, pred.shape[0] if pred.dim() else None, pred.device, validate)
+        target = as_targets(target, h.num_leaves, pred.shape[0] if pred.dim() else None, device=pred.device)
+        check_ranges([pred_check, RangeCheck(target, h.num_leaves, "target", "leaf ids")], validate)
         pred, target = torch.broadcast_tensors(pred, target)
         return self._values(h, pred, target)
 
     def expected(self, leaf_probs, pred, *, validate: bool | None = None, chunk_size: int | None = None) -> torch.Tensor:
         """Expected value ``Σ_l p(l) m(pred, l)``.
 
-        leaf_probs: (B, L) or (L,) float (or a :class:`Posterior`); pred: (B,) or () int64 node ids.
-        Returns (B,) (or ()) in the compute dtype (float32; float64 kept).
+        leaf_probs: (B, L) or (L,) float (or a :class:`Posterior`); pred: (B,) or () int64 node ids
+        (moved to the probabilities' device).  Returns (B,) (or ()) in the compute dtype (float32;
+        float64 kept).
         """
-        validate = self.validate if validate is None else validate
-        post = self._posterior(leaf_probs, validate)
-        pred = check_node_ids(pred, self.hierarchy.num_nodes, validate=validate, device=post.device)
+        validate = self._validate(validate)
+        post, pred = self._posterior_with(leaf_probs, pred, self._node_ids, validate)
         if pred.dim() != (0 if post.unbatched else 1) or (pred.dim() == 1 and pred.shape[0] != post.batch_size):
-            raise ValueError(f"Expected `pred` to have shape {(post.batch_size,) if not post.unbatched else ()}, "
-                             f"but got {tuple(pred.shape)}")
+            raise ValueError(f"Expected `pred` to have shape {(post.batch_size,) if not post.unbatched else ()} "
+                             f"(one node id per sample), but got {tuple(pred.shape)}")
         flat = pred.reshape(-1)
         out = torch.cat([self.expected_table(post.chunk(a, b)).gather(0, flat[None, a:b])[0]
                          for a, b in self._chunks(post, chunk_size)])
@@ -102,7 +147,8 @@ class NodeMetric(BaseMetric):
 
         leaf_probs: (B, L) or (L,) float (or a :class:`Posterior`).  Returns (B,) (or ()) int64
         node ids.  Large batches are decoded in chunks bounded by the memory budget.  Exact
-        ties go to the deepest node, then the smallest id (leaf metrics: the smallest id).
+        ties go to the deepest node, then the smallest id (leaf metrics: the smallest id;
+        tree distance: its closed form, the deepest node with p(n) > (1 + c)/2).
         """
         post = self._posterior(leaf_probs, validate)
         parts = [self._decode(post.chunk(a, b)) for a, b in self._chunks(post, chunk_size)]
@@ -138,45 +184,69 @@ class SetMetric(BaseMetric):
     kind = "set"
     higher_is_better = True
 
-    def _as_closed_sets(self, h, pred, validate) -> torch.Tensor:
-        if isinstance(pred, torch.Tensor) and pred.dtype == torch.bool:
-            sets = check_node_sets(pred, h.num_nodes)
-            h = h.to(sets.device)
-            batched = sets.dim() == 2
-            sets = ancestor_closure(h, sets if batched else sets[None])
+    def _sets_or_ids(self, pred, device=None):
+        """pred as (B, N)/(N,) bool sets or (B,)/() int64 node ids on ``device``, and its range check."""
+        n = self.hierarchy.num_nodes
+        t = as_tensor(pred, "pred")
+        if t.dtype == torch.bool:
+            return check_node_sets(t, n, device=device), None
+        t = as_node_ids(t, n, device=device)
+        return t, RangeCheck(t, n, "pred", "node ids")
+
+    def _closed(self, t: torch.Tensor) -> torch.Tensor:
+        """Ancestor closure of converted sets, or the sets A(n) of node ids (same batch shape)."""
+        h = self.hierarchy.to(t.device)
+        if t.dtype == torch.bool:
+            batched = t.dim() == 2
+            sets = ancestor_closure(h, t if batched else t[None])
             return sets if batched else sets[0]
-        nodes = check_node_ids(pred, h.num_nodes, validate=validate)
-        h = h.to(nodes.device)
-        if nodes.dim() == 0:
-            return ancestor_mask(h, nodes[None])[0]
-        return ancestor_mask(h, nodes)
+        if t.dim() == 0:
+            return ancestor_mask(h, t[None])[0]
+        return ancestor_mask(h, t)
+
+    def _as_closed_sets(self, h, pred, validate) -> torch.Tensor:
+        t, check = self._sets_or_ids(pred)
+        check_ranges([check], validate)
+        return self._closed(t)
 
     def __call__(self, pred, target, *, validate: bool | None = None) -> torch.Tensor:
-        """pred: (B, N) bool node sets or (B,) int64 node ids; target: (B,) int64.  Returns (B,) float64."""
-        validate = self.validate if validate is None else validate
-        sets = self._as_closed_sets(self.hierarchy, pred, validate)
-        h = self.hierarchy.to(sets.device)
-        unbatched = sets.dim() == 1
+        """pred: (B, N) or (N,) bool node sets, or (B,) or () int64 node ids; target: (B,) or () int64.
+
+        A single prediction is broadcast against a batch of targets and vice versa.  Returns
+        (B,) (or ()) float64 on ``pred``'s device.
+        """
+        validate = self._validate(validate)
+        t, check = self._sets_or_ids(pred)
+        h = self.hierarchy.to(t.device)
+        unbatched = t.dim() == (1 if t.dtype == torch.bool else 0)
+        batch = None if unbatched else t.shape[0]
+        target = as_targets(target, h.num_leaves, batch, device=t.device)
+        check_ranges([check, RangeCheck(target, h.num_leaves, "target", "leaf ids")], validate)
+        sets = self._closed(t)
         sets2 = sets[None] if unbatched else sets
-        target = self._target(target, sets2.shape[0] if not unbatched else None, sets.device, validate)
-        t = target.reshape(-1).expand(sets2.shape[0]) if target.dim() == 0 else target
-        if t.shape[0] != sets2.shape[0]:
-            raise ValueError(f"Expected `target` to have {sets2.shape[0]} entries, but got {t.shape[0]}")
+        if unbatched and target.dim() == 1:
+            sets2 = sets2.expand(target.shape[0], -1)
+        tgt = target.reshape(-1).expand(sets2.shape[0]) if target.dim() == 0 else target
         size = sets2.sum(1).to(torch.float64)
         padded = torch.cat([sets2, sets2.new_zeros(sets2.shape[0], 1)], 1)
-        inter = padded.gather(1, h.ancestors[t]).sum(1).to(torch.float64)
-        ydepth = h.depth[t].to(torch.float64)
+        inter = padded.gather(1, h.ancestors[tgt]).sum(1).to(torch.float64)
+        ydepth = h.depth[tgt].to(torch.float64)
         out = self._from_counts(inter, size, ydepth + 1)
         return out[0] if unbatched and target.dim() == 0 else out
 
     def expected(self, leaf_probs, pred, *, validate: bool | None = None, chunk_size: int | None = None) -> torch.Tensor:
-        """Expected value; leaf_probs (B, L) float; pred (B, N) bool sets or (B,) int64 nodes.  Returns (B,)."""
-        validate = self.validate if validate is None else validate
-        post = self._posterior(leaf_probs, validate)
-        sets = self._as_closed_sets(self.hierarchy, pred, validate).to(post.device)
+        """Expected value; leaf_probs (B, L) or (L,) float (or a Posterior); pred (B, N) bool sets or (B,)
+        int64 nodes ((N,) or () for a single distribution).  Returns (B,) (or ())."""
+        validate = self._validate(validate)
+        post, t = self._posterior_with(leaf_probs, pred, self._sets_or_ids, validate)
+        unbatched = t.dim() == (1 if t.dtype == torch.bool else 0)
+        if unbatched != post.unbatched or (not unbatched and t.shape[0] != post.batch_size):
+            want = (f"({self.hierarchy.num_nodes},) or ()" if post.unbatched
+                    else f"({post.batch_size}, {self.hierarchy.num_nodes}) or ({post.batch_size},)")
+            raise ValueError(f"Expected `pred` to have shape {want} (one prediction per sample), but got "
+                             f"{tuple(t.shape)}")
+        sets = self._closed(t)
         sets2 = sets[None] if sets.dim() == 1 else sets
-        if sets2.shape[0] != post.batch_size:
-            raise ValueError(f"Expected `pred` to have {post.batch_size} rows, but got {sets2.shape[0]}")
         out = torch.cat([self._expected_sets(post.chunk(a, b), sets2[a:b]) for a, b in self._chunks(post, chunk_size)])
         return out[0] if post.unbatched else out
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..kernels.ancestry import argbest
@@ -32,6 +33,12 @@ class CostMatrixMetric(NodeMetric):
             raise ValueError(f"Expected `strategy` to be one of {self.STRATEGIES}, but got {strategy!r}")
         self.strategy = strategy
         c = as_tensor(cost, "cost")
+        if c.is_complex():
+            raise TypeError(f"Expected `cost` to be a real (float) matrix, but got dtype {c.dtype}")
+        if not isinstance(higher_is_better, (bool, np.bool_)):
+            raise TypeError(f"Expected `higher_is_better` to be a bool, but got {type(higher_is_better).__name__}")
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"Expected `name` to be a string, but got {type(name).__name__}")
         if not c.is_floating_point():
             c = c.to(torch.float64)
         shape = (hierarchy.num_nodes, hierarchy.num_leaves)
@@ -68,7 +75,7 @@ class CostMatrixMetric(NodeMetric):
         return self._cost_on[key]
 
     def _values(self, h, pred, target):
-        return self.cost.to(pred.device)[pred, target]
+        return self.cost_on(pred.device, torch.float64)[pred, target]
 
     def _bytes_per_sample(self, h):
         return 8 * h.num_nodes * 2

@@ -58,9 +58,16 @@ class Posterior:
         return cls(h, leaf_probs, **kwargs)
 
     def chunk(self, start: int, stop: int) -> "Posterior":
-        """The samples ``start:stop`` as a Posterior (no re-validation)."""
+        """The samples ``start:stop`` as a Posterior (no re-validation); the whole batch is ``self``,
+        so decoders given a shared Posterior reuse its node sums."""
+        whole = start == 0 and stop == self.batch_size
+        if whole and not self.unbatched:
+            return self
         new = object.__new__(Posterior)
-        new.h, new.probs, new.unbatched, new._memo = self.h, self.probs[start:stop], False, {}
+        # A chunk is always batched (callers unbatch once, at the end); the whole of an unbatched
+        # Posterior shares its node sums.
+        new.h, new.probs, new.unbatched = self.h, self.probs[start:stop], False
+        new._memo = self._memo if whole else {}
         return new
 
     @property

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 from .base import BaseMetric
 from .cost_matrix import CostMatrixMetric
 from .leaf import Accuracy, LCAHeight
@@ -22,10 +24,32 @@ def list_metrics() -> dict[str, str]:
     return {name: cls.description for name, cls in METRICS.items()}
 
 
+def _accepted(cls) -> tuple[list[str], list[str]]:
+    """(keyword parameters ``cls(hierarchy, ...)`` accepts, the required ones), following ``**kw`` up the MRO."""
+    accepted: list[str] = []
+    required: list[str] = []
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        params = list(inspect.signature(init).parameters.values())[2:]  # self, hierarchy
+        for prm in params:
+            if prm.kind in (prm.VAR_KEYWORD, prm.VAR_POSITIONAL) or prm.name in accepted:
+                continue
+            accepted.append(prm.name)
+            if prm.default is inspect.Parameter.empty:
+                required.append(prm.name)
+        if not any(prm.kind == prm.VAR_KEYWORD for prm in params):
+            break
+    return accepted, required
+
+
 def get_metric(name: str, hierarchy, **params) -> BaseMetric:
     """The metric ``name`` (SPEC §2) on ``hierarchy`` with its parameters (``beta=``, ``c=``).
 
-    ``name="cost_matrix"`` takes ``cost=`` (N, L).  Unknown names and parameters raise ValueError.
+    ``name="cost_matrix"`` takes ``cost=`` (N, L).  Unknown names and parameters raise
+    ``ValueError`` (listing the accepted ones); a parameter of the wrong type raises
+    ``TypeError``, one out of range ``ValueError``.
     """
     if isinstance(name, BaseMetric):
         return name
@@ -33,10 +57,17 @@ def get_metric(name: str, hierarchy, **params) -> BaseMetric:
         raise TypeError(f"Expected `name` to be a metric name, but got {type(name).__name__}")
     key = ALIASES.get(name, name)
     if key == "cost_matrix":
-        return CostMatrixMetric(hierarchy, **params)
-    if key not in METRICS:
+        cls = CostMatrixMetric
+    elif key in METRICS:
+        cls = METRICS[key]
+    else:
         raise ValueError(f"Unknown metric {name!r}; available: {', '.join(sorted(METRICS))} (and 'cost_matrix')")
-    try:
-        return METRICS[key](hierarchy, **params)
-    except TypeError as exc:
-        raise ValueError(f"Bad parameters for metric {name!r}: {exc}") from None
+    accepted, required = _accepted(cls)
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise ValueError(f"Bad parameters for metric {name!r}: unknown parameter(s) {', '.join(map(repr, unknown))}; "
+                         f"accepted: {', '.join(accepted) or 'none'}")
+    missing = [p for p in required if p not in params]
+    if missing:
+        raise ValueError(f"Bad parameters for metric {name!r}: it requires {', '.join(map(repr, missing))}")
+    return cls(hierarchy, **params)
