@@ -305,12 +305,8 @@ def test_leaves_at_very_different_depths():
             assert ref.is_optimal(info, name, P[b], ref.mask_to_set(out[b].numpy()), **params), (name, b)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG in kernels/hf_beta.py (lead's file): w = (1+β²)/(k+β²(e+1)) is inf/inf = NaN once β² overflows the "
-    "compute dtype (β ≳ 1.8e19 in float32, ≳ 1.3e154 in float64), and the decoder returns {root} instead of the "
-    "optimal set (here the whole tree: hF_β → recall). Fix: w = 1 / (k·r + (1−r)(e+1)) with r = 1/(1+β²), "
-    "or reject such β in HFBeta.__init__."))
 def test_hf_beta_with_a_huge_beta_in_float32():
+    """(1+β²)/(k+β²(e+1)) was inf/inf once β² overflowed; the weights are now written with r = 1/(1+β²)."""
     h = TREES["small"]
     x = torch.tensor([0.4, 0.1, 0.3, 0.1, 0.1], dtype=torch.float64)
     m = hd.get_metric("hf_beta", h, beta=1e20)

@@ -21,12 +21,18 @@ from .pruning import compact
 __all__ = ["hf_beta_bound", "decode_hf_beta"]
 
 
+def _recall_share(beta: float) -> float:
+    """r = 1/(1+β²): hF_β = |h⁺∩y⁺| / (r|h⁺| + (1−r)|y⁺|), finite for every β > 0."""
+    return 1.0 / (1.0 + beta * beta)
+
+
 def hf_beta_bound(h, beta: float) -> torch.Tensor:
     """(N,) float64 lower bound on p(n) for n to belong to an optimal hF_β set (SPEC §4.3)."""
     def build():
         big_d = float(h.max_depth)
-        b2 = beta * beta
-        return (h.min_leaf_depth.to(torch.float64) + 1) / ((big_d + 1) * (1 + b2 * (big_d + 1)))
+        r = _recall_share(beta)
+        # (d_min+1) / ((D+1)(1+β²(D+1))), written with r = 1/(1+β²) so a huge β gives no inf/inf.
+        return (h.min_leaf_depth.to(torch.float64) + 1) * r / ((big_d + 1) * (r + (1 - r) * (big_d + 1)))
     return h.cached(("hf_beta_bound", beta), build)
 
 
@@ -53,7 +59,7 @@ def decode_hf_beta(h, p: torch.Tensor, q: torch.Tensor, leaf_depths: torch.Tenso
     qc = q[ids.clamp(max=h.num_nodes - 1), :, torch.arange(bsz, device=p.device)[None, :]]  # (C, B, E)
     qc = qc.masked_fill(~valid[:, :, None], 0.0)
     e = leaf_depths.to(dt)
-    b2 = beta * beta
+    r = _recall_share(beta)
     out = torch.zeros(bsz, h.num_nodes + 1, dtype=torch.bool, device=p.device)
     best_val = torch.full((bsz,), -1.0, dtype=dt, device=p.device)
     best_k = torch.ones(bsz, dtype=torch.long, device=p.device)
@@ -68,7 +74,7 @@ def decode_hf_beta(h, p: torch.Tensor, q: torch.Tensor, leaf_depths: torch.Tenso
     # first block of k gives each sample a score to beat, the loop stops at the largest k with
     # UB(k) ≥ that score anywhere in the batch (one host sync).
     first = min(32, c)
-    b_max = b2 * (float(leaf_depths.max()) + 1)
+    b_max = (1 - r) * (float(leaf_depths.max()) + 1)
     starts = [0] + list(range(first, c, block))
     k_stop = c
     for i, start in enumerate(starts):
@@ -76,17 +82,17 @@ def decode_hf_beta(h, p: torch.Tensor, q: torch.Tensor, leaf_depths: torch.Tenso
         if start >= stop:
             break
         if start == first:
-            w0 = (1 + b2) / (first + b2 * (e + 1))  # (E,)
+            w0 = 1 / (first * r + (1 - r) * (e + 1))  # (E,)
             d0 = torch.einsum("cbe,e->cb", qc, w0).masked_fill(~valid, 0.0)
             top = torch.sort(d0, dim=0, descending=True).values.cumsum(0)  # (C, B)
-            ub = top * ((first + b_max) / (ks_all + b_max))[:, None]
+            ub = top * ((first * r + b_max) / (ks_all * r + b_max))[:, None]
             alive = ub >= best_val[None, :] * (1 - 64 * torch.finfo(dt).eps)
             k_stop = int(torch.where(alive, ks_all[:, None].long(), torch.zeros_like(alive, dtype=torch.long)).max())
             stop = min(stop, k_stop)
             if start >= stop:
                 break
         ks = ks_all[start:stop]  # (K,)
-        w = (1 + b2) / (ks[:, None] + b2 * (e[None, :] + 1))  # (K, E)
+        w = 1 / (ks[:, None] * r + (1 - r) * (e[None, :] + 1))  # (K, E): (1+β²)/(k+β²(e+1))
         # (K, B, C): candidates last so the per-(k, sample) sort runs over contiguous memory.
         # Only the sum of the top k matters here, so an unstable value sort suffices; the
         # winning set is ordered once, stably, after the loop.
@@ -102,7 +108,7 @@ def decode_hf_beta(h, p: torch.Tensor, q: torch.Tensor, leaf_depths: torch.Tenso
         best_val = torch.where(better, top_val, best_val)
         best_k = torch.where(better, ks.long()[top_i], best_k)
     # The best set: the best k nodes by Δ_{k*}, ties to the shallower (candidates are in depth order).
-    w = (1 + b2) / (best_k.to(dt)[:, None] + b2 * (e[None, :] + 1))  # (B, E)
+    w = 1 / (best_k.to(dt)[:, None] * r + (1 - r) * (e[None, :] + 1))  # (B, E)
     delta = torch.einsum("cbe,be->bc", qc, w).masked_fill(~valid.t(), float("-inf"))
     rank = torch.sort(delta, dim=1, descending=True, stable=True).indices.t()  # (C, B)
     take = torch.arange(c, device=p.device)[:, None] < best_k[None, :]

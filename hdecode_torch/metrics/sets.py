@@ -37,8 +37,8 @@ class HFBeta(SetMetric):
         return decode_hf_beta(post.h, post.node, post.by_leaf_depth(), post.leaf_depth_values(), self.beta)
 
     def _from_counts(self, inter, size, ysize):
-        b2 = self.beta ** 2
-        return (1 + b2) * inter / (size + b2 * ysize)
+        r = 1.0 / (1.0 + self.beta ** 2)  # (1+β²)x/(a+β²b) = x/(ra+(1−r)b): finite for any β
+        return inter / (r * size + (1 - r) * ysize)
 
     def _bytes_per_sample(self, h):
         e = int(torch.unique(h.leaf_depth).numel())
@@ -50,8 +50,8 @@ class HFBeta(SetMetric):
         mass = torch.einsum("neb,bn->eb", q, sets.to(q.dtype))  # Σ_{n∈h⁺} Q_e(n)
         k = sets.sum(1).to(q.dtype)  # (B,)
         e = post.leaf_depth_values().to(q.dtype)
-        b2 = self.beta ** 2
-        w = (1 + b2) / (k[None, :] + b2 * (e[:, None] + 1))
+        r = 1.0 / (1.0 + self.beta ** 2)
+        w = 1 / (r * k[None, :] + (1 - r) * (e[:, None] + 1))
         return (w * mass).sum(0)
 
 
