@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import torch
 
+from .._component import HierarchyComponent
 from ..metrics.posterior import Posterior
 
 __all__ = ["Decoder"]
 
 
-class Decoder:
+class Decoder(HierarchyComponent):
     """A batched decision rule from leaf probabilities to node ids.
 
     Subclasses implement :meth:`_decode` on a :class:`Posterior` (checked probabilities with
@@ -17,31 +18,6 @@ class Decoder:
     (L,) float probabilities (or a Posterior, to share node sums between decoders) and
     returns (B,) (or ()) int64 node ids on the probabilities' device.
     """
-
-    name: str = ""
-    description: str = ""
-
-    def __init__(self, hierarchy, *, validate: bool = True):
-        from ..hierarchy import Hierarchy
-
-        if not isinstance(hierarchy, Hierarchy):
-            raise TypeError(f"Expected `hierarchy` to be a Hierarchy, but got {type(hierarchy).__name__}")
-        self.hierarchy = hierarchy
-        self.validate = validate
-
-    @property
-    def params(self) -> dict:
-        return {}
-
-    @property
-    def key(self) -> str:
-        if not self.params:
-            return self.name
-        return f"{self.name}[{','.join(f'{k}={v:g}' for k, v in self.params.items())}]"
-
-    def __repr__(self) -> str:
-        args = "".join(f", {k}={v!r}" for k, v in self.params.items())
-        return f"{type(self).__name__}({self.hierarchy!r}{args})"
 
     def decode(self, leaf_probs, *, validate: bool | None = None) -> torch.Tensor:
         """leaf_probs: (B, L) or (L,) float, or a Posterior.  Returns (B,) or () int64 node ids."""

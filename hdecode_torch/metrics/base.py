@@ -11,6 +11,7 @@ from ..kernels.chunking import chunk_ranges
 from ..kernels.validation import (
     RangeCheck, as_node_ids, as_targets, as_tensor, check_node_sets, check_ranges, check_targets,
 )
+from .._component import HierarchyComponent
 from .posterior import Posterior
 
 __all__ = ["BaseMetric", "NodeMetric", "SetMetric"]
@@ -25,7 +26,7 @@ def _chunk_size(chunk_size):
     return chunk_size
 
 
-class BaseMetric:
+class BaseMetric(HierarchyComponent):
     """A metric comparing a prediction with a target leaf (SPEC §2).
 
     - ``m(pred, target) -> (B,)`` float64 per-sample values;
@@ -39,33 +40,8 @@ class BaseMetric:
     ``validate=False`` skips them all (out-of-range ids then give undefined results).
     """
 
-    name: str = ""
     kind: str = "node"
     higher_is_better: bool = False
-    description: str = ""
-
-    def __init__(self, hierarchy, *, validate: bool = True):
-        from ..hierarchy import Hierarchy
-
-        if not isinstance(hierarchy, Hierarchy):
-            raise TypeError(f"Expected `hierarchy` to be a Hierarchy, but got {type(hierarchy).__name__}")
-        self.hierarchy = hierarchy
-        self.validate = validate
-
-    @property
-    def params(self) -> dict:
-        return {}
-
-    @property
-    def key(self) -> str:
-        """``name[param=value,...]``, the label used in tables and JSON."""
-        if not self.params:
-            return self.name
-        return f"{self.name}[{','.join(f'{k}={v:g}' for k, v in self.params.items())}]"
-
-    def __repr__(self) -> str:
-        args = "".join(f", {k}={v!r}" for k, v in self.params.items())
-        return f"{type(self).__name__}({self.hierarchy!r}{args})"
 
     # Bytes of temporaries per sample of `_expected_table`; used to chunk batches.
     def _bytes_per_sample(self, h) -> int:
