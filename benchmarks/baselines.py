@@ -1,0 +1,459 @@
+"""Per-sample NumPy baselines: the decoders run one distribution at a time, as the paper's reference code does.
+
+Nothing here imports ``torch`` or ``hdecode_torch``: the baselines work from a plain
+``parents`` array so that they are an independent yardstick for the library.
+
+How each baseline runs (``Baselines.decoder(key)`` returns ``fn(leaf_probs_1d) -> prediction``):
+
+* every node-level rule starts with the node probabilities of *that one sample*, by a
+  bottom-up traversal of the tree (:meth:`Baselines.node_probs`).  The traversal is
+  vectorized per tree level (one ``np.add.reduceat`` per depth), which is the fastest
+  reasonable per-sample NumPy.  ``Baselines(parents, traversal="python")`` (or
+  ``.with_traversal("python")``) runs the same algorithms with the node sums done as the
+  paper's Algorithm "ProbaNodes" (a Python loop over the nodes), which is what a literal
+  port of the reference code costs;
+* ``tree_distance`` / ``tree_distance_c``: the deepest node with p(n) > 1/2 (> (1+c)/2);
+* ``wu_palmer`` / ``zhao``: the paper's general algorithm — the Lemma 4.3 candidate filter,
+  in its Prop. E.6 form (thresholds scaled by p(a_n)) since both costs are equal under the
+  root, followed by a brute force over the candidates with a precomputed dense (N, L) cost
+  matrix (``C[cands] @ p``).  The thresholds are the paper's q_min / q_max written without
+  the division (``M·p < m̲·(s − p)``) so that degenerate nodes (single-child chains, where
+  the node and its parent have equal costs) are handled without 0/0;
+* ``lca_height`` (and ``crm``): brute force over the leaves with a precomputed (L, L)
+  LCA-height matrix (Karthik et al.);
+* ``hf_beta``: the paper's decomposition by |h⁺| = k: the candidate set Q(p) (with the
+  SPEC §4.3 bound, which is provably safe, instead of the paper's Lemma 4.4), then a loop
+  over k = 1..|Q(p)| computing Δ_k on the candidates and taking the top k (stable sort in
+  (depth, id) order, so ancestors come first among ties and the set stays closed);
+* ``hamming``: the closed form W(n) > W(root)/2;
+* the heuristics straight from their definitions (SPEC §4.2).
+
+:func:`expected_score` evaluates any prediction against one distribution in O(L·D) from the
+ancestors table (no N×L matrix), in float64: it is what the benchmark's correctness check
+compares.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+__all__ = ["TreeTables", "Baselines", "expected_score", "HIGHER_IS_BETTER", "SET_METRICS"]
+
+HIGHER_IS_BETTER = {"accuracy": True, "lca_height": False, "tree_distance": False, "tree_distance_c": False,
+                    "wu_palmer": True, "zhao": True, "hf_beta": True, "hamming": False}
+SET_METRICS = ("hf_beta", "hamming")
+
+
+class TreeTables:
+    """Plain NumPy tables of a canonical tree (leaves 0..L-1), built once per tree."""
+
+    def __init__(self, parents):
+        par = np.asarray(parents, dtype=np.int64)
+        n = par.shape[0]
+        self.parent = par
+        self.num_nodes = n
+        nonroot = np.flatnonzero(par >= 0)
+        nchild = np.bincount(par[nonroot], minlength=n)
+        is_leaf = nchild == 0
+        self.num_leaves = L = int(is_leaf.sum())
+        if not is_leaf[:L].all():
+            raise ValueError("expected canonical ids: leaves 0..L-1")
+        self.root = int(np.flatnonzero(par < 0)[0])
+        # children CSR, ascending ids
+        order = nonroot[np.argsort(par[nonroot], kind="stable")]
+        self.children_ptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(nchild, out=self.children_ptr[1:])
+        self.children = order
+        # depth and levels by BFS
+        depth = np.full(n, -1, dtype=np.int64)
+        depth[self.root] = 0
+        levels = [np.array([self.root])]
+        while True:
+            fr = levels[-1]
+            c = nchild[fr]
+            if c.sum() == 0:
+                break
+            nxt = np.sort(_children_of(fr, self.children_ptr, order, c))
+            depth[nxt] = len(levels)
+            levels.append(nxt)
+        self.depth = depth
+        self.levels = levels
+        self.max_depth = len(levels) - 1
+        # bottom-up plan: per level, children grouped by parent for np.add.reduceat
+        self.up_plan = []
+        for d in range(self.max_depth, 0, -1):
+            lvl = levels[d]
+            srt = lvl[np.argsort(par[lvl], kind="stable")]
+            ps = par[srt]
+            starts = np.flatnonzero(np.r_[True, ps[1:] != ps[:-1]])
+            self.up_plan.append((srt, ps[starts], starts))
+        # ancestors by depth (sentinel n below a node's depth)
+        D = self.max_depth
+        anc = np.full((n, D + 1), n, dtype=np.int64)
+        anc[self.root, 0] = self.root
+        for d in range(1, D + 1):
+            lvl = levels[d]
+            anc[lvl, :d] = anc[par[lvl], :d]
+            anc[lvl, d] = lvl
+        self.ancestors = anc
+        leaf_anc = anc[:L]
+        valid = leaf_anc < n
+        cols = leaf_anc[valid]
+        rows = np.broadcast_to(np.arange(L)[:, None], leaf_anc.shape)[valid]
+        self.leaf_count = np.bincount(cols, minlength=n).astype(np.int64)
+        ld = depth[rows]
+        self.min_leaf_depth = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+        self.max_leaf_depth = np.full(n, -1, dtype=np.int64)
+        np.minimum.at(self.min_leaf_depth, cols, ld)
+        np.maximum.at(self.max_leaf_depth, cols, ld)
+        self.height = self.max_leaf_depth - depth
+        self.information = np.log(L / self.leaf_count.astype(np.float64))
+        self.leaf_depth = depth[:L]
+        # a_n: the child of the root above n (n itself at depth <= 1)
+        self.top = anc[:, 1].copy() if D >= 1 else np.arange(n)
+        self.top[depth == 0] = self.root
+        # preference orders used by tie rules: deeper first, then smaller id
+        self.deep_first = np.lexsort((np.arange(n), -depth))
+        # "most informative": fewer leaves, then deeper, then smaller id
+        self.informative_first = np.lexsort((np.arange(n), -depth, self.leaf_count))
+        # (depth, id) order: ancestors before descendants
+        self.depth_order = np.lexsort((np.arange(n), depth))
+
+    # -------------------------------------------------------------- per-sample sums
+    def node_sums(self, leaf_values: np.ndarray) -> np.ndarray:
+        """Bottom-up: out[n] = Σ_{l ∈ L(n)} leaf_values[l]; leaf_values (L,) or (L, E)."""
+        out = np.zeros((self.num_nodes,) + leaf_values.shape[1:], dtype=np.float64)
+        out[: self.num_leaves] = leaf_values
+        for srt, uparents, starts in self.up_plan:
+            out[uparents] = np.add.reduceat(out[srt], starts, axis=0)
+        return out
+
+    def node_sums_python(self, leaf_values: np.ndarray) -> np.ndarray:
+        """The paper's ProbaNodes recursion, unrolled: a Python loop over the nodes, deepest level first."""
+        par = self._parent_list()
+        if leaf_values.ndim == 1:
+            out = leaf_values.tolist() + [0.0] * (self.num_nodes - self.num_leaves)
+            for node in self._bottom_up_list():
+                out[par[node]] += out[node]
+            return np.asarray(out)
+        out = np.zeros((self.num_nodes,) + leaf_values.shape[1:], dtype=np.float64)
+        out[: self.num_leaves] = leaf_values
+        for node in self._bottom_up_list():
+            out[par[node]] += out[node]
+        return out
+
+    def _parent_list(self):
+        if not hasattr(self, "_plist"):
+            self._plist = self.parent.tolist()
+        return self._plist
+
+    def _bottom_up_list(self):
+        if not hasattr(self, "_bul"):
+            self._bul = np.concatenate(self.levels[:0:-1]).tolist() if self.max_depth else []
+        return self._bul
+
+    def lca_depth_to_leaves(self, node: int) -> np.ndarray:
+        """(L,) depth of LCA(node, l) for every leaf l, O(L·D)."""
+        a = self.ancestors[node]
+        leaf_anc = self.ancestors[: self.num_leaves]
+        return ((leaf_anc == a[None, :]) & (leaf_anc < self.num_nodes)).sum(1) - 1
+
+
+def _children_of(frontier, ptr, order, counts):
+    total = int(counts.sum())
+    starts = np.repeat(ptr[frontier], counts)
+    offs = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts)
+    return order[starts + offs]
+
+
+# ------------------------------------------------------------------ expected scores
+def expected_score(t: TreeTables, metric: str, pred, p: np.ndarray, **params) -> float:
+    """Σ_l p(l) m(pred, l) in float64.  pred: a node id, or a bool (N,) set for set metrics."""
+    p = np.asarray(p, dtype=np.float64)
+    L, n = t.num_leaves, t.num_nodes
+    if metric in SET_METRICS:
+        s = np.asarray(pred, dtype=bool)
+        if s.ndim == 0 or s.shape != (n,):
+            s = np.zeros(n, dtype=bool)
+            s[t.ancestors[int(pred)][t.ancestors[int(pred)] < n]] = True
+        padded = np.r_[s, False]
+        inter = padded[t.ancestors[:L]].sum(1).astype(np.float64)
+        k = float(s.sum())
+        ysize = t.leaf_depth + 1.0
+        if metric == "hf_beta":
+            b2 = params.get("beta", 1.0) ** 2
+            return float((p * (1 + b2) * inter / (k + b2 * ysize)).sum())
+        return float((p * (k + ysize - 2 * inter) / ysize).sum())
+    node = int(pred)
+    if metric == "accuracy":
+        return float(p[node]) if node < L else 0.0
+    lcad = t.lca_depth_to_leaves(node)
+    if metric in ("tree_distance", "tree_distance_c"):
+        v = t.depth[node] + t.leaf_depth - 2 * lcad + params.get("c", 0.0) * t.depth[node] * (metric == "tree_distance_c")
+    elif metric == "lca_height":
+        lca = t.ancestors[np.arange(L), lcad]
+        v = t.height[lca]
+    elif metric == "wu_palmer":
+        v = 2.0 * lcad / (t.depth[node] + t.leaf_depth)
+    elif metric == "zhao":
+        lca = t.ancestors[np.arange(L), lcad]
+        den = t.information[node] + t.information[:L]
+        v = np.where(den > 0, 2 * t.information[lca] / np.maximum(den, 1e-300), 1.0)
+    else:
+        raise ValueError(metric)
+    return float((p * v).sum())
+
+
+def dense_cost(t: TreeTables, metric: str) -> np.ndarray:
+    """(N, L) cost (lower is better) 1 - similarity for wu_palmer / zhao, built like the paper's matrices."""
+    L, n = t.num_leaves, t.num_nodes
+    out = np.empty((n, L), dtype=np.float64)
+    leaf_anc = t.ancestors[:L]
+    for a in range(0, n, 256):  # blocks of nodes keep the (block, L, D+1) comparison small
+        b = min(n, a + 256)
+        anc = t.ancestors[a:b]
+        lcad = ((leaf_anc[None] == anc[:, None]) & (leaf_anc[None] < n)).sum(2) - 1  # (blk, L)
+        if metric == "wu_palmer":
+            sim = 2.0 * lcad / (t.depth[a:b, None] + t.leaf_depth[None, :])
+        else:
+            lca = np.take_along_axis(leaf_anc[None].repeat(b - a, 0), lcad[..., None], 2)[..., 0]
+            den = t.information[a:b, None] + t.information[None, :L]
+            sim = np.where(den > 0, 2 * t.information[lca] / np.maximum(den, 1e-300), 1.0)
+        out[a:b] = 1.0 - sim
+    return out
+
+
+def lca_height_matrix(t: TreeTables) -> np.ndarray:
+    """(L, L) height of LCA(h, y) for leaves h, y (Karthik et al.'s CRM cost)."""
+    L = t.num_leaves
+    out = np.empty((L, L), dtype=np.float64)
+    leaf_anc = t.ancestors[:L]
+    for a in range(0, L, 256):
+        b = min(L, a + 256)
+        lcad = ((leaf_anc[None] == leaf_anc[a:b, None]) & (leaf_anc[None] < t.num_nodes)).sum(2) - 1
+        lca = np.take_along_axis(leaf_anc[None].repeat(b - a, 0), lcad[..., None], 2)[..., 0]
+        out[a:b] = t.height[lca]
+    return out
+
+
+def pruning_thresholds(t: TreeTables, cost: np.ndarray):
+    """Lemma 4.3 / Prop. E.6 statistics (m, M, m̲, M̲) of a dense cost, and whether the root form applies."""
+    n, L = cost.shape
+    par = np.maximum(t.parent, 0)
+    delta = cost - cost[par]  # δ(n, l) = C(n, l) − C(π(n), l)
+    leaf_anc = t.ancestors[:L]
+    inside = leaf_anc.T[t.depth] == np.arange(n)[:, None]  # (N, L) l ∈ L(n)
+    same_top = leaf_anc[:, 1][None, :] == t.top[:, None] if t.max_depth >= 1 else np.ones((n, L), bool)
+    nonroot = t.depth > 0
+    root_form = bool((np.isclose(delta, 0, atol=1e-12) | same_top | ~nonroot[:, None]).all())
+    outside = ~inside & (same_top if root_form else True)
+    with np.errstate(invalid="ignore"):
+        m_in = np.where(inside, -delta, np.inf).min(1)
+        M_in = np.where(inside, -delta, -np.inf).max(1)
+        m_out = np.where(outside, delta, np.inf).min(1)
+        M_out = np.where(outside, delta, -np.inf).max(1)
+    has_out = outside.any(1)
+    m_out[~has_out] = 0.0
+    M_out[~has_out] = 0.0
+    for a in (m_in, M_in, m_out, M_out):
+        a[~nonroot] = 0.0
+    return m_in, M_in, m_out, M_out, root_form
+
+
+class Baselines:
+    """Per-sample decoders on one tree.  Tree-only tables (cost matrices, thresholds) are built lazily, once."""
+
+    def __init__(self, parents, traversal: str = "level"):
+        if traversal not in ("level", "python"):
+            raise ValueError(f"traversal must be 'level' or 'python', got {traversal!r}")
+        self.t = parents if isinstance(parents, TreeTables) else TreeTables(parents)
+        self.traversal = traversal
+        self._sums = self.t.node_sums if traversal == "level" else self.t.node_sums_python
+        self._cache: dict = {}
+
+    def with_traversal(self, traversal: str) -> "Baselines":
+        """The same baselines (sharing tree tables and dense matrices) with another node-sum traversal."""
+        new = Baselines(self.t, traversal)
+        new._cache = self._cache
+        return new
+
+    def _get(self, key, build):
+        if key not in self._cache:
+            self._cache[key] = build()
+        return self._cache[key]
+
+    # ------------------------------------------------------------ feasibility
+    def dense_bytes(self, key: str) -> int:
+        """Bytes of the dense tree table a baseline needs (0 if none)."""
+        t = self.t
+        name = key.split("[")[0]
+        if name in ("wu_palmer", "zhao"):
+            return 8 * t.num_nodes * t.num_leaves * 3  # cost + δ + masks while building thresholds
+        if name in ("lca_height", "crm"):
+            return 8 * t.num_leaves * t.num_leaves
+        return 0
+
+    # ------------------------------------------------------------ building blocks
+    def node_probs(self, pl: np.ndarray) -> np.ndarray:
+        return self._sums(pl)
+
+    def node_probs_python(self, pl: np.ndarray) -> np.ndarray:
+        return self.t.node_sums_python(pl)
+
+    # ------------------------------------------------------------ optimal decoders
+    def accuracy(self, pl):
+        return int(np.argmax(pl))
+
+    def lca_height(self, pl):
+        H = self._get("lca_height", lambda: lca_height_matrix(self.t))
+        risk = H @ pl
+        best = risk.min()
+        ties = np.flatnonzero(risk == best)
+        return int(ties[np.argmax(self.t.depth[ties])]) if ties.size > 1 else int(ties[0])
+
+    def _deepest_above(self, pl, thr):
+        p = self.node_probs(pl)
+        idx = np.flatnonzero(p > thr)
+        if idx.size == 0:
+            return self.t.root
+        return int(idx[np.argmax(self.t.depth[idx] * self.t.num_nodes - idx)])
+
+    def tree_distance(self, pl):
+        return self._deepest_above(pl, 0.5)
+
+    def tree_distance_c(self, pl, c=1.0):
+        return self._deepest_above(pl, (1 + c) / 2)
+
+    def _pruned(self, metric):
+        def build():
+            cost = dense_cost(self.t, metric)
+            m_in, M_in, m_out, M_out, root_form = pruning_thresholds(self.t, cost)
+            return cost, m_in, M_in, m_out, M_out, root_form
+        return self._get(("pruned", metric), build)
+
+    def _candidates_then_brute_force(self, pl, metric):
+        cost, m_in, M_in, m_out, M_out, root_form = self._pruned(metric)
+        t = self.t
+        p = self.node_probs(pl)
+        s = p[t.top] if root_form else 1.0
+        rest = np.maximum(s - p, 0.0)
+        drop_self = M_in * p < m_out * rest  # p(n) < q_min(n) · s(n)
+        drop_parent = m_in * p > M_out * rest  # p(n) > q_max(n) · s(n)
+        drop_self[t.root] = False
+        drop_parent[t.root] = False
+        cand = ~drop_self
+        cand[t.parent[drop_parent]] = False
+        ids = np.flatnonzero(cand)
+        risk = cost[ids] @ pl
+        best = risk.min()
+        ties = ids[risk == best]
+        return int(ties[np.argmax(t.depth[ties] * t.num_nodes - ties)]) if ties.size > 1 else int(ties[0])
+
+    def wu_palmer(self, pl):
+        return self._candidates_then_brute_force(pl, "wu_palmer")
+
+    def zhao(self, pl):
+        return self._candidates_then_brute_force(pl, "zhao")
+
+    def hf_beta(self, pl, beta=1.0):
+        t = self.t
+        depths = self._get("leaf_depths", lambda: np.unique(t.leaf_depth))
+        group = self._get("leaf_group", lambda: np.searchsorted(depths, t.leaf_depth))
+        b2 = beta * beta
+        bound = self._get(("hf_bound", beta), lambda: (t.min_leaf_depth + 1.0) / (
+            (t.max_depth + 1.0) * (1 + b2 * (t.max_depth + 1.0))))
+        leaf = np.zeros((t.num_leaves, depths.size))
+        leaf[np.arange(t.num_leaves), group] = pl
+        q = self._sums(leaf)  # (N, E) mass of the leaves under n at each leaf depth
+        p = q.sum(1)
+        keep = p >= bound * (1 - 1e-12)
+        keep[t.root] = True
+        cands = t.depth_order[keep[t.depth_order]]  # (depth, id) order: ancestors first
+        qc = q[cands]
+        e1 = depths + 1.0
+        best_val, best_set = -1.0, cands[:1]
+        for k in range(1, cands.size + 1):
+            delta = qc @ ((1 + b2) / (k + b2 * e1))
+            top = np.argsort(-delta, kind="stable")[:k]
+            val = delta[top].sum()
+            if val > best_val:
+                best_val, best_set = val, cands[top]
+        out = np.zeros(t.num_nodes, dtype=bool)
+        out[best_set] = True
+        return out
+
+    def hamming(self, pl):
+        t = self.t
+        w_leaf = self._get("inv_depth", lambda: 1.0 / (t.leaf_depth + 1.0))
+        w = self._sums(pl * w_leaf)
+        return w > 0.5 * w[t.root]
+
+    # ------------------------------------------------------------ heuristics
+    def argmax_leaf(self, pl):
+        return int(np.argmax(pl))
+
+    def top_down(self, pl):
+        t = self.t
+        p = self.node_probs(pl)
+        cur = t.root
+        ptr, ch = t.children_ptr, t.children
+        while ptr[cur + 1] > ptr[cur]:
+            kids = ch[ptr[cur]:ptr[cur + 1]]
+            cur = int(kids[np.argmax(p[kids])])
+        return cur
+
+    def confidence_threshold(self, pl, tau=0.5):
+        p = self.node_probs(pl)
+        order = self.t.informative_first
+        ok = p[order] > tau
+        return int(order[np.argmax(ok)]) if ok.any() else self.t.root
+
+    def majority(self, pl):
+        return self.confidence_threshold(pl, 0.5)
+
+    def plurality(self, pl):
+        # n qualifies iff every z ≠ n with p(z) >= p(n) is an ancestor of n; ancestors always have
+        # p >= p(n), so iff #{z ≠ n : p(z) >= p(n)} == d(n).
+        t = self.t
+        p = self.node_probs(pl)
+        srt = np.sort(p)
+        count_ge = t.num_nodes - np.searchsorted(srt, p, side="left") - 1
+        ok = (count_ge == t.depth)[t.informative_first]
+        return int(t.informative_first[np.argmax(ok)]) if ok.any() else t.root
+
+    def _argmax_deep(self, key):
+        order = self.t.deep_first
+        k = key[order]
+        return int(order[np.argmax(k == k.max())])
+
+    def darts(self, pl, lam=0.0):
+        p = self.node_probs(pl)
+        return self._argmax_deep((self.t.information + lam) * p)
+
+    def expected_information(self, pl):
+        return self.darts(pl, 0.0)
+
+    def information_threshold(self, pl, threshold=0.0):
+        p = self.node_probs(pl)
+        allowed = self.t.information >= threshold
+        return self._argmax_deep(np.where(allowed, p, -np.inf))
+
+    def hie(self, pl):
+        t = self.t
+        p = self.node_probs(pl)
+        lp = t.parent[: t.num_leaves]
+        lp = np.where(lp >= 0, lp, np.arange(t.num_leaves))
+        return int(np.argmax(p[lp] * pl))
+
+    def crm(self, pl):
+        return self.lca_height(pl)
+
+    # ------------------------------------------------------------ lookup
+    def decoder(self, name: str, **params) -> Callable[[np.ndarray], object]:
+        """The per-sample function for decoder ``name`` (metric names for optimal decoders)."""
+        fn = getattr(self, name)
+        if params:
+            return lambda pl: fn(pl, **params)
+        return fn

@@ -1,0 +1,71 @@
+"""Smoke test of the benchmark harness: correctness checks against the per-sample baselines + a tiny timing run."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+run = pytest.importorskip("benchmarks.run")
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bench") / "out.json"
+    argv = ["--quick", "--device", "cpu", "--trees", "synthetic-tiny,tieredimagenet-h", "--batch-sizes", "24",
+            "--baseline-samples", "12", "--python-baseline-samples", "2", "--repeats", "1", "--min-time", "0",
+            "--no-backend-compare", "--threads", "1", "--json", str(path)]
+    code = run.main(argv)
+    with open(path) as f:
+        data = json.load(f)
+    return code, data
+
+
+def test_exit_code_and_checks(result):
+    code, data = result
+    fails = [c for c in data["checks"] if c["status"] == "FAIL"]
+    assert not fails, fails
+    assert code == 0 and data["all_checks_passed"] is True
+
+
+def test_every_decoder_checked_and_timed(result):
+    _, data = result
+    import hdecode_torch as hd
+
+    keys = {r["decoder"] for r in data["rows"]}
+    assert "node_probabilities" in keys
+    for name in hd.list_decoders():
+        if name != "optimal":
+            assert any(k.split("[")[0] == name for k in keys), name
+    for beta in ("0.5", "1", "2"):
+        assert f"opt:hf_beta[beta={beta}]" in keys
+    for name in ("accuracy", "lca_height", "tree_distance", "wu_palmer", "zhao", "hamming"):
+        assert f"opt:{name}" in keys
+    checked = {(c["tree"], c["decoder"]) for c in data["checks"] if c["kind"] == "correctness" and c["status"] == "pass"}
+    for tree in ("synthetic-tiny", "tieredimagenet-h"):
+        for k in keys:
+            assert (tree, k) in checked, (tree, k)
+
+
+def test_json_structure(result):
+    _, data = result
+    meta = data["meta"]
+    for k in ("date", "torch", "cpu_model", "devices", "torch_threads", "backend"):
+        assert k in meta
+    assert data["bandwidth"]["cpu"]["measured_copy_Bps"] > 0
+    assert set(data["trees"]) == {"synthetic-tiny", "tieredimagenet-h"}
+    assert data["trees"]["tieredimagenet-h"]["num_nodes"] == 843
+    for r in data["rows"]:
+        assert r["batch"] == 24 and r["device"] == "cpu"
+        assert r["us_per_sample"] > 0 and r["samples_per_s"] > 0 and r["floor_ratio"] > 0
+        assert r["tensor_peak_bytes"] >= 0 and r["rss_peak_bytes"] > 0
+        if r["kind"] != "heuristic" or "baseline_us_per_sample" in r:
+            assert r["baseline_us_per_sample"] > 0 and r["speedup"] > 0
+    targets = {(t["tree"], t["decoder"]) for t in data["targets"]}
+    assert ("tieredimagenet-h", "opt:wu_palmer") in targets
