@@ -260,3 +260,13 @@ def test_candidate_compaction_compiles_correctly():
         assert ids[valid[:, col], col].tolist() == mask[:, col].nonzero()[:, 0].tolist()
     c_ids, c_valid = torch.compile(compact)(mask, 300)
     assert torch.equal(c_ids, ids) and torch.equal(c_valid, valid)
+
+
+@pytest.mark.parametrize("beta", [0.5, 2.0])
+def test_hf_beta_grouping_by_candidate_count_changes_nothing(beta):
+    """Large batches are decoded in groups of similar candidate counts; small chunks are not grouped."""
+    h, _ = bundled("tieredimagenet-h")
+    rng = np.random.default_rng(8)
+    P = torch.as_tensor(np.concatenate([model_like(rng, h, 150, k) for k in ("peaked", "diffuse", "confused", "shallow")]))
+    m = hd.get_metric("hf_beta", h, beta=beta)
+    assert torch.equal(m.decode(P), m.decode(P, chunk_size=100))
