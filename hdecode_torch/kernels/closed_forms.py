@@ -15,7 +15,9 @@ def deepest_above(h, p: torch.Tensor, threshold: float) -> torch.Tensor:
     single-child chain the deeper node wins.  Tree distance: threshold 1/2; tree distance
     with depth penalty c: (1 + c) / 2 (Ramaswamy et al. 2015, Cao et al. 2024).
     """
-    key = torch.where(p > threshold, h.depth[:, None], torch.full_like(h.depth[:, None], -1))
+    # int16 keys (depths < 2^15): a quarter of the memory traffic of int64 on (N, B) tables.
+    depth = h.cached("depth_int16", lambda: h.depth.to(torch.int16))[:, None]
+    key = torch.where(p > threshold, depth, torch.full_like(depth, -1))
     best, node = key.max(dim=0)
     return torch.where(best >= 0, node, torch.full_like(node, h.root))
 

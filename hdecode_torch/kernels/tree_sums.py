@@ -64,5 +64,6 @@ def path_sum(h, values: torch.Tensor, include_root: bool = True) -> torch.Tensor
     if not include_root:
         out[h.root] = 0
     for nodes, parents in reversed(level_pairs(h)):
-        out.index_copy_(0, nodes, out.index_select(0, nodes) + out.index_select(0, parents))
+        # nodes of one level are distinct and their parents are already final: one add per level
+        index_add_rows(out, nodes, out.index_select(0, parents))
     return out
