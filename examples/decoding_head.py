@@ -22,28 +22,10 @@ from torch import nn
 
 import hdecode_torch as hd
 from hdecode_torch import DecodingHead
+from hdecode_torch.synthetic import tree_gaussian_features
 
 METRICS = [("accuracy", {}), ("tree_distance", {}), ("wu_palmer", {}), ("zhao", {}), ("hf_beta", {"beta": 0.5}),
            ("hamming", {})]
-
-
-def tree_gaussian_data(h, num_samples: int, dim: int = 32, noise: float = 1.0, seed: int = 0,
-                       offset_scale: float = 1.0):
-    """Synthetic features whose class means follow the tree.
-
-    Each node's mean is its parent's mean plus a random offset (scale ``offset_scale``),
-    so classes that share more ancestors lie closer.  Samples are their leaf's mean plus
-    ``noise`` * N(0, I): larger noise, more confusion between nearby classes.
-    Returns x (num_samples, dim) float32 and y (num_samples,) int64 leaf ids.
-    """
-    g = torch.Generator().manual_seed(seed)
-    offsets = torch.randn(h.num_nodes, dim, generator=g) * offset_scale
-    means = torch.zeros(h.num_nodes, dim)
-    for level in h.levels[1:]:  # one vectorized step per depth
-        means[level] = means[h.parent[level]] + offsets[level]
-    y = torch.randint(0, h.num_leaves, (num_samples,), generator=g)
-    x = means[y] + noise * torch.randn(num_samples, dim, generator=g)
-    return x, y
 
 
 def train_mlp(x, y, num_classes: int, epochs: int, hidden: int = 128, batch_size: int = 128, seed: int = 0):
@@ -75,7 +57,7 @@ def main(argv=None) -> dict:
         torch.set_num_threads(args.threads)
 
     h = hd.load_hierarchy("tieredimagenet-h")
-    x, y = tree_gaussian_data(h, args.samples + args.test_samples, args.dim, args.noise, args.seed)
+    x, y = tree_gaussian_features(h, args.samples + args.test_samples, args.dim, args.noise, args.seed)
     x_train, y_train, x_test, y_test = x[: args.samples], y[: args.samples], x[args.samples:], y[args.samples:]
     t0 = time.perf_counter()
     model = train_mlp(x_train, y_train, h.num_leaves, args.epochs, seed=args.seed)

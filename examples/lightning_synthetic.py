@@ -22,6 +22,7 @@ from torch import nn
 
 import hdecode_torch as hd
 from hdecode_torch.integrations import HierarchicalMetricsCallback
+from hdecode_torch.synthetic import tree_gaussian_features
 
 try:
     import pytorch_lightning as pl
@@ -30,19 +31,6 @@ except ImportError:
 
 METRICS = ["accuracy", "tree_distance", "wu_palmer", "zhao", ("hf_beta", {"beta": 0.5}), "hamming", "jaccard"]
 DECODERS = ["optimal", "argmax_leaf", "top_down", "majority", "plurality", ("darts", {"lam": 0.0}), "hie"]
-
-
-def tree_gaussian_data(h, num_samples: int, dim: int = 32, noise: float = 1.0, seed: int = 0,
-                       offset_scale: float = 1.0):
-    """x (num_samples, dim) float32, y (num_samples,) int64: leaf means built down the tree, plus noise."""
-    g = torch.Generator().manual_seed(seed)
-    offsets = torch.randn(h.num_nodes, dim, generator=g) * offset_scale
-    means = torch.zeros(h.num_nodes, dim)
-    for level in h.levels[1:]:  # one vectorized step per depth
-        means[level] = means[h.parent[level]] + offsets[level]
-    y = torch.randint(0, h.num_leaves, (num_samples,), generator=g)
-    x = means[y] + noise * torch.randn(num_samples, dim, generator=g)
-    return x, y
 
 
 class MLP(pl.LightningModule):
@@ -90,7 +78,7 @@ def main(argv=None) -> dict:
     pl.seed_everything(args.seed, verbose=False)
 
     h = hd.load_hierarchy("tieredimagenet-h")
-    x, y = tree_gaussian_data(h, args.samples + args.val_samples, args.dim, args.noise, args.seed)
+    x, y = tree_gaussian_features(h, args.samples + args.val_samples, args.dim, args.noise, args.seed)
     train = torch.utils.data.TensorDataset(x[: args.samples], y[: args.samples])
     val = torch.utils.data.TensorDataset(x[args.samples:], y[args.samples:])
     callback = HierarchicalMetricsCallback(h, metrics=METRICS, decoders=DECODERS, print_table=not args.quiet)

@@ -29,7 +29,7 @@ import torch
 
 from .kernels.ancestry import ancestor_mask
 
-__all__ = ["synthetic_outputs", "DEFAULT_NOISE"]
+__all__ = ["synthetic_outputs", "tree_gaussian_features", "DEFAULT_NOISE"]
 
 #: Default temperature: on tieredImageNet-H the argmax leaf is right about half the time,
 #: like a mid-range ImageNet model, and decoders disagree often enough to be told apart.
@@ -83,3 +83,22 @@ def synthetic_outputs(hierarchy, num_samples: int, noise: float = DEFAULT_NOISE,
     cdf = probs.cumsum(1)
     targets = torch.searchsorted(cdf, uniforms * cdf[:, -1:], right=True).squeeze(1).clamp_(max=L - 1)
     return probs.to(device=device, dtype=dtype), targets.to(device)
+
+
+def tree_gaussian_features(h, num_samples: int, dim: int = 32, noise: float = 1.0, seed: int = 0,
+                       offset_scale: float = 1.0):
+    """Synthetic features whose class means follow the tree.
+
+    Each node's mean is its parent's mean plus a random offset (scale ``offset_scale``),
+    so classes that share more ancestors lie closer.  Samples are their leaf's mean plus
+    ``noise`` * N(0, I): larger noise, more confusion between nearby classes.
+    Returns x (num_samples, dim) float32 and y (num_samples,) int64 leaf ids.
+    """
+    g = torch.Generator().manual_seed(seed)
+    offsets = torch.randn(h.num_nodes, dim, generator=g) * offset_scale
+    means = torch.zeros(h.num_nodes, dim)
+    for level in h.levels[1:]:  # one vectorized step per depth
+        means[level] = means[h.parent[level]] + offsets[level]
+    y = torch.randint(0, h.num_leaves, (num_samples,), generator=g)
+    x = means[y] + noise * torch.randn(num_samples, dim, generator=g)
+    return x, y

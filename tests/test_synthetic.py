@@ -130,3 +130,24 @@ def test_bad_arguments(tiered, kwargs):
     args.update(kwargs)
     with pytest.raises(ValueError):
         synthetic_outputs(tiered, **args)
+
+
+def test_tree_gaussian_features_follow_the_tree():
+    """Classes sharing more ancestors have closer means: siblings are nearer than the average pair."""
+    from hdecode_torch.synthetic import tree_gaussian_features
+
+    h = hd.load_hierarchy("inat19")
+    x, y = tree_gaussian_features(h, 4000, dim=16, noise=0.0, seed=1)
+    assert x.shape == (4000, 16) and x.dtype == torch.float32 and y.dtype == torch.int64
+    assert torch.equal(tree_gaussian_features(h, 10, seed=3)[0], tree_gaussian_features(h, 10, seed=3)[0])
+    means = {}
+    for leaf in y.unique().tolist():
+        means[leaf] = x[y == leaf][0]
+    leaves = sorted(means)
+    sib, other = [], []
+    for a in leaves[:200]:
+        for b in leaves[:200]:
+            if a < b:
+                d = (means[a] - means[b]).norm().item()
+                (sib if h.parent[a] == h.parent[b] else other).append(d)
+    assert sum(sib) / len(sib) < 0.8 * sum(other) / len(other)
