@@ -71,6 +71,8 @@ class Hierarchy:
         self.num_leaves: int = int((tree.children_ptr[1:] == tree.children_ptr[:-1]).sum())
         self.root: int = int(np.flatnonzero(tree.parent == -1)[0])
         self.max_depth: int = len(tree.levels) - 1
+        #: number of distinct leaf depths E (the width of per-leaf-depth tables)
+        self.num_leaf_depths: int = int(np.unique(tree.depth[: self.num_leaves]).size)
         self._device = torch.device(device) if device is not None else torch.device("cpu")
         self._build_tensors()
 

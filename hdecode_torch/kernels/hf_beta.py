@@ -94,7 +94,7 @@ def _decode_candidates(h, p, q, keep, cols, leaf_depths, beta):
     # first block of k gives each sample a score to beat, the loop stops at the largest k with
     # UB(k) ≥ that score anywhere in the batch (one host sync).
     first = min(32, c)
-    b_max = (1 - r) * (float(leaf_depths.max()) + 1)
+    b_max = (1 - r) * (h.max_depth + 1)  # the deepest node is a leaf
     starts = [0] + list(range(first, c, block))
     k_stop = c
     for i, start in enumerate(starts):

@@ -41,7 +41,7 @@ class HFBeta(SetMetric):
         return inter / (r * size + (1 - r) * ysize)
 
     def _bytes_per_sample(self, h):
-        e = int(torch.unique(h.leaf_depth).numel())
+        e = h.num_leaf_depths
         return 4 * h.num_nodes * (e + 4) * 2
 
     def _expected_sets(self, post: Posterior, sets: torch.Tensor) -> torch.Tensor:
