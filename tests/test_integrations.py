@@ -553,3 +553,35 @@ def test_compiled_pipeline_runs_the_head_eagerly():
         head_only = torch.compile(pipeline[1])(model(x))
     assert torch.equal(got, want)
     assert torch.equal(head_only, want)
+
+
+def test_callback_with_the_unified_lightning_package(tmp_path):
+    """The same callback logic under ``lightning.pytorch`` (the unified ``lightning`` package)."""
+    L_pl = pytest.importorskip("lightning.pytorch")
+    from hdecode_torch.integrations import callback_class
+
+    cls = callback_class("lightning.pytorch")
+    assert issubclass(cls, L_pl.Callback)
+
+    class Module(L_pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = _model(5)
+
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            return {"logits": self.net(x), "target": y}
+
+    metrics = [("tree_distance", {}), ("hf_beta", {"beta": 2.0})]
+    decoders = ["optimal", "plurality"]
+    cb = cls(H, metrics=metrics, decoders=decoders)
+    val = _Data(24, seed=4)
+    module = Module()
+    trainer = L_pl.Trainer(accelerator="cpu", devices=1, callbacks=[cb], logger=False, enable_progress_bar=False,
+                           enable_model_summary=False, enable_checkpointing=False)
+    trainer.validate(module, torch.utils.data.DataLoader(val, batch_size=8), verbose=False)
+    want = _direct_values(module.net, val, metrics, decoders)
+    logged = {k: v for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+    assert set(logged) == set(want)
+    for k, v in want.items():
+        assert torch.allclose(logged[k].double(), v, rtol=1e-12), k
