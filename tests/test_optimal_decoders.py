@@ -270,3 +270,35 @@ def test_hf_beta_grouping_by_candidate_count_changes_nothing(beta):
     P = torch.as_tensor(np.concatenate([model_like(rng, h, 150, k) for k in ("peaked", "diffuse", "confused", "shallow")]))
     m = hd.get_metric("hf_beta", h, beta=beta)
     assert torch.equal(m.decode(P), m.decode(P, chunk_size=100))
+
+
+@pytest.mark.parametrize("name", ["wu_palmer", "zhao"])
+def test_structural_pruning_bounds_are_safe(name):
+    """The per-node bounds behind strategy="candidates" enclose the exact Lemma 4.3 / Prop. E.6
+    statistics of the dense cost matrix (so they can only keep more candidates)."""
+    from hdecode_torch.kernels.pruning import pruning_statistics
+
+    trees = [bundled("tieredimagenet-h")[0], bundled("inat19")[0]] + [h for h, _ in random_trees(12, 60, num_nodes_max=14)]
+    for h in trees:
+        m = hd.get_metric(name, h, strategy="candidates")
+        exact = pruning_statistics(h, 1 - m.dense_matrix())
+        bound = m.pruning(h)
+        assert exact.root_form and bound.root_form
+        assert torch.equal(exact.top, bound.top)
+        tol = 1e-12
+        nonroot = h.depth > 0
+        assert bool((bound.m_in[nonroot] <= exact.m_in[nonroot] + tol).all())
+        assert bool((bound.M_in[nonroot] >= exact.M_in[nonroot] - tol).all())
+        has_out = exact.M_out != 0
+        assert bool((bound.m_out[has_out] <= exact.m_out[has_out] + tol).all())
+        assert bool((bound.M_out[has_out] >= exact.M_out[has_out] - tol).all())
+
+
+@pytest.mark.parametrize("name", ["wu_palmer", "zhao"])
+def test_structural_candidates_exact_on_random_trees(name):
+    rng = np.random.default_rng(13)
+    for h, info in random_trees(14, 40, num_nodes_max=12):
+        m = hd.get_metric(name, h, strategy="candidates")
+        P = batch(rng, 10, info.L)
+        pred = m.decode(torch.as_tensor(P)).numpy()
+        _check_optimal(info, name, {}, P, pred, m)
