@@ -424,7 +424,7 @@ def summarize(result: dict) -> None:
             and not result["trees"][r["tree"]]["synthetic"]]
     if rows:
         print("\n=== Targets (CPU float32, largest batch per bundled tree): optimal decoder vs per-sample NumPy")
-        print(f"  baseline speed-ups are per sample; baselines ran on a subset of samples and are extrapolated per sample")
+        print("  baseline speed-ups are per sample; baselines ran on a subset of samples and are extrapolated per sample")
         print(f"  {'tree':18s} {'B':>5s} {'decoder':28s} {'vs numpy':>9s} {'vs py-trav':>10s}  ≥100×  ≥1000×")
     for tree in dict.fromkeys(r["tree"] for r in rows):
         bmax = max(r["batch"] for r in rows if r["tree"] == tree)

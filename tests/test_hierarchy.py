@@ -8,7 +8,6 @@ import pytest
 import torch
 
 import hdecode_torch as hd
-import reference as ref
 from hdecode_torch import Hierarchy
 from testing import DEVICES, random_trees
 

@@ -110,7 +110,7 @@ def relative_gain(metric, optimal: float, other: float) -> float:
 
 def render_table(ev: Evaluation, *, color: bool = False, width: int | None = None) -> str:
     """Rows = decoders, columns = metrics; '*' best of the column, '~' within 2 paired standard errors of it."""
-    M, D = len(ev.metrics), len(ev.decoders)
+    D = len(ev.decoders)
     bold, reset = ("\033[1m", "\033[0m") if color else ("", "")
     columns = []
     for m, metric in enumerate(ev.metrics):
