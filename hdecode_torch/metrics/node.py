@@ -210,7 +210,7 @@ class WuPalmer(_DecodeStrategy):
             m_out=fix(outside(1.0, hi[top]), deep), M_out=fix(outside(k - 1, lo[top]), deep), top=top)
 
     def _candidate_values(self, post, ids):
-        """``Σ_e 2/(d(h)+e) Σ_{a ∈ A(h) \ root} Q_e(a)`` on the candidates' paths."""
+        """``Σ_e 2/(d(h)+e) Σ_{a ∈ A(h) \\ root} Q_e(a)`` on the candidates' paths."""
         q = _path_gather(post, post.by_leaf_depth(), ids).sum(2)  # (C, B, E)
         e = post.leaf_depth_values().to(post.dtype)
         d = post.h.depth[ids].to(post.dtype)
