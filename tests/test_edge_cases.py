@@ -312,3 +312,14 @@ def test_hf_beta_with_a_huge_beta_in_float32():
     m = hd.get_metric("hf_beta", h, beta=1e20)
     assert bool(m.decode(x).all())  # float64: correct, the whole tree
     assert torch.equal(m.decode(x.float()), m.decode(x))
+
+
+def test_float32_node_sums_on_a_very_wide_node():
+    """Sequential float32 accumulation over 100k children drifted by 1e-3; wide nodes sum in float64."""
+    n = 100_000
+    h = hd.Hierarchy.from_parents([n] * n + [-1])
+    p = torch.full((2, n), 1.0 / n, dtype=torch.float32)
+    root = hd.node_probabilities(h, p)[:, h.root]
+    assert root.dtype == torch.float32
+    assert float((root - 1).abs().max()) < 1e-6
+    assert int(hd.get_metric("tree_distance", h).decode(p)[0]) == h.root

@@ -13,7 +13,7 @@ from typing import Hashable
 
 import torch
 
-from ..kernels.tree_sums import leaf_to_node_sum, subtree_sum_
+from ..kernels.tree_sums import accumulation_dtype, leaf_to_node_sum, subtree_sum_
 from ..kernels.validation import prepare_leaf_probs
 
 __all__ = ["Posterior"]
@@ -108,10 +108,11 @@ class Posterior:
             depths = self.leaf_depth_values()
             group = h.cached("leaf_depth_group", lambda: torch.searchsorted(depths, h.leaf_depth))
             e = depths.numel()
-            out = self.probs.new_zeros(h.num_nodes, e, self.batch_size)
+            acc = accumulation_dtype(h, self.dtype)
+            out = torch.zeros(h.num_nodes, e, self.batch_size, dtype=acc, device=self.device)
             rows = torch.arange(h.num_leaves, device=group.device) * e + group  # row (leaf, its depth group)
-            out.view(h.num_nodes * e, self.batch_size).index_copy_(0, rows, self.probs.t())
-            return subtree_sum_(h, out)
+            out.view(h.num_nodes * e, self.batch_size).index_copy_(0, rows, self.probs.t().to(acc))
+            return subtree_sum_(h, out).to(self.dtype)
         return self._get("by_leaf_depth", build)
 
     def expected_leaf_depth(self) -> torch.Tensor:
