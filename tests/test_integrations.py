@@ -204,7 +204,7 @@ def test_metric_equals_mean_of_direct_values(metric, params, decoder):
     assert torch.allclose(value, want, rtol=1e-12, atol=0)
     assert m.higher_is_better == get.higher_is_better
     m.reset()
-    assert m.count == 0 and m.total == 0
+    assert m.values == []
 
 
 def test_metric_forward_returns_batch_value_and_accumulates():
@@ -236,8 +236,10 @@ def test_metric_torchmetrics_kwargs_and_state():
     assert m.key == "hf_beta[beta=2]/darts[lam=1]"
     assert m.higher_is_better is True
     assert HierarchicalMetric(H, "tree_distance").higher_is_better is False
-    assert set(m._defaults) == {"total", "count", "signature"}
-    assert m.total.dtype == torch.float64 and m.count.dtype == torch.float64
+    assert set(m._defaults) == {"values", "signature"}
+    lean = HierarchicalMetric(H, "tree_distance", exact=False)
+    assert set(lean._defaults) == {"total", "count", "signature"}
+    assert lean.total.dtype == torch.float64 and lean.count.dtype == torch.float64
 
 
 def _count_node_sums(monkeypatch):
@@ -370,7 +372,7 @@ def test_metric_on_device(device):
     p = torch.softmax(_scores(16, 8), 1)
     y = torch.arange(8) * 11
     m.update(p.to(device), y.to(device))
-    assert m.total.device.type == device
+    assert m.values[0].device.type == device and m.values[0].dtype == torch.float64
     hf = hd.get_metric("hf_beta", H, beta=0.5)
     assert torch.allclose(m.compute().cpu(), hf(hf.decode(p), y).mean(), rtol=1e-12)
 

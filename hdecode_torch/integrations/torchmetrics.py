@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from torchmetrics import Metric
+from torchmetrics.utilities import dim_zero_cat
 
 from ..hierarchy import Hierarchy
 from .module import decoder_label, resolve_decoder, resolve_metric, shared_posterior
@@ -32,10 +33,14 @@ class HierarchicalMetric(Metric):
         compute_on_cpu, dist_sync_on_step, process_group, sync_on_compute, ...: passed to
             :class:`torchmetrics.Metric`.
 
-    States: ``total`` and ``count`` (float64 scalars, summed across processes), so the
-    value under DDP is the mean over every process's samples.  DistributedSampler's
-    padding repeats samples; use a dataset size divisible by the world size for exact
-    results.  :attr:`higher_is_better` comes from the metric.
+    States: with ``exact=True`` (default) the per-sample values (float64, concatenated
+    across processes) and ``compute()`` sums them in sorted order, so the mean is bitwise
+    the same for any number of processes or batch split (a float64 sum depends on its
+    order); memory is 8 bytes per sample.  ``exact=False`` keeps only ``total`` and
+    ``count`` (float64 scalars summed across processes): constant memory, equal up to the
+    last bits of float64.  Under DDP the value is the mean over every process's samples;
+    DistributedSampler's padding repeats samples, so use a dataset size divisible by the
+    world size.  :attr:`higher_is_better` comes from the metric.
 
     Several instances updated with the same tensor object (a ``MetricCollection``, or
     one after another) share one :class:`~hdecode_torch.Posterior`, so node
@@ -50,7 +55,7 @@ class HierarchicalMetric(Metric):
     count: torch.Tensor
 
     def __init__(self, hierarchy: Hierarchy, metric="accuracy", decoder="optimal", from_logits: bool = False,
-                 validate: bool = True, **params):
+                 validate: bool = True, exact: bool = True, **params):
         base_kwargs = {k: params.pop(k) for k in _TORCHMETRICS_KWARGS if k in params}
         super().__init__(**base_kwargs)
         if not isinstance(hierarchy, Hierarchy):
@@ -63,8 +68,12 @@ class HierarchicalMetric(Metric):
         # torchmetrics treats higher_is_better as a class constant and forbids setting it; here it
         # depends on the metric, so it goes into the instance dict, where attribute lookup finds it first.
         self.__dict__["higher_is_better"] = bool(self.metric.higher_is_better)
-        self.add_state("total", torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("count", torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.exact = bool(exact)
+        if self.exact:
+            self.add_state("values", default=[], dist_reduce_fx="cat")
+        else:
+            self.add_state("total", torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+            self.add_state("count", torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
         # MetricCollection merges members whose states are equal after the first update into a
         # "compute group" and then updates only one of them.  Two decoders that happen to agree
         # on the first batch would be merged and report the same value forever; a constant state
@@ -84,12 +93,18 @@ class HierarchicalMetric(Metric):
         if isinstance(target, torch.Tensor):
             target = target.to(pred.device)
         values = self.metric(pred, target, validate=self.validate)
-        self.total += values.sum().to(self.total.device)
-        self.count += values.numel()
+        if self.exact:
+            self.values.append(values.to(torch.float64))
+        else:
+            self.total += values.sum().to(self.total.device)
+            self.count += values.numel()
 
     def compute(self) -> torch.Tensor:
-        """Mean value over every sample seen (all processes), float64 scalar."""
-        return self.total / self.count
+        """Mean value over every sample seen (all processes), float64 scalar (NaN before any update)."""
+        if not self.exact:
+            return self.total / self.count
+        values = dim_zero_cat(self.values) if len(self.values) else torch.zeros(0, dtype=torch.float64)
+        return torch.sort(values).values.sum() / values.numel()
 
     def extra_repr(self) -> str:
         return f"metric={self.metric.key}, decoder={decoder_label(self.decoder, self.metric)}"
