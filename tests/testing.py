@@ -102,7 +102,7 @@ def dense_cost(info, name, **params):
         anc[v, : len(path)] = path
     same = (anc[:, None, :] == anc[None, :l, :]) & (anc[:, None, :] >= 0)  # (N, L, D+1)
     lcad = same.sum(-1) - 1
-    lca_node = np.take_along_axis(anc, lcad, axis=1) if False else anc[np.arange(n)[:, None], lcad]
+    lca_node = anc[np.arange(n)[:, None], lcad]
     d = np.asarray(info.depth, dtype=float)
     dn, dl = d[:, None], d[None, :l]
     if name == "accuracy":
