@@ -314,5 +314,4 @@ class CRM(Decoder):
         self._metric = get_metric("lca_height", hierarchy)
 
     def _decode(self, post: Posterior) -> torch.Tensor:
-        table = self._metric.expected_table(post)[: post.h.num_leaves]
-        return argbest(post.h, table, higher_is_better=False)
+        return self._metric._decode(post)

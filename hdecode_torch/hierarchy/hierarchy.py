@@ -84,6 +84,8 @@ class Hierarchy:
             return torch.as_tensor(np.ascontiguousarray(a)).to(dev)
 
         self.parent = T(t.parent)
+        #: (N,) int64 the parent, with the root as its own parent (for gathers with no -1)
+        self.parent_or_root = torch.where(self.parent >= 0, self.parent, self.root)
         self.depth = T(t.depth)
         self.ancestors = T(t.ancestors)
         self.leaf_count = T(t.leaf_count)
@@ -131,7 +133,7 @@ class Hierarchy:
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        for k in ("parent", "depth", "ancestors", "leaf_count", "information", "min_leaf_depth",
+        for k in ("parent", "parent_or_root", "depth", "ancestors", "leaf_count", "information", "min_leaf_depth",
                   "max_leaf_depth", "height", "children_ptr", "children", "levels", "_cache", "_index", "_copies"):
             state.pop(k, None)
         state["_device"] = str(self._device)

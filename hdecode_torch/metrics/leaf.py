@@ -48,21 +48,19 @@ class LCAHeight(NodeMetric):
     def expected_table(self, post: Posterior) -> torch.Tensor:
         """(N, B) ``Σ_j height(a_j) (p(a_j) - p(a_{j+1})) + height(h) p(h)`` over h's root path a_0..a_k = h:
         the mass that splits off the path at a_j has its LCA with h at a_j."""
-        h, p = post.h, post.node
-        height = h.height.to(p.dtype)
-        par = _parent_or_self(h)  # the root's split term is then 0
-        split = height[par, None] * (p[par] - p)
-        return path_sum(h, split) + height[:, None] * p
+        height = post.h.height.to(post.dtype)
+        return _split_sums(post) + height[:, None] * post.node
 
     def _decode(self, post: Posterior) -> torch.Tensor:
         """The leaf of least expected LCA height (Karthik et al.'s CRM), exactly; ties: the deeper
-        leaf, then the smallest id (the node rule, so this equals the ``crm`` decoder)."""
-        h, p = post.h, post.node
-        height = h.height.to(p.dtype)
-        par = _parent_or_self(h)
-        table = path_sum(h, height[par, None] * (p[par] - p))[: h.num_leaves]  # height(leaf) = 0
-        return argbest(h, table, higher_is_better=False)
+        leaf, then the smallest id (the node rule)."""
+        h = post.h
+        return argbest(h, _split_sums(post)[: h.num_leaves], higher_is_better=False)  # height(leaf) = 0
 
 
-def _parent_or_self(h) -> torch.Tensor:
-    return h.cached("parent_or_self", lambda: torch.where(h.parent >= 0, h.parent, h.root))
+def _split_sums(post: Posterior) -> torch.Tensor:
+    """(N, B) ``Σ_{j < k} height(a_j) (p(a_j) − p(a_{j+1}))`` along each node's root path."""
+    h, p = post.h, post.node
+    height = h.height.to(p.dtype)
+    par = h.parent_or_root  # the root's own term is then 0
+    return path_sum(h, height[par, None] * (p[par] - p))

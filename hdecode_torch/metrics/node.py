@@ -255,7 +255,7 @@ class Zhao(_DecodeStrategy):
         # with I(a) between I(a_n) and I(π).
         info = h.information
         lam = math.log(h.num_leaves)
-        par = torch.where(h.parent >= 0, h.parent, h.root)
+        par = h.parent_or_root
         top = _top_ancestor(h)
         nonroot = h.depth > 0
         deep = h.depth > 1
@@ -292,7 +292,7 @@ def _info_gain(h) -> torch.Tensor:
     """(N,) float64 I(n) − I(parent(n)), 0 at the root."""
     def build():
         info = h.information
-        gain = info - info[torch.where(h.parent >= 0, h.parent, h.root)]
+        gain = info - info[h.parent_or_root]
         gain[h.root] = 0
         return gain
     return h.cached("info_gain", build)
