@@ -94,7 +94,7 @@ __all__ = [
     "set_to_mask", "mask_to_set",
     # optimal decoding
     "candidate_values", "optimal", "is_optimal", "tree_distance_closed_form",
-    "hamming_closed_form", "hf_beta_safe_bound",
+    "hamming_closed_form", "hf_beta_safe_bound", "hf_beta_value_bound",
     # heuristics
     "HEURISTICS", "heuristic", "heuristic_candidates",
     "argmax_leaf", "top_down", "confidence_threshold", "majority", "plurality", "darts",
@@ -799,6 +799,14 @@ def hf_beta_safe_bound(info: TreeInfo, n: int, beta: float) -> float:
     info = _as_info(info)
     D = info.max_depth
     return (info.dmin[n] + 1) / ((D + 1) * (1.0 + beta * beta * (D + 1)))
+
+
+def hf_beta_value_bound(info: TreeInfo, n: int, beta: float, value: float) -> float:
+    """A non-root n of an optimal hF_beta set of expected score ``value`` has p(n) >= this,
+    value (1 + beta^2 (d_min(n) + 1)) / ((1 + beta^2)(1 + beta^2 (D + 1)))."""
+    info = _as_info(info)
+    b2 = beta * beta
+    return value * (1.0 + b2 * (info.dmin[n] + 1)) / ((1.0 + b2) * (1.0 + b2 * (info.max_depth + 1)))
 
 
 # ---------------------------------------------------------------------------

@@ -110,7 +110,7 @@ def test_set_decoders_exact_on_bundled_trees(tree):
     h, info = bundled(tree)
     rng = np.random.default_rng(2)
     P = np.concatenate([model_like(rng, h, 2, k) for k in ("peaked", "diffuse", "confused", "shallow")])
-    for beta in (0.5, 1.0):
+    for beta in (0.5, 1.0, 2.0):
         m = hd.get_metric("hf_beta", h, beta=beta)
         pred = m.decode(torch.as_tensor(P))
         got = m.expected(torch.as_tensor(P), pred).numpy()
@@ -263,13 +263,59 @@ def test_candidate_compaction_compiles_correctly():
 
 
 @pytest.mark.parametrize("beta", [0.5, 2.0])
-def test_hf_beta_grouping_by_candidate_count_changes_nothing(beta):
-    """Large batches are decoded in groups of similar candidate counts; small chunks are not grouped."""
+def test_hf_beta_chunks_change_nothing(beta):
+    """Chunks see other candidate counts, other stage-1 bounds and other rounds of checks."""
     h, _ = bundled("tieredimagenet-h")
     rng = np.random.default_rng(8)
     P = torch.as_tensor(np.concatenate([model_like(rng, h, 150, k) for k in ("peaked", "diffuse", "confused", "shallow")]))
     m = hd.get_metric("hf_beta", h, beta=beta)
     assert torch.equal(m.decode(P), m.decode(P, chunk_size=100))
+
+
+def test_hf_beta_value_bound_matches_reference():
+    from hdecode_torch.kernels.hf_beta import hf_beta_bound, hf_beta_value_bound
+    for h, info in random_trees(13, 5, num_nodes_max=14):
+        for beta in (0.3, 1.0, 3.0):
+            tau = hf_beta_value_bound(h, beta).numpy()
+            want = [ref.hf_beta_value_bound(info, n, beta, 1.0) for n in range(info.N)]
+            np.testing.assert_allclose(tau, want, rtol=1e-14)
+            # With the weakest value, U({root}) >= 1/(r + a(D)), it is at least the SPEC §4.3 bound.
+            r = 1 / (1 + beta * beta)
+            root_value = 1 / (r + (1 - r) * (info.max_depth + 1))
+            assert (tau * root_value >= hf_beta_bound(h, beta).numpy() * (1 - 1e-12)).all()
+
+
+@pytest.mark.parametrize("beta", [0.5, 2.0])
+@pytest.mark.parametrize("k_ref", ["one", "all", "expected"])
+def test_hf_beta_certification_survives_a_bad_reference_order(beta, k_ref):
+    """The stage-2 solver sorts candidates by Δ at a reference k̂ and certifies every other k.  With
+    k̂ = 1 or k̂ = C the prefix order is wrong for many k: the exact fallback must repair it.  Compared
+    with every k solved by a full sort, over the same candidates (the SPEC §4.3 set, a superset)."""
+    from hdecode_torch.kernels.hf_beta import _PrefixSolver, candidate_pairs, hf_beta_bound
+    h, _ = bundled("tieredimagenet-h")
+    rng = np.random.default_rng(21)
+    P = torch.as_tensor(np.concatenate([model_like(rng, h, 40, k) for k in ("peaked", "diffuse", "confused", "shallow")]))
+    p = hd.node_probabilities(h, P).t().contiguous()
+    keep = p >= hf_beta_bound(h, beta)[:, None]
+    sample, node, _ = candidate_pairs(h, keep, p)
+    r = 1 / (1 + beta * beta)
+    solver = _PrefixSolver(h, p, r)
+    count = torch.bincount(sample, minlength=P.shape[0])
+    guess = {"one": torch.ones_like(count), "all": count,
+             "expected": (h.leaf_depth.double() @ p[: h.num_leaves] + 1).round().long()}[k_ref]
+    ids, best_k, delta = solver.certified(sample, node, guess)
+    got = torch.sort(delta.masked_fill(ids == h.num_nodes, 0), dim=1, descending=True).values.cumsum(1)
+    got = got.gather(1, (best_k - 1)[:, None])[:, 0]
+    # Every k by brute force: Δ_k of every candidate, fully sorted.
+    q = solver.solve(sample, node, guess)[2]  # (B, C, E) masses of the packed candidates
+    ks = torch.arange(1, ids.shape[1] + 1)
+    w = 1 / (r * ks.double()[:, None] + (1 - r) * (solver.depths[None, :] + 1))  # (K, E)
+    dk = torch.einsum("bce,ke->bkc", q, w)
+    vk = torch.sort(dk, dim=2, descending=True).values.cumsum(2).diagonal(dim1=1, dim2=2)  # (B, K)
+    vk = torch.where(ks[None, :] <= count[:, None], vk, torch.full_like(vk, -1.0))
+    want, want_k = vk.max(1)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-14)
+    assert torch.equal(best_k, want_k + 1)
 
 
 @pytest.mark.parametrize("name", ["wu_palmer", "zhao"])

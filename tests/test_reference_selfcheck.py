@@ -240,6 +240,19 @@ def test_hf_beta_bruteforce_respects_safe_bound():
                 assert ref.is_optimal(info, "hf_beta", p, s, beta=beta)
                 for n in s:
                     assert pn[n] >= ref.hf_beta_safe_bound(info, n, beta) - 1e-12
+                    if n != info.root:  # the decoder's stage-2 pruning (kernels/hf_beta.py)
+                        assert pn[n] >= ref.hf_beta_value_bound(info, n, beta, best) - 1e-12
+
+
+def test_hf_beta_value_bound_is_tight_somewhere():
+    """The value bound is not vacuous: on some inputs an optimal set holds a node within 40% of it."""
+    ratios = []
+    for rng, info in _trees(12, 30, num_nodes_max=10):
+        p = ref.random_distribution(rng, info.L, "random")
+        pn = ref.node_probs(info, p)
+        best, opt = ref.optimal(info, "hf_beta", p, beta=1.0)
+        ratios += [pn[n] / ref.hf_beta_value_bound(info, n, 1.0, best) for s in opt for n in s if n != info.root]
+    assert min(ratios) >= 1 - 1e-9 and min(ratios) < 1.4
 
 
 def test_optimal_simple_cases():

@@ -1,24 +1,50 @@
-"""Exact hF_β set decoding: the paper's decomposition by set size k, with a provably safe pruning.
+"""Exact hF_β set decoding: the paper's decomposition by set size k, with provably safe pruning.
 
-For an ancestor-closed set S of size k the expected hF_β is Σ_{n ∈ S} Δ_k(n), with
+For an ancestor-closed set S of size k the expected hF_β is U(S) = Σ_{n ∈ S} Δ_k(n), with
 Δ_k(n) = Σ_{l ∈ L(n)} p(l) (1+β²) / (k + β²(d(l)+1)).  Δ_k never increases from a parent to a
 child, so the k nodes of largest Δ_k, ancestors first among ties, form a closed set: the best
-one of size k.  The optimum is the best over k.
+one of size k, of value V(k).  The optimum is the best over k.
 
-Which nodes can be dropped (SPEC §4.3, correcting the paper's Lemma 4.4):
-n ∈ S* ⇒ p(n) ≥ (d_min(n)+1) / ((D+1)(1 + β²(D+1))), d_min(n) the shallowest leaf under n and
-D the deepest leaf.  The surviving set Q(p) is ancestor-closed, holds S*, and has at most
-(D+1)²(1+β²(D+1)) nodes (each tree level carries mass ≤ 1).
+Which nodes can be dropped.  Write r = 1/(1+β²) and a(d) = (1−r)(d+1), so that
+Δ_k(n) = Σ_{l ∈ L(n)} p(l) / (rk + a(d(l))).  Let S be optimal, |S| = k ≥ 2, and m a node of S
+with no child in S.  S \\ {m} is closed, so U(S) ≥ U(S \\ {m}); expanding both sides,
+
+    Σ_{l ∈ L(m)} p(l) / (r(k−1) + a(d(l))) ≥ r Σ_l p(l) c_l / ((rk + a(d(l))) (r(k−1) + a(d(l))))
+
+with c_l = |S ∩ A(l)|.  The left side is at most p(m) / (r(k−1) + a(d_min(m))), the right side at
+least r U(S) / (r(k−1) + a(D)), D the deepest leaf.  Every n ∈ S other than the root lies above
+such an m, with p(n) ≥ p(m) and d_min(n) ≤ d_min(m); with k ≥ 2:
+
+    n ∈ S, n ≠ root  ⇒  p(n) ≥ τ(n) U(S),   τ(n) = r (r + a(d_min(n))) / (r + a(D)).
+
+U(S) is unknown, but any achieved value is a lower bound on it.  With U(S) ≥ U({root}) ≥
+1/(r + a(D)) this already implies SPEC §4.3's bound (d_min(n)+1) / ((D+1)(1+β²(D+1))); the decoder
+does better in two stages: (1) the nodes with p(n) ≥ τ(n), the threshold of a perfect score, form
+a small closed set whose best sub-solution has a value LB ≤ U(S*); (2) the nodes with
+p(n) ≥ τ(n)·LB hold every optimal set, and are solved exactly.  Both sets are closed (p falls and
+τ grows down the tree), so their top-k sets stay closed.
+
+How each stage is solved.  Per sample, on its own candidates only ((B, C) tables, C the batch's
+largest count), with the per-leaf-depth masses of the candidates read from prefix sums
+(``depth_ranges``), never an (N, E, B) table.  Sorting the candidates once by Δ at a reference
+k̂ (ancestors first among ties) gives closed prefix sets of every size k; their exact values
+PV(k) ≤ V(k) are computed for all k at once from cumulative masses, and their best is the
+stage's value.  In stage 1 that is all (any achieved value is a valid LB).  In stage 2 the
+value is certified: a k can only beat it if an upper bound on V(k) does (Δ_k ≤ ρ(k) Δ_k̂ for the
+largest ratio ρ(k) of the depth weights, and the coverage bound G(k)); for each such k, if the
+length-k prefix is itself a top-k set of Δ_k (its smallest Δ_k is at least the largest outside
+it), then V(k) = PV(k) is already counted.  Only the remaining (sample, k) pairs, rare because
+the order barely moves with k, are solved by a sort.  When all leaves share one depth the order
+does not depend on k and every pair passes.  Host syncs: the two stages' C, the pairs to check.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .chunking import get_memory_budget
-from .pruning import compact
+from .depth_ranges import depth_masses, depth_prefix_sums, depth_ranges
 
-__all__ = ["hf_beta_bound", "decode_hf_beta"]
+__all__ = ["hf_beta_bound", "hf_beta_value_bound", "decode_hf_beta", "candidate_pairs", "pack_candidates"]
 
 
 def _recall_share(beta: float) -> float:
@@ -27,7 +53,7 @@ def _recall_share(beta: float) -> float:
 
 
 def hf_beta_bound(h, beta: float) -> torch.Tensor:
-    """(N,) float64 lower bound on p(n) for n to belong to an optimal hF_β set (SPEC §4.3)."""
+    """(N,) float64 SPEC §4.3 lower bound on p(n) for n to belong to an optimal hF_β set."""
     def build():
         big_d = float(h.max_depth)
         r = _recall_share(beta)
@@ -36,102 +62,162 @@ def hf_beta_bound(h, beta: float) -> torch.Tensor:
     return h.cached(("hf_beta_bound", beta), build)
 
 
-def decode_hf_beta(h, p: torch.Tensor, q: torch.Tensor, leaf_depths: torch.Tensor, beta: float) -> torch.Tensor:
+def hf_beta_value_bound(h, beta: float) -> torch.Tensor:
+    """(N,) float64 τ(n): a non-root n of an optimal set S has p(n) ≥ τ(n)·U(S) (module docstring)."""
+    def build():
+        r = _recall_share(beta)
+        a_min = (1 - r) * (h.min_leaf_depth.to(torch.float64) + 1)
+        return r * (r + a_min) / (r + (1 - r) * (h.max_depth + 1))
+    return h.cached(("hf_beta_value_bound", beta), build)
+
+
+def candidate_pairs(h, keep: torch.Tensor, p: torch.Tensor):
+    """The kept (sample, node) pairs, sample-major, nodes in (depth, id) order within a sample.
+
+    keep: (N, B) bool; p: (N, B) float.  Returns ``(sample, node, value)``, each (M,): int64,
+    int64 and p at the pair.
+    """
+    order = h.cached("depth_order", lambda: torch.sort(
+        h.depth * h.num_nodes + torch.arange(h.num_nodes, device=h.depth.device)).indices)
+    pairs = keep.index_select(0, order).t().nonzero()  # (M, 2): (sample, rank in depth order)
+    sample, node = pairs[:, 0], order[pairs[:, 1]]
+    return sample, node, p.reshape(-1)[node * p.shape[1] + sample]
+
+
+def pack_candidates(h, sample: torch.Tensor, node: torch.Tensor, bsz: int):
+    """Sample-major pairs to a left-packed (B, C) table of node ids (padding N), C the largest count.
+
+    One host sync (C).  Returns ``(ids, count, slot)``: (B, C) int64, (B,) int64 and each pair's
+    column (M,) int64.
+    """
+    count = torch.bincount(sample, minlength=bsz)
+    c = int(count.max()) if sample.numel() else 0
+    slot = torch.arange(sample.numel(), device=sample.device) - (torch.cumsum(count, 0) - count)[sample]
+    ids = torch.full((bsz, c), h.num_nodes, dtype=torch.long, device=sample.device)
+    ids[sample, slot] = node
+    return ids, count, slot
+
+
+def decode_hf_beta(h, p: torch.Tensor, beta: float) -> torch.Tensor:
     """Optimal hF_β sets.
 
-    p: (N, B) node probabilities; q: (N, E, B) per-leaf-depth masses (q[n, e] = mass of the
-    leaves under n at depth ``leaf_depths[e]``); leaf_depths: (E,) int64.  Returns (B, N)
-    bool, ancestor-closed.  Ties: among sets of equal expected score the smallest k wins;
-    within a k, nodes of equal Δ_k are taken shallowest first, then by smallest id.
+    p: (N, B) float node probabilities (rows 0..L-1 are the leaf probabilities).  Returns (B, N)
+    bool, ancestor-closed.  Ties: among sets of equal expected score the smallest k wins; within
+    a k, nodes of equal Δ_k are taken shallowest first, then by smallest id.
     """
     dt = p.dtype
     bsz = p.shape[1]
     if bsz == 0:
         return torch.zeros(0, h.num_nodes, dtype=torch.bool, device=p.device)
-    bound = hf_beta_bound(h, beta).to(dt)
-    keep = p >= bound[:, None] * (1 - 64 * torch.finfo(dt).eps)  # slack: rounding may only add candidates
+    slack = 1 - 64 * torch.finfo(dt).eps  # rounding may only add candidates
+    keep = p >= hf_beta_bound(h, beta).to(dt)[:, None] * slack
     keep[h.root] = True
-    # Work is padded to the batch's largest candidate count: samples grouped by count (a loop
-    # over a few groups, not over samples) pad far less — measured 1.5-2.3x on tieredImageNet-H.
-    groups = min(8, bsz // _MIN_GROUP)
-    if groups <= 1:
-        return _decode_candidates(h, p, q, keep, torch.arange(bsz, device=p.device), leaf_depths, beta)
-    perm = torch.argsort(keep.sum(0))
-    out = torch.empty(bsz, h.num_nodes, dtype=torch.bool, device=p.device)
-    for cols in torch.tensor_split(perm, groups):
-        out[cols] = _decode_candidates(h, p[:, cols], q, keep[:, cols], cols, leaf_depths, beta)
-    return out
-
-
-_MIN_GROUP = 256
-
-
-def _decode_candidates(h, p, q, keep, cols, leaf_depths, beta):
-    """:func:`decode_hf_beta` on the samples ``cols`` (their node probabilities ``p`` (N, B) and
-    candidate mask ``keep`` (N, B)); ``q`` is the whole batch's (N, E, B_all) table."""
-    dt = p.dtype
-    bsz = p.shape[1]
-    # Candidates in (depth, id) order, so a stable sort keeps ancestors first among ties.
-    order = h.cached("depth_order", lambda: torch.sort(h.depth * h.num_nodes + torch.arange(h.num_nodes, device=h.depth.device)).indices)
-    pos, valid = compact(keep[order], fill=h.num_nodes)
-    ids = torch.where(valid, order[pos.clamp(max=h.num_nodes - 1)], torch.full_like(pos, h.num_nodes))
-    c = ids.shape[0]
-    qc = q[ids.clamp(max=h.num_nodes - 1), :, cols[None, :]]  # (C, B, E)
-    qc = qc.masked_fill(~valid[:, :, None], 0.0)
-    e = leaf_depths.to(dt)
-    r = _recall_share(beta)
+    sample, node, value = candidate_pairs(h, keep, p)
+    tau = hf_beta_value_bound(h, beta).to(dt)[node]
+    is_root = node == h.root
+    solver = _PrefixSolver(h, p, _recall_share(beta))
+    # Stage 1: the candidates of a perfect score; k̂ = E[d(y)] + 1, the size of a typical label set.
+    first = (value >= tau * slack) | is_root
+    k_ref = (h.leaf_depth.to(dt) @ p[: h.num_leaves] + 1).round().long()
+    lower, k_ref = solver.solve(sample[first], node[first], k_ref)[:2]
+    # Stage 2: p(n) ≥ τ(n)·LB holds for every node of every optimal set.
+    second = (value >= tau * lower[sample] * slack) | is_root
+    ids, best_k, delta = solver.certified(sample[second], node[second], k_ref)
+    # The best set: the best k* nodes by Δ_{k*}; a stable sort keeps (depth, id) order among ties.
+    delta = delta.masked_fill(ids == h.num_nodes, float("-inf"))
+    rank = torch.sort(delta, dim=1, descending=True, stable=True).indices
+    take = torch.arange(ids.shape[1], device=p.device)[None, :] < best_k[:, None]
+    chosen = torch.where(take, ids.gather(1, rank), torch.full_like(ids, h.num_nodes))
     out = torch.zeros(bsz, h.num_nodes + 1, dtype=torch.bool, device=p.device)
-    best_val = torch.full((bsz,), -1.0, dtype=dt, device=p.device)
-    best_k = torch.ones(bsz, dtype=torch.long, device=p.device)
-    count = valid.sum(0)
-    # Blocks of k bound the (K, C, B) temporaries by the memory budget.
-    per_k = max(1, c * bsz * (dt.itemsize * 4 + 8))
-    block = max(1, get_memory_budget() // per_k)
-    ks_all = torch.arange(1, c + 1, device=p.device, dtype=dt)
-    # Which k can still win.  For k ≥ k0, 1/(k + b_e) ≤ 1/(k0 + b_e) · (k0 + b_max)/(k + b_max)
-    # (b_e = β²(e+1)), so Δ_k(n) ≤ Δ_k0(n) · (k0 + b_max)/(k + b_max) and any closed set of size k
-    # scores at most UB(k) = [sum of the k largest Δ_k0] · (k0 + b_max)/(k + b_max).  After a small
-    # first block of k gives each sample a score to beat, the loop stops at the largest k with
-    # UB(k) ≥ that score anywhere in the batch (one host sync).
-    first = min(32, c)
-    b_max = (1 - r) * (h.max_depth + 1)  # the deepest node is a leaf
-    starts = [0] + list(range(first, c, block))
-    k_stop = c
-    for i, start in enumerate(starts):
-        stop = min(starts[i + 1] if i + 1 < len(starts) else c, k_stop)
-        if start >= stop:
-            break
-        if start == first:
-            w0 = 1 / (first * r + (1 - r) * (e + 1))  # (E,)
-            d0 = torch.einsum("cbe,e->cb", qc, w0).masked_fill(~valid, 0.0)
-            top = torch.sort(d0, dim=0, descending=True).values.cumsum(0)  # (C, B)
-            ub = top * ((first * r + b_max) / (ks_all * r + b_max))[:, None]
-            alive = ub >= best_val[None, :] * (1 - 64 * torch.finfo(dt).eps)
-            k_stop = int(torch.where(alive, ks_all[:, None].long(), torch.zeros_like(alive, dtype=torch.long)).max())
-            stop = min(stop, k_stop)
-            if start >= stop:
-                break
-        ks = ks_all[start:stop]  # (K,)
-        w = 1 / (ks[:, None] * r + (1 - r) * (e[None, :] + 1))  # (K, E): (1+β²)/(k+β²(e+1))
-        # (K, B, C): candidates last so the per-(k, sample) sort runs over contiguous memory.
-        # Only the sum of the top k matters here, so an unstable value sort suffices; the
-        # winning set is ordered once, stably, after the loop.
-        delta = torch.einsum("cbe,ke->kbc", qc, w)
-        delta = delta.masked_fill(~valid.t()[None], float("-inf"))
-        srt = torch.sort(delta, dim=2, descending=True).values
-        csum = srt.clamp(min=0).cumsum(2)  # -inf padding sits after every valid entry
-        kk = ks.long() - 1
-        val = csum.gather(2, kk[:, None, None].expand(-1, bsz, 1))[:, :, 0]  # (K, B)
-        val = torch.where(ks.long()[:, None] <= count[None, :], val, torch.full_like(val, -1.0))
-        top_val, top_i = val.max(0)  # first max: smallest k in the block
-        better = top_val > best_val
-        best_val = torch.where(better, top_val, best_val)
-        best_k = torch.where(better, ks.long()[top_i], best_k)
-    # The best set: the best k nodes by Δ_{k*}, ties to the shallower (candidates are in depth order).
-    w = 1 / (best_k.to(dt)[:, None] * r + (1 - r) * (e[None, :] + 1))  # (B, E)
-    delta = torch.einsum("cbe,be->bc", qc, w).masked_fill(~valid.t(), float("-inf"))
-    rank = torch.sort(delta, dim=1, descending=True, stable=True).indices.t()  # (C, B)
-    take = torch.arange(c, device=p.device)[:, None] < best_k[None, :]
-    chosen = torch.where(take, ids.gather(0, rank), torch.full_like(ids, h.num_nodes))
-    out.scatter_(1, chosen.t(), True)
+    out.scatter_(1, chosen, True)
     return out[:, : h.num_nodes]
+
+
+class _PrefixSolver:
+    """Best prefix sets of candidate lists (module docstring), for one batch."""
+
+    def __init__(self, h, p, r):
+        self.h, self.r, self.dt, self.p = h, r, p.dtype, p
+        # With one leaf depth the masses are p itself.
+        self.prefix = depth_prefix_sums(h, p[: h.num_leaves]) if h.num_leaf_depths > 1 else None
+        self.depths = depth_ranges(h).depths.to(self.dt)
+        self.a = (1 - r) * (self.depths + 1)  # (E,) a(d) of each leaf depth
+
+    def weights(self, k: torch.Tensor) -> torch.Tensor:
+        """(*k.shape, E) w_e(k) = 1/(rk + a(d_e)) = (1+β²)/(k + β²(d_e+1))."""
+        return 1 / (self.r * k.to(self.dt)[..., None] + self.a)
+
+    def solve(self, sample, node, k_ref):
+        """Best prefix set of each sample's candidates, ordered by Δ at ``k_ref`` (B,).
+
+        sample, node: (M,) the candidate pairs, sample-major.  Returns (value, k, q, q in that
+        order, Δ_k̂ in that order, k̂, ids, count): value (B,) is achieved by a closed set of size k
+        (B,), ties to the smallest k; q (B, C, E) the masses of the packed candidates ids (B, C).
+        """
+        h = self.h
+        bsz = k_ref.shape[0]
+        ids, count, slot = pack_candidates(h, sample, node, bsz)
+        c = ids.shape[1]
+        if self.prefix is None:  # one leaf depth: the masses are p
+            flat = self.p.reshape(-1).index_select(0, node * bsz + sample)[:, None]
+        else:
+            flat = depth_masses(h, self.prefix, sample, node)
+        q = torch.zeros(bsz, c, flat.shape[1], dtype=self.dt, device=ids.device)
+        q[sample, slot] = flat.to(self.dt)
+        k_ref = torch.minimum(k_ref.clamp(min=1), count)
+        d_ref = (q * self.weights(k_ref)[:, None, :]).sum(2).masked_fill(ids == self.h.num_nodes, float("-inf"))
+        srt = torch.sort(d_ref, dim=1, descending=True, stable=True)
+        qs = q.gather(1, srt.indices[:, :, None].expand_as(q))
+        ks = torch.arange(1, c + 1, device=ids.device)
+        pv = (qs.cumsum(1) * self.weights(ks)).sum(2)  # (B, C) value of each prefix
+        pv = torch.where(ks[None, :] <= count[:, None], pv, torch.full_like(pv, -1.0))
+        value, k = pv.max(1)  # first max: the smallest k
+        return value, k + 1, q, qs, srt.values, k_ref, ids, count
+
+    def certified(self, sample, node, k_ref):
+        """The optimal k of each sample over its candidates (a superset of every optimal set).
+
+        Returns (ids (B, C) the packed candidates, k* (B,), Δ_{k*} of the candidates (B, C)).
+        """
+        value, best_k, q0, q, d_ref, k_ref, ids, count = self.solve(sample, node, k_ref)
+        if self.depths.numel() > 1:  # with one leaf depth the order never moves: PV(k) = V(k)
+            value, best_k = self._check(value, best_k, q0, q, d_ref, k_ref, count)
+        return ids, best_k, (q0 * self.weights(best_k)[:, None, :]).sum(2)
+
+    def _check(self, value, best_k, q0, q, d_ref, k_ref, count):
+        """Certify (value, best_k) from :meth:`solve`, solving exactly the k it cannot exclude."""
+        dt, dev = self.dt, q.device
+        bsz, c, e = q.shape
+        ks = torch.arange(1, c + 1, device=dev)
+        w = self.weights(ks)  # (C, E)
+        # Upper bounds on V(k).  Δ_k(n) ≤ ρ(k) Δ_k̂(n) with ρ(k) the largest ratio w_e(k)/w_e(k̂) over
+        # the leaf depths: the ratio is monotone in d_e, so it peaks at the shallowest or the deepest.
+        # So V(k) ≤ ρ(k)·(sum of the k largest Δ_k̂).  And V(k) ≤ G(k) = Σ_e w_e(k) min(k, d_e+1) Q_e(root):
+        # a closed set of size k holds at most min(k, d+1) ancestors of a depth-d leaf.
+        ends = [0, e - 1]
+        rho = (w[None, :, ends] / self.weights(k_ref)[:, None, ends]).amax(2)  # (B, C)
+        cover = torch.minimum(ks.to(dt)[:, None], self.depths[None, :] + 1)  # (C, E)
+        ub = torch.minimum(rho * d_ref.clamp(min=0).cumsum(1), q0[:, 0, :] @ (w * cover).t())
+        eps = 64 * torch.finfo(dt).eps
+        # best_k itself is checked too: its prefix value may be below V(best_k), and another k in between.
+        check = (ub >= value[:, None] * (1 - eps)) & (ks[None, :] <= count[:, None])
+        b, kk = check.nonzero().unbind(1)  # (P,) pairs (sample, k - 1)
+        if not b.numel():
+            return value, best_k
+        # Is the length-k prefix a top-k set of Δ_k?  Its smallest Δ_k against the largest after it.
+        dk = torch.bmm(q.view(bsz, c * e).index_select(0, b).view(-1, c, e), w.index_select(0, kk)[:, :, None])[:, :, 0]
+        pad = ks[None, :] > count.index_select(0, b)[:, None]
+        prefix = ks[None, :] <= kk[:, None] + 1
+        inside = dk.masked_fill(~prefix, float("inf")).amin(1)
+        after = dk.masked_fill(prefix | pad, float("-inf")).amax(1)
+        bad = (inside < after).nonzero()[:, 0]
+        if not bad.numel():
+            return value, best_k
+        b, kk = b[bad], kk[bad]
+        dk = dk[bad].masked_fill(pad[bad], float("-inf"))
+        exact = torch.sort(dk, dim=1, descending=True).values.clamp(min=0).cumsum(1).gather(1, kk[:, None])[:, 0]
+        top = torch.full_like(value, float("-inf")).scatter_reduce(0, b, exact, "amax")
+        hit = exact == top[b]
+        first_k = torch.full_like(best_k, c + 1).scatter_reduce(0, b[hit], kk[hit] + 1, "amin")
+        better = (top > value) | ((top == value) & (first_k < best_k))
+        return torch.where(better, top, value), torch.where(better, first_k, best_k)

@@ -34,25 +34,26 @@ class HFBeta(SetMetric):
         return {"beta": self.beta}
 
     def _decode(self, post: Posterior) -> torch.Tensor:
-        return decode_hf_beta(post.h, post.node, post.by_leaf_depth(), post.leaf_depth_values(), self.beta)
+        return decode_hf_beta(post.h, post.node, self.beta)
 
     def _from_counts(self, inter, size, ysize):
         r = 1.0 / (1.0 + self.beta ** 2)  # (1+β²)x/(a+β²b) = x/(ra+(1−r)b): finite for any β
         return inter / (r * size + (1 - r) * ysize)
 
     def _bytes_per_sample(self, h):
-        e = h.num_leaf_depths
-        return 4 * h.num_nodes * (e + 4) * 2
+        # (N, B) node sums and masks, float64 prefix sums (L, B), (B, C, E) candidate tables
+        return 8 * (2 * h.num_nodes + h.num_leaves) + 64 * h.num_leaf_depths * (h.max_depth + 1)
 
     def _expected_sets(self, post: Posterior, sets: torch.Tensor) -> torch.Tensor:
         """``Σ_{n ∈ h⁺} Δ_k(n)`` with k = |h⁺| and Δ_k(n) = Σ_{l ∈ L(n)} p(l)(1+β²)/(k + β²(d(l)+1))."""
-        q = post.by_leaf_depth()  # (N, E, B)
-        mass = torch.einsum("neb,bn->eb", q, sets.to(q.dtype))  # Σ_{n∈h⁺} Q_e(n)
-        k = sets.sum(1).to(q.dtype)  # (B,)
-        e = post.leaf_depth_values().to(q.dtype)
+        # Σ_{n∈h⁺} Δ_k(n) = Σ_l p(l) c(l) w(k, d(l)) with c(l) = |h⁺ ∩ A(l)|: one root-path sum of
+        # the sets, no (N, E, B) table.
+        h, dt = post.h, post.dtype
+        counts = path_sum(h, sets.t().to(dt))[: h.num_leaves]  # (L, B)
+        k = sets.sum(1).to(dt)  # (B,)
         r = 1.0 / (1.0 + self.beta ** 2)
-        w = 1 / (r * k[None, :] + (1 - r) * (e[:, None] + 1))
-        return (w * mass).sum(0)
+        w = 1 / (r * k[None, :] + (1 - r) * (h.leaf_depth.to(dt)[:, None] + 1))  # (L, B)
+        return (post.probs.t() * counts * w).sum(0)
 
 
 class Hamming(SetMetric):

@@ -1,0 +1,104 @@
+"""Per-leaf-depth masses of *some* nodes, without an (N, E, B) table.
+
+Order the leaves by (depth, position in a depth-first traversal).  Then the leaves under a
+node n that sit at depth e form one contiguous run of that order, so with one prefix sum
+of each row of probabilities (in that order) every mass
+
+    Q_e(n) = Σ_{l ∈ L(n), d(l) = depths[e]} p(l)
+
+is a difference of two prefix sums.  Decoders that need Q only on a few candidate nodes
+per sample (hF_β) pay O(B·L) for the prefix sums and O(E) per candidate, instead of
+O(N·E·B) for the full table (≈ 60 ms for B = 4000 on tieredImageNet-H, E = 10).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+__all__ = ["DepthRanges", "depth_ranges", "depth_prefix_sums", "depth_masses"]
+
+
+@dataclass(frozen=True)
+class DepthRanges:
+    """Tree-only tables (cached on the hierarchy by :func:`depth_ranges`).
+
+    leaf_order: (L,) int64 leaf ids sorted by (depth, depth-first position).
+    lo, hi: (N + 1, E) int32; the leaves of L(n) at depth ``depths[e]`` are positions
+        ``lo[n, e] <= j < hi[n, e]`` of ``leaf_order``.  Row N is a padding row (empty runs).
+    depths: (E,) int64 the distinct leaf depths, ascending.
+    """
+
+    leaf_order: torch.Tensor
+    lo: torch.Tensor
+    hi: torch.Tensor
+    depths: torch.Tensor
+
+
+def depth_ranges(h) -> DepthRanges:
+    """The :class:`DepthRanges` of ``h`` (built once per hierarchy and device, O(N·E log L))."""
+    def build():
+        parent = h.parent.cpu().numpy()
+        leaf_count = h.leaf_count.cpu().numpy().astype(np.int64)
+        ptr = h.children_ptr.cpu().numpy()
+        children = h.children.cpu().numpy()
+        n, num_leaves = h.num_nodes, h.num_leaves
+        # Depth-first start of every subtree, in leaf units: a child starts where its parent
+        # starts plus the leaves of its earlier siblings.  One vectorized step per level.
+        before = np.concatenate([[0], np.cumsum(leaf_count[children])])  # over the CSR children array
+        slot = np.empty(n, dtype=np.int64)
+        slot[children] = np.arange(children.size)
+        start = np.zeros(n, dtype=np.int64)
+        for level in h.levels[1:]:
+            nodes = level.cpu().numpy()
+            par = parent[nodes]
+            start[nodes] = start[par] + before[slot[nodes]] - before[ptr[par]]
+        depths = np.unique(h.leaf_depth.cpu().numpy())
+        group = np.searchsorted(depths, h.leaf_depth.cpu().numpy())
+        key = group * num_leaves + start[:num_leaves]
+        leaf_order = np.argsort(key, kind="stable")
+        sorted_key = key[leaf_order]
+        base = np.arange(depths.size, dtype=np.int64)[None, :] * num_leaves
+        lo = np.searchsorted(sorted_key, base + start[:, None])
+        hi = np.searchsorted(sorted_key, base + (start + leaf_count)[:, None])
+        pad = np.zeros((1, depths.size), dtype=np.int64)
+        dev = h.device
+
+        def T(a, dtype):
+            return torch.as_tensor(np.ascontiguousarray(a), dtype=dtype).to(dev)
+        return DepthRanges(leaf_order=T(leaf_order, torch.int64), lo=T(np.vstack([lo, pad]), torch.int32),
+                           hi=T(np.vstack([hi, pad]), torch.int32), depths=T(depths, torch.int64))
+    return h.cached("depth_ranges", build)
+
+
+def depth_prefix_sums(h, leaf_values: torch.Tensor) -> torch.Tensor:
+    """(L + 1, B) float64 prefix sums of ``leaf_values`` (L, B), leaf-major, in :func:`depth_ranges`
+    order (row 0 is zero).
+
+    Leaf-major, like the node tables (``p[:L]`` of node probabilities ``p`` is exactly the leaf
+    probabilities), so the reordering moves whole rows.  float64 so that the differences taken by
+    :func:`depth_masses` keep the precision of the masses themselves.
+    """
+    order = depth_ranges(h).leaf_order
+    out = torch.empty(h.num_leaves + 1, leaf_values.shape[1], dtype=torch.float64, device=leaf_values.device)
+    out[0] = 0
+    # Converting first and then summing in place is 1.4x faster than cumsum(dtype=float64) on CPU.
+    torch.cumsum(leaf_values.index_select(0, order).to(torch.float64), dim=0, out=out[1:])
+    return out
+
+
+def depth_masses(h, prefix: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """(M, E) float64 per-leaf-depth masses ``Q_e(ids[i])`` of sample ``rows[i]``.
+
+    prefix: (L + 1, B) float64 from :func:`depth_prefix_sums`; rows, ids: (M,) int64 sample
+    indices and node ids (``N`` is padding: its masses are 0).
+    """
+    ranges = depth_ranges(h)
+    m, e = ids.numel(), ranges.depths.numel()
+    bsz = prefix.shape[1]
+    # One flat index_select for both ends (advanced indexing with a 2-D index is 3x slower on CPU).
+    ends = torch.stack([ranges.hi.index_select(0, ids), ranges.lo.index_select(0, ids)]).long()
+    got = prefix.reshape(-1).index_select(0, (ends * bsz + rows[:, None]).view(-1)).view(2, m, e)
+    return got[0] - got[1]
