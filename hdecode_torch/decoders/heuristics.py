@@ -23,6 +23,7 @@ import math
 import torch
 
 from ..kernels.ancestry import argbest
+from ..kernels.descent import children_window
 from ..kernels.validation import check_nonnegative, check_unit_interval
 from ..metrics.posterior import Posterior
 from .base import Decoder
@@ -35,15 +36,6 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------- tree tables
-def _nonroot(h) -> tuple[torch.Tensor, torch.Tensor]:
-    """(every non-root node, its parent), cached."""
-    def build():
-        ids = torch.arange(h.num_nodes, device=h.device)
-        child = ids[h.parent >= 0]
-        return child, h.parent[child]
-    return h.cached("heuristics.nonroot", build)
-
-
 def _informative_rank(h) -> torch.Tensor:
     """(N,) int64, a distinct rank per node: fewer leaves first (max I, exact), then deeper, then smaller id.
 
@@ -73,21 +65,6 @@ def _first_argmax(values: torch.Tensor) -> torch.Tensor:
     ids = torch.arange(k, device=values.device)
     key = torch.where(values == best, (k - 1 - ids)[:, None], torch.full_like(ids[:, None], -1))
     return key.argmax(dim=0)
-
-
-def _reduce_rows(out: torch.Tensor, index: torch.Tensor, src: torch.Tensor, reduce: str) -> torch.Tensor:
-    """In place ``out[index[j]] = reduce(out[index[j]], src[j])`` over rows (out (N, B), src (K, B)).
-
-    ``scatter_reduce_`` rather than the still-beta ``index_reduce_``; max and min do not
-    depend on the order of accumulation, so the result is deterministic on every backend.
-    """
-    return out.scatter_reduce_(0, index[:, None].expand_as(src), src, reduce, include_self=True)
-
-
-def _child_max(h, p: torch.Tensor) -> torch.Tensor:
-    """(N, B) max of p over each node's children, -inf on leaves."""
-    child, par = _nonroot(h)
-    return _reduce_rows(torch.full_like(p, -math.inf), par, p[child], "amax")
 
 
 # --------------------------------------------------------------------------- shared kernels
@@ -125,19 +102,13 @@ class TopDown(Decoder):
 
     def _decode(self, post: Posterior) -> torch.Tensor:
         h, p = post.h, post.node
-        n = h.num_nodes
-        child, par = _nonroot(h)
-        best = _child_max(h, p)
-        # choice[n, b] = the smallest child of n attaining the best child probability (n if a leaf),
-        # so each descent step is one gather for the whole batch.
-        is_best = p[child] == best[par]
-        cand = torch.where(is_best, child[:, None], torch.full_like(child[:, None], n))
-        choice = _reduce_rows(torch.full_like(p, n, dtype=torch.long), par, cand, "amin")
-        leaf = torch.arange(n, device=p.device)[:, None].expand_as(choice)
-        choice = torch.where(choice == n, leaf, choice)
+        cols = torch.arange(post.batch_size, device=p.device)
         cur = torch.full((post.batch_size,), h.root, dtype=torch.long, device=p.device)
-        for _ in range(h.max_depth):
-            cur = choice.gather(0, cur[None])[0]
+        for depth in range(h.max_depth):
+            kids, valid = children_window(h, cur, depth)
+            pk = p[kids, cols[:, None]].masked_fill(~valid, -math.inf)
+            step = kids.gather(1, pk.argmax(1, keepdim=True))[:, 0]  # first max: the smallest id
+            cur = torch.where(valid[:, 0], step, cur)  # a leaf stays
         return cur
 
 
@@ -194,22 +165,28 @@ class Plurality(Decoder):
     description = "most informative node more probable than every node outside its root path"
 
     def _decode(self, post: Posterior) -> torch.Tensor:
+        # Two qualifying nodes off each other's root paths would each beat the other, so the
+        # qualifying nodes lie on one path, and each is the unique most probable child of its
+        # parent: the path of a strict top-down descent.  Walk it, carrying the best probability
+        # seen among the siblings passed (each sibling tops its subtree); n qualifies when p(n)
+        # beats those and its best child.  The deepest qualifying node is the most informative.
         h, p = post.h, post.node
-        child, par = _nonroot(h)
-        ninf = torch.full_like(p, -math.inf)
-        best = _child_max(h, p)  # also max over all strict descendants: p only grows going up
-        # Best probability among each node's siblings, from the top-2 children of its parent.
-        pc = p[child]
-        is_best = pc == best[par]
-        count = torch.zeros_like(p).index_add_(0, par, is_best.to(p.dtype))
-        second = _reduce_rows(ninf.clone(), par, pc.masked_fill(is_best, -math.inf), "amax")
-        sib = ninf.clone()
-        sib[child] = torch.where(~is_best | (count[par] > 1), best[par], second[par])
-        # Off-path nodes of n are the sibling subtrees along A(n), each topped by the sibling itself.
-        off = sib
-        for nodes in h.levels[1:]:
-            off[nodes] = torch.maximum(off[nodes], off[h.parent[nodes]])
-        return _most_informative(h, p > torch.maximum(best, off))
+        bsz = post.batch_size
+        cols = torch.arange(bsz, device=p.device)
+        cur = torch.full((bsz,), h.root, dtype=torch.long, device=p.device)
+        off = torch.full((bsz,), -math.inf, dtype=p.dtype, device=p.device)
+        out = cur.clone()
+        walking = torch.ones(bsz, dtype=torch.bool, device=p.device)
+        for depth in range(h.max_depth + 1):
+            kids, valid = children_window(h, cur, depth)
+            pk = p[kids, cols[:, None]].masked_fill(~valid, -math.inf)
+            best, j = pk.max(1)
+            second = pk.scatter(1, j[:, None], -math.inf).amax(1)
+            out = torch.where(walking & (p[cur, cols] > torch.maximum(off, best)), cur, out)
+            walking &= valid[:, 0] & (best > second)  # at a leaf, or a tie for the top child: stop
+            off = torch.maximum(off, second)
+            cur = torch.where(walking, kids.gather(1, j[:, None])[:, 0], cur)
+        return out
 
 
 class Darts(Decoder):
