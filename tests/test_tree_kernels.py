@@ -1,0 +1,58 @@
+"""Small tree kernels against direct per-column definitions: argbest's tie rule, the children
+window of a descent step."""
+
+import numpy as np
+import pytest
+import torch
+
+from hdecode_torch.kernels.ancestry import argbest
+from hdecode_torch.kernels.descent import children_window, widest_by_depth
+from testing import DEVICES, bundled, random_trees
+
+
+def _argbest_reference(info, values, higher, mask, ids):
+    out = []
+    for b in range(values.shape[1]):
+        # masked entries are ±inf: a fully masked column still follows the tie rule
+        col = values[:, b] if mask is None else np.where(mask[:, b], values[:, b], -np.inf if higher else np.inf)
+        best = col.max() if higher else col.min()
+        node = lambda k: int(ids[k, b]) if ids is not None else k  # noqa: E731
+        tied = [k for k in range(values.shape[0]) if col[k] == best]
+        out.append(max((node(k) for k in tied), key=lambda n: (int(info.depth[n]), -n)))
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("higher", [True, False])
+@pytest.mark.parametrize("rows", ["nodes", "leaves", "ids"])
+def test_argbest_ties_go_deep_then_small(device, higher, rows):
+    rng = np.random.default_rng(5)
+    for h, info in random_trees(19, 20, num_nodes_max=16):
+        h = h.to(device)
+        k = {"nodes": info.N, "leaves": info.L, "ids": min(4, info.N)}[rows]
+        values = rng.integers(0, 3, size=(k, 9)).astype(np.float64)  # many exact ties
+        ids = None
+        if rows == "ids":
+            ids = np.sort(np.stack([rng.choice(info.N, k, replace=False) for _ in range(9)], 1), axis=0)
+        mask = rng.random((k, 9)) < 0.8
+        for m in (None, mask):
+            got = argbest(h, torch.as_tensor(values, device=device), higher,
+                          mask=None if m is None else torch.as_tensor(m, device=device),
+                          ids=None if ids is None else torch.as_tensor(ids, device=device))
+            assert got.cpu().tolist() == _argbest_reference(info, values, higher, m, ids)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_children_window_is_the_csr_children(device):
+    for h, info in list(random_trees(23, 10, num_nodes_max=20)) + [bundled("inat19")]:
+        h = h.to(device)
+        kids_of = {n: [] for n in range(info.N)}
+        for n in range(info.N):
+            if info.parents[n] >= 0:
+                kids_of[int(info.parents[n])].append(n)
+        for depth in range(info.max_depth + 1):
+            nodes = torch.tensor([n for n in range(info.N) if info.depth[n] == depth], device=device)
+            kids, valid = children_window(h, nodes, depth)
+            assert kids.shape[1] == max(widest_by_depth(h)[depth], 1)
+            for row, n in enumerate(nodes.tolist()):
+                assert kids[row][valid[row]].tolist() == sorted(kids_of[n])
