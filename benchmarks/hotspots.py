@@ -191,33 +191,39 @@ def experiments(h, x: torch.Tensor):
         from hdecode_torch.kernels.closed_forms import deepest_above
 
         p = hd.Posterior(h, x).node
-        add("deepest_above: int64 key vs int16 key", bench(lambda: deepest_above(h, p, 0.5)),
+        add("deepest_above: first True row vs int16 key max", bench(lambda: deepest_above(h, p, 0.5)),
             bench(lambda: deepest_above_int16(h, p, 0.5)),
             bool(torch.equal(deepest_above(h, p, 0.5), deepest_above_int16(h, p, 0.5))))
     guarded("deepest_above", e_deepest)
 
     def e_keys():
-        from hdecode_torch.decoders.heuristics import _informative_rank, _most_informative
+        from hdecode_torch.decoders.heuristics import _informative_order, _most_informative
 
         p = hd.Posterior(h, x).node
         allowed = p > 0.75
-        r64 = _informative_rank(h)
-        dense = torch.empty_like(r64)
-        dense[torch.argsort(r64)] = torch.arange(h.num_nodes)
-        r32 = dense.to(torch.int32)[:, None]
+        rank = torch.empty(h.num_nodes, dtype=torch.long)
+        rank[_informative_order(h)] = torch.arange(h.num_nodes - 1, -1, -1)  # larger = more informative
+        r = rank[:, None]
 
         def alt():
-            best, idx = torch.where(allowed, r32, torch.full_like(r32, -1)).max(0)
+            best, idx = torch.where(allowed, r, torch.full_like(r, -1)).max(0)
             return torch.where(best >= 0, idx, torch.full_like(idx, h.root))
-        add("most_informative: int64 rank vs int32 dense rank", bench(lambda: _most_informative(h, allowed)),
+        add("most_informative: first allowed row vs masked rank max", bench(lambda: _most_informative(h, allowed)),
             bench(alt), bool(torch.equal(_most_informative(h, allowed), alt())))
+
+        from hdecode_torch.kernels.ancestry import argbest
+
+        v = torch.round(p * 8) / 8  # many exact ties
+        rows = torch.arange(h.num_nodes)[:, None].expand_as(v)
+        add("argbest: rows in tie order vs tied-column resolution", bench(lambda: argbest(h, v, True)),
+            bench(lambda: argbest(h, v, True, ids=rows)), bool(torch.equal(argbest(h, v, True), argbest(h, v, True, ids=rows))))
     guarded("keys", e_keys)
 
     def e_top_down():
         dec = hd.get_decoder("top_down", h)
         table = children_table(h)
         walk = lambda: top_down_walk(h, hd.Posterior(h, x).node, table)  # noqa: E731
-        add("top_down decode vs walk (padded children)", bench(lambda: dec.decode(x), n=5), bench(walk, n=5),
+        add("top_down decode (children window) vs padded children table", bench(lambda: dec.decode(x), n=5), bench(walk, n=5),
             bool(torch.equal(dec.decode(x), walk())), f"(W = max branching = {table.shape[1]})")
     guarded("top_down", e_top_down)
 
@@ -296,8 +302,8 @@ def experiments(h, x: torch.Tensor):
 
             def q_only():
                 hd.Posterior(h, x).by_leaf_depth()
-            add(f"hf_beta[{beta:g}]: decode vs by_leaf_depth alone", total, bench(q_only, n=5), None,
-                "(alternative = the (N,E,B) table alone: its share of the decode)")
+            add(f"hf_beta[{beta:g}]: decode vs the (N,E,B) table alone", total, bench(q_only, n=5), None,
+                "(the decode reads candidate masses from prefix sums; the alternative is the full table it avoids)")
     guarded("hf_beta", e_hf)
     return out
 
