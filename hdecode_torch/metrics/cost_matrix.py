@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..kernels.ancestry import argbest
-from ..kernels.pruning import PruningStatistics, candidate_mask, compact, pruning_statistics
+from ..kernels.ancestry import argbest, argbest_pairs
+from ..kernels.pruning import PruningStatistics, candidate_mask, pruning_statistics, sampled_products
 from ..kernels.validation import as_tensor
 from .base import NodeMetric
 from .posterior import Posterior
@@ -92,10 +92,10 @@ class CostMatrixMetric(NodeMetric):
             return argbest(h, self.expected_table(post), self.higher_is_better)
         if stats.m_in.device != h.device:
             stats = self._pruning = stats.to(h.device)
-        ids, valid = compact(candidate_mask(h, post.node, stats), fill=h.root)
-        rows = self.cost_on(post.device, post.dtype)[ids]  # (C, B, L)
-        risk = torch.einsum("cbl,bl->cb", rows, post.probs)
-        return argbest(h, risk, self.higher_is_better, mask=valid, ids=ids)
+        mask = candidate_mask(h, post.node, stats)
+        node, sample = mask.nonzero().unbind(1)  # node-major: the rows of a CSR mask
+        risk = sampled_products(self.cost_on(post.device, post.dtype), post.probs, node, sample)
+        return argbest_pairs(h, risk, sample, node, post.batch_size, self.higher_is_better)
 
     def expected_table(self, post: Posterior) -> torch.Tensor:
         """(N, B) ``cost @ probsᵀ``."""

@@ -80,19 +80,20 @@ class _DecodeStrategy(NodeMetric):
     - ``"structural"``: the expected value of every node from root-path sums (no N×L tensor);
     - ``"candidates"``: the paper's pruning (Lemma 4.3 in its Prop. E.6 form: both metrics
       are equal for a node and its parent on leaves whose LCA with it is the root) as a
-      batched candidate mask, then the expected value of the candidates only, from sums
-      over each candidate's ancestors (no N×L tensor).  The thresholds come from bounds of
-      the cost structure computed per node from its depth and leaf-depth range (safe: a
-      looser bound only keeps more candidates); a test checks them against the exact
-      statistics of the dense matrix;
+      batched candidate mask, then the expected value of the candidates only.  While the
+      dense (N, L) matrix is small, with the matrix's exact pruning statistics and sampled
+      products ``cost[n] · p`` on the candidate pairs only; on larger trees with thresholds
+      from per-node bounds of the cost structure (safe: a looser bound only keeps more
+      candidates; a test checks them against the exact statistics) and sums over each
+      candidate's ancestors (no N×L tensor);
     - ``"dense"``: one (N, L) @ (L, B) product with the dense matrix (small trees);
     - ``"auto"``: the one measured fastest for this metric and tree size.
 
     Measured on the 2-core CPU, one thread (structural / candidates / dense): Wu-Palmer on
-    tieredImageNet-H, B = 4000: 128 / 161 / 47 ms; on iNat19: 30 / 120 / 99 ms; on a
-    100k-leaf tree, B = 64: 452 / 409 ms / —.  Zhao: 19 / 99 / 46 ms, 38 / 154 / 101 ms,
-    114 / 477 ms / —.  The candidate mask itself (several passes over the (N, B) node table)
-    costs more than the structural risks it saves, so ``auto`` never picks it on CPU.
+    tieredImageNet-H, B = 4000: 123 / 22 / 48 ms; on iNat19: 20 / 44 / 105 ms; on a
+    100k-leaf tree, B = 64: 452 / 409 ms / —.  Zhao: 10 / 41 / 45 ms, 18 / 108 / 109 ms,
+    114 / 477 ms / —.  Zhao keeps many candidates (its gains are small near the leaves), so
+    ``auto`` takes the structural risks for it.
     """
 
     STRATEGIES = ("auto", "structural", "dense", "candidates")
@@ -103,30 +104,32 @@ class _DecodeStrategy(NodeMetric):
         if strategy not in self.STRATEGIES:
             raise ValueError(f"Expected `strategy` to be one of {self.STRATEGIES}, but got {strategy!r}")
         self.strategy = strategy
-        self._as_cost = None
+        self._as_cost: dict = {}
 
     def _resolved_strategy(self) -> str:
         if self.strategy != "auto":
             return self.strategy
         h = self.hierarchy
         small = h.num_nodes * h.num_leaves <= self.DENSE_MAX_ENTRIES
-        return "dense" if (small and self._dense_is_faster(h)) else "structural"
+        return "candidates" if (small and self._candidates_are_faster(h)) else "structural"
 
-    def _dense_is_faster(self, h) -> bool:
+    def _candidates_are_faster(self, h) -> bool:
+        """Whether pruned candidates scored with the dense matrix beat the structural risks."""
         return False
 
-    def as_cost_matrix_metric(self):
-        """This metric as a dense :class:`CostMatrixMetric` (built once; small trees)."""
-        if self._as_cost is None:
+    def as_cost_matrix_metric(self, strategy: str = "dense"):
+        """This metric as a dense :class:`CostMatrixMetric` (built once per ``strategy``; small trees)."""
+        if strategy not in self._as_cost:
             from .cost_matrix import CostMatrixMetric
 
             h = self.hierarchy
             if h.num_nodes * h.num_leaves > 50 * self.DENSE_MAX_ENTRIES:
                 raise ValueError(f"The dense strategy needs an N×L matrix ({h.num_nodes}×{h.num_leaves}); "
                                  "use strategy='structural' or 'candidates' on a tree this large")
-            self._as_cost = CostMatrixMetric(h, self.dense_matrix(), higher_is_better=self.higher_is_better,
-                                             name=self.name, strategy="dense", validate=False)
-        return self._as_cost
+            cost = self.dense_matrix() if not self._as_cost else next(iter(self._as_cost.values())).cost
+            self._as_cost[strategy] = CostMatrixMetric(h, cost, higher_is_better=self.higher_is_better,
+                                                       name=self.name, strategy=strategy, validate=False)
+        return self._as_cost[strategy]
 
     def pruning(self, h) -> PruningStatistics:
         """Safe Lemma 4.3 / Prop. E.6 statistics of the cost 1 − similarity, per node (cached)."""
@@ -139,6 +142,9 @@ class _DecodeStrategy(NodeMetric):
         if strategy == "dense":
             return self.as_cost_matrix_metric()._decode(post)
         h = post.h
+        if h.num_nodes * h.num_leaves <= self.DENSE_MAX_ENTRIES:
+            # The dense matrix fits: the candidates' values are a sampled product with it.
+            return self.as_cost_matrix_metric("candidates")._decode(post)
         ids, valid = compact(candidate_mask(h, post.node, self.pruning(h)), fill=h.root)
         return argbest(h, self._candidate_values(post, ids), self.higher_is_better, mask=valid, ids=ids)
 
@@ -174,12 +180,13 @@ class WuPalmer(_DecodeStrategy):
     higher_is_better = True
     description = "Wu-Palmer similarity 2 d(LCA) / (d(h) + d(y))"
 
-    def _dense_is_faster(self, h) -> bool:
-        # Measured on this 2-core CPU (B = 4000, one thread): structural costs ≈ 5.5 ns per
-        # node × leaf depth × sample, the dense product ≈ 0.025 ns per node × leaf × sample.
-        # tieredImageNet-H (10 leaf depths): dense 53 ms vs structural 184 ms; iNat19 (1 leaf
-        # depth): structural 41 ms vs dense 108 ms.
-        return h.num_leaves * 0.025 < h.num_leaf_depths * 5.5
+    def _candidates_are_faster(self, h) -> bool:
+        # Measured on this 2-core CPU (B = 4000, one thread): structural costs ≈ 3.8 ns per
+        # node × leaf depth × sample; pruned candidates with sampled dense products ≈ (4 +
+        # 0.005 L) ns per node × sample (the mask, then ~13 candidates × L per sample).
+        # tieredImageNet-H (10 leaf depths): candidates 22 ms vs structural 123 ms (dense 48);
+        # iNat19 (1 leaf depth): structural 20 ms vs candidates 44 ms.
+        return 4 + 0.005 * h.num_leaves < 3.8 * h.num_leaf_depths
 
     def _values(self, h, pred, target):
         d = h.depth.to(torch.float64)
