@@ -252,16 +252,19 @@ def test_optimal_beats_every_other_prediction(data, metric):
         assert sign * mine >= sign * ref.expected(info, name, p, o, **params) - 1e-12
 
 
-def test_candidate_compaction_compiles_correctly():
-    """Inductor once dropped compact()'s scatter (issued before a graph break): hF_β went wrong."""
-    from hdecode_torch.kernels.pruning import compact
+def test_hf_beta_decoder_compiles_correctly():
+    """Inductor once dropped a candidate compaction's scatter (issued before a graph break) and
+    returned wrong hF_β sets.  The decoder, compiled whole (graph breaks at its host syncs),
+    must equal eager."""
+    from hdecode_torch.kernels.hf_beta import decode_hf_beta
 
-    mask = torch.rand(300, 7, generator=torch.Generator().manual_seed(0)) < 0.05
-    ids, valid = compact(mask, fill=300)
-    for col in range(7):
-        assert ids[valid[:, col], col].tolist() == mask[:, col].nonzero()[:, 0].tolist()
-    c_ids, c_valid = torch.compile(compact)(mask, 300)
-    assert torch.equal(c_ids, ids) and torch.equal(c_valid, valid)
+    h, _ = bundled("tieredimagenet-h")
+    rng = np.random.default_rng(9)
+    P = torch.as_tensor(np.concatenate([model_like(rng, h, 8, k) for k in ("peaked", "diffuse", "confused", "shallow")]))
+    p = hd.node_probabilities(h, P).t().contiguous()
+    eager = decode_hf_beta(h, p, 2.0)
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(decode_hf_beta)(h, p, 2.0), eager)
 
 
 @pytest.mark.parametrize("beta", [0.5, 2.0])

@@ -168,10 +168,9 @@ class DecodingHead(nn.Module):
     3-8 graphs.  The first call took 2-30 s to compile, and steady-state times moved by
     under a millisecond or got worse (eager -> compiled): tree_distance 0.8 -> 0.4 ms,
     majority 0.7 -> 0.3 ms, darts 0.9 -> 2.1 ms, wu_palmer 7.7 -> 14 ms, hf_beta 16 -> 20 ms.  The inductor
-    backend also returned wrong hF_β sets while the candidate compaction
-    (``kernels.pruning.compact``) scattered into a buffer allocated before a graph break; that
-    kernel now scatters before its host sync and compiles correctly (tested), but with no
-    speed to gain the head stays eager.  ``fullgraph=True`` fails at the first data-dependent
+    backend also returned wrong hF_β sets while an earlier candidate compaction scattered into
+    a buffer allocated before a graph break; the hF_β decoder compiled whole now equals eager
+    (tested), but with no speed to gain the head stays eager.  ``fullgraph=True`` fails at the first data-dependent
     branch.
     """
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["PruningStatistics", "pruning_statistics", "candidate_mask", "compact", "sampled_products"]
+__all__ = ["PruningStatistics", "pruning_statistics", "candidate_mask", "sampled_products"]
 
 
 @dataclass(frozen=True)
@@ -108,28 +108,6 @@ def _nonroot_pairs(h) -> tuple[torch.Tensor, torch.Tensor]:
         child = torch.nonzero(h.parent >= 0)[:, 0]
         return child, h.parent[child]
     return h.cached("nonroot_pairs", build)
-
-
-def compact(mask: torch.Tensor, fill: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pack the True rows of each column of a (N, B) mask to the top, keeping id order.
-
-    Returns ``(ids, valid)``, both (C, B) with C the largest count in the batch (one host
-    sync to learn C); padding entries hold ``fill`` and ``valid`` False.
-    """
-    n, b = mask.shape
-    count = mask.sum(0)
-    kept = mask.cumsum(0)
-    # A permutation of the rows: kept ones first (in id order), the others after them.  A
-    # scatter without duplicate targets is deterministic; and it runs before the host sync
-    # below, because torch.compile (inductor, torch 2.13) dropped an in-place scatter into a
-    # buffer that was allocated before the graph break.
-    rows = torch.arange(n, device=mask.device)[:, None]
-    pos = torch.where(mask, kept - 1, count[None, :] + rows - kept)
-    ids = torch.empty((n, b), dtype=torch.long, device=mask.device).scatter(0, pos, rows.expand(n, b))
-    c = int(count.max()) if b and n else 0
-    ids = ids[:c]
-    valid = torch.arange(c, device=mask.device)[:, None] < count[None, :]
-    return torch.where(valid, ids, torch.full_like(ids, fill)), valid
 
 
 def sampled_products(cost: torch.Tensor, probs: torch.Tensor, node: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:

@@ -11,9 +11,10 @@ import math
 
 import torch
 
-from ..kernels.ancestry import argbest, lca, lca_depth
+from ..kernels.ancestry import argbest_pairs, lca, lca_depth
 from ..kernels.closed_forms import deepest_above
-from ..kernels.pruning import PruningStatistics, candidate_mask, compact
+from ..kernels.depth_ranges import depth_masses, depth_ranges
+from ..kernels.pruning import PruningStatistics, candidate_mask
 from ..kernels.tree_sums import path_sum
 from ..kernels.validation import check_nonnegative
 from .base import NodeMetric
@@ -111,10 +112,11 @@ class _DecodeStrategy(NodeMetric):
             return self.strategy
         h = self.hierarchy
         small = h.num_nodes * h.num_leaves <= self.DENSE_MAX_ENTRIES
-        return "candidates" if (small and self._candidates_are_faster(h)) else "structural"
+        return "candidates" if self._candidates_are_faster(h, small) else "structural"
 
-    def _candidates_are_faster(self, h) -> bool:
-        """Whether pruned candidates scored with the dense matrix beat the structural risks."""
+    def _candidates_are_faster(self, h, small: bool) -> bool:
+        """Whether pruned candidates (scored with the dense matrix when ``small``, else along their
+        root paths) beat the structural risks."""
         return False
 
     def as_cost_matrix_metric(self, strategy: str = "dense"):
@@ -145,14 +147,15 @@ class _DecodeStrategy(NodeMetric):
         if h.num_nodes * h.num_leaves <= self.DENSE_MAX_ENTRIES:
             # The dense matrix fits: the candidates' values are a sampled product with it.
             return self.as_cost_matrix_metric("candidates")._decode(post)
-        ids, valid = compact(candidate_mask(h, post.node, self.pruning(h)), fill=h.root)
-        return argbest(h, self._candidate_values(post, ids), self.higher_is_better, mask=valid, ids=ids)
+        node, sample = candidate_mask(h, post.node, self.pruning(h)).nonzero().unbind(1)
+        values = self._pair_values(post, node, sample)
+        return argbest_pairs(h, values, sample, node, post.batch_size, self.higher_is_better)
 
     def _pruning_bounds(self, h) -> PruningStatistics:
         raise NotImplementedError
 
-    def _candidate_values(self, post: Posterior, ids: torch.Tensor) -> torch.Tensor:
-        """(C, B) expected value of the nodes ``ids`` (C, B), from their root paths only."""
+    def _pair_values(self, post: Posterior, node: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
+        """(M,) expected value of node ``node[i]`` for sample ``sample[i]``, from its root path only."""
         raise NotImplementedError
 
 
@@ -162,15 +165,9 @@ def _top_ancestor(h) -> torch.Tensor:
     return torch.where(h.depth > 0, h.ancestors[:, 1], nodes)
 
 
-def _path_gather(post: Posterior, table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """table (N, *rest, B) gathered on the root paths of ``ids`` (C, B) below the root: (C, B, D, *rest)."""
-    h = post.h
-    anc = h.ancestors[ids][..., 1:]  # (C, B, D), sentinel N past the node's depth
-    valid = anc < h.num_nodes
-    cols = torch.arange(post.batch_size, device=ids.device)[None, :, None]
-    rows = table.movedim(-1, 1)[anc.clamp(max=h.num_nodes - 1), cols]  # (C, B, D, *rest)
-    shape = valid.shape + (1,) * (rows.dim() - valid.dim())
-    return rows * valid.reshape(shape).to(rows.dtype)
+def _path_below_root(h, node: torch.Tensor) -> torch.Tensor:
+    """(M, D) the ancestors of ``node`` (M,) below the root, root side first; N past its depth."""
+    return h.ancestors.index_select(0, node)[:, 1:]
 
 
 class WuPalmer(_DecodeStrategy):
@@ -180,13 +177,23 @@ class WuPalmer(_DecodeStrategy):
     higher_is_better = True
     description = "Wu-Palmer similarity 2 d(LCA) / (d(h) + d(y))"
 
-    def _candidates_are_faster(self, h) -> bool:
-        # Measured on this 2-core CPU (B = 4000, one thread): structural costs ≈ 3.8 ns per
-        # node × leaf depth × sample; pruned candidates with sampled dense products ≈ (4 +
-        # 0.005 L) ns per node × sample (the mask, then ~13 candidates × L per sample).
-        # tieredImageNet-H (10 leaf depths): candidates 22 ms vs structural 123 ms (dense 48);
-        # iNat19 (1 leaf depth): structural 20 ms vs candidates 44 ms.
-        return 4 + 0.005 * h.num_leaves < 3.8 * h.num_leaf_depths
+    def _candidates_are_faster(self, h, small: bool) -> bool:
+        # Measured on this 2-core CPU (one thread): structural costs ≈ 3.8 ns per node × leaf
+        # depth × sample; pruned candidates with sampled dense products ≈ (4 + 0.005 L) ns per
+        # node × sample (the mask, then ~13 candidates × L per sample).  tieredImageNet-H (10
+        # leaf depths, B = 4000): candidates 22 ms vs structural 123 ms (dense 48); iNat19 (1 leaf
+        # depth): structural 20 ms vs candidates 44 ms.  Without the dense matrix, each
+        # candidate reads D·E masses: a loss on the bundled trees (274 ms on tieredImageNet-H)
+        # but the mask is all that grows with N: per sample, 1.4 vs 6.9 ms on the 100k-leaf
+        # tree (10 leaf depths), 20 vs 115 ms on the 1M-node one (14).
+        if small:
+            return 4 + 0.005 * h.num_leaves < 3.8 * h.num_leaf_depths
+        return h.num_leaf_depths >= 2
+
+    def _bytes_per_sample(self, h):
+        if self._resolved_strategy() == "candidates":  # node sums, mask, float64 prefix sums
+            return 4 * h.num_nodes * 12 + 8 * (h.num_leaves + 1)
+        return 4 * h.num_nodes * (2 * h.num_leaf_depths + 4) * 2
 
     def _values(self, h, pred, target):
         d = h.depth.to(torch.float64)
@@ -216,16 +223,18 @@ class WuPalmer(_DecodeStrategy):
             m_in=fix(inside(hi), nonroot), M_in=fix(inside(lo), nonroot),
             m_out=fix(outside(1.0, hi[top]), deep), M_out=fix(outside(k - 1, lo[top]), deep), top=top)
 
-    def _candidate_values(self, post, ids):
-        """``Σ_e 2/(d(h)+e) Σ_{a ∈ A(h) \\ root} Q_e(a)`` on the candidates' paths."""
-        q = _path_gather(post, post.by_leaf_depth(), ids).sum(2)  # (C, B, E)
-        e = post.leaf_depth_values().to(post.dtype)
-        d = post.h.depth[ids].to(post.dtype)
-        return (q * (2.0 / (d[..., None] + e))).sum(-1)
-
-    def _bytes_per_sample(self, h):
-        e = h.num_leaf_depths
-        return 4 * h.num_nodes * (2 * e + 4) * 2
+    def _pair_values(self, post, node, sample):
+        """``Σ_e 2/(d(h)+e) Σ_{a ∈ A(h) \\ root} Q_e(a)``, the masses Q_e read from depth-first prefix
+        sums: D·E lookups per candidate, no (N, E, B) table."""
+        h = post.h
+        anc = _path_below_root(h, node)  # (M, D)
+        m, d = anc.shape
+        q = depth_masses(h, post.depth_prefix(), sample.repeat_interleave(d), anc.reshape(-1))
+        q = q.view(m, d, -1).sum(1)  # (M, E) float64
+        e = depth_ranges(h).depths.to(torch.float64)
+        # d(h) + e ≥ 1 wherever the masses are not 0 (h below the root)
+        w = 2.0 / (h.depth.index_select(0, node).to(torch.float64)[:, None] + e).clamp(min=1)
+        return (q * w).sum(1).to(post.dtype)
 
     def expected_table(self, post: Posterior) -> torch.Tensor:
         """``Σ_e 2 / (d(h) + e) · Σ_{a ∈ A(h) \\ root} Q_e(a)`` with Q_e the mass of leaves at depth e."""
@@ -275,13 +284,17 @@ class Zhao(_DecodeStrategy):
         M_out = torch.where(deep, 2 * info[par] * c, zero)
         return PruningStatistics(True, True, gain, gain, m_out, M_out, top)
 
-    def _candidate_values(self, post, ids):
-        """``2/(I(h)+λ) Σ_{a ∈ A(h)} ΔI(a) p(a)`` on the candidates' paths."""
+    def _pair_values(self, post, node, sample):
+        """``2/(I(h)+λ) Σ_{a ∈ A(h)} ΔI(a) p(a)`` along each candidate's root path."""
         h = post.h
         if h.num_leaves == 1:
-            return torch.ones(ids.shape, dtype=post.dtype, device=ids.device)
-        s = _path_gather(post, _info_gain(h).to(post.dtype)[:, None] * post.node, ids).sum(2)  # (C, B)
-        den = (h.information[ids] + math.log(h.num_leaves)).to(post.dtype)
+            return torch.ones(node.shape, dtype=post.dtype, device=node.device)
+        gain = (_info_gain(h).to(post.dtype)[:, None] * post.node).reshape(-1)  # (N·B,)
+        anc = _path_below_root(h, node)  # (M, D); ΔI(root) = 0
+        inside = anc < h.num_nodes
+        rows = anc.clamp(max=h.num_nodes - 1) * post.batch_size + sample[:, None]
+        s = (gain[rows] * inside).sum(1)
+        den = (h.information.index_select(0, node) + math.log(h.num_leaves)).to(post.dtype)
         return 2 * s / den
 
     def expected_table(self, post: Posterior) -> torch.Tensor:

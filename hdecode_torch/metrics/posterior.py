@@ -13,6 +13,7 @@ from typing import Hashable
 
 import torch
 
+from ..kernels.depth_ranges import depth_prefix_sums
 from ..kernels.tree_sums import accumulation_dtype, leaf_to_node_sum, subtree_sum_
 from ..kernels.validation import prepare_leaf_probs
 
@@ -114,6 +115,11 @@ class Posterior:
             out.view(h.num_nodes * e, self.batch_size).index_copy_(0, rows, self.probs.t().to(acc))
             return subtree_sum_(h, out).to(self.dtype)
         return self._get("by_leaf_depth", build)
+
+    def depth_prefix(self) -> torch.Tensor:
+        """(L + 1, B) float64 prefix sums of the leaf probabilities in (depth, depth-first) order:
+        any node's per-leaf-depth mass is a difference of two entries (``kernels.depth_ranges``)."""
+        return self._get("depth_prefix", lambda: depth_prefix_sums(self.h, self.node[: self.h.num_leaves]))
 
     def expected_leaf_depth(self) -> torch.Tensor:
         """(B,) E[d(y)]."""
