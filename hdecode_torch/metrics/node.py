@@ -92,9 +92,9 @@ class _DecodeStrategy(NodeMetric):
 
     Measured on the 2-core CPU, one thread (structural / candidates / dense): Wu-Palmer on
     tieredImageNet-H, B = 4000: 123 / 22 / 48 ms; on iNat19: 20 / 44 / 105 ms; on a
-    100k-leaf tree, B = 64: 452 / 409 ms / —.  Zhao: 10 / 41 / 45 ms, 18 / 108 / 109 ms,
-    114 / 477 ms / —.  Zhao keeps many candidates (its gains are small near the leaves), so
-    ``auto`` takes the structural risks for it.
+    100k-leaf tree, B = 64: 438 / 90 ms / —; on a 1M-node tree 115 / 20 ms per sample.
+    Zhao: 10 / 41 / 45 ms, 18 / 108 / 109 ms, 105 / 143 ms / —.  Zhao keeps many candidates
+    (its gains are small near the leaves), so ``auto`` takes the structural risks for it.
     """
 
     STRATEGIES = ("auto", "structural", "dense", "candidates")
