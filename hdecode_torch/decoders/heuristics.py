@@ -58,15 +58,6 @@ def _most_informative(h, allowed: torch.Tensor) -> torch.Tensor:
     return torch.where(found, order[first], torch.full_like(first, h.root))
 
 
-def _first_argmax(values: torch.Tensor) -> torch.Tensor:
-    """values: (K, B).  Index of the first maximal row per column, independent of backend."""
-    k = values.shape[0]
-    best = values.max(dim=0, keepdim=True).values
-    ids = torch.arange(k, device=values.device)
-    key = torch.where(values == best, (k - 1 - ids)[:, None], torch.full_like(ids[:, None], -1))
-    return key.argmax(dim=0)
-
-
 # --------------------------------------------------------------------------- shared kernels
 def darts_predict(h, p: torch.Tensor, lam: float) -> torch.Tensor:
     """argmax_n (I(n) + lam) p(n) per column of the node-major table ``p`` (N, B); ties: deeper, then smaller id."""
@@ -87,7 +78,7 @@ class ArgmaxLeaf(Decoder):
     description = "most probable leaf (flat top-1)"
 
     def _decode(self, post: Posterior) -> torch.Tensor:
-        return _first_argmax(post.probs.t())
+        return post.probs.argmax(dim=1)  # the first of equal maxima: the smallest id, on every backend
 
 
 class TopDown(Decoder):
@@ -272,7 +263,7 @@ class HiE(Decoder):
         h = post.h
         leaf_parent = h.cached("heuristics.leaf_parent", lambda: torch.where(
             h.parent[: h.num_leaves] >= 0, h.parent[: h.num_leaves], torch.arange(h.num_leaves, device=h.device)))
-        return _first_argmax(post.node[leaf_parent] * post.probs.t())
+        return (post.node[leaf_parent] * post.probs.t()).argmax(dim=0)  # first maximum: the smallest id
 
 
 class CRM(Decoder):
