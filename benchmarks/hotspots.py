@@ -215,7 +215,7 @@ def experiments(h, x: torch.Tensor):
 
         v = torch.round(p * 8) / 8  # many exact ties
         rows = torch.arange(h.num_nodes)[:, None].expand_as(v)
-        add("argbest: rows in tie order vs tied-column resolution", bench(lambda: argbest(h, v, True)),
+        add("argbest: rows in tie order vs the same table as (row, column) pairs", bench(lambda: argbest(h, v, True)),
             bench(lambda: argbest(h, v, True, ids=rows)), bool(torch.equal(argbest(h, v, True), argbest(h, v, True, ids=rows))))
     guarded("keys", e_keys)
 
