@@ -120,8 +120,10 @@ def decode_hf_beta(h, p: torch.Tensor, beta: float) -> torch.Tensor:
     first = (value >= tau * slack) | is_root
     k_ref = (h.leaf_depth.to(dt) @ p[: h.num_leaves] + 1).round().long()
     lower, k_ref = solver.solve(sample[first], node[first], k_ref)[:2]
-    # Stage 2: p(n) ≥ τ(n)·LB holds for every node of every optimal set.
-    second = (value >= tau * lower[sample] * slack) | is_root
+    # Stage 2: p(n) ≥ τ(n)·LB holds for every node of every optimal set.  LB is a sum of up to
+    # C·E rounded terms: a wider slack keeps its rounding from ever dropping an optimal node.
+    wide = 1 - _VALUE_SLACK * torch.finfo(dt).eps
+    second = (value >= tau * lower[sample] * wide) | is_root
     ids, best_k, delta = solver.certified(sample[second], node[second], k_ref)
     # The best set: the best k* nodes by Δ_{k*}; a stable sort keeps (depth, id) order among ties.
     delta = delta.masked_fill(ids == h.num_nodes, float("-inf"))
@@ -131,6 +133,11 @@ def decode_hf_beta(h, p: torch.Tensor, beta: float) -> torch.Tensor:
     out = torch.zeros(bsz, h.num_nodes + 1, dtype=torch.bool, device=p.device)
     out.scatter_(1, chosen, True)
     return out[:, : h.num_nodes]
+
+
+#: Relative slack, in ulps, of comparisons between rounded set values (sums of up to C·E terms):
+#: 1e-4 in float32, 2e-13 in float64; it may only keep more candidates or check more k.
+_VALUE_SLACK = 1024
 
 
 class _PrefixSolver:
@@ -198,7 +205,7 @@ class _PrefixSolver:
         rho = (w[None, :, ends] / self.weights(k_ref)[:, None, ends]).amax(2)  # (B, C)
         cover = torch.minimum(ks.to(dt)[:, None], self.depths[None, :] + 1)  # (C, E)
         ub = torch.minimum(rho * d_ref.clamp(min=0).cumsum(1), q0[:, 0, :] @ (w * cover).t())
-        eps = 64 * torch.finfo(dt).eps
+        eps = _VALUE_SLACK * torch.finfo(dt).eps  # both sides are rounded sums over candidates
         # best_k itself is checked too: its prefix value may be below V(best_k), and another k in between.
         check = (ub >= value[:, None] * (1 - eps)) & (ks[None, :] <= count[:, None])
         b, kk = check.nonzero().unbind(1)  # (P,) pairs (sample, k - 1)
