@@ -69,3 +69,19 @@ def test_json_structure(result):
             assert r["baseline_us_per_sample"] > 0 and r["speedup"] > 0
     targets = {(t["tree"], t["decoder"]) for t in data["targets"]}
     assert ("tieredimagenet-h", "opt:wu_palmer") in targets
+
+
+def test_compile_and_graph_variants_run_and_agree(tmp_path):
+    """benchmarks.compile_graphs on CPU: eager and torch.compile give the eager predictions (CUDA graphs
+    are only tried on CUDA)."""
+    from benchmarks import compile_graphs
+
+    path = tmp_path / "cg.json"
+    code = compile_graphs.main(["--device", "cpu", "--trees", "synthetic-tiny", "--batch", "16",
+                                "--decoders", "opt:accuracy,top_down", "--repeats", "1", "--min-time", "0",
+                                "--threads", "1", "--json", str(path)])
+    rows = json.loads(path.read_text())["rows"]
+    assert code == 0
+    assert [(r["decoder"], r["variant"]) for r in rows] == [
+        ("opt:accuracy", "eager"), ("opt:accuracy", "compile"), ("top_down", "eager"), ("top_down", "compile")]
+    assert all(r["same"] and r["us_per_sample"] > 0 for r in rows)

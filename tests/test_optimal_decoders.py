@@ -267,6 +267,17 @@ def test_hf_beta_decoder_compiles_correctly():
     assert torch.equal(torch.compile(decode_hf_beta)(h, p, 2.0), eager)
 
 
+def test_candidate_strategy_compiles_correctly():
+    """Wu-Palmer's candidates use a sparse CSR product, which Dynamo cannot trace: it must run
+    eagerly inside a compiled caller and give the eager predictions."""
+    h, _ = bundled("tieredimagenet-h")
+    rng = np.random.default_rng(10)
+    P = torch.as_tensor(np.concatenate([model_like(rng, h, 8, k) for k in ("peaked", "diffuse", "confused", "shallow")]))
+    m = hd.get_metric("wu_palmer", h, strategy="candidates")
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(lambda x: m.decode(x, validate=False))(P), m.decode(P))
+
+
 @pytest.mark.parametrize("beta", [0.5, 2.0])
 def test_hf_beta_chunks_change_nothing(beta):
     """Chunks see other candidate counts, other stage-1 bounds and other rounds of checks."""

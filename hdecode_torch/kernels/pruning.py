@@ -110,6 +110,7 @@ def _nonroot_pairs(h) -> tuple[torch.Tensor, torch.Tensor]:
     return h.cached("nonroot_pairs", build)
 
 
+@torch.compiler.disable  # Dynamo cannot trace sparse CSR tensors (torch 2.13): run it eagerly
 def sampled_products(cost: torch.Tensor, probs: torch.Tensor, node: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
     """``cost[node[i]] · probs[sample[i]]`` for every candidate pair i, without the (N, B) product.
 
@@ -128,4 +129,5 @@ def sampled_products(cost: torch.Tensor, probs: torch.Tensor, node: torch.Tensor
         pattern = torch.sparse_csr_tensor(crow, sample, cost.new_zeros(node.numel()), size=(n, b),
                                           check_invariants=False)
         # probs.t() as a view: reading it column by column is 3x faster than a contiguous copy.
-        return torch.sparse.sampled_addmm(pattern, cost, probs.t(), beta=0.0).values()
+        out = torch.sparse.sampled_addmm(pattern, cost, probs.t(), beta=0.0)
+    return out.values().clone()  # a plain tensor, not a view of a sparse one (which Dynamo cannot wrap)
