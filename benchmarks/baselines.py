@@ -21,9 +21,10 @@ How each baseline runs (``Baselines.decoder(key)`` returns ``fn(leaf_probs_1d) -
   the node and its parent have equal costs) are handled without 0/0;
 * ``lca_height`` (and ``crm``): brute force over the leaves with a precomputed (L, L)
   LCA-height matrix (Karthik et al.);
-* ``hf_beta``: the paper's decomposition by |h⁺| = k: the candidate set Q(p) (with the
-  SPEC §4.3 bound, which is provably safe, instead of the paper's Lemma 4.4), then a loop
-  over k = 1..|Q(p)| computing Δ_k on the candidates and taking the top k (stable sort in
+* ``hf_beta``: the paper's decomposition by |h⁺| = k with the library's pruning: the SPEC §4.3
+  bound (provably safe, unlike the paper's Lemma 4.4), then the value bound
+  p(n) ≥ τ(n)·LB of ``kernels/hf_beta.py`` (LB: the best set among the nodes with p ≥ τ), then a
+  loop over k = 1..|Q| computing Δ_k on the candidates and taking the top k (stable sort in
   (depth, id) order, so ancestors come first among ties and the set stays closed);
 * ``hamming``: the closed form W(n) > W(root)/2;
 * the heuristics straight from their definitions (SPEC §4.2).
@@ -368,20 +369,30 @@ class Baselines:
         leaf[np.arange(t.num_leaves), group] = pl
         q = self._sums(leaf)  # (N, E) mass of the leaves under n at each leaf depth
         p = q.sum(1)
+        # τ(n) = value bound / U(S): (1 + β²(d_min(n)+1)) / ((1+β²)(1 + β²(D+1)))
+        tau = self._get(("hf_tau", beta), lambda: (1 + b2 * (t.min_leaf_depth + 1.0)) / (
+            (1 + b2) * (1 + b2 * (t.max_depth + 1.0))))
         keep = p >= bound * (1 - 1e-12)
         keep[t.root] = True
-        cands = t.depth_order[keep[t.depth_order]]  # (depth, id) order: ancestors first
-        qc = q[cands]
         e1 = depths + 1.0
-        best_val, best_set = -1.0, cands[:1]
-        for k in range(1, cands.size + 1):
-            delta = qc @ ((1 + b2) / (k + b2 * e1))
-            top = np.argsort(-delta, kind="stable")[:k]
-            val = delta[top].sum()
-            if val > best_val:
-                best_val, best_set = val, cands[top]
+
+        def best(mask):
+            cands = t.depth_order[mask[t.depth_order]]  # (depth, id) order: ancestors first
+            qc = q[cands]
+            best_val, best_set = -1.0, cands[:1]
+            for k in range(1, cands.size + 1):
+                delta = qc @ ((1 + b2) / (k + b2 * e1))
+                top = np.argsort(-delta, kind="stable")[:k]
+                val = delta[top].sum()
+                if val > best_val:
+                    best_val, best_set = val, cands[top]
+            return best_val, best_set
+
+        lower, _ = best(keep & ((p >= tau) | (np.arange(t.num_nodes) == t.root)))
+        second = keep & (p >= tau * lower * (1 - 1e-9))
+        second[t.root] = True
         out = np.zeros(t.num_nodes, dtype=bool)
-        out[best_set] = True
+        out[best(second)[1]] = True
         return out
 
     def hamming(self, pl):
