@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 import torch
 
-import hdecode_torch as hd
 from hdecode_torch.kernels.depth_ranges import depth_masses, depth_prefix_sums, depth_ranges
 from hdecode_torch.metrics.posterior import Posterior
 from testing import DEVICES, batch, bundled, random_trees
