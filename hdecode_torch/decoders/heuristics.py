@@ -54,8 +54,8 @@ def _most_informative(h, allowed: torch.Tensor) -> torch.Tensor:
     order = _informative_order(h)
     # Rows in that order: the first True row of each column, from a max over bools (8x faster
     # than a masked max over an (N, B) integer key on CPU).
-    found, first = allowed.index_select(0, order).max(dim=0)
-    return torch.where(found, order[first], torch.full_like(first, h.root))
+    found, first = allowed.index_select(0, order).view(torch.uint8).max(dim=0)  # uint8: dispatched everywhere
+    return torch.where(found > 0, order[first], torch.full_like(first, h.root))
 
 
 # --------------------------------------------------------------------------- shared kernels

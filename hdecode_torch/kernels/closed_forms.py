@@ -18,8 +18,9 @@ def deepest_above(h, p: torch.Tensor, threshold: float) -> torch.Tensor:
     # Rows deepest first: the answer is the first True row of each column, found by a max over
     # bools (3x faster on CPU than a masked max over an (N, B) table of depth keys).
     order = h.cached("deepest_first", lambda: torch.sort(h.depth, descending=True, stable=True).indices)
-    found, first = (p > threshold).index_select(0, order).max(dim=0)
-    return torch.where(found, order[first], torch.full_like(first, h.root))
+    # as uint8: a max over bools is not dispatched on every backend
+    found, first = (p > threshold).index_select(0, order).view(torch.uint8).max(dim=0)
+    return torch.where(found > 0, order[first], torch.full_like(first, h.root))
 
 
 def hamming_set(h, inv_depth_mass: torch.Tensor) -> torch.Tensor:
