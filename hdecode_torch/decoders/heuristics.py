@@ -263,7 +263,7 @@ class HiE(Decoder):
         h = post.h
         leaf_parent = h.cached("heuristics.leaf_parent", lambda: torch.where(
             h.parent[: h.num_leaves] >= 0, h.parent[: h.num_leaves], torch.arange(h.num_leaves, device=h.device)))
-        return (post.node[leaf_parent] * post.probs.t()).argmax(dim=0)  # first maximum: the smallest id
+        return (post.node.index_select(0, leaf_parent) * post.probs.t()).argmax(dim=0)  # first max: smallest id
 
 
 class CRM(Decoder):
