@@ -23,7 +23,7 @@ import math
 import torch
 
 from ..kernels.ancestry import argbest
-from ..kernels.descent import children_window
+from ..kernels.descent import children_probs
 from ..kernels.validation import check_nonnegative, check_unit_interval
 from ..metrics.posterior import Posterior
 from .base import Decoder
@@ -93,11 +93,9 @@ class TopDown(Decoder):
 
     def _decode(self, post: Posterior) -> torch.Tensor:
         h, p = post.h, post.node
-        cols = torch.arange(post.batch_size, device=p.device)
         cur = torch.full((post.batch_size,), h.root, dtype=torch.long, device=p.device)
         for depth in range(h.max_depth):
-            kids, valid = children_window(h, cur, depth)
-            pk = p[kids, cols[:, None]].masked_fill(~valid, -math.inf)
+            kids, valid, pk = children_probs(h, p, cur, depth)
             step = kids.gather(1, pk.argmax(1, keepdim=True))[:, 0]  # first max: the smallest id
             cur = torch.where(valid[:, 0], step, cur)  # a leaf stays
         return cur
@@ -169,8 +167,7 @@ class Plurality(Decoder):
         out = cur.clone()
         walking = torch.ones(bsz, dtype=torch.bool, device=p.device)
         for depth in range(h.max_depth + 1):
-            kids, valid = children_window(h, cur, depth)
-            pk = p[kids, cols[:, None]].masked_fill(~valid, -math.inf)
+            kids, valid, pk = children_probs(h, p, cur, depth)
             best, j = pk.max(1)
             second = pk.scatter(1, j[:, None], -math.inf).amax(1)
             out = torch.where(walking & (p[cur, cols] > torch.maximum(off, best)), cur, out)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["widest_by_depth", "children_window"]
+__all__ = ["widest_by_depth", "children_window", "children_probs"]
 
 
 def widest_by_depth(h) -> list[int]:
@@ -35,3 +35,14 @@ def children_window(h, nodes: torch.Tensor, depth: int) -> tuple[torch.Tensor, t
     valid = offset[None, :] < degree[:, None]
     pos = (start[:, None] + offset[None, :]).clamp(max=max(h.children.numel() - 1, 0))
     return h.children[pos], valid
+
+
+def children_probs(h, p: torch.Tensor, nodes: torch.Tensor, depth: int):
+    """:func:`children_window` plus the children's probabilities for their own sample.
+
+    p: (N, B) node-major node probabilities; nodes: (B,) the current node of each sample.
+    Returns ``(kids, valid, pk)``: pk (B, K) float, -inf on invalid entries.
+    """
+    kids, valid = children_window(h, nodes, depth)
+    cols = torch.arange(nodes.shape[0], device=nodes.device)[:, None]
+    return kids, valid, p[kids, cols].masked_fill(~valid, float("-inf"))

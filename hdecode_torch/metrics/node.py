@@ -111,8 +111,11 @@ class _DecodeStrategy(NodeMetric):
         if self.strategy != "auto":
             return self.strategy
         h = self.hierarchy
-        small = h.num_nodes * h.num_leaves <= self.DENSE_MAX_ENTRIES
-        return "candidates" if self._candidates_are_faster(h, small) else "structural"
+        return "candidates" if self._candidates_are_faster(h, self._dense_fits(h)) else "structural"
+
+    def _dense_fits(self, h) -> bool:
+        """Whether the dense (N, L) matrix is small enough to use."""
+        return h.num_nodes * h.num_leaves <= self.DENSE_MAX_ENTRIES
 
     def _candidates_are_faster(self, h, small: bool) -> bool:
         """Whether pruned candidates (scored with the dense matrix when ``small``, else along their
@@ -128,8 +131,7 @@ class _DecodeStrategy(NodeMetric):
             if h.num_nodes * h.num_leaves > 50 * self.DENSE_MAX_ENTRIES:
                 raise ValueError(f"The dense strategy needs an N×L matrix ({h.num_nodes}×{h.num_leaves}); "
                                  "use strategy='structural' or 'candidates' on a tree this large")
-            cost = self.dense_matrix() if not self._as_cost else next(iter(self._as_cost.values())).cost
-            self._as_cost[strategy] = CostMatrixMetric(h, cost, higher_is_better=self.higher_is_better,
+            self._as_cost[strategy] = CostMatrixMetric(h, self.dense_matrix(), higher_is_better=self.higher_is_better,
                                                        name=self.name, strategy=strategy, validate=False)
         return self._as_cost[strategy]
 
@@ -144,7 +146,7 @@ class _DecodeStrategy(NodeMetric):
         if strategy == "dense":
             return self.as_cost_matrix_metric()._decode(post)
         h = post.h
-        if h.num_nodes * h.num_leaves <= self.DENSE_MAX_ENTRIES:
+        if self._dense_fits(h):
             # The dense matrix fits: the candidates' values are a sampled product with it.
             return self.as_cost_matrix_metric("candidates")._decode(post)
         node, sample = candidate_mask(h, post.node, self.pruning(h)).nonzero().unbind(1)
