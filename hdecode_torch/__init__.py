@@ -4,16 +4,17 @@ A model gives p(leaf | x); each hierarchical metric has its own best prediction.
 ``get_metric(name, hierarchy).decode(leaf_probs)`` returns it for a whole batch.
 """
 
+from .core import ROW_SUM_TOLERANCE, Posterior, get_memory_budget, set_memory_budget
 from .hierarchy import Hierarchy, list_hierarchies, load_hierarchy
 from .kernels import node_probabilities
-from .kernels.validation import ROW_SUM_TOLERANCE
-from .metrics import CostMatrixMetric, Posterior, get_metric, list_metrics
+from .metrics import CostMatrixMetric, get_metric, has_optimal_decoder, list_metrics
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Hierarchy", "load_hierarchy", "list_hierarchies", "node_probabilities",
-    "get_metric", "list_metrics", "CostMatrixMetric", "Posterior", "ROW_SUM_TOLERANCE", "__version__",
+    "get_metric", "list_metrics", "has_optimal_decoder", "CostMatrixMetric", "Posterior", "ROW_SUM_TOLERANCE",
+    "get_memory_budget", "set_memory_budget", "__version__",
 ]
 
 from .decoders import calibrate_darts, get_decoder, list_decoders  # noqa: E402

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hdecode_torch.kernels.depth_ranges import depth_masses, depth_prefix_sums, depth_ranges
-from hdecode_torch.metrics.posterior import Posterior
+from hdecode_torch.core.posterior import Posterior
 from testing import DEVICES, batch, bundled, random_trees
 
 

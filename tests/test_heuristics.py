@@ -332,9 +332,9 @@ def test_registry_lists_and_builds():
     ("darts", {"lam": float("inf")}, r"`lam`"),
     ("information_threshold", {"threshold": -0.5}, r"Expected `threshold` to be a float >= 0, but got -0.5"),
     ("information_threshold", {"threshold": 2.0}, r"`threshold`.*log\(L\)"),
-    ("information_threshold", {}, r"requires the parameter\(s\) 'threshold'"),
-    ("majority", {"tau": 0.3}, r"Unknown parameter\(s\) 'tau' for decoder 'majority'"),
-    ("darts", {"lambda_": 1.0}, r"Unknown parameter\(s\) 'lambda_'.*accepted: lam"),
+    ("information_threshold", {}, r"Bad parameters for decoder 'information_threshold': it requires 'threshold'"),
+    ("majority", {"tau": 0.3}, r"Bad parameters for decoder 'majority': unknown parameter\(s\) 'tau'"),
+    ("darts", {"lambda_": 1.0}, r"unknown parameter\(s\) 'lambda_'.*accepted: lam"),
     ("nope", {}, r"Unknown decoder 'nope'; available: .*argmax_leaf.*top_down"),
 ])
 def test_parameter_errors(name, params, match):

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import hdecode_torch as hd
-import hdecode_torch.metrics.posterior as posterior_module
+import hdecode_torch.core.posterior as posterior_module
 from hdecode_torch.integrations import DecodingHead, HierarchicalMetric, clear_posterior_cache, shared_posterior
 from testing import DEVICES, devices
 

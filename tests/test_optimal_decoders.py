@@ -187,11 +187,11 @@ def test_cost_matrix_metric_reasonable_and_not():
 
 def test_reasonableness_checks_on_bundled_trees():
     h, _ = bundled("tieredimagenet-h")
-    wp = hd.get_metric("wu_palmer", h).as_cost_matrix_metric()
-    assert wp.is_hierarchically_reasonable and wp.pruning.root_form
+    wp = hd.get_metric("wu_palmer", h).dense_pruning(h)
+    assert wp.reasonable and wp.root_form
     hi, _ = bundled("inat19")
-    zh = hd.get_metric("zhao", hi).as_cost_matrix_metric()
-    assert not zh.is_hierarchically_reasonable  # single-child chains: node and parent cost the same
+    zh = hd.get_metric("zhao", hi).dense_pruning(hi)
+    assert not zh.reasonable  # single-child chains: node and parent cost the same
 
 
 @pytest.mark.parametrize("name,params", DECODABLE, ids=IDS)
@@ -256,15 +256,14 @@ def test_hf_beta_decoder_compiles_correctly():
     """Inductor once dropped a candidate compaction's scatter (issued before a graph break) and
     returned wrong hF_β sets.  The decoder, compiled whole (graph breaks at its host syncs),
     must equal eager."""
-    from hdecode_torch.kernels.hf_beta import decode_hf_beta
+    from hdecode_torch.metrics.hf_beta import hf_beta_decode
 
     h, _ = bundled("tieredimagenet-h")
     rng = np.random.default_rng(9)
     P = torch.as_tensor(np.concatenate([model_like(rng, h, 8, k) for k in ("peaked", "diffuse", "confused", "shallow")]))
-    p = hd.node_probabilities(h, P).t().contiguous()
-    eager = decode_hf_beta(h, p, 2.0)
+    eager = hf_beta_decode(hd.Posterior(h, P), 2.0)
     torch._dynamo.reset()
-    assert torch.equal(torch.compile(decode_hf_beta)(h, p, 2.0), eager)
+    assert torch.equal(torch.compile(lambda x: hf_beta_decode(hd.Posterior(h, x, validate=False), 2.0))(P), eager)
 
 
 def test_candidate_strategy_compiles_correctly():
@@ -289,13 +288,13 @@ def test_hf_beta_chunks_change_nothing(beta):
 
 
 def test_hf_beta_value_bound_matches_reference():
-    from hdecode_torch.kernels.hf_beta import hf_beta_bound, hf_beta_value_bound
+    from hdecode_torch.metrics.hf_beta import hf_beta_bound, hf_beta_value_bound
     for h, info in random_trees(13, 5, num_nodes_max=14):
         for beta in (0.3, 1.0, 3.0):
             tau = hf_beta_value_bound(h, beta).numpy()
             want = [ref.hf_beta_value_bound(info, n, beta, 1.0) for n in range(info.N)]
             np.testing.assert_allclose(tau, want, rtol=1e-14)
-            # With the weakest value, U({root}) >= 1/(r + a(D)), it is at least the SPEC §4.3 bound.
+            # With the weakest value, U({root}) >= 1/(r + a(D)), it is at least the safe form of the paper's bound.
             r = 1 / (1 + beta * beta)
             root_value = 1 / (r + (1 - r) * (info.max_depth + 1))
             assert (tau * root_value >= hf_beta_bound(h, beta).numpy() * (1 - 1e-12)).all()
@@ -307,15 +306,17 @@ def test_hf_beta_certification_survives_a_bad_reference_order(beta, k_ref):
     """The stage-2 solver sorts candidates by Δ at a reference k̂ and certifies every other k.  With
     k̂ = 1 or k̂ = C the prefix order is wrong for many k: the exact fallback must repair it.  Compared
     with every k solved by a full sort, over the same candidates (the SPEC §4.3 set, a superset)."""
-    from hdecode_torch.kernels.hf_beta import _PrefixSolver, candidate_pairs, hf_beta_bound
+    from hdecode_torch.kernels.candidates import candidate_pairs
+    from hdecode_torch.metrics.hf_beta import _PrefixSolver, hf_beta_bound
     h, _ = bundled("tieredimagenet-h")
     rng = np.random.default_rng(21)
     P = torch.as_tensor(np.concatenate([model_like(rng, h, 40, k) for k in ("peaked", "diffuse", "confused", "shallow")]))
-    p = hd.node_probabilities(h, P).t().contiguous()
+    post = hd.Posterior(h, P)
+    p = post.node
     keep = p >= hf_beta_bound(h, beta)[:, None]
     sample, node, _ = candidate_pairs(h, keep, p)
     r = 1 / (1 + beta * beta)
-    solver = _PrefixSolver(h, p, r)
+    solver = _PrefixSolver(post, r)
     count = torch.bincount(sample, minlength=P.shape[0])
     guess = {"one": torch.ones_like(count), "all": count,
              "expected": (h.leaf_depth.double() @ p[: h.num_leaves] + 1).round().long()}[k_ref]
@@ -338,7 +339,7 @@ def test_hf_beta_certification_survives_a_bad_reference_order(beta, k_ref):
 def test_structural_pruning_bounds_are_safe(name):
     """The per-node bounds behind strategy="candidates" enclose the exact Lemma 4.3 / Prop. E.6
     statistics of the dense cost matrix (so they can only keep more candidates)."""
-    from hdecode_torch.kernels.pruning import pruning_statistics
+    from hdecode_torch.kernels.candidates import pruning_statistics
 
     trees = [bundled("tieredimagenet-h")[0], bundled("inat19")[0]] + [h for h, _ in random_trees(12, 60, num_nodes_max=14)]
     for h in trees:

@@ -293,19 +293,19 @@ def test_fuzz_parameters(tree, name, key, value):
 @given(st.one_of(st.integers(-3, 2**40), st.floats(allow_nan=True), st.none(), st.text(max_size=3),
                  st.booleans()))
 def test_fuzz_global_settings(value):
-    budget = hd.kernels.get_memory_budget()
+    budget = hd.get_memory_budget()
     backend = hd.kernels.get_backend()
     try:
         try:
-            hd.kernels.set_memory_budget(value)
+            hd.set_memory_budget(value)
             assert isinstance(value, int) and value > 0
         except ALLOWED:
-            assert hd.kernels.get_memory_budget() == budget
+            assert hd.get_memory_budget() == budget
         try:
             hd.kernels.set_backend(value)
         except ALLOWED:
             assert hd.kernels.get_backend() == backend
     finally:
-        hd.kernels.set_memory_budget(budget)
+        hd.set_memory_budget(budget)
         hd.kernels.set_backend(backend)
 

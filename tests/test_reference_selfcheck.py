@@ -240,7 +240,7 @@ def test_hf_beta_bruteforce_respects_safe_bound():
                 assert ref.is_optimal(info, "hf_beta", p, s, beta=beta)
                 for n in s:
                     assert pn[n] >= ref.hf_beta_safe_bound(info, n, beta) - 1e-12
-                    if n != info.root:  # the decoder's stage-2 pruning (kernels/hf_beta.py)
+                    if n != info.root:  # the decoder's stage-2 pruning (metrics/hf_beta.py)
                         assert pn[n] >= ref.hf_beta_value_bound(info, n, beta, best) - 1e-12
 
 

@@ -17,7 +17,7 @@ import torch
 
 import hdecode_torch as hd
 from hdecode_torch import Hierarchy
-from hdecode_torch.kernels.validation import ROW_SUM_TOLERANCE, prepare_leaf_probs
+from hdecode_torch.core.validation import ROW_SUM_TOLERANCE, prepare_leaf_probs
 
 PARENTS = [5, 5, 6, 6, 6, 7, 7, -1]  # leaves 0..4, internal 5, 6, root 7
 L, N = 5, 8
@@ -389,8 +389,8 @@ def test_predictions_accept_lists_arrays_and_broadcast(h):
     (lambda h: hd.get_decoder("confidence_threshold", h, tau=None), TypeError, "`tau` to be a real number"),
     (lambda h: hd.get_decoder("darts", h, lam=-1), ValueError, "`lam` to be a float >= 0, but got -1"),
     (lambda h: hd.get_decoder("information_threshold", h, threshold=2.0), ValueError, r"log\(L\)"),
-    (lambda h: hd.get_decoder("information_threshold", h), ValueError, r"requires the parameter\(s\) 'threshold'"),
-    (lambda h: hd.get_decoder("darts", h, lambda_=1), ValueError, r"Unknown parameter\(s\) 'lambda_'.*accepted: lam"),
+    (lambda h: hd.get_decoder("information_threshold", h), ValueError, r"Bad parameters for decoder 'information_threshold': it requires 'threshold'"),
+    (lambda h: hd.get_decoder("darts", h, lambda_=1), ValueError, r"unknown parameter\(s\) 'lambda_'.*accepted: lam"),
     (lambda h: hd.get_decoder("nope", h), ValueError, "Unknown decoder 'nope'; available:"),
     (lambda h: hd.get_decoder("optimal", h, metric="jaccard"), ValueError, "`jaccard` has no Bayes-optimal decoder"),
     (lambda h: hd.get_decoder("optimal", h, metric="hf_beta", beta=-1), ValueError, "`beta`"),
@@ -402,8 +402,9 @@ def test_parameter_errors(h, build, exc, match):
 
 
 def test_jaccard_decode_is_not_implemented(h, P):
-    # Documented: no exact rule (SPEC §4.1).  NotImplementedError, which integrations probe for.
-    with pytest.raises(NotImplementedError, match="No Bayes-optimal decoder for `jaccard`"):
+    # Documented: no exact rule yet; the class says so (has_decoder) and decode raises NotImplementedError.
+    assert not hd.has_optimal_decoder("jaccard")
+    with pytest.raises(NotImplementedError, match="`jaccard` has no Bayes-optimal decoder"):
         hd.get_metric("jaccard", h).decode(P)
 
 
@@ -417,7 +418,7 @@ def test_chunk_size_and_global_settings(h, P):
     assert torch.equal(m.decode(P, chunk_size=np.int64(1)), m.decode(P))
     for bad in (0, -5, 1.5, "1", None, True):
         with pytest.raises(ValueError, match="`num_bytes` to be a positive int"):
-            hd.kernels.set_memory_budget(bad)
+            hd.set_memory_budget(bad)
     for bad in ("numba", None, 3):
         with pytest.raises(ValueError, match="`name` to be 'torch' or 'scatter'"):
             hd.kernels.set_backend(bad)

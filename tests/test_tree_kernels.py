@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from hdecode_torch.kernels.ancestry import argbest
+from hdecode_torch.kernels.selection import argbest
 from hdecode_torch.kernels.descent import children_window, widest_by_depth
 from testing import DEVICES, bundled, random_trees
 
@@ -61,7 +61,7 @@ def test_children_window_is_the_csr_children(device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("higher", [True, False])
 def test_argbest_pairs_matches_argbest_on_masked_tables(device, higher):
-    from hdecode_torch.kernels.ancestry import argbest_pairs
+    from hdecode_torch.kernels.selection import argbest_pairs
 
     rng = np.random.default_rng(6)
     for h, info in random_trees(29, 20, num_nodes_max=16):
@@ -77,7 +77,7 @@ def test_argbest_pairs_matches_argbest_on_masked_tables(device, higher):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_sampled_products_equal_the_dense_product(device, dtype):
-    from hdecode_torch.kernels.pruning import sampled_products
+    from hdecode_torch.kernels.candidates import sampled_products
 
     g = torch.Generator().manual_seed(0)
     cost = torch.rand(30, 20, generator=g, dtype=dtype).to(device)

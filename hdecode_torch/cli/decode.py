@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import torch
 
-from ..metrics import Posterior
+from ..core.posterior import Posterior
 from .common import (
     CLIError, add_decoder_param_args, add_hierarchy_args, build_heuristics, build_metrics, heuristic_names,
     load_any_hierarchy, load_probs, resolve_device,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..metrics import Posterior
+from ..core.posterior import Posterior
 
 __all__ = ["Evaluation", "evaluate", "has_optimal", "OPTIMAL"]
 

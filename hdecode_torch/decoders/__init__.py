@@ -1,4 +1,4 @@
-"""Decoders: heuristics of the literature (SPEC §4.2), their registry, and DARTS calibration."""
+"""Decoders: heuristics of the literature, their registry, and DARTS calibration."""
 
 from .base import Decoder
 from .calibration import calibrate_darts

@@ -7,8 +7,8 @@ import numbers
 import torch
 
 from ..hierarchy import Hierarchy
-from ..kernels.validation import RangeCheck, as_targets, as_tensor
-from ..metrics.posterior import Posterior
+from ..core.validation import RangeCheck, as_targets, as_tensor
+from ..core.posterior import Posterior
 from .heuristics import darts_predict, hierarchically_correct
 
 __all__ = ["calibrate_darts"]

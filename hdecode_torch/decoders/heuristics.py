@@ -1,4 +1,4 @@
-"""Heuristic decoders (SPEC §4.2): common decision rules of the hierarchical-classification literature.
+"""Heuristic decoders: common decision rules of the hierarchical-classification literature.
 
 Each rule is a batched tensor program on the node-major probability table ``p`` (N, B)
 of a :class:`~hdecode_torch.Posterior`: whole-batch reductions plus, where the rule walks
@@ -9,9 +9,9 @@ Tie rules (every decoder is deterministic, on CPU and GPU alike):
 - rules that pick a *node* by a key (``confidence_threshold``, ``majority``, ``plurality``,
   ``darts``, ``expected_information``, ``information_threshold``, ``crm``): among exact
   ties on the key, the deeper node, then the smallest id.  On a unary chain the nodes
-  share their leaf set, hence p, I and every key, so the lowest node of the chain wins
-  (SPEC §4.2).  "Most informative" (max I(n)) is compared exactly, through the integer
-  leaf counts |L(n)|, never through rounded logarithms;
+  share their leaf set, hence p, I and every key, so the lowest node of the chain wins.
+  "Most informative" (max I(n)) is compared exactly, through the integer leaf counts |L(n)|,
+  never through rounded logarithms;
 - ``argmax_leaf`` and ``hie``: the smallest leaf id (so ``argmax_leaf`` is ``probs.argmax(-1)``);
 - ``top_down``: at each step the child with the smallest id among the most probable ones.
 """
@@ -22,10 +22,9 @@ import math
 
 import torch
 
-from ..kernels.ancestry import argbest
+from ..core.validation import check_nonnegative, check_unit_interval
 from ..kernels.descent import children_probs
-from ..kernels.validation import check_nonnegative, check_unit_interval
-from ..metrics.posterior import Posterior
+from ..kernels.selection import argbest, most_informative_where
 from .base import Decoder
 
 __all__ = [
@@ -33,29 +32,6 @@ __all__ = [
     "ExpectedInformation", "InformationThreshold", "HiE", "CRM",
     "darts_predict", "hierarchically_correct",
 ]
-
-
-# --------------------------------------------------------------------------- tree tables
-def _informative_order(h) -> torch.Tensor:
-    """(N,) int64 the nodes from most to least informative: fewer leaves first (max I, exact,
-    through the integer leaf counts), then deeper, then smaller id (cached)."""
-    def build():
-        n, d1 = h.num_nodes, h.max_depth + 1
-        ids = torch.arange(n, device=h.device)
-        rank = (h.num_leaves - h.leaf_count) * (d1 * n) + h.depth * n + (n - 1 - ids)  # distinct
-        return torch.argsort(rank, descending=True)
-    return h.cached("heuristics.informative_order", build)
-
-
-def _most_informative(h, allowed: torch.Tensor) -> torch.Tensor:
-    """allowed: (N, B) bool.  Per column, the most informative allowed node (the order of
-    :func:`_informative_order`); the root where none is allowed (possible only through rounding
-    when Σp < 1)."""
-    order = _informative_order(h)
-    # Rows in that order: the first True row of each column, from a max over bools (8x faster
-    # than a masked max over an (N, B) integer key on CPU).
-    found, first = allowed.index_select(0, order).view(torch.uint8).max(dim=0)  # uint8: dispatched everywhere
-    return torch.where(found > 0, order[first], torch.full_like(first, h.root))
 
 
 # --------------------------------------------------------------------------- shared kernels
@@ -77,7 +53,7 @@ class ArgmaxLeaf(Decoder):
     name = "argmax_leaf"
     description = "most probable leaf (flat top-1)"
 
-    def _decode(self, post: Posterior) -> torch.Tensor:
+    def _decode(self, post) -> torch.Tensor:
         return post.probs.argmax(dim=1)  # the first of equal maxima: the smallest id, on every backend
 
 
@@ -91,7 +67,7 @@ class TopDown(Decoder):
     name = "top_down"
     description = "from the root, step to the most probable child until a leaf"
 
-    def _decode(self, post: Posterior) -> torch.Tensor:
+    def _decode(self, post) -> torch.Tensor:
         h, p = post.h, post.node
         cur = torch.full((post.batch_size,), h.root, dtype=torch.long, device=p.device)
         for depth in range(h.max_depth):
@@ -120,8 +96,8 @@ class ConfidenceThreshold(Decoder):
     def params(self) -> dict:
         return {"tau": self.tau}
 
-    def _decode(self, post: Posterior) -> torch.Tensor:
-        return _most_informative(post.h, post.node > self.tau)
+    def _decode(self, post) -> torch.Tensor:
+        return most_informative_where(post.h, post.node > self.tau)
 
 
 class Majority(ConfidenceThreshold):
@@ -153,7 +129,7 @@ class Plurality(Decoder):
     name = "plurality"
     description = "most informative node more probable than every node outside its root path"
 
-    def _decode(self, post: Posterior) -> torch.Tensor:
+    def _decode(self, post) -> torch.Tensor:
         # Two qualifying nodes off each other's root paths would each beat the other, so the
         # qualifying nodes lie on one path, and each is the unique most probable child of its
         # parent: the path of a strict top-down descent.  Walk it, carrying the best probability
@@ -197,7 +173,7 @@ class Darts(Decoder):
     def params(self) -> dict:
         return {"lam": self.lam}
 
-    def _decode(self, post: Posterior) -> torch.Tensor:
+    def _decode(self, post) -> torch.Tensor:
         return darts_predict(post.h, post.node, self.lam)
 
 
@@ -240,7 +216,7 @@ class InformationThreshold(Decoder):
     def params(self) -> dict:
         return {"threshold": self.threshold}
 
-    def _decode(self, post: Posterior) -> torch.Tensor:
+    def _decode(self, post) -> torch.Tensor:
         h = post.h
         allowed = h.cached(("heuristics.info_at_least", self.threshold),
                            lambda: (h.information >= self.threshold)[:, None])
@@ -256,7 +232,7 @@ class HiE(Decoder):
     name = "hie"
     description = "leaf maximising p(parent(l)) * p(l), Jain et al. 2023"
 
-    def _decode(self, post: Posterior) -> torch.Tensor:
+    def _decode(self, post) -> torch.Tensor:
         h = post.h
         leaf_parent = h.cached("heuristics.leaf_parent", lambda: torch.where(
             h.parent[: h.num_leaves] >= 0, h.parent[: h.num_leaves], torch.arange(h.num_leaves, device=h.device)))
@@ -272,11 +248,7 @@ class CRM(Decoder):
     name = "crm"
     description = "leaf minimising the expected LCA height (Karthik et al. 2021)"
 
-    def __init__(self, hierarchy, *, validate: bool = True):
-        super().__init__(hierarchy, validate=validate)
-        from ..metrics import get_metric
+    def _decode(self, post):
+        from ..metrics.lca_height import lca_height_decode
 
-        self._metric = get_metric("lca_height", hierarchy)
-
-    def _decode(self, post: Posterior) -> torch.Tensor:
-        return self._metric._decode(post)
+        return lca_height_decode(post)

@@ -1,13 +1,10 @@
-"""Decoder names (SPEC §4.2) -> classes, and the ``"optimal"`` wrapper around a metric's own decoder."""
+"""Decoder names -> classes, and the ``"optimal"`` wrapper around a metric's own decoder."""
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 
-from ..metrics.base import SetMetric
-from ..metrics.posterior import Posterior
+from .._component import build_component
 from .base import Decoder
 from .heuristics import (
     CRM, ArgmaxLeaf, ConfidenceThreshold, Darts, ExpectedInformation, HiE, InformationThreshold, Majority,
@@ -18,10 +15,10 @@ __all__ = ["DECODERS", "OptimalDecoder", "get_decoder", "list_decoders"]
 
 
 class OptimalDecoder(Decoder):
-    """The Bayes-optimal decoder of a metric (SPEC §4.1), as a :class:`Decoder`.
+    """The Bayes-optimal decoder of a metric, as a :class:`Decoder`.
 
-    ``decode`` returns what ``get_metric(metric, h, **params).decode`` returns: (B,) int64
-    node ids for node and leaf metrics, (B, N) bool sets for set metrics.
+    ``decode`` returns what ``get_metric(metric, h, **params).decode`` returns: (B,) int64 node ids
+    for node and leaf metrics, (B, N) bool sets for set metrics.
     """
 
     name = "optimal"
@@ -34,9 +31,13 @@ class OptimalDecoder(Decoder):
         self.metric = get_metric(metric, hierarchy, **metric_params)
         if self.metric.hierarchy is not hierarchy and not self.metric.hierarchy.same_tree(hierarchy):
             raise ValueError(f"Expected `metric` to be defined on {hierarchy!r}, but it is on {self.metric.hierarchy!r}")
-        if isinstance(self.metric, SetMetric) and type(self.metric)._decode is SetMetric._decode:
-            raise ValueError(f"Metric `{self.metric.key}` has no Bayes-optimal decoder (SPEC §4.1: exact rules exist "
-                             "for hf_beta and hamming among set metrics); use a heuristic decoder instead")
+        if not self.metric.has_decoder:
+            raise ValueError(f"Metric `{self.metric.key}` has no Bayes-optimal decoder; use a heuristic decoder "
+                             "instead (e.g. 'majority') and score its predictions with the metric")
+
+    @property
+    def kind(self) -> str:
+        return self.metric.kind
 
     @property
     def params(self) -> dict:
@@ -49,13 +50,14 @@ class OptimalDecoder(Decoder):
     def __repr__(self) -> str:
         return f"OptimalDecoder({self.hierarchy!r}, metric={self.metric!r})"
 
-    def _decode(self, post: Posterior) -> torch.Tensor:
-        # The metric unbatches a 1-D input itself; hand it a batched view so that the base
-        # class does the unbatching exactly once.
-        batched = post.chunk(0, post.batch_size) if post.unbatched else post
-        return self.metric.decode(batched)
+    def decode(self, leaf_probs, *, validate: bool | None = None, chunk_size: int | None = None) -> torch.Tensor:
+        return self.metric.decode(leaf_probs, validate=self._validate(validate), chunk_size=chunk_size)
+
+    def _decode(self, post) -> torch.Tensor:
+        return self.metric._decode(post)
 
 
+#: One line per decoder.
 DECODERS: dict[str, type[Decoder]] = {
     cls.name: cls
     for cls in (ArgmaxLeaf, TopDown, ConfidenceThreshold, Majority, Plurality, Darts, ExpectedInformation,
@@ -66,12 +68,6 @@ DECODERS: dict[str, type[Decoder]] = {
 def list_decoders() -> dict[str, str]:
     """``{name: one-line description}`` of every decoder :func:`get_decoder` builds."""
     return {name: cls.description for name, cls in DECODERS.items()}
-
-
-def _accepted(cls) -> list[str]:
-    sig = inspect.signature(cls.__init__)
-    return [n for n, prm in sig.parameters.items()
-            if n not in ("self", "hierarchy") and prm.kind not in (prm.VAR_KEYWORD, prm.VAR_POSITIONAL)]
 
 
 def get_decoder(name, hierarchy, **params) -> Decoder:
@@ -90,14 +86,6 @@ def get_decoder(name, hierarchy, **params) -> Decoder:
     if name not in DECODERS:
         raise ValueError(f"Unknown decoder {name!r}; available: {', '.join(sorted(DECODERS))}")
     cls = DECODERS[name]
-    if cls is not OptimalDecoder:
-        accepted = _accepted(cls)
-        unknown = sorted(set(params) - set(accepted))
-        if unknown:
-            raise ValueError(f"Unknown parameter(s) {', '.join(map(repr, unknown))} for decoder {name!r}; "
-                             f"accepted: {', '.join(accepted)}")
-        sig = inspect.signature(cls.__init__)
-        missing = [n for n in accepted if sig.parameters[n].default is inspect.Parameter.empty and n not in params]
-        if missing:
-            raise ValueError(f"Decoder {name!r} requires the parameter(s) {', '.join(map(repr, missing))}")
-    return cls(hierarchy, **params)
+    if cls is OptimalDecoder:  # its metric checks the metric's parameters
+        return cls(hierarchy, **params)
+    return build_component(cls, "decoder", name, hierarchy, params)

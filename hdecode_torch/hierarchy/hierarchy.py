@@ -28,7 +28,7 @@ def _sort_or_keep(items: list) -> list:
 class Hierarchy:
     """A validated class tree compiled into tensors.
 
-    Canonical ids (SPEC §1): leaves are ``0..L-1`` in the model's column order and
+    Canonical ids: leaves are ``0..L-1`` in the model's column order and
     internal nodes ``L..N-1``, so a class index *is* a leaf's node id.  Build one with
     :meth:`from_parents`, :meth:`from_dict`, :meth:`from_edges`, :meth:`from_networkx`,
     :meth:`from_paths`, :meth:`from_json` or :func:`~hdecode_torch.load_hierarchy`.

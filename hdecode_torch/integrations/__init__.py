@@ -1,4 +1,4 @@
-"""PyTorch ecosystem integrations (SPEC §5): a decoding ``nn.Module``, torchmetrics metrics, a Lightning callback.
+"""PyTorch ecosystem integrations: a decoding ``nn.Module``, torchmetrics metrics, a Lightning callback.
 
 Thin layers over :func:`~hdecode_torch.get_metric`, :func:`~hdecode_torch.get_decoder` and
 :class:`~hdecode_torch.Posterior`.  ``HierarchicalMetric`` (torchmetrics) and

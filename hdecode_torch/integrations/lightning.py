@@ -84,7 +84,7 @@ class _CallbackLogic:
                 self.metrics[name] = m
                 self.pairs[name] = (metric.key, label)
         if self.skipped:
-            warnings.warn(f"No Bayes-optimal decoder for {sorted({k for k, _ in self.skipped})} (SPEC §4.1); "
+            warnings.warn(f"No Bayes-optimal decoder for {sorted({k for k, _ in self.skipped})}: "
                           "those metrics are reported for the heuristic decoders only", stacklevel=2)
         if not self.metrics:
             raise ValueError("No (metric, decoder) pair to compute; add a heuristic decoder")
@@ -176,7 +176,7 @@ class _CallbackLogic:
 
 
 class HierarchicalMetricsCallback(_CallbackLogic, _pl.Callback):
-    """Computes and logs hierarchical metrics of several decoders during validation (SPEC §5).
+    """Computes and logs hierarchical metrics of several decoders during validation.
 
     ``validation_step`` returns a dict with the model's scores under ``output_key``
     ((B, L) float logits or probabilities of the leaves ``0..L-1``) and, unless the batch

@@ -17,7 +17,8 @@ from torch import nn
 
 from ..decoders import Decoder, get_decoder
 from ..hierarchy import Hierarchy
-from ..metrics import BaseMetric, Posterior, get_metric, list_metrics
+from ..core.posterior import Posterior
+from ..metrics import BaseMetric, get_metric, has_optimal_decoder, list_metrics
 
 __all__ = [
     "DecodingHead", "resolve_metric", "resolve_decoder", "has_optimal_decoder", "shared_posterior",
@@ -45,20 +46,6 @@ def resolve_metric(hierarchy: Hierarchy, metric, **params) -> BaseMetric:
     return get_metric(spec, hierarchy, **{**extra, **params})
 
 
-def has_optimal_decoder(metric: BaseMetric) -> bool:
-    """Whether ``metric.decode`` exists (``jaccard`` has no Bayes-optimal decoder, SPEC §4.1).
-
-    Probed on one uniform distribution rather than read off a class attribute, so that
-    custom metrics are answered correctly too.
-    """
-    h = metric.hierarchy
-    try:
-        metric.decode(torch.full((1, h.num_leaves), 1.0 / h.num_leaves, dtype=torch.float64, device=h.device))
-    except NotImplementedError:
-        return False
-    return True
-
-
 def resolve_decoder(hierarchy: Hierarchy, decoder, metric: BaseMetric | None = None,
                     validate: bool = True) -> Decoder:
     """A decoder from ``"optimal"``, a name, a ``(name, params)`` pair or a built :class:`Decoder`.
@@ -75,8 +62,8 @@ def resolve_decoder(hierarchy: Hierarchy, decoder, metric: BaseMetric | None = N
         if metric is None:
             raise ValueError("decoder='optimal' needs a `metric` whose Bayes-optimal decoder to use")
         if not has_optimal_decoder(metric):
-            raise ValueError(f"Metric `{metric.key}` has no Bayes-optimal decoder (SPEC §4.1); pass a heuristic "
-                             "decoder instead, e.g. decoder='majority'")
+            raise ValueError(f"Metric `{metric.key}` has no Bayes-optimal decoder; pass a heuristic decoder "
+                             "instead, e.g. decoder='majority'")
         return get_decoder("optimal", hierarchy, metric=metric, validate=validate)
     params.setdefault("validate", validate)
     return get_decoder(spec, hierarchy, **params)
@@ -140,7 +127,7 @@ def clear_posterior_cache() -> None:
 class DecodingHead(nn.Module):
     """Appended to a trained classifier, returns hierarchical predictions instead of scores.
 
-    ``nn.Sequential(model, DecodingHead(h, "wu_palmer"))(x)`` gives, per SPEC §3, (B,)
+    ``nn.Sequential(model, DecodingHead(h, "wu_palmer"))(x)`` gives (B,)
     int64 node ids (node and leaf metrics, every heuristic decoder) or (B, N) bool
     ancestor-closed node sets (set metrics with ``decoder="optimal"``).
 

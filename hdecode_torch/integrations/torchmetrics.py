@@ -16,7 +16,7 @@ _TORCHMETRICS_KWARGS = ("compute_on_cpu", "dist_sync_on_step", "process_group", 
 
 
 class HierarchicalMetric(Metric):
-    """Mean of a hierarchical metric (SPEC §2) over the predictions of a decoder.
+    """Mean of a hierarchical metric over the predictions of a decoder.
 
     ``update(scores, target)``: scores (B, L) float probabilities (or logits with
     ``from_logits=True``), target (B,) int leaf ids.  The decoder turns the scores into

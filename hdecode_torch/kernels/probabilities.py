@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .tree_sums import leaf_to_node_sum
-from .validation import prepare_leaf_probs
+from ..core.validation import prepare_leaf_probs
 
 __all__ = ["node_probabilities", "node_probabilities_nm"]
 

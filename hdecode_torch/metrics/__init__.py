@@ -1,15 +1,19 @@
-"""Hierarchical metrics (SPEC §2): values, expected values and Bayes-optimal decoding."""
+"""Hierarchical metrics: one module per metric (values, expected values, Bayes-optimal decoder)."""
 
+from .accuracy import Accuracy
 from .base import BaseMetric, NodeMetric, SetMetric
 from .cost_matrix import CostMatrixMetric
-from .leaf import Accuracy, LCAHeight
-from .node import TreeDistance, TreeDistanceC, WuPalmer, Zhao
-from .posterior import Posterior
-from .registry import get_metric, list_metrics
-from .sets import Hamming, HFBeta, Jaccard
+from .hamming import Hamming
+from .hf_beta import HFBeta
+from .jaccard import Jaccard
+from .lca_height import LCAHeight
+from .registry import get_metric, has_optimal_decoder, list_metrics, metric_class
+from .tree_distance import TreeDistance, TreeDistanceC
+from .wu_palmer import WuPalmer
+from .zhao import Zhao
 
 __all__ = [
-    "BaseMetric", "NodeMetric", "SetMetric", "Posterior", "get_metric", "list_metrics",
+    "BaseMetric", "NodeMetric", "SetMetric", "get_metric", "list_metrics", "metric_class", "has_optimal_decoder",
     "Accuracy", "LCAHeight", "TreeDistance", "TreeDistanceC", "WuPalmer", "Zhao",
     "HFBeta", "Hamming", "Jaccard", "CostMatrixMetric",
 ]

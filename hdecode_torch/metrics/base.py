@@ -1,57 +1,45 @@
-"""What every hierarchical metric offers: values, expected values, Bayes-optimal decoding."""
+"""What every hierarchical metric offers: per-sample values, expected values, Bayes-optimal decoding.
+
+A metric module (``metrics/<name>.py``) holds the metric's mathematics as plain functions and a small
+declarative class that names it, says what it scores (``kind``), which way is better, its parameters
+and whether it has an exact decoder.  The classes here turn those into the public API: argument checks,
+devices, the shared :class:`~hdecode_torch.Posterior`, chunking and unbatching.
+"""
 
 from __future__ import annotations
 
-import numbers
-
 import torch
 
-from ..kernels.ancestry import ancestor_closure, ancestor_mask, argbest
-from ..kernels.chunking import chunk_ranges
-from ..kernels.validation import (
-    RangeCheck, as_node_ids, as_targets, as_tensor, check_node_sets, check_ranges, check_targets,
-)
 from .._component import HierarchyComponent
-from .posterior import Posterior
+from ..core.posterior import Posterior
+from ..core.validation import (
+    RangeCheck, as_node_ids, as_targets, as_tensor, check_node_sets, check_ranges,
+)
+from ..kernels.ancestry import ancestor_closure, ancestor_mask, path_counts
+from ..kernels.selection import argbest
 
 __all__ = ["BaseMetric", "NodeMetric", "SetMetric"]
 
 
-def _chunk_size(chunk_size):
-    """``None`` or a positive int (numpy integers accepted); the range is checked by ``chunk_ranges``."""
-    if isinstance(chunk_size, numbers.Integral) and not isinstance(chunk_size, bool):
-        return int(chunk_size)
-    if chunk_size is not None and not isinstance(chunk_size, (int, float)):
-        raise TypeError(f"Expected `chunk_size` to be a positive int or None, but got {type(chunk_size).__name__}")
-    return chunk_size
-
-
 class BaseMetric(HierarchyComponent):
-    """A metric comparing a prediction with a target leaf (SPEC §2).
+    """A metric comparing a prediction with a target leaf.
 
     - ``m(pred, target) -> (B,)`` float64 per-sample values;
     - ``m.expected(leaf_probs, pred) -> (B,)`` ``Σ_l p(l) m(pred, l)``, in the compute dtype;
-    - ``m.decode(leaf_probs)`` the Bayes-optimal prediction (SPEC §3 formats);
-    - ``m.higher_is_better``, ``m.kind`` (``"leaf"``, ``"node"`` or ``"set"``), ``m.name``, ``m.params``.
+    - ``m.decode(leaf_probs)`` the Bayes-optimal prediction: (B,) int64 node ids for leaf and node
+      metrics, (B, N) bool ancestor-closed sets for set metrics;
+    - ``m.higher_is_better``, ``m.kind`` (``"leaf"``, ``"node"`` or ``"set"``), ``m.name``, ``m.params``,
+      ``m.has_decoder`` (whether ``decode`` exists).
 
-    Devices: ``expected`` and ``decode`` run on the probabilities' device (the hierarchy and
-    ``pred`` are moved there); ``m(pred, target)`` runs on ``pred``'s device (``target`` is
-    moved there).  Every input check of one call is fused into a single host sync;
-    ``validate=False`` skips them all (out-of-range ids then give undefined results).
+    Devices: ``expected`` and ``decode`` run on the probabilities' device (the hierarchy and ``pred``
+    are moved there); ``m(pred, target)`` runs on ``pred``'s device (``target`` is moved there).  Every
+    input check of one call is fused into a single host sync; ``validate=False`` skips them all
+    (out-of-range ids then give undefined results).
     """
 
-    kind: str = "node"
     higher_is_better: bool = False
-
-    # Bytes of temporaries per sample of `_expected_table`; used to chunk batches.
-    def _bytes_per_sample(self, h) -> int:
-        return 8 * h.num_nodes * 4
-
-    def _validate(self, validate) -> bool:
-        return bool(self.validate if validate is None else validate)
-
-    def _posterior(self, leaf_probs, validate) -> Posterior:
-        return Posterior.of(self.hierarchy, leaf_probs, validate=self._validate(validate))
+    #: Whether the metric has an exact Bayes-optimal decoder (``decode``).
+    has_decoder: bool = True
 
     def _posterior_with(self, leaf_probs, pred, convert, validate):
         """``(posterior, pred)`` with ``pred`` converted by ``convert(pred, device) -> (tensor, RangeCheck|None)``
@@ -66,15 +54,28 @@ class BaseMetric(HierarchyComponent):
         post = Posterior(self.hierarchy, x, validate=validate, extra_checks=[check])
         return post, pred
 
-    def _chunks(self, post: Posterior, chunk_size=None):
-        return chunk_ranges(post.batch_size, self._bytes_per_sample(post.h), _chunk_size(chunk_size))
+    def decode(self, leaf_probs, *, validate: bool | None = None, chunk_size: int | None = None) -> torch.Tensor:
+        """The Bayes-optimal prediction for this metric.
 
-    def _target(self, target, batch, device, validate):
-        return check_targets(target, self.hierarchy.num_leaves, batch, validate=validate, device=device)
+        leaf_probs: (B, L) or (L,) float probabilities (or a :class:`~hdecode_torch.Posterior`).  Returns
+        (B,) int64 node ids (leaf and node metrics) or (B, N) bool ancestor-closed node sets containing the
+        root (set metrics); a 1-D input gives an unbatched output.  Large batches are decoded in chunks
+        bounded by the memory budget.
+        """
+        if not self.has_decoder:
+            raise NotImplementedError(
+                f"`{self.name}` has no Bayes-optimal decoder; score a heuristic decoder's predictions with it")
+        return super().decode(leaf_probs, validate=validate, chunk_size=chunk_size)
 
 
 class NodeMetric(BaseMetric):
-    """A metric of a single predicted node (leaf metrics are node metrics too)."""
+    """A metric of a single predicted node (leaf metrics are node metrics too).
+
+    Subclasses give ``_values(h, pred, target)`` (float64 values of broadcast int64 ids) and
+    ``expected_table(post)`` ((N, B) expected value of predicting each node); the default decoder
+    takes the best row of that table (ties: the deepest node, then the smallest id; leaf metrics:
+    the smallest leaf id).
+    """
 
     kind = "node"
 
@@ -93,9 +94,8 @@ class NodeMetric(BaseMetric):
         Returns (B,) (or ()) float64, on ``pred``'s device.
         """
         validate = self._validate(validate)
-        h = self.hierarchy
         pred, pred_check = self._node_ids(pred)
-        h = h.to(pred.device)
+        h = self.hierarchy.to(pred.device)
         target = as_targets(target, h.num_leaves, pred.shape[0] if pred.dim() else None, device=pred.device)
         check_ranges([pred_check, RangeCheck(target, h.num_leaves, "target", "leaf ids")], validate)
         pred, target = torch.broadcast_tensors(pred, target)
@@ -104,9 +104,9 @@ class NodeMetric(BaseMetric):
     def expected(self, leaf_probs, pred, *, validate: bool | None = None, chunk_size: int | None = None) -> torch.Tensor:
         """Expected value ``Σ_l p(l) m(pred, l)``.
 
-        leaf_probs: (B, L) or (L,) float (or a :class:`Posterior`); pred: (B,) or () int64 node ids
-        (moved to the probabilities' device).  Returns (B,) (or ()) in the compute dtype (float32;
-        float64 kept).
+        leaf_probs: (B, L) or (L,) float (or a :class:`~hdecode_torch.Posterior`); pred: (B,) or () int64
+        node ids (moved to the probabilities' device).  Returns (B,) (or ()) in the compute dtype
+        (float32; float64 kept).
         """
         validate = self._validate(validate)
         post, pred = self._posterior_with(leaf_probs, pred, self._node_ids, validate)
@@ -118,21 +118,7 @@ class NodeMetric(BaseMetric):
                          for a, b in self._chunks(post, chunk_size)])
         return out[0] if post.unbatched else out
 
-    def decode(self, leaf_probs, *, validate: bool | None = None, chunk_size: int | None = None) -> torch.Tensor:
-        """Bayes-optimal prediction: the node (leaf, for leaf metrics) of best expected value.
-
-        leaf_probs: (B, L) or (L,) float (or a :class:`Posterior`).  Returns (B,) (or ()) int64
-        node ids.  Large batches are decoded in chunks bounded by the memory budget.  Exact
-        ties go to the deepest node, then the smallest id (leaf metrics: the smallest id;
-        tree distance: its closed form, the deepest node with p(n) > (1 + c)/2).
-        """
-        post = self._posterior(leaf_probs, validate)
-        parts = [self._decode(post.chunk(a, b)) for a, b in self._chunks(post, chunk_size)]
-        out = torch.cat(parts) if len(parts) > 1 else parts[0]
-        return out[0] if post.unbatched else out
-
     def _decode(self, post: Posterior) -> torch.Tensor:
-        """Default: exhaustive over the structural table of every node (leaves for leaf metrics)."""
         table = self.expected_table(post)
         if self.kind == "leaf":
             return argbest(post.h, table[: post.h.num_leaves], self.higher_is_better, prefer_deep=False)
@@ -145,7 +131,6 @@ class NodeMetric(BaseMetric):
         leaves = torch.arange(h.num_leaves, device=h.device)
         return self._values(h, nodes[:, None].expand(-1, h.num_leaves), leaves[None, :].expand(h.num_nodes, -1))
 
-    # --- to implement
     def _values(self, h, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
@@ -155,7 +140,11 @@ class NodeMetric(BaseMetric):
 
 
 class SetMetric(BaseMetric):
-    """A metric of a predicted node set, scored through its ancestor closure."""
+    """A metric of a predicted node set, scored through its ancestor closure h⁺.
+
+    Subclasses give ``_from_counts(inter, size, ysize)`` (the value from |h⁺ ∩ y⁺|, |h⁺| and |y⁺|, all
+    float64) and ``_expected_sets(post, sets)`` ((B,) expected values of closed (B, N) bool sets).
+    """
 
     kind = "set"
     higher_is_better = True
@@ -180,11 +169,6 @@ class SetMetric(BaseMetric):
             return ancestor_mask(h, t[None])[0]
         return ancestor_mask(h, t)
 
-    def _as_closed_sets(self, h, pred, validate) -> torch.Tensor:
-        t, check = self._sets_or_ids(pred)
-        check_ranges([check], validate)
-        return self._closed(t)
-
     def __call__(self, pred, target, *, validate: bool | None = None) -> torch.Tensor:
         """pred: (B, N) or (N,) bool node sets, or (B,) or () int64 node ids; target: (B,) or () int64.
 
@@ -204,8 +188,7 @@ class SetMetric(BaseMetric):
             sets2 = sets2.expand(target.shape[0], -1)
         tgt = target.reshape(-1).expand(sets2.shape[0]) if target.dim() == 0 else target
         size = sets2.sum(1).to(torch.float64)
-        padded = torch.cat([sets2, sets2.new_zeros(sets2.shape[0], 1)], 1)
-        inter = padded.gather(1, h.ancestors[tgt]).sum(1).to(torch.float64)
+        inter = path_counts(h, sets2, tgt).to(torch.float64)
         ydepth = h.depth[tgt].to(torch.float64)
         out = self._from_counts(inter, size, ydepth + 1)
         return out[0] if unbatched and target.dim() == 0 else out
@@ -225,20 +208,6 @@ class SetMetric(BaseMetric):
         sets2 = sets[None] if sets.dim() == 1 else sets
         out = torch.cat([self._expected_sets(post.chunk(a, b), sets2[a:b]) for a, b in self._chunks(post, chunk_size)])
         return out[0] if post.unbatched else out
-
-    def decode(self, leaf_probs, *, validate: bool | None = None, chunk_size: int | None = None) -> torch.Tensor:
-        """Bayes-optimal node set.  leaf_probs: (B, L) or (L,) float (or a Posterior).
-
-        Returns (B, N) (or (N,)) bool, ancestor-closed, containing the root.
-        """
-        post = self._posterior(leaf_probs, validate)
-        parts = [self._decode(post.chunk(a, b)) for a, b in self._chunks(post, chunk_size)]
-        out = torch.cat(parts) if len(parts) > 1 else parts[0]
-        return out[0] if post.unbatched else out
-
-    def _decode(self, post: Posterior) -> torch.Tensor:
-        raise NotImplementedError(
-            f"No Bayes-optimal decoder for `{self.name}`: SPEC §4.1 defines exact rules for hf_beta and hamming only")
 
     def _from_counts(self, inter, size, ysize):
         raise NotImplementedError

@@ -1,15 +1,20 @@
-"""A user-supplied node × leaf cost matrix as a metric."""
+"""A user-supplied node × leaf cost matrix as a metric.
+
+Expected values are one (N, L) @ (L, B) product.  The decoder checks once, at construction, whether
+the cost is hierarchically reasonable (Plaud et al. 2025, eq. 1–2, or the Prop. E.6 form when costs
+are equal under the root); if so it prunes with Lemma 4.3 and scores the surviving candidates by
+sampled products, O(B·(N + C·L)); otherwise it searches every node, O(B·N·L).
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from ..kernels.ancestry import argbest, argbest_pairs
-from ..kernels.pruning import PruningStatistics, candidate_mask, pruning_statistics, sampled_products
-from ..kernels.validation import as_tensor
+from ..core.validation import as_tensor
+from ..kernels.candidates import PruningStatistics, candidate_mask, pruning_statistics, sampled_products
+from ..kernels.selection import argbest, argbest_pairs
 from .base import NodeMetric
-from .posterior import Posterior
 
 __all__ = ["CostMatrixMetric"]
 
@@ -80,7 +85,7 @@ class CostMatrixMetric(NodeMetric):
     def _bytes_per_sample(self, h):
         return 8 * h.num_nodes * 2
 
-    def _decode(self, post: Posterior) -> torch.Tensor:
+    def _decode(self, post) -> torch.Tensor:
         """Pruned candidates when the cost is hierarchically reasonable, else exhaustive search.
 
         ``strategy="dense"`` always takes the exhaustive (N, B) table; ``"candidates"`` and
@@ -97,6 +102,6 @@ class CostMatrixMetric(NodeMetric):
         risk = sampled_products(self.cost_on(post.device, post.dtype), post.probs, node, sample)
         return argbest_pairs(h, risk, sample, node, post.batch_size, self.higher_is_better)
 
-    def expected_table(self, post: Posterior) -> torch.Tensor:
+    def expected_table(self, post) -> torch.Tensor:
         """(N, B) ``cost @ probsᵀ``."""
         return self.cost_on(post.device, post.dtype) @ post.probs.t()

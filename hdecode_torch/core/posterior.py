@@ -14,8 +14,8 @@ from typing import Hashable
 import torch
 
 from ..kernels.depth_ranges import depth_prefix_sums
-from ..kernels.tree_sums import accumulation_dtype, leaf_to_node_sum, subtree_sum_
-from ..kernels.validation import prepare_leaf_probs
+from ..kernels.tree_sums import accumulation_dtype, leaf_to_node_sum, path_sum, subtree_sum_
+from .validation import prepare_leaf_probs
 
 __all__ = ["Posterior"]
 
@@ -59,16 +59,18 @@ class Posterior:
         return cls(h, leaf_probs, **kwargs)
 
     def chunk(self, start: int, stop: int) -> "Posterior":
-        """The samples ``start:stop`` as a Posterior (no re-validation); the whole batch is ``self``,
-        so decoders given a shared Posterior reuse its node sums."""
-        whole = start == 0 and stop == self.batch_size
-        if whole and not self.unbatched:
+        """The samples ``start:stop`` as a Posterior (no re-validation).
+
+        Statistics already computed for the whole batch are sliced, not recomputed (every table keeps
+        the batch as its last dimension), so a Posterior shared by several decoders is summed once
+        whatever chunk sizes the decoders use.  A chunk is always batched: callers unbatch once, at
+        the end.
+        """
+        if start == 0 and stop == self.batch_size and not self.unbatched:
             return self
         new = object.__new__(Posterior)
-        # A chunk is always batched (callers unbatch once, at the end); the whole of an unbatched
-        # Posterior shares its node sums.
         new.h, new.probs, new.unbatched = self.h, self.probs[start:stop], False
-        new._memo = self._memo if whole else {}
+        new._memo = {k: v[..., start:stop] for k, v in self._memo.items()}
         return new
 
     @property
@@ -120,6 +122,11 @@ class Posterior:
         """(L + 1, B) float64 prefix sums of the leaf probabilities in (depth, depth-first) order:
         any node's per-leaf-depth mass is a difference of two entries (``kernels.depth_ranges``)."""
         return self._get("depth_prefix", lambda: depth_prefix_sums(self.h, self.node[: self.h.num_leaves]))
+
+    def ancestor_mass(self) -> torch.Tensor:
+        """(N, B) ``Σ_{a ∈ A(n), a ≠ root} p(a)``, which equals E[d(LCA(n, y))]: the mass under each
+        ancestor below the root counts once for every level the target shares with n."""
+        return self._get("ancestor_mass", lambda: path_sum(self.h, self.node, include_root=False))
 
     def expected_leaf_depth(self) -> torch.Tensor:
         """(B,) E[d(y)]."""

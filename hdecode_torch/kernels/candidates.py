@@ -1,4 +1,6 @@
-"""Candidate pruning for node metrics given as a cost matrix (paper Lemma 4.3 and Prop. E.6).
+"""Candidates: which nodes may be optimal, as lists of (sample, node) pairs, and their scores.
+
+Pruning for node metrics given as a cost matrix (Plaud et al. 2025, Lemma 4.3 and Prop. E.6).
 
 For a non-root node n with parent π(n) and δ(n, l) = C(n, l) − C(π(n), l):
 
@@ -23,7 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["PruningStatistics", "pruning_statistics", "candidate_mask", "sampled_products"]
+__all__ = ["PruningStatistics", "pruning_statistics", "candidate_mask", "sampled_products", "candidate_pairs",
+           "pack_candidates"]
 
 
 @dataclass(frozen=True)
@@ -110,15 +113,28 @@ def _nonroot_pairs(h) -> tuple[torch.Tensor, torch.Tensor]:
     return h.cached("nonroot_pairs", build)
 
 
-@torch.compiler.disable  # Dynamo cannot trace sparse CSR tensors (torch 2.13): run it eagerly
 def sampled_products(cost: torch.Tensor, probs: torch.Tensor, node: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
     """``cost[node[i]] · probs[sample[i]]`` for every candidate pair i, without the (N, B) product.
 
     cost: (N, L) float; probs: (B, L) same dtype; node, sample: (M,) int64, sorted by node (as
     ``nonzero`` of an (N, B) mask gives them).  Returns (M,).  A sampled dense-dense product
-    (``torch.sparse.sampled_addmm``) on the CSR pattern of the pairs: on tieredImageNet-H with
-    13 candidates per sample it costs a twentieth of the dense product.
+    (``torch.sparse.sampled_addmm``) on the CSR pattern of the pairs: M·L multiply-adds instead of
+    N·B·L.  Runs eagerly under ``torch.compile`` (Dynamo cannot trace sparse CSR tensors).
     """
+    return _eager_sampled_products()(cost, probs, node, sample)
+
+
+_EAGER = {}
+
+
+def _eager_sampled_products():
+    # torch.compiler.disable imports Dynamo, which costs more than importing torch: wrap on first use.
+    if "f" not in _EAGER:
+        _EAGER["f"] = torch.compiler.disable(_sampled_products)
+    return _EAGER["f"]
+
+
+def _sampled_products(cost, probs, node, sample):
     n, b = cost.shape[0], probs.shape[0]
     if node.numel() == 0:
         return cost.new_zeros(0)
@@ -128,6 +144,33 @@ def sampled_products(cost: torch.Tensor, probs: torch.Tensor, node: torch.Tensor
         warnings.simplefilter("ignore")  # "sparse CSR support is in beta": this use is tested
         pattern = torch.sparse_csr_tensor(crow, sample, cost.new_zeros(node.numel()), size=(n, b),
                                           check_invariants=False)
-        # probs.t() as a view: reading it column by column is 3x faster than a contiguous copy.
+        # probs.t() as a view: reading it column by column is faster than a contiguous copy.
         out = torch.sparse.sampled_addmm(pattern, cost, probs.t(), beta=0.0)
     return out.values().clone()  # a plain tensor, not a view of a sparse one (which Dynamo cannot wrap)
+
+
+def candidate_pairs(h, keep: torch.Tensor, p: torch.Tensor):
+    """The kept (sample, node) pairs, sample-major, nodes in (depth, id) order within a sample.
+
+    keep: (N, B) bool; p: (N, B) float.  Returns ``(sample, node, value)``, each (M,): int64,
+    int64 and p at the pair.  One host sync (M, through ``nonzero``).
+    """
+    order = h.cached("depth_order", lambda: torch.sort(
+        h.depth * h.num_nodes + torch.arange(h.num_nodes, device=h.depth.device)).indices)
+    pairs = keep.index_select(0, order).t().nonzero()  # (M, 2): (sample, rank in depth order)
+    sample, node = pairs[:, 0], order[pairs[:, 1]]
+    return sample, node, p.reshape(-1)[node * p.shape[1] + sample]
+
+
+def pack_candidates(h, sample: torch.Tensor, node: torch.Tensor, bsz: int):
+    """Sample-major pairs to a left-packed (B, C) table of node ids (padding N), C the largest count.
+
+    One host sync (C).  Returns ``(ids, count, slot)``: (B, C) int64, (B,) int64 and each pair's
+    column (M,) int64.
+    """
+    count = torch.bincount(sample, minlength=bsz)
+    c = int(count.max()) if sample.numel() else 0
+    slot = torch.arange(sample.numel(), device=sample.device) - (torch.cumsum(count, 0) - count)[sample]
+    ids = torch.full((bsz, c), h.num_nodes, dtype=torch.long, device=sample.device)
+    ids[sample, slot] = node
+    return ids, count, slot

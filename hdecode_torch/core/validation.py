@@ -1,4 +1,4 @@
-"""Input checks shared by every public entry point (SPEC §6).
+"""Input checks shared by every public entry point: bad input gets a clear error, never a wrong answer.
 
 Each check is one fused reduction and a single host sync, and every public function
 takes ``validate=False`` to skip it on trusted hot paths.  Messages name the argument,

@@ -1,4 +1,9 @@
-"""Exact hF_β set decoding: the paper's decomposition by set size k, with provably safe pruning.
+"""Hierarchical F_β of ancestor-closed node sets, and its exact decoder.
+
+With h⁺ the ancestor closure of the prediction and y⁺ = A(y) (the root counts),
+hF_β = (1+β²)|h⁺∩y⁺| / (|h⁺| + β²|y⁺|) (Kiritchenko et al. 2006).
+
+The decoder is the decomposition by set size k of Plaud et al. 2025 (§4.2), with provably safe pruning.
 
 For an ancestor-closed set S of size k the expected hF_β is U(S) = Σ_{n ∈ S} Δ_k(n), with
 Δ_k(n) = Σ_{l ∈ L(n)} p(l) (1+β²) / (k + β²(d(l)+1)).  Δ_k never increases from a parent to a
@@ -18,7 +23,9 @@ such an m, with p(n) ≥ p(m) and d_min(n) ≤ d_min(m); with k ≥ 2:
     n ∈ S, n ≠ root  ⇒  p(n) ≥ τ(n) U(S),   τ(n) = r (r + a(d_min(n))) / (r + a(D)).
 
 U(S) is unknown, but any achieved value is a lower bound on it.  With U(S) ≥ U({root}) ≥
-1/(r + a(D)) this already implies SPEC §4.3's bound (d_min(n)+1) / ((D+1)(1+β²(D+1))); the decoder
+1/(r + a(D)) this already implies the bound (d_min(n)+1) / ((D+1)(1+β²(D+1))), the safe form of the
+paper's Lemma 4.4 (which uses the deepest leaf below n and drops optimal nodes on trees whose leaves
+sit at different depths); the decoder
 does better in two stages: (1) the nodes with p(n) ≥ τ(n), the threshold of a perfect score, form
 a small closed set whose best sub-solution has a value LB ≤ U(S*); (2) the nodes with
 p(n) ≥ τ(n)·LB hold every optimal set, and are solved exactly.  Both sets are closed (p falls and
@@ -42,9 +49,14 @@ from __future__ import annotations
 
 import torch
 
-from .depth_ranges import depth_masses, depth_prefix_sums, depth_ranges
+from ..core.validation import check_positive
+from ..kernels.candidates import candidate_pairs, pack_candidates
+from ..kernels.depth_ranges import depth_masses, depth_ranges
+from ..kernels.tree_sums import path_sum
+from .base import SetMetric
 
-__all__ = ["hf_beta_bound", "hf_beta_value_bound", "decode_hf_beta", "candidate_pairs", "pack_candidates"]
+__all__ = ["HFBeta", "hf_beta_from_counts", "hf_beta_expected", "hf_beta_decode", "hf_beta_bound",
+           "hf_beta_value_bound"]
 
 
 def _recall_share(beta: float) -> float:
@@ -53,7 +65,7 @@ def _recall_share(beta: float) -> float:
 
 
 def hf_beta_bound(h, beta: float) -> torch.Tensor:
-    """(N,) float64 SPEC §4.3 lower bound on p(n) for n to belong to an optimal hF_β set."""
+    """(N,) float64 lower bound (d_min(n)+1) / ((D+1)(1+β²(D+1))) on p(n) for n in an optimal hF_β set."""
     def build():
         big_d = float(h.max_depth)
         r = _recall_share(beta)
@@ -71,40 +83,13 @@ def hf_beta_value_bound(h, beta: float) -> torch.Tensor:
     return h.cached(("hf_beta_value_bound", beta), build)
 
 
-def candidate_pairs(h, keep: torch.Tensor, p: torch.Tensor):
-    """The kept (sample, node) pairs, sample-major, nodes in (depth, id) order within a sample.
+def hf_beta_decode(post, beta: float) -> torch.Tensor:
+    """Optimal hF_β sets of a :class:`~hdecode_torch.Posterior`'s batch.
 
-    keep: (N, B) bool; p: (N, B) float.  Returns ``(sample, node, value)``, each (M,): int64,
-    int64 and p at the pair.
+    Returns (B, N) bool, ancestor-closed.  Ties: among sets of equal expected score the smallest k
+    wins; within a k, nodes of equal Δ_k are taken shallowest first, then by smallest id.
     """
-    order = h.cached("depth_order", lambda: torch.sort(
-        h.depth * h.num_nodes + torch.arange(h.num_nodes, device=h.depth.device)).indices)
-    pairs = keep.index_select(0, order).t().nonzero()  # (M, 2): (sample, rank in depth order)
-    sample, node = pairs[:, 0], order[pairs[:, 1]]
-    return sample, node, p.reshape(-1)[node * p.shape[1] + sample]
-
-
-def pack_candidates(h, sample: torch.Tensor, node: torch.Tensor, bsz: int):
-    """Sample-major pairs to a left-packed (B, C) table of node ids (padding N), C the largest count.
-
-    One host sync (C).  Returns ``(ids, count, slot)``: (B, C) int64, (B,) int64 and each pair's
-    column (M,) int64.
-    """
-    count = torch.bincount(sample, minlength=bsz)
-    c = int(count.max()) if sample.numel() else 0
-    slot = torch.arange(sample.numel(), device=sample.device) - (torch.cumsum(count, 0) - count)[sample]
-    ids = torch.full((bsz, c), h.num_nodes, dtype=torch.long, device=sample.device)
-    ids[sample, slot] = node
-    return ids, count, slot
-
-
-def decode_hf_beta(h, p: torch.Tensor, beta: float) -> torch.Tensor:
-    """Optimal hF_β sets.
-
-    p: (N, B) float node probabilities (rows 0..L-1 are the leaf probabilities).  Returns (B, N)
-    bool, ancestor-closed.  Ties: among sets of equal expected score the smallest k wins; within
-    a k, nodes of equal Δ_k are taken shallowest first, then by smallest id.
-    """
+    h, p = post.h, post.node
     dt = p.dtype
     bsz = p.shape[1]
     if bsz == 0:
@@ -115,10 +100,10 @@ def decode_hf_beta(h, p: torch.Tensor, beta: float) -> torch.Tensor:
     sample, node, value = candidate_pairs(h, keep, p)
     tau = hf_beta_value_bound(h, beta).to(dt)[node]
     is_root = node == h.root
-    solver = _PrefixSolver(h, p, _recall_share(beta))
+    solver = _PrefixSolver(post, _recall_share(beta))
     # Stage 1: the candidates of a perfect score; k̂ = E[d(y)] + 1, the size of a typical label set.
     first = (value >= tau * slack) | is_root
-    k_ref = (h.leaf_depth.to(dt) @ p[: h.num_leaves] + 1).round().long()
+    k_ref = (post.expected_leaf_depth() + 1).round().long()
     lower, k_ref = solver.solve(sample[first], node[first], k_ref)[:2]
     # Stage 2: p(n) ≥ τ(n)·LB holds for every node of every optimal set.  LB is a sum of up to
     # C·E rounded terms: a wider slack keeps its rounding from ever dropping an optimal node.
@@ -143,10 +128,11 @@ _VALUE_SLACK = 1024
 class _PrefixSolver:
     """Best prefix sets of candidate lists (module docstring), for one batch."""
 
-    def __init__(self, h, p, r):
+    def __init__(self, post, r):
+        h, p = post.h, post.node
         self.h, self.r, self.dt, self.p = h, r, p.dtype, p
         # With one leaf depth the masses are p itself.
-        self.prefix = depth_prefix_sums(h, p[: h.num_leaves]) if h.num_leaf_depths > 1 else None
+        self.prefix = post.depth_prefix() if h.num_leaf_depths > 1 else None
         self.depths = depth_ranges(h).depths.to(self.dt)
         self.a = (1 - r) * (self.depths + 1)  # (E,) a(d) of each leaf depth
 
@@ -228,3 +214,66 @@ class _PrefixSolver:
         first_k = torch.full_like(best_k, c + 1).scatter_reduce(0, b[hit], kk[hit] + 1, "amin")
         better = (top > value) | ((top == value) & (first_k < best_k))
         return torch.where(better, top, value), torch.where(better, first_k, best_k)
+
+
+def hf_beta_from_counts(inter, size, ysize, beta: float):
+    """hF_β from |h⁺∩y⁺|, |h⁺| and |y⁺| (float64 tensors)."""
+    r = _recall_share(beta)  # (1+β²)x/(a+β²b) = x/(ra+(1−r)b): finite for any β
+    return inter / (r * size + (1 - r) * ysize)
+
+
+def hf_beta_expected(post, sets: torch.Tensor, beta: float) -> torch.Tensor:
+    """(B,) ``Σ_{n ∈ h⁺} Δ_k(n)`` of closed sets (B, N) bool, k = |h⁺|.
+
+    Σ_{n∈h⁺} Δ_k(n) = Σ_l p(l) c(l) w(k, d(l)) with c(l) = |h⁺ ∩ A(l)|: one root-path sum of the
+    sets, no (N, E, B) table.
+    """
+    h, dt = post.h, post.dtype
+    counts = path_sum(h, sets.t().to(dt))[: h.num_leaves]  # (L, B)
+    k = sets.sum(1).to(dt)  # (B,)
+    r = _recall_share(beta)
+    w = 1 / (r * k[None, :] + (1 - r) * (h.leaf_depth.to(dt)[:, None] + 1))  # (L, B)
+    return (post.probs.t() * counts * w).sum(0)
+
+
+class HFBeta(SetMetric):
+    """Hierarchical F_β score of the predicted set's ancestor closure (β > 0)."""
+
+    name = "hf_beta"
+    higher_is_better = True
+    description = "hierarchical F-beta of ancestor-closed node sets"
+
+    def __init__(self, hierarchy, beta: float = 1.0, **kw):
+        super().__init__(hierarchy, **kw)
+        self.beta = check_beta(beta)
+
+    @property
+    def params(self):
+        return {"beta": self.beta}
+
+    def _decode(self, post):
+        return hf_beta_decode(post, self.beta)
+
+    def _from_counts(self, inter, size, ysize):
+        return hf_beta_from_counts(inter, size, ysize, self.beta)
+
+    def _bytes_per_sample(self, h):
+        # (N, B) node sums and masks, float64 prefix sums (L, B), (B, C, E) candidate tables
+        return 8 * (2 * h.num_nodes + h.num_leaves) + 64 * h.num_leaf_depths * (h.max_depth + 1)
+
+    def _expected_sets(self, post, sets):
+        return hf_beta_expected(post, sets, self.beta)
+
+
+#: β is squared: beyond this β² overflows float64.  (From β ≈ 1e8 on, hF_β already equals the
+#: hierarchical recall to float64 precision.)
+MAX_BETA = 1e150
+
+
+def check_beta(beta) -> float:
+    """β as a float in (0, 1e150] (β² must be finite)."""
+    b = check_positive(beta, "beta")
+    if b > MAX_BETA:
+        raise ValueError(f"Expected `beta` to be a float in (0, {MAX_BETA:g}] (beta squared must be finite), but got "
+                         f"{beta}; any beta above 1e8 already gives the hierarchical recall to float precision")
+    return b

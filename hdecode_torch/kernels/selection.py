@@ -1,0 +1,110 @@
+"""Choosing one node per sample, with deterministic ties.
+
+Every rule here picks, per column of a node-major table, one node by a preference order that
+is fixed by the tree alone (cached on the hierarchy), so that CPU and GPU, any batch split and
+any backend give the same answer:
+
+- :func:`argbest`, :func:`argbest_pairs`: the best score; among exact ties the deepest node,
+  then the smallest id;
+- :func:`deepest_where`: the deepest allowed node (smallest id among equal depths);
+- :func:`most_informative_where`: the allowed node with the fewest leaves (the largest
+  information I(n) = log(L/|L(n)|), compared exactly through integer leaf counts), then the
+  deepest, then the smallest id.
+
+The order is applied by reading rows in it: ``max``/``min`` return the first best entry of a
+column on every backend, so the first row in preference order is the tie winner and one pass
+suffices.  No host sync.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["argbest", "argbest_pairs", "deepest_where", "deepest_above", "most_informative_where",
+           "tie_rank", "preference_order"]
+
+
+def tie_rank(h) -> torch.Tensor:
+    """(N,) int64 preference among tied nodes, distinct per node: deeper first, then smaller id (larger wins)."""
+    n = h.num_nodes
+    return h.cached("tie_rank", lambda: h.depth * n + (n - 1 - torch.arange(n, device=h.depth.device)))
+
+
+def preference_order(h, k: int) -> torch.Tensor:
+    """(k,) int64 the nodes 0..k-1 from most to least preferred among ties (deeper, then smaller id)."""
+    return h.cached(("tie_order", k), lambda: torch.argsort(tie_rank(h)[:k], descending=True))
+
+
+def argbest(h, values: torch.Tensor, higher_is_better: bool, mask: torch.Tensor | None = None,
+            prefer_deep: bool = True, ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Best entry per column of a node-major score table, with deterministic ties.
+
+    values: (K, B) float scores; ``ids``: (K, B) int64 node id of each entry (default: row ``k``
+    is node ``k``, e.g. K = N for all nodes or K = L for the leaves); mask: optional (K, B) bool of
+    allowed entries.  Among exactly tied best scores the deepest node wins (unless
+    ``prefer_deep=False``: then the first row), then the smallest id.  Returns (B,) int64 node ids.
+    """
+    fill = float("-inf") if higher_is_better else float("inf")
+    v = values if mask is None else values.masked_fill(~mask, fill)
+    k, bsz = v.shape
+    if prefer_deep and k and ids is not None:
+        sample = torch.arange(bsz, device=v.device).repeat(k)
+        return argbest_pairs(h, v.reshape(-1), sample, ids.reshape(-1), bsz, higher_is_better)
+    if prefer_deep and k:
+        order = preference_order(h, k)
+        v = v.index_select(0, order)
+        return order[(v.max(dim=0) if higher_is_better else v.min(dim=0)).indices]
+    first = (v.max(dim=0) if higher_is_better else v.min(dim=0)).indices
+    return first if ids is None else ids.gather(0, first[None])[0]
+
+
+def argbest_pairs(h, values: torch.Tensor, sample: torch.Tensor, node: torch.Tensor, batch_size: int,
+                  higher_is_better: bool) -> torch.Tensor:
+    """Best node per sample over a list of (sample, node) candidates, with :func:`argbest`'s ties.
+
+    values, sample, node: (M,) float, int64, int64 (every sample has at least one entry).  Returns
+    (B,) int64.  Two scatter reductions: the best value per sample, then the most preferred node
+    among the entries that reach it.
+    """
+    v = values if higher_is_better else -values
+    best = torch.full((batch_size,), float("-inf"), dtype=v.dtype, device=v.device)
+    best = best.scatter_reduce(0, sample, v, "amax")
+    n = h.num_nodes
+    rank = tie_rank(h)[node]
+    key = torch.where(v == best[sample], rank, torch.full_like(rank, -1))
+    top = torch.full((batch_size,), -1, dtype=torch.long, device=v.device).scatter_reduce(0, sample, key, "amax")
+    return torch.where(top >= 0, n - 1 - top % n, torch.full_like(top, h.root))
+
+
+def _first_allowed(h, allowed: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    # uint8: a max over bool is not dispatched on every backend
+    found, first = allowed.index_select(0, order).view(torch.uint8).max(dim=0)
+    return torch.where(found > 0, order[first], torch.full_like(first, h.root))
+
+
+def deepest_where(h, allowed: torch.Tensor) -> torch.Tensor:
+    """allowed: (N, B) bool.  Per column, the deepest allowed node (smallest id among equal depths),
+    the root where none is allowed.  Returns (B,) int64."""
+    order = h.cached("deepest_first", lambda: torch.sort(h.depth, descending=True, stable=True).indices)
+    return _first_allowed(h, allowed, order)
+
+
+def deepest_above(h, p: torch.Tensor, threshold: float) -> torch.Tensor:
+    """The deepest node with p(n) > threshold, the root if none (e.g. threshold ≥ 1).
+
+    p: (N, B) node-major node probabilities.  Returns (B,) int64.  The nodes with p > 1/2 form one
+    root path, so for thresholds ≥ 1/2 there is no tie between nodes of equal depth; on a
+    single-child chain the deeper node wins.
+    """
+    return deepest_where(h, p > threshold)
+
+
+def most_informative_where(h, allowed: torch.Tensor) -> torch.Tensor:
+    """allowed: (N, B) bool.  Per column, the allowed node with the fewest leaves (largest I(n)), then
+    the deepest, then the smallest id; the root where none is allowed.  Returns (B,) int64."""
+    def build():
+        n, d1 = h.num_nodes, h.max_depth + 1
+        ids = torch.arange(n, device=h.device)
+        rank = (h.num_leaves - h.leaf_count) * (d1 * n) + h.depth * n + (n - 1 - ids)  # distinct
+        return torch.argsort(rank, descending=True)
+    return _first_allowed(h, allowed, h.cached("informative_order", build))

@@ -1,0 +1,129 @@
+"""Exact decoding strategies shared by the node metrics whose decoder is a search over nodes
+(Wu-Palmer, Zhao): every node's expected value from root-path sums, a dense (N, L) product, or a
+pruned candidate list.
+
+- ``"structural"``: the expected value of every node from root-path sums (no N×L tensor);
+- ``"candidates"``: the pruning of Plaud et al. 2025 (Lemma 4.3 in its Prop. E.6 form: both
+  metrics are equal for a node and its parent on leaves whose LCA with it is the root) as a
+  batched candidate mask, then the expected value of the candidates only.  While the dense (N, L)
+  matrix is small, with the matrix's exact pruning statistics and sampled products ``cost[n] · p``
+  on the candidate pairs; on larger trees with thresholds from per-node bounds of the cost
+  structure (safe: a looser bound only keeps more candidates) and sums over each candidate's
+  ancestors (no N×L tensor);
+- ``"dense"``: one (N, L) @ (L, B) product with the dense matrix (small trees);
+- ``"auto"``: the strategy the measured rule of the metric picks for this tree.
+
+Every tree-only table (the dense matrix, its pruning statistics, the per-node bounds) is cached on
+the hierarchy, per device, so a new metric object decodes as fast as a reused one.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..kernels.candidates import PruningStatistics, candidate_mask, pruning_statistics, sampled_products
+from ..kernels.selection import argbest, argbest_pairs
+from .base import NodeMetric
+
+__all__ = ["StrategyNodeMetric", "dense_fits", "DENSE_MAX_ENTRIES"]
+
+#: The dense (N, L) matrix is used while it has at most this many entries (16 MB in float64).
+DENSE_MAX_ENTRIES = 2_000_000
+
+
+def dense_fits(h, max_entries: int | None = None) -> bool:
+    """Whether the dense (N, L) matrix of ``h`` is small enough to use."""
+    return h.num_nodes * h.num_leaves <= (DENSE_MAX_ENTRIES if max_entries is None else max_entries)
+
+
+class StrategyNodeMetric(NodeMetric):
+    """A node metric with the ``strategy`` parameter (``"auto"``, ``"structural"``, ``"dense"``, ``"candidates"``).
+
+    Subclasses give the structural ``expected_table``, ``pruning_bounds(h)`` (safe per-node pruning
+    statistics of the cost 1 − similarity), ``pair_values(post, node, sample)`` (expected values of
+    (sample, node) pairs from root paths only) and ``candidates_are_faster(h, small)`` (the measured
+    ``auto`` rule).
+    """
+
+    STRATEGIES = ("auto", "structural", "dense", "candidates")
+    #: Overridable per instance (tests set 0 to take the path of trees too large for the dense matrix).
+    DENSE_MAX_ENTRIES = DENSE_MAX_ENTRIES
+
+    def __init__(self, hierarchy, strategy: str = "auto", **kw):
+        super().__init__(hierarchy, **kw)
+        if strategy not in self.STRATEGIES:
+            raise ValueError(f"Expected `strategy` to be one of {self.STRATEGIES}, but got {strategy!r}")
+        self.strategy = strategy
+
+    def resolved_strategy(self, h=None) -> str:
+        """The strategy ``decode`` runs on ``h`` (default: this metric's hierarchy)."""
+        if self.strategy != "auto":
+            return self.strategy
+        h = self.hierarchy if h is None else h
+        return "candidates" if self.candidates_are_faster(h, self._dense_fits(h)) else "structural"
+
+    def _dense_fits(self, h) -> bool:
+        return dense_fits(h, self.DENSE_MAX_ENTRIES)
+
+    def candidates_are_faster(self, h, small: bool) -> bool:
+        """Whether pruned candidates (scored with the dense matrix when ``small``, else along their root
+        paths) beat the structural risks on ``h``."""
+        return False
+
+    def _bytes_per_sample(self, h):
+        if self.resolved_strategy(h) == "candidates":  # node sums, mask, float64 prefix sums
+            return 4 * h.num_nodes * 12 + 8 * (h.num_leaves + 1)
+        return 4 * h.num_nodes * (2 * h.num_leaf_depths + 4) * 2
+
+    # ------------------------------------------------------------------ tree-only tables (cached on h)
+    def similarity_matrix(self, h, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """(N, L) the metric's value of every (node, leaf) pair in ``dtype``, cached on ``h``."""
+        if not dense_fits(h, 50 * DENSE_MAX_ENTRIES):
+            raise ValueError(f"The dense strategy needs an N×L matrix ({h.num_nodes}×{h.num_leaves}); "
+                             "use strategy='structural' or 'candidates' on a tree this large")
+
+        def build():
+            if dtype == torch.float64:
+                nodes = torch.arange(h.num_nodes, device=h.device)
+                leaves = torch.arange(h.num_leaves, device=h.device)
+                return self._values(h, nodes[:, None].expand(-1, h.num_leaves),
+                                    leaves[None, :].expand(h.num_nodes, -1)).contiguous()
+            return self.similarity_matrix(h, torch.float64).to(dtype)
+        return h.cached((self.name, "matrix", dtype), build)
+
+    def dense_pruning(self, h) -> PruningStatistics:
+        """Exact Lemma 4.3 / Prop. E.6 statistics of the dense cost (−similarity), cached on ``h``."""
+        return h.cached((self.name, "dense_pruning"), lambda: pruning_statistics(h, -self.similarity_matrix(h)))
+
+    def pruning(self, h) -> PruningStatistics:
+        """Safe per-node pruning statistics from the cost structure (no N×L matrix), cached on ``h``."""
+        return h.cached((self.name, "pruning"), lambda: self.pruning_bounds(h))
+
+    def dense_matrix(self) -> torch.Tensor:
+        h = self.hierarchy
+        return self.similarity_matrix(h).clone()
+
+    # ------------------------------------------------------------------ decoding
+    def _decode(self, post):
+        strategy = self.resolved_strategy(post.h)
+        h = post.h
+        if strategy == "structural":
+            return super()._decode(post)
+        if strategy == "dense":
+            table = self.similarity_matrix(h, post.dtype) @ post.probs.t()
+            return argbest(h, table, self.higher_is_better)
+        if self._dense_fits(h):
+            # The dense matrix fits: exact statistics, and the candidates' values are sampled products.
+            node, sample = candidate_mask(h, post.node, self.dense_pruning(h)).nonzero().unbind(1)
+            values = sampled_products(self.similarity_matrix(h, post.dtype), post.probs, node, sample)
+        else:
+            node, sample = candidate_mask(h, post.node, self.pruning(h)).nonzero().unbind(1)
+            values = self.pair_values(post, node, sample)
+        return argbest_pairs(h, values, sample, node, post.batch_size, self.higher_is_better)
+
+    def pruning_bounds(self, h) -> PruningStatistics:
+        raise NotImplementedError
+
+    def pair_values(self, post, node: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
+        """(M,) expected value of node ``node[i]`` for sample ``sample[i]``, from its root path only."""
+        raise NotImplementedError

@@ -1,0 +1,89 @@
+"""Tree distance (mistake severity): the length d(h) + d(y) − 2 d(LCA(h, y)) of the tree path between
+prediction and target, and its depth-penalised form tree distance + c·d(h) (Cao et al. 2024).
+
+Expected value of predicting node h: d(h) + E[d(y)] − 2 E[d(LCA(h, y))] (+ c·d(h)), with
+E[d(LCA(h, y))] = Σ_{a ∈ A(h), a ≠ root} p(a) — one root-path sum, O(B·N).
+
+Optimal decoder (closed form): moving from a node n to its child m changes the expected distance by
+1 − 2 p(m) (+ c), so the risk falls along the path of children with p(m) > (1 + c)/2 and rises
+elsewhere: the answer is the deepest node with p(n) > (1 + c)/2, the root if none (Ramaswamy et al.
+2015; Cao et al. 2024).  The nodes with p(n) > 1/2 form one root path, so there are no ties between
+nodes of equal depth; on a single-child chain the deeper node wins.  O(B·N).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from ..core.validation import check_nonnegative
+from ..kernels.ancestry import lca_depth
+from ..kernels.selection import deepest_above
+from .base import NodeMetric
+
+__all__ = ["TreeDistance", "TreeDistanceC", "tree_distance_values", "tree_distance_table", "tree_distance_decode",
+           "DEFAULT_C"]
+
+#: Default depth penalty of ``tree_distance_c``: the decision threshold moves from p(n) > 1/2 to
+#: p(n) > 3/4.  Any c ≥ 1 puts the threshold (1 + c)/2 at 1 or above, which no node can pass: the
+#: optimal prediction is then the root for every input.
+DEFAULT_C = 0.5
+
+
+def tree_distance_values(h, pred: torch.Tensor, target: torch.Tensor, c: float = 0.0) -> torch.Tensor:
+    d = h.depth
+    out = (d[pred] + d[target] - 2 * lca_depth(h, pred, target)).to(torch.float64)
+    return out + c * d[pred].to(torch.float64) if c else out
+
+
+def tree_distance_table(post, c: float = 0.0) -> torch.Tensor:
+    """(N, B) expected (penalised) tree distance of predicting each node."""
+    depth = post.h.depth.to(post.dtype)[:, None]
+    return (1 + c) * depth + post.expected_leaf_depth()[None, :] - 2 * post.ancestor_mass()
+
+
+def tree_distance_decode(post, c: float = 0.0) -> torch.Tensor:
+    """(B,) int64 the deepest node with p(n) > (1 + c)/2, the root if none."""
+    return deepest_above(post.h, post.node, (1 + c) / 2)
+
+
+class TreeDistance(NodeMetric):
+    """Length of the tree path between prediction and target: d(h) + d(y) − 2 d(LCA)."""
+
+    name = "tree_distance"
+    higher_is_better = False
+    description = "path length between prediction and target (mistake severity; lower is better)"
+    c = 0.0
+
+    def _values(self, h, pred, target):
+        return tree_distance_values(h, pred, target, self.c)
+
+    def expected_table(self, post):
+        return tree_distance_table(post, self.c)
+
+    def _decode(self, post):
+        return tree_distance_decode(post, self.c)
+
+
+class TreeDistanceC(TreeDistance):
+    """Tree distance plus ``c · d(h)`` (Cao et al. 2024), c ≥ 0.
+
+    The optimal prediction is the deepest node with p(n) > (1 + c)/2.  ``c`` defaults to 1/2
+    (threshold 3/4); with c ≥ 1 the threshold is at least 1 and the root is always optimal, which
+    this class warns about.
+    """
+
+    name = "tree_distance_c"
+    description = "tree distance + c * depth(prediction) (lower is better)"
+
+    def __init__(self, hierarchy, c: float = DEFAULT_C, **kw):
+        super().__init__(hierarchy, **kw)
+        self.c = check_nonnegative(c, "c")
+        if self.c >= 1:
+            warnings.warn(f"tree_distance_c with c = {self.c:g} >= 1: the decision threshold (1 + c)/2 is at least 1, "
+                          "so the optimal prediction is the root for every input", stacklevel=3)
+
+    @property
+    def params(self):
+        return {"c": self.c}

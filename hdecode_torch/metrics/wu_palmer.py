@@ -1,0 +1,109 @@
+"""Wu-Palmer similarity 2 d(LCA(h, y)) / (d(h) + d(y)) (Wu and Palmer 1994).
+
+Expected value of predicting node h.  Write Q_e(a) for the mass of the leaves under a at depth e
+(e ranges over the E distinct leaf depths).  A target at depth e shares d(LCA) = |A(h) ∩ A(y)| − 1
+levels with h, one for every ancestor a ≠ root of h above it, so
+
+    E[WP(h, y)] = Σ_e 2/(d(h) + e) · Σ_{a ∈ A(h), a ≠ root} Q_e(a),
+
+E root-path sums, O(B·N·E), no N×L matrix (``"structural"``).  The optimal decoder is the best node
+(ties: the deepest, then the smallest id); see :mod:`.strategies` for the candidate and dense
+strategies.  Pruning bounds (Plaud et al. 2025, Lemma 4.3 / Prop. E.6), for a non-root n at depth k
+and a leaf l at depth e: on its own leaves n beats its parent by 2e/((k+e)(k−1+e)), decreasing in
+e ≥ k (extremes at the shallowest and deepest leaf below n); on a leaf of L(a_n) \\ L(n) (a_n the
+child of the root above n) with LCA depth j ∈ [1, k−1] it loses 2j/((k−1+e)(k+e)): at most with
+j = k−1 and e = d_min(a_n), at least with j = 1 and e = d_max(a_n).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..kernels.ancestry import lca_depth
+from ..kernels.candidates import PruningStatistics
+from ..kernels.depth_ranges import depth_masses, depth_ranges
+from ..kernels.tree_sums import path_sum
+from .strategies import StrategyNodeMetric
+
+__all__ = ["WuPalmer", "wu_palmer_values", "wu_palmer_table", "top_ancestor", "path_below_root"]
+
+
+def wu_palmer_values(h, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    d = h.depth.to(torch.float64)
+    return 2 * lca_depth(h, pred, target).to(torch.float64) / (d[pred] + d[target])
+
+
+def wu_palmer_table(post) -> torch.Tensor:
+    """(N, B) ``Σ_e 2 / (d(h) + e) · Σ_{a ∈ A(h) \\ root} Q_e(a)``."""
+    h = post.h
+    q = post.by_leaf_depth()  # (N, E, B)
+    s = path_sum(h, q, include_root=False)
+    e = post.leaf_depth_values().to(post.dtype)
+    w = 2.0 / (h.depth.to(post.dtype)[:, None] + e[None, :])  # (N, E); d(h) + e >= 1
+    return torch.einsum("neb,ne->nb", s, w)
+
+
+def top_ancestor(h) -> torch.Tensor:
+    """(N,) a_n: the child of the root above n (the root for the root)."""
+    nodes = torch.arange(h.num_nodes, device=h.depth.device)
+    return torch.where(h.depth > 0, h.ancestors[:, 1], nodes)
+
+
+def path_below_root(h, node: torch.Tensor) -> torch.Tensor:
+    """(M, D) the ancestors of ``node`` (M,) below the root, root side first; N past its depth."""
+    return h.ancestors.index_select(0, node)[:, 1:]
+
+
+class WuPalmer(StrategyNodeMetric):
+    """Wu-Palmer similarity 2 d(LCA) / (d(h) + d(y))."""
+
+    name = "wu_palmer"
+    higher_is_better = True
+    description = "Wu-Palmer similarity 2 d(LCA) / (d(h) + d(y))"
+
+    def candidates_are_faster(self, h, small: bool) -> bool:
+        # Measured rule (benchmarks/README.md): structural risks cost ≈ 3.8 ns per node × leaf depth ×
+        # sample, pruned candidates with sampled dense products ≈ (4 + 0.005 L) ns per node × sample; on
+        # trees too large for the dense matrix the candidates win as soon as leaves sit at several depths.
+        if small:
+            return 4 + 0.005 * h.num_leaves < 3.8 * h.num_leaf_depths
+        return h.num_leaf_depths >= 2
+
+    def _values(self, h, pred, target):
+        return wu_palmer_values(h, pred, target)
+
+    def expected_table(self, post):
+        return wu_palmer_table(post)
+
+    def pruning_bounds(self, h) -> PruningStatistics:
+        k = h.depth.to(torch.float64)
+        top = top_ancestor(h)
+
+        def inside(e):
+            return 2 * e / ((k + e) * (k - 1 + e))
+
+        def outside(j, e):
+            return 2 * j / ((k - 1 + e) * (k + e))
+
+        lo, hi = h.min_leaf_depth.to(torch.float64), h.max_leaf_depth.to(torch.float64)
+        nonroot = h.depth > 0
+        deep = h.depth > 1  # a node below the root's children has leaves outside it with LCA ≠ root
+        zero = torch.zeros_like(k)
+        fix = lambda t, where: torch.where(where, t, zero)  # noqa: E731
+        return PruningStatistics(
+            reasonable=True, root_form=True,
+            m_in=fix(inside(hi), nonroot), M_in=fix(inside(lo), nonroot),
+            m_out=fix(outside(1.0, hi[top]), deep), M_out=fix(outside(k - 1, lo[top]), deep), top=top)
+
+    def pair_values(self, post, node, sample):
+        """``Σ_e 2/(d(h)+e) Σ_{a ∈ A(h) \\ root} Q_e(a)``, the masses Q_e read from depth-first prefix
+        sums: D·E lookups per candidate, no (N, E, B) table."""
+        h = post.h
+        anc = path_below_root(h, node)  # (M, D)
+        m, d = anc.shape
+        q = depth_masses(h, post.depth_prefix(), sample.repeat_interleave(d), anc.reshape(-1))
+        q = q.view(m, d, -1).sum(1)  # (M, E) float64
+        e = depth_ranges(h).depths.to(torch.float64)
+        # d(h) + e ≥ 1 wherever the masses are not 0 (h below the root)
+        w = 2.0 / (h.depth.index_select(0, node).to(torch.float64)[:, None] + e).clamp(min=1)
+        return (q * w).sum(1).to(post.dtype)

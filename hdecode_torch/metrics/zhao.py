@@ -1,0 +1,98 @@
+"""Zhao et al.'s information-content similarity 2 I(LCA(h, y)) / (I(h) + I(y)), I(n) = log(L / |L(n)|).
+
+Expected value of predicting node h: I(y) = log L for every leaf, and I(LCA) telescopes along h's
+root path — the mass under an ancestor a gains I(a) − I(parent(a)) — so
+
+    E[Zhao(h, y)] = 2 / (I(h) + log L) · Σ_{a ∈ A(h)} (I(a) − I(parent(a))) p(a),
+
+one root-path sum, O(B·N).  With a single leaf every I is 0; the value is then defined as 1.  Pruning
+bounds (Lemma 4.3 / Prop. E.6 of Plaud et al. 2025), with λ = log L: on its own leaves n beats its
+parent π by 2I(n)/(I(n)+λ) − 2I(π)/(I(π)+λ) (0 on a single-child chain); on a leaf of L(a_n) \\ L(n)
+whose LCA with n is a, it loses 2 I(a) c_n, c_n = 1/(I(π)+λ) − 1/(I(n)+λ), with I(a) between I(a_n)
+and I(π).  Zhao keeps many candidates (its gains are small near the leaves), so ``auto`` takes the
+structural risks.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..kernels.ancestry import lca
+from ..kernels.candidates import PruningStatistics
+from ..kernels.tree_sums import path_sum
+from .strategies import StrategyNodeMetric
+from .wu_palmer import path_below_root, top_ancestor
+
+__all__ = ["Zhao", "zhao_values", "zhao_table", "information_gain"]
+
+
+def zhao_values(h, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    info = h.information
+    num = 2 * info[lca(h, pred, target)]
+    den = info[pred] + info[target]
+    return torch.where(den > 0, num / den.clamp(min=1e-300), torch.ones_like(den))
+
+
+def information_gain(h) -> torch.Tensor:
+    """(N,) float64 I(n) − I(parent(n)), 0 at the root (cached)."""
+    def build():
+        info = h.information
+        gain = info - info[h.parent_or_root]
+        gain[h.root] = 0
+        return gain
+    return h.cached("info_gain", build)
+
+
+def zhao_table(post) -> torch.Tensor:
+    """(N, B) ``2 / (I(h) + log L) · Σ_{a ∈ A(h)} (I(a) − I(parent(a))) p(a)``."""
+    h = post.h
+    s = path_sum(h, information_gain(h).to(post.dtype)[:, None] * post.node)
+    if h.num_leaves == 1:
+        return torch.ones_like(s)
+    den = (h.information + math.log(h.num_leaves)).to(post.dtype)[:, None]
+    return 2 * s / den
+
+
+class Zhao(StrategyNodeMetric):
+    """Zhao et al.'s information-content similarity 2 I(LCA) / (I(h) + I(y))."""
+
+    name = "zhao"
+    higher_is_better = True
+    description = "Zhao similarity 2 I(LCA) / (I(h) + I(y)), information content I"
+
+    def _values(self, h, pred, target):
+        return zhao_values(h, pred, target)
+
+    def expected_table(self, post):
+        return zhao_table(post)
+
+    def pruning_bounds(self, h) -> PruningStatistics:
+        info = h.information
+        lam = math.log(h.num_leaves)
+        par = h.parent_or_root
+        top = top_ancestor(h)
+        nonroot = h.depth > 0
+        deep = h.depth > 1
+        zero = torch.zeros_like(info)
+        if h.num_leaves == 1:  # every similarity is 1: nothing to prune
+            return PruningStatistics(True, True, zero, zero, zero, zero, top)
+        gain = torch.where(nonroot, 2 * info / (info + lam) - 2 * info[par] / (info[par] + lam), zero)
+        c = 1 / (info[par] + lam) - 1 / (info + lam)
+        m_out = torch.where(deep, 2 * info[top] * c, zero)
+        M_out = torch.where(deep, 2 * info[par] * c, zero)
+        return PruningStatistics(True, True, gain, gain, m_out, M_out, top)
+
+    def pair_values(self, post, node, sample):
+        """``2/(I(h)+λ) Σ_{a ∈ A(h)} ΔI(a) p(a)`` along each candidate's root path."""
+        h = post.h
+        if h.num_leaves == 1:
+            return torch.ones(node.shape, dtype=post.dtype, device=node.device)
+        gain = (information_gain(h).to(post.dtype)[:, None] * post.node).reshape(-1)  # (N·B,)
+        anc = path_below_root(h, node)  # (M, D); ΔI(root) = 0
+        inside = anc < h.num_nodes
+        rows = anc.clamp(max=h.num_nodes - 1) * post.batch_size + sample[:, None]
+        s = (gain[rows] * inside).sum(1)
+        den = (h.information.index_select(0, node) + math.log(h.num_leaves)).to(post.dtype)
+        return 2 * s / den
