@@ -21,13 +21,13 @@ How each baseline runs (``Baselines.decoder(key)`` returns ``fn(leaf_probs_1d) -
   the node and its parent have equal costs) are handled without 0/0;
 * ``lca_height`` (and ``crm``): brute force over the leaves with a precomputed (L, L)
   LCA-height matrix (Karthik et al.);
-* ``hf_beta``: the paper's decomposition by |h⁺| = k with the library's pruning: the SPEC §4.3
-  bound (provably safe, unlike the paper's Lemma 4.4), then the value bound
-  p(n) ≥ τ(n)·LB of ``kernels/hf_beta.py`` (LB: the best set among the nodes with p ≥ τ), then a
+* ``hf_beta``: the paper's decomposition by |h⁺| = k with the library's pruning: the bound
+  (d_min(n)+1)/((D+1)(1+β²(D+1))) (provably safe, unlike the paper's Lemma 4.4), then the value bound
+  p(n) ≥ τ(n)·LB of ``metrics/hf_beta.py`` (LB: the best set among the nodes with p ≥ τ), then a
   loop over k = 1..|Q| computing Δ_k on the candidates and taking the top k (stable sort in
   (depth, id) order, so ancestors come first among ties and the set stays closed);
 * ``hamming``: the closed form W(n) > W(root)/2;
-* the heuristics straight from their definitions (SPEC §4.2).
+* the heuristics straight from their definitions.
 
 :func:`expected_score` evaluates any prediction against one distribution in O(L·D) from the
 ancestors table (no N×L matrix), in float64: it is what the benchmark's correctness check

@@ -135,7 +135,7 @@ def _zero_root(h, v, include_root):
 # ---------------------------------------------------------------------------- experiments
 def experiments(h, x: torch.Tensor):
     from hdecode_torch.kernels.tree_sums import leaf_to_node_sum, path_sum
-    from hdecode_torch.kernels.validation import prepare_leaf_probs
+    from hdecode_torch.core.validation import prepare_leaf_probs
 
     L, B = h.num_leaves, x.shape[0]
     out = []
@@ -181,14 +181,14 @@ def experiments(h, x: torch.Tensor):
                 m = hd.get_metric(name, h, strategy=strat)
                 res[strat] = (bench(lambda: m.decode(x), n=5), m.decode(x))
             auto = hd.get_metric(name, h)
-            chosen = auto._resolved_strategy() if hasattr(auto, "_resolved_strategy") else "?"
+            chosen = auto.resolved_strategy()
             for strat in ("dense", "candidates"):
                 add(f"{name}: structural vs {strat}", res["structural"][0], res[strat][0], None,
                     f"(auto = {chosen})")
     guarded("strategies", e_strategies)
 
     def e_deepest():
-        from hdecode_torch.kernels.closed_forms import deepest_above
+        from hdecode_torch.kernels.selection import deepest_above
 
         p = hd.Posterior(h, x).node
         add("deepest_above: first True row vs int16 key max", bench(lambda: deepest_above(h, p, 0.5)),
@@ -197,12 +197,13 @@ def experiments(h, x: torch.Tensor):
     guarded("deepest_above", e_deepest)
 
     def e_keys():
-        from hdecode_torch.decoders.heuristics import _informative_order, _most_informative
+        from hdecode_torch.kernels.selection import informative_order
+        from hdecode_torch.kernels.selection import most_informative_where as _most_informative
 
         p = hd.Posterior(h, x).node
         allowed = p > 0.75
         rank = torch.empty(h.num_nodes, dtype=torch.long)
-        rank[_informative_order(h)] = torch.arange(h.num_nodes - 1, -1, -1)  # larger = more informative
+        rank[informative_order(h)] = torch.arange(h.num_nodes - 1, -1, -1)  # larger = more informative
         r = rank[:, None]
 
         def alt():
@@ -211,7 +212,7 @@ def experiments(h, x: torch.Tensor):
         add("most_informative: first allowed row vs masked rank max", bench(lambda: _most_informative(h, allowed)),
             bench(alt), bool(torch.equal(_most_informative(h, allowed), alt())))
 
-        from hdecode_torch.kernels.ancestry import argbest
+        from hdecode_torch.kernels.selection import argbest
 
         v = torch.round(p * 8) / 8  # many exact ties
         rows = torch.arange(h.num_nodes)[:, None].expand_as(v)
@@ -230,12 +231,12 @@ def experiments(h, x: torch.Tensor):
     def e_sddmm():
         import warnings
 
-        from hdecode_torch.kernels.pruning import candidate_mask
+        from hdecode_torch.kernels.candidates import candidate_mask
 
-        cm = hd.get_metric("wu_palmer", h, strategy="candidates").as_cost_matrix_metric()
-        cost = cm.cost_on(x.device, x.dtype)
+        wp = hd.get_metric("wu_palmer", h, strategy="candidates")
+        cost, stats = wp.similarity_matrix(h, x.dtype), wp.dense_pruning(h)
         post = hd.Posterior(h, x)
-        mask = candidate_mask(h, post.node, cm.pruning)
+        mask = candidate_mask(h, post.node, stats)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             csr = mask.to(x.dtype).to_sparse_csr()
@@ -245,7 +246,7 @@ def experiments(h, x: torch.Tensor):
         same = bool((d[r.indices()[0], r.indices()[1]] - r.values()).abs().max() < 1e-5)
         add("wu_palmer risks: dense mm vs sampled_addmm", bench(lambda: cost @ x.t(), n=5), bench(sd, n=5), same,
             f"(candidates/sample mean {float(mask.sum(0).float().mean()):.1f}; candidate_mask itself: "
-            f"{bench(lambda: candidate_mask(h, post.node, cm.pruning), n=5)[0]:.1f} ms)")
+            f"{bench(lambda: candidate_mask(h, post.node, stats), n=5)[0]:.1f} ms)")
     guarded("sampled_addmm", e_sddmm)
 
     def e_path_sum():
@@ -257,7 +258,7 @@ def experiments(h, x: torch.Tensor):
     def e_path_sum_in_decoders():
         import importlib
 
-        mods = [importlib.import_module(f"hdecode_torch.metrics.{m}") for m in ("leaf", "node")]
+        mods = [importlib.import_module(f"hdecode_torch.metrics.{m}") for m in ("lca_height", "wu_palmer", "zhao")]
         originals = [getattr(m, "path_sum") for m in mods]
         for name, kw in (("lca_height", {}), ("wu_palmer", {"strategy": "structural"}), ("zhao", {})):
             m = hd.get_metric(name, h, **kw)
@@ -276,7 +277,7 @@ def experiments(h, x: torch.Tensor):
     guarded("path_sum in decoders", e_path_sum_in_decoders)
 
     def e_hf_buckets():
-        from hdecode_torch.kernels.hf_beta import hf_beta_bound
+        from hdecode_torch.metrics.hf_beta import hf_beta_bound
 
         for beta in (0.5, 2.0):
             m = hd.get_metric("hf_beta", h, beta=beta)

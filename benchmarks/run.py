@@ -86,7 +86,7 @@ def discover_specs(only: list[str] | None = None) -> list[Spec]:
             try:
                 m.decode(x)
             except NotImplementedError:
-                continue  # e.g. jaccard: no exact decoder (SPEC §4.1)
+                continue  # a metric without an exact decoder
             key = "opt:" + name + ("[" + ",".join(f"{k}={v:g}" for k, v in params.items()) + "]" if params else "")
             specs.append(Spec(key, "optimal", name, params, "set" if m.kind == "set" else "node"))
     for name in hd.list_decoders():

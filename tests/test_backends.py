@@ -6,7 +6,7 @@ import torch
 
 import hdecode_torch as hd
 from hdecode_torch.kernels import segment
-from testing import bundled, model_like
+from harness import bundled, model_like
 
 pytestmark = pytest.mark.skipif(not segment.scatter_available(), reason="torch-scatter is not installed")
 

@@ -6,7 +6,7 @@ import torch
 
 from hdecode_torch.kernels.depth_ranges import depth_masses, depth_prefix_sums, depth_ranges
 from hdecode_torch.core.posterior import Posterior
-from testing import DEVICES, batch, bundled, random_trees
+from harness import DEVICES, batch, bundled, random_trees
 
 
 def _all_masses(h, P):

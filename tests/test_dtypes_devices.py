@@ -17,14 +17,11 @@ import torch
 import hdecode_torch as hd
 import reference as ref
 from hdecode_torch import Hierarchy
-from testing import ALL_FLOAT_DTYPES, bundled, model_like
+from harness import ALL_FLOAT_DTYPES, bundled, heuristic_pairs, metric_pairs, model_like
 
 HALF = [torch.float16, torch.bfloat16]
-METRICS = [("accuracy", {}), ("lca_height", {}), ("tree_distance", {}), ("tree_distance_c", {"c": 0.5}),
-           ("wu_palmer", {}), ("zhao", {}), ("hf_beta", {"beta": 1.0}), ("hamming", {})]
-HEURISTICS = [("argmax_leaf", {}), ("top_down", {}), ("confidence_threshold", {"tau": 0.3}), ("majority", {}),
-              ("plurality", {}), ("darts", {"lam": 0.5}), ("expected_information", {}),
-              ("information_threshold", {"threshold": 1.0}), ("hie", {}), ("crm", {})]
+METRICS = metric_pairs(decodable=True, full=False)
+HEURISTICS = heuristic_pairs(full=False)
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 

@@ -11,7 +11,7 @@ import torch
 import hdecode_torch as hd
 import reference as ref
 from hdecode_torch import Hierarchy
-from testing import random_trees
+from harness import random_trees
 
 METRICS = [("accuracy", {}), ("lca_height", {}), ("tree_distance", {}), ("tree_distance_c", {"c": 0.5}),
            ("tree_distance_c", {"c": 1.5}), ("wu_palmer", {}), ("zhao", {}), ("hf_beta", {"beta": 1.0}),

@@ -1,4 +1,4 @@
-"""Heuristic decoders (SPEC §4.2) against the per-sample reference, hand-worked cases, calibration, errors."""
+"""Heuristic decoders against the per-sample reference, hand-worked cases, calibration, errors."""
 
 import math
 
@@ -8,35 +8,14 @@ import torch
 
 import hdecode_torch as hd
 import reference as ref
-from testing import DEVICES, FLOAT_DTYPES, batch, bundled, model_like, random_trees
+from harness import DEVICES, FLOAT_DTYPES, batch, bundled, case_id, heuristic_cases, heuristic_pairs, model_like, random_trees
 
-CASES = [
-    ("argmax_leaf", {}),
-    ("top_down", {}),
-    ("confidence_threshold", {"tau": 0.0}),
-    ("confidence_threshold", {"tau": 0.3}),
-    ("confidence_threshold", {"tau": 0.75}),
-    ("majority", {}),
-    ("plurality", {}),
-    ("darts", {"lam": 0.0}),
-    ("darts", {"lam": 0.5}),
-    ("darts", {"lam": 3.0}),
-    ("expected_information", {}),
-    ("information_threshold", {"threshold": 0.0}),
-    ("information_threshold", {"threshold": 0.5}),
-    ("information_threshold", {"threshold": 1.2}),
-    ("hie", {}),
-    ("crm", {}),
-]
+CASES = heuristic_pairs()
 # Rules whose keys are exact on dyadic inputs (sums and products of k/16) and whose tie rule is the
 # reference's: there the library must return exactly the reference's node, ties included.
 EXACT_ON_DYADIC = {"argmax_leaf", "top_down", "confidence_threshold", "majority", "plurality",
                    "information_threshold", "hie"}
 TOL = {torch.float64: 1e-9, torch.float32: 1e-5}
-
-
-def case_id(name, params):
-    return name + "".join(f"-{k}{v}" for k, v in params.items())
 
 
 def decode_np(dec, P, device, dtype):
@@ -45,7 +24,7 @@ def decode_np(dec, P, device, dtype):
     return out.cpu().numpy()
 
 
-@pytest.mark.parametrize("name,params", [pytest.param(n, p, id=case_id(n, p)) for n, p in CASES])
+@pytest.mark.parametrize("name,params", heuristic_cases())
 @pytest.mark.parametrize("device", DEVICES)
 def test_against_reference_on_random_trees(name, params, device):
     rng = np.random.default_rng(sum(map(ord, case_id(name, params))))

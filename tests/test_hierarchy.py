@@ -9,7 +9,7 @@ import torch
 
 import hdecode_torch as hd
 from hdecode_torch import Hierarchy
-from testing import DEVICES, random_trees
+from harness import DEVICES, random_trees
 
 
 def test_bundled_trees_keep_file_ids():

@@ -16,7 +16,7 @@ from torch import nn
 import hdecode_torch as hd
 import hdecode_torch.core.posterior as posterior_module
 from hdecode_torch.integrations import DecodingHead, HierarchicalMetric, clear_posterior_cache, shared_posterior
-from testing import DEVICES, devices
+from harness import DEVICES, devices
 
 H = hd.load_hierarchy("tieredimagenet-h")
 L = H.num_leaves

@@ -6,38 +6,56 @@ import torch
 
 import hdecode_torch as hd
 import reference as ref
-from testing import DEVICES, batch, bundled, metric_cases, model_like, random_trees
+from harness import (
+    DEVICES, FLOAT_DTYPES, batch, bundled, heuristic_names, metric_cases, metric_names, model_like, random_trees,
+    tolerance,
+)
 
 
 def _ref_set(info, mask):
     return np.asarray(mask, dtype=bool)
 
 
+def test_registry_is_covered():
+    """Every registered metric and decoder has a reference implementation (so the harness tests it)."""
+    assert metric_names() and heuristic_names()
+    for name in metric_names():
+        assert name in ref.METRICS, f"metric {name!r} has no reference implementation in tests/reference.py"
+        cls = hd.metrics.metric_class(name)
+        assert cls.kind == ref.metric_kind(name) and cls.higher_is_better == ref.higher_is_better(name)
+    for name in heuristic_names():
+        assert name in ref.HEURISTICS, f"decoder {name!r} has no reference implementation in tests/reference.py"
+
+
 @pytest.mark.parametrize("name,params", list(metric_cases()))
 @pytest.mark.parametrize("device", DEVICES)
-def test_values_and_expected_on_random_trees(name, params, device):
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_values_and_expected_on_random_trees(name, params, device, dtype):
     rng = np.random.default_rng(hash(name) % 1000)
-    for h, info in random_trees(1, 25, num_nodes_max=13):
+    rtol = 1e-10 if dtype == torch.float64 else tolerance(dtype)
+    for h, info in random_trees(1, 25 if dtype == torch.float64 else 8, num_nodes_max=13):
         h = h.to(device)
         m = hd.get_metric(name, h, **params)
         B = 12
-        P = batch(rng, B, info.L)
+        P = torch.as_tensor(batch(rng, B, info.L)).to(dtype).double().numpy()  # the rounded rows are the input
         y = rng.integers(0, info.L, B)
         pred = rng.integers(0, info.N, B)
         got = m(torch.as_tensor(pred, device=device), torch.as_tensor(y, device=device)).cpu().numpy()
         want = [ref.metric_value(info, name, int(pred[b]), int(y[b]), **params) for b in range(B)]
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
-        e = m.expected(torch.as_tensor(P, device=device), torch.as_tensor(pred, device=device)).cpu().numpy()
+        x = torch.as_tensor(P, device=device).to(dtype)
+        e = m.expected(x, torch.as_tensor(pred, device=device)).cpu().numpy()
+        assert e.dtype == (np.float64 if dtype == torch.float64 else np.float32)
         e_want = [ref.expected(info, name, P[b], int(pred[b]), **params) for b in range(B)]
-        np.testing.assert_allclose(e, e_want, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(e, e_want, rtol=rtol, atol=rtol * 1e-2)
         if m.kind == "set":
             masks = rng.random((B, info.N)) < 0.4
             got = m(torch.as_tensor(masks, device=device), torch.as_tensor(y, device=device)).cpu().numpy()
             want = [ref.metric_value(info, name, masks[b], int(y[b]), **params) for b in range(B)]
             np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
-            e = m.expected(torch.as_tensor(P, device=device), torch.as_tensor(masks, device=device)).cpu().numpy()
+            e = m.expected(x, torch.as_tensor(masks, device=device)).cpu().numpy()
             e_want = [ref.expected(info, name, P[b], masks[b], **params) for b in range(B)]
-            np.testing.assert_allclose(e, e_want, rtol=1e-10, atol=1e-12)
+            np.testing.assert_allclose(e, e_want, rtol=rtol, atol=rtol * 1e-2)
 
 
 @pytest.mark.parametrize("tree", ["tieredimagenet-h", "inat19"])

@@ -18,20 +18,16 @@ from hypothesis import strategies as st
 import hdecode_torch as hd
 import reference as ref
 
-DECODABLE = [("accuracy", {}), ("lca_height", {}), ("tree_distance", {}), ("tree_distance_c", {"c": 0.5}),
-             ("tree_distance_c", {"c": 2.0}), ("wu_palmer", {}), ("zhao", {}), ("hf_beta", {"beta": 0.5}),
-             ("hf_beta", {"beta": 1.0}), ("hf_beta", {"beta": 2.0}), ("hamming", {})]
-# Node metrics with several decoding strategies: each must satisfy the properties.
-STRATEGIES = {"wu_palmer": ["structural", "dense", "candidates"], "zhao": ["structural", "dense", "candidates"]}
-HEURISTICS = [("argmax_leaf", {}), ("top_down", {}), ("confidence_threshold", {"tau": 0.3}), ("majority", {}),
-              ("plurality", {}), ("darts", {"lam": 0.5}), ("expected_information", {}),
-              ("information_threshold", {"threshold": 0.0}), ("hie", {}), ("crm", {})]
+from harness import heuristic_pairs, metric_pairs, strategies  # noqa: E402
+
+DECODABLE = metric_pairs(decodable=True)
+HEURISTICS = heuristic_pairs(full=False)
 LEAF_RULES = {"argmax_leaf", "top_down", "hie", "crm"}
 
 
 def _metrics(h):
     for name, params in DECODABLE:
-        for strategy in STRATEGIES.get(name, [None]):
+        for strategy in strategies(name):
             kw = dict(params, **({"strategy": strategy} if strategy else {}))
             yield hd.get_metric(name, h, **kw)
 

@@ -20,7 +20,7 @@ import torch
 import hdecode_torch as hd
 import reference as ref
 from hdecode_torch import Hierarchy
-from testing import model_like
+from harness import model_like
 
 METRICS = [("accuracy", {}), ("lca_height", {}), ("tree_distance", {}), ("tree_distance_c", {"c": 0.5}),
            ("wu_palmer", {}), ("wu_palmer", {"strategy": "candidates"}), ("zhao", {}),

@@ -11,7 +11,7 @@ import torch
 import hdecode_torch as hd
 import reference as ref
 from hdecode_torch.synthetic import DEFAULT_NOISE, synthetic_outputs
-from testing import DEVICES
+from harness import DEVICES
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import torch
 
 from hdecode_torch.kernels.selection import argbest
 from hdecode_torch.kernels.descent import children_window, widest_by_depth
-from testing import DEVICES, bundled, random_trees
+from harness import DEVICES, bundled, random_trees
 
 
 def _argbest_reference(info, values, higher, mask, ids):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["argbest", "argbest_pairs", "deepest_where", "deepest_above", "most_informative_where",
+__all__ = ["argbest", "argbest_pairs", "deepest_where", "deepest_above", "most_informative_where", "informative_order",
            "tie_rank", "preference_order"]
 
 
@@ -99,12 +99,18 @@ def deepest_above(h, p: torch.Tensor, threshold: float) -> torch.Tensor:
     return deepest_where(h, p > threshold)
 
 
-def most_informative_where(h, allowed: torch.Tensor) -> torch.Tensor:
-    """allowed: (N, B) bool.  Per column, the allowed node with the fewest leaves (largest I(n)), then
-    the deepest, then the smallest id; the root where none is allowed.  Returns (B,) int64."""
+def informative_order(h) -> torch.Tensor:
+    """(N,) int64 the nodes from most to least informative: fewer leaves first, then deeper, then
+    smaller id (cached)."""
     def build():
         n, d1 = h.num_nodes, h.max_depth + 1
         ids = torch.arange(n, device=h.device)
         rank = (h.num_leaves - h.leaf_count) * (d1 * n) + h.depth * n + (n - 1 - ids)  # distinct
         return torch.argsort(rank, descending=True)
-    return _first_allowed(h, allowed, h.cached("informative_order", build))
+    return h.cached("informative_order", build)
+
+
+def most_informative_where(h, allowed: torch.Tensor) -> torch.Tensor:
+    """allowed: (N, B) bool.  Per column, the allowed node with the fewest leaves (largest I(n)), then
+    the deepest, then the smallest id; the root where none is allowed.  Returns (B,) int64."""
+    return _first_allowed(h, allowed, informative_order(h))

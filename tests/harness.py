@@ -1,4 +1,10 @@
-"""Device and dtype lists every test is parametrized over, and shared helpers."""
+"""The test harness: which devices, dtypes, metrics and decoders every test runs over.
+
+Metric and decoder names come from the library's registries (``hd.list_metrics()``,
+``hd.list_decoders()``), so registering a new metric or decoder puts it under every registry-driven
+test; the only thing a test file declares is the parameter grid below.  Each registered name must
+have a reference implementation in ``reference.py`` (checked by ``test_registry_is_covered``).
+"""
 
 from __future__ import annotations
 
@@ -16,15 +22,64 @@ ALL_FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 devices = pytest.mark.parametrize("device", DEVICES)
 dtypes = pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 
-NODE_METRICS = ["accuracy", "lca_height", "tree_distance", "tree_distance_c", "wu_palmer", "zhao"]
-SET_METRICS = ["hf_beta", "hamming", "jaccard"]
-METRIC_PARAMS = {"tree_distance_c": [{"c": 0.0}, {"c": 0.5}, {"c": 2.0}], "hf_beta": [{"beta": 0.5}, {"beta": 1.0}, {"beta": 2.0}]}
+#: Parameter grids (the first entry of each is the one used where a single case is enough).
+METRIC_PARAMS = {"tree_distance_c": [{"c": 0.5}, {"c": 0.0}, {"c": 2.0}],
+                 "hf_beta": [{"beta": 1.0}, {"beta": 0.5}, {"beta": 2.0}]}
+DECODER_PARAMS = {"confidence_threshold": [{"tau": 0.3}, {"tau": 0.0}, {"tau": 0.75}],
+                  "darts": [{"lam": 0.5}, {"lam": 0.0}, {"lam": 3.0}],
+                  "information_threshold": [{"threshold": 0.0}, {"threshold": 0.5}, {"threshold": 1.2}]}
 
 
-def metric_cases():
-    for name in NODE_METRICS + SET_METRICS:
-        for params in METRIC_PARAMS.get(name, [{}]):
-            yield pytest.param(name, params, id=name + "".join(f"-{k}{v}" for k, v in params.items()))
+def case_id(name, params):
+    return name + "".join(f"-{k}{v}" for k, v in params.items())
+
+
+def _cases(names, grid, full):
+    out = []
+    for name in names:
+        params = grid.get(name, [{}])
+        for p in (params if full else params[:1]):
+            out.append(pytest.param(name, p, id=case_id(name, p)))
+    return out
+
+
+def metric_names(decodable: bool = False) -> list[str]:
+    """Every registered metric (those with an exact decoder when ``decodable``)."""
+    return [n for n in hd.list_metrics() if not decodable or hd.has_optimal_decoder(n)]
+
+
+def heuristic_names() -> list[str]:
+    return [n for n in hd.list_decoders() if n != "optimal"]
+
+
+def metric_cases(decodable: bool = False, full: bool = True):
+    """pytest params (name, params) of every registered metric over its parameter grid."""
+    return _cases(metric_names(decodable), METRIC_PARAMS, full)
+
+
+def heuristic_cases(full: bool = True):
+    """pytest params (name, params) of every registered heuristic decoder over its parameter grid."""
+    return _cases(heuristic_names(), DECODER_PARAMS, full)
+
+
+def metric_pairs(decodable: bool = False, full: bool = True):
+    """(name, params) tuples, for code that builds its own loops."""
+    return [tuple(c.values) for c in metric_cases(decodable, full)]
+
+
+def heuristic_pairs(full: bool = True):
+    return [tuple(c.values) for c in heuristic_cases(full)]
+
+
+def strategies(name: str) -> list[str | None]:
+    """The explicit decoding strategies of a metric class (``[None]`` when it has none)."""
+    cls = hd.metrics.metric_class(name)
+    return [s for s in getattr(cls, "STRATEGIES", ()) if s != "auto"] or [None]
+
+
+def tolerance(dtype) -> float:
+    """Relative tolerance of an expected value computed in ``dtype`` (for optimality checks)."""
+    return {torch.float64: 1e-9, torch.float32: 2e-5}.get(dtype, 2e-5)
 
 
 def random_trees(seed: int, count: int, **kw):
