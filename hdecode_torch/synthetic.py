@@ -28,6 +28,7 @@ import numbers
 import torch
 
 from .kernels.ancestry import ancestor_mask
+from .kernels.tree_sums import path_sum
 
 __all__ = ["synthetic_outputs", "tree_gaussian_features", "DEFAULT_NOISE"]
 
@@ -96,9 +97,8 @@ def tree_gaussian_features(h, num_samples: int, dim: int = 32, noise: float = 1.
     """
     g = torch.Generator().manual_seed(seed)
     offsets = torch.randn(h.num_nodes, dim, generator=g) * offset_scale
-    means = torch.zeros(h.num_nodes, dim)
-    for level in h.levels[1:]:  # one vectorized step per depth
-        means[level] = means[h.parent[level]] + offsets[level]
+    offsets[h.root] = 0
+    means = path_sum(h, offsets)  # each node's mean: the offsets summed along its root path
     y = torch.randint(0, h.num_leaves, (num_samples,), generator=g)
     x = means[y] + noise * torch.randn(num_samples, dim, generator=g)
     return x, y

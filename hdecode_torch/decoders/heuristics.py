@@ -23,6 +23,7 @@ import math
 import torch
 
 from ..core.validation import check_nonnegative, check_unit_interval
+from ..kernels.ancestry import is_ancestor
 from ..kernels.descent import children_probs
 from ..kernels.selection import argbest, most_informative_where
 from .base import Decoder
@@ -43,7 +44,7 @@ def darts_predict(h, p: torch.Tensor, lam: float) -> torch.Tensor:
 
 def hierarchically_correct(h, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """(B,) bool: the target leaf lies under the predicted node (``pred`` ∈ A(target))."""
-    return h.ancestors[target, h.depth[pred]] == pred
+    return is_ancestor(h, pred, target)
 
 
 # --------------------------------------------------------------------------- decoders

@@ -34,20 +34,29 @@ class Hierarchy:
     :meth:`from_paths`, :meth:`from_json` or :func:`~hdecode_torch.load_hierarchy`.
 
     Tensor attributes (all on :attr:`device`, ``N`` nodes, ``L`` leaves, ``D`` the
-    deepest leaf's depth):
+    deepest leaf's depth), built in O(N log N) time and O(N) memory whatever the depth:
 
-    - ``parent``: (N,) int64, -1 at the root
+    - ``parent``: (N,) int64, -1 at the root; ``parent_or_root`` the same with the root as its own parent
     - ``depth``: (N,) int64, 0 at the root
-    - ``ancestors``: (N, D+1) int64, ``ancestors[n, d]`` is the ancestor of ``n`` at depth
-      ``d`` (``n`` itself at ``d = depth[n]``) and the sentinel ``N`` below ``n``'s depth.
-      This "ancestors by depth" table gives every LCA in O(D) without an N×L matrix.
     - ``leaf_count``: (N,) int64, number of leaves under each node
     - ``information``: (N,) float64, ``I(n) = log(L / leaf_count[n])``
     - ``min_leaf_depth`` / ``max_leaf_depth``: (N,) int64, shallowest / deepest leaf below
     - ``height``: (N,) int64, ``max_leaf_depth - depth``
     - ``children_ptr`` (N+1,) / ``children`` (N-1,): int64 CSR of children, ascending ids
-    - ``levels``: list of (n_d,) int64 tensors, the nodes at each depth
+    - ``pos`` / ``size``: (N,) int64 position in the depth-first preorder (children in ascending id
+      order) and number of nodes in the subtree: m lies under n iff
+      ``pos[n] <= pos[m] < pos[n] + size[n]``
+    - ``leaf_start``: (N,) int64, the leaves of n are positions ``leaf_start[n] ..
+      leaf_start[n] + leaf_count[n] - 1`` of the leaves in depth-first order (``dfs_leaves``, (L,))
+
+    Built on first use, cached per device: ``levels`` (list of (n_d,) int64 tensors, the nodes at
+    each depth) and ``ancestors`` ((N, D+1) int64, ``ancestors[n, d]`` the ancestor of ``n`` at depth
+    ``d``, the sentinel ``N`` below ``n``'s depth), which grows with N × D and is refused when it
+    would exceed ``ANCESTOR_TABLE_MAX_ENTRIES`` (check :attr:`ancestor_table_fits`).
     """
+
+    #: Largest ancestors-by-depth table built (entries; 1 GiB of int64).
+    ANCESTOR_TABLE_MAX_ENTRIES = 2**27
 
     def __init__(self, parents, names: Sequence[Hashable] | None = None, labels: Sequence[str] | None = None,
                  *, device: torch.device | str | None = None, _compiled: CompiledTree | None = None):
@@ -70,7 +79,7 @@ class Hierarchy:
         self.num_nodes: int = n
         self.num_leaves: int = int((tree.children_ptr[1:] == tree.children_ptr[:-1]).sum())
         self.root: int = int(np.flatnonzero(tree.parent == -1)[0])
-        self.max_depth: int = len(tree.levels) - 1
+        self.max_depth: int = tree.max_depth
         #: number of distinct leaf depths E (the width of per-leaf-depth tables)
         self.num_leaf_depths: int = int(np.unique(tree.depth[: self.num_leaves]).size)
         self._device = torch.device(device) if device is not None else torch.device("cpu")
@@ -87,7 +96,6 @@ class Hierarchy:
         #: (N,) int64 the parent, with the root as its own parent (for gathers with no -1)
         self.parent_or_root = torch.where(self.parent >= 0, self.parent, self.root)
         self.depth = T(t.depth)
-        self.ancestors = T(t.ancestors)
         self.leaf_count = T(t.leaf_count)
         self.information = T(np.log(self.num_leaves / t.leaf_count.astype(np.float64)))
         self.min_leaf_depth = T(t.min_leaf_depth)
@@ -95,8 +103,56 @@ class Hierarchy:
         self.height = self.max_leaf_depth - self.depth
         self.children_ptr = T(t.children_ptr)
         self.children = T(t.children)
-        self.levels = [T(lvl) for lvl in t.levels]
+        self.pos = T(t.pos)
+        self.size = T(t.size)
+        self.leaf_start = T(t.leaf_start)
         self._cache: dict[Any, Any] = {}
+
+    @property
+    def levels(self) -> list[torch.Tensor]:
+        """The nodes at each depth 0..D, ascending ids (built on first use: D + 1 tensors)."""
+        def build():
+            t = self._tree
+            order = np.argsort(t.depth, kind="stable")
+            bounds = np.cumsum(np.bincount(t.depth, minlength=self.max_depth + 1))[:-1]
+            return [torch.as_tensor(lvl).to(self._device) for lvl in np.split(order, bounds)]
+        return self.cached("levels", build)
+
+    @property
+    def ancestor_table_fits(self) -> bool:
+        """Whether :attr:`ancestors` ((N, D+1) int64) is within ``ANCESTOR_TABLE_MAX_ENTRIES``."""
+        return self.num_nodes * (self.max_depth + 1) <= self.ANCESTOR_TABLE_MAX_ENTRIES
+
+    @property
+    def ancestors(self) -> torch.Tensor:
+        """(N, D+1) int64 ancestors by depth (sentinel ``N`` below each node's depth), built on first use."""
+        def build():
+            n, d_max = self.num_nodes, self.max_depth
+            if not self.ancestor_table_fits:
+                raise ValueError(
+                    f"The ancestors-by-depth table of this tree would hold {n} x {d_max + 1} entries "
+                    f"({8 * n * (d_max + 1) / 2**30:.1f} GiB): the tree is too deep for it (the decoders do not "
+                    "need it; raise Hierarchy.ANCESTOR_TABLE_MAX_ENTRIES to build it anyway)")
+            t = self._tree
+            anc = np.full((n, d_max + 1), n, dtype=np.int64)
+            anc[self.root, 0] = self.root
+            levels = np.split(np.argsort(t.depth, kind="stable"),
+                              np.cumsum(np.bincount(t.depth, minlength=d_max + 1))[:-1])
+            for d in range(1, d_max + 1):
+                lvl = levels[d]
+                anc[lvl, :d] = anc[t.parent[lvl], :d]
+                anc[lvl, d] = lvl
+            return torch.as_tensor(anc).to(self._device)
+        return self.cached("ancestors", build)
+
+    @property
+    def dfs_leaves(self) -> torch.Tensor:
+        """(L,) int64 the leaves in depth-first order (so the leaves of n are one contiguous run)."""
+        def build():
+            order = torch.empty_like(self.pos)
+            order[self.pos] = torch.arange(self.num_nodes, device=self._device)
+            return order[order < self.num_leaves]
+        return self.cached("dfs_leaves", build)
 
     @property
     def device(self) -> torch.device:
@@ -133,8 +189,9 @@ class Hierarchy:
 
     def __getstate__(self):
         state = dict(self.__dict__)
-        for k in ("parent", "parent_or_root", "depth", "ancestors", "leaf_count", "information", "min_leaf_depth",
-                  "max_leaf_depth", "height", "children_ptr", "children", "levels", "_cache", "_index", "_copies"):
+        for k in ("parent", "parent_or_root", "depth", "leaf_count", "information", "min_leaf_depth",
+                  "max_leaf_depth", "height", "children_ptr", "children", "pos", "size", "leaf_start", "_cache",
+                  "_index", "_copies"):
             state.pop(k, None)
         state["_device"] = str(self._device)
         return state

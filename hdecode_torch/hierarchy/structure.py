@@ -1,9 +1,19 @@
-"""Validation and compilation of a canonical parent array (numpy, vectorized).
+"""Validation and compilation of a canonical parent array (numpy, vectorized, O(N log N) whatever the depth).
 
-Everything here works on a *canonical* parent array: leaves are ``0..L-1`` and
-internal nodes ``L..N-1``.  The public constructors in :mod:`.hierarchy` turn any
-input format into that form first.  Work is vectorized per tree level so that a
-1M-node tree compiles in seconds: the only Python loops run over depth.
+Everything here works on a *canonical* parent array: leaves are ``0..L-1`` and internal nodes
+``L..N-1``.  The public constructors in :mod:`.hierarchy` turn any input format into that form
+first.  No step loops over tree levels or over nodes, so a chain of a million nodes compiles as
+fast as a bushy tree of the same size:
+
+- depths and the cycle check come from pointer jumping on the parent array (⌈log₂ N⌉ rounds);
+- the depth-first preorder (children in ascending id order) and every subtree's size come from
+  the Euler tour of the tree, ranked by pointer jumping (list ranking, ⌈log₂ 2N⌉ rounds): the tour
+  enters a child right after its parent, or right after the previous sibling's subtree is left;
+- a node's leaves are one contiguous run of the leaves in depth-first order; the shallowest and
+  deepest leaf of every run come from a sparse table of range minima over the leaf depths.
+
+Nothing here grows with N × depth: tables that do (ancestors by depth) are built on demand by
+:class:`~hdecode_torch.Hierarchy`, only where they fit.
 """
 
 from __future__ import annotations
@@ -12,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["CompiledTree", "compile_parents", "canonical_order"]
+__all__ = ["CompiledTree", "compile_parents", "canonical_order", "check_parents"]
 
 
 @dataclass(frozen=True)
@@ -21,17 +31,22 @@ class CompiledTree:
 
     parent: np.ndarray  # (N,) int64, -1 at the root
     depth: np.ndarray  # (N,) int64
-    levels: list  # levels[d]: (n_d,) int64 node ids at depth d, sorted
-    ancestors: np.ndarray  # (N, D+1) int64, ancestors[n, d] = ancestor at depth d, N past depth(n)
+    children_ptr: np.ndarray  # (N+1,) int64 CSR over children sorted by (parent, id)
+    children: np.ndarray  # (N-1,) int64
+    pos: np.ndarray  # (N,) int64 position of each node in the depth-first preorder
+    size: np.ndarray  # (N,) int64 number of nodes in each subtree (the node included)
+    leaf_start: np.ndarray  # (N,) int64 leaves in depth-first order before the node's first leaf
     leaf_count: np.ndarray  # (N,) int64, |L(n)|
     min_leaf_depth: np.ndarray  # (N,) int64
     max_leaf_depth: np.ndarray  # (N,) int64
-    children_ptr: np.ndarray  # (N+1,) int64 CSR over children sorted by (parent, id)
-    children: np.ndarray  # (N-1,) int64
 
     @property
     def num_nodes(self) -> int:
         return int(self.parent.shape[0])
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.depth.max())
 
 
 def _as_parent_array(parents) -> np.ndarray:
@@ -71,10 +86,10 @@ def _as_parent_array(parents) -> np.ndarray:
 
 
 def check_parents(parents) -> tuple[np.ndarray, int]:
-    """Validate a parent array over ids ``0..N-1``; return it (int64) and the root id.
+    """Validate the entries of a parent array over ids ``0..N-1``; return it (int64) and the root id.
 
-    Raises ``ValueError`` for an empty tree, out-of-range parents, zero or several
-    roots, and cycles (nodes not reachable from the root).
+    Raises ``ValueError`` for an empty tree, out-of-range parents, zero or several roots and
+    self-loops.  Longer cycles are found by :func:`depths`.
     """
     par = _as_parent_array(parents)
     n = par.shape[0]
@@ -100,44 +115,98 @@ def check_parents(parents) -> tuple[np.ndarray, int]:
     return par, int(roots[0])
 
 
-def _levels(par: np.ndarray, root: int) -> tuple[np.ndarray, list, np.ndarray, np.ndarray]:
-    """Breadth-first levels; returns depth, levels, children CSR.  Detects cycles."""
+def depths(par: np.ndarray, root: int) -> np.ndarray:
+    """(N,) int64 depth of every node, by pointer jumping; ``ValueError`` if some node never reaches the root."""
+    n = par.shape[0]
+    jump = np.where(par >= 0, par, root)
+    dist = (par >= 0).astype(np.int64)  # edges from n to jump(n)
+    for _ in range(max(1, int(n).bit_length()) + 1):
+        if (jump == root).all():
+            break
+        dist += dist[jump]
+        jump = jump[jump]
+    if not (jump == root).all():
+        stuck = np.flatnonzero(jump != root)
+        raise ValueError(
+            f"The tree has a cycle: {stuck.size} node(s) are not reachable from the root (e.g. node {int(stuck[0])})"
+        )
+    return dist
+
+
+def _children(par: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Children CSR, children of a node in ascending id order: (ptr (N+1,), children (N-1,))."""
     n = par.shape[0]
     nonroot = np.flatnonzero(par >= 0)
-    order = nonroot[np.argsort(par[nonroot], kind="stable")]  # children grouped by parent, ids ascending
-    counts = np.bincount(par[nonroot], minlength=n)
+    children = nonroot[np.argsort(par[nonroot], kind="stable")]
     ptr = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(counts, out=ptr[1:])
-    depth = np.full(n, -1, dtype=np.int64)
-    depth[root] = 0
-    levels = [np.array([root], dtype=np.int64)]
-    frontier = levels[0]
-    reached = 1
-    while True:
-        c = counts[frontier]
-        total = int(c.sum())
-        if total == 0:
+    np.cumsum(np.bincount(par[nonroot], minlength=n), out=ptr[1:])
+    return ptr, children
+
+
+def _preorder(par: np.ndarray, root: int, ptr: np.ndarray, children: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(pos, size): depth-first preorder position and subtree size of every node, by list ranking.
+
+    Euler tour over edges: ``down(c) = c`` enters child c, ``up(c) = N + c`` leaves it; ``2N`` ends
+    the tour.  After down(c) comes down(first child of c) or, at a leaf, up(c); after up(c) comes
+    down(next sibling of c) or up(parent of c) (the end at the root).  Suffix sums of "is a down
+    edge" along the tour, by pointer jumping, give each node the number of nodes entered from it
+    on; preorder positions and subtree sizes follow.
+    """
+    n = par.shape[0]
+    end = 2 * n
+    nonroot = par >= 0
+    has_child = ptr[1:] > ptr[:-1]
+    first_child = np.where(has_child, children[np.minimum(ptr[:-1], max(children.size - 1, 0))], -1)
+    slot = np.empty(n, dtype=np.int64)
+    slot[children] = np.arange(children.size)
+    slot[root] = 0
+    par0 = np.where(nonroot, par, root)
+    has_next = nonroot & (slot + 1 < ptr[par0 + 1])
+    next_sibling = np.where(has_next, children[np.minimum(slot + 1, max(children.size - 1, 0))], -1)
+
+    succ = np.full(end + 1, end, dtype=np.int64)
+    ids = np.arange(n)
+    succ[:n] = np.where(has_child, first_child, n + ids)  # after down(c)
+    succ[n:end] = np.where(has_next, next_sibling, np.where(par0 == root, end, n + par0))  # after up(c)
+    succ[root] = succ[n + root] = end  # the root has no edges of its own
+    weight = np.zeros(end + 1, dtype=np.int64)
+    weight[:n] = nonroot  # down edges count the nodes they enter
+    for _ in range(int(end).bit_length() + 1):
+        if (succ == end).all():
             break
-        starts = np.repeat(ptr[frontier], c)
-        offs = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(c) - c, c)
-        nxt = np.sort(order[starts + offs])
-        depth[nxt] = len(levels)
-        levels.append(nxt)
-        reached += total
-        frontier = nxt
-    if reached != n:
-        stuck = np.flatnonzero(depth < 0)
-        raise ValueError(
-            f"The tree has a cycle: {stuck.size} node(s) are not reachable from the root "
-            f"(e.g. node {int(stuck[0])})"
-        )
-    return depth, levels, ptr, order
+        weight += weight[succ]
+        succ = succ[succ]
+    entered_from = weight[:n]  # down edges from down(c) to the end of the tour, down(c) included
+    pos = np.where(nonroot, n - entered_from, 0)
+    size = np.where(nonroot, entered_from - weight[n:end], n)
+    return pos, size
+
+
+def _range_min(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """min(values[lo[i]:hi[i]]) for non-empty ranges, from a sparse table (O(M log M) to build)."""
+    table = [values]
+    width = 1
+    while 2 * width <= values.size:
+        prev = table[-1]
+        table.append(np.minimum(prev[:-width], prev[width:]))
+        width *= 2
+    length = hi - lo
+    k = np.floor(np.log2(np.maximum(length, 1))).astype(np.int64)
+    # log2 of an exact power of two can round down by one ulp: fix k so that 2**k <= length < 2**(k+1).
+    k -= (1 << k) > length
+    k += (1 << (k + 1)) <= length
+    out = np.empty(lo.size, dtype=values.dtype)
+    for j in np.unique(k):
+        sel = np.flatnonzero(k == j)
+        t = table[j]
+        out[sel] = np.minimum(t[lo[sel]], t[hi[sel] - (1 << j)])
+    return out
 
 
 def canonical_order(parents) -> tuple[np.ndarray, int]:
     """Validate ``parents`` and return ``(is_leaf, root)`` (used to relabel)."""
     par, root = check_parents(parents)
-    _levels(par, root)  # cycle detection
+    depths(par, root)  # cycle detection
     is_leaf = np.bincount(par[par >= 0], minlength=par.shape[0]) == 0
     return is_leaf, root
 
@@ -149,7 +218,8 @@ def compile_parents(parents) -> CompiledTree:
     """
     par, root = check_parents(parents)
     n = par.shape[0]
-    depth, levels, ptr, children = _levels(par, root)
+    depth = depths(par, root)
+    ptr, children = _children(par)
     is_leaf = (ptr[1:] - ptr[:-1]) == 0
     num_leaves = int(is_leaf.sum())
     if not is_leaf[:num_leaves].all():
@@ -157,31 +227,15 @@ def compile_parents(parents) -> CompiledTree:
             "Expected canonical ids (leaves 0..L-1, internal nodes L..N-1); use Hierarchy.from_parents, "
             "which relabels, instead of compile_parents"
         )
-    max_depth = len(levels) - 1
-    anc = np.full((n, max_depth + 1), n, dtype=np.int64)
-    anc[root, 0] = root
-    for d in range(1, max_depth + 1):
-        lvl = levels[d]
-        anc[lvl, :d] = anc[par[lvl], :d]
-        anc[lvl, d] = lvl
-    leaf_anc = anc[:num_leaves]
-    valid = leaf_anc < n
-    rows = np.broadcast_to(np.arange(num_leaves)[:, None], leaf_anc.shape)[valid]
-    cols = leaf_anc[valid]
-    leaf_count = np.bincount(cols, minlength=n).astype(np.int64)
-    ld = depth[rows]
-    min_ld = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
-    max_ld = np.full(n, -1, dtype=np.int64)
-    np.minimum.at(min_ld, cols, ld)
-    np.maximum.at(max_ld, cols, ld)
-    return CompiledTree(
-        parent=par,
-        depth=depth,
-        levels=levels,
-        ancestors=anc,
-        leaf_count=leaf_count,
-        min_leaf_depth=min_ld,
-        max_leaf_depth=max_ld,
-        children_ptr=ptr,
-        children=children,
-    )
+    pos, size = _preorder(par, root, ptr, children)
+    order = np.empty(n, dtype=np.int64)
+    order[pos] = np.arange(n)
+    leaves_before = np.concatenate([[0], np.cumsum(is_leaf[order])])  # leaves among the first i in preorder
+    leaf_start = leaves_before[pos]
+    leaf_count = leaves_before[pos + size] - leaf_start
+    dfs_leaf_depth = depth[order[is_leaf[order]]]
+    hi = leaf_start + leaf_count
+    min_ld = _range_min(dfs_leaf_depth, leaf_start, hi)
+    max_ld = -_range_min(-dfs_leaf_depth, leaf_start, hi)
+    return CompiledTree(parent=par, depth=depth, children_ptr=ptr, children=children, pos=pos, size=size,
+                        leaf_start=leaf_start, leaf_count=leaf_count, min_leaf_depth=min_ld, max_leaf_depth=max_ld)

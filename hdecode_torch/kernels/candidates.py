@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .ancestry import top_ancestor
+
 __all__ = ["PruningStatistics", "pruning_statistics", "candidate_mask", "sampled_products", "candidate_pairs",
            "pack_candidates"]
 
@@ -50,15 +52,13 @@ def pruning_statistics(h, cost: torch.Tensor, rtol: float = 1e-12) -> PruningSta
     cost = cost.to(torch.float64)
     n_nodes, n_leaves = cost.shape
     dev = cost.device
-    leaf_anc = h.ancestors[:n_leaves].to(dev)  # (L, D+1)
     depth = h.depth.to(dev)
     parent = h.parent.to(dev)
     nodes = torch.arange(n_nodes, device=dev)
-    inside = leaf_anc.t()[depth] == nodes[:, None]  # (N, L): l ∈ L(n)
-    top = leaf_anc.t()[1][None, :] if h.max_depth >= 1 else None
-    a_n = h.ancestors[:, 1].to(dev) if h.max_depth >= 1 else nodes
-    a_n = torch.where(depth == 0, nodes, a_n)
-    same_top = top == a_n[:, None]  # (N, L): LCA(n, l) ≠ root
+    pos, size = h.pos.to(dev), h.size.to(dev)
+    inside = (pos[:, None] <= pos[None, :n_leaves]) & (pos[None, :n_leaves] < (pos + size)[:, None])  # l ∈ L(n)
+    a_n = top_ancestor(h).to(dev)
+    same_top = a_n[:n_leaves][None, :] == a_n[:, None]  # (N, L): LCA(n, l) ≠ root
     delta = cost - cost[parent.clamp(min=0)]
     nonroot = depth > 0
     scale = rtol * cost.abs().max().clamp(min=1.0)

@@ -40,21 +40,9 @@ class DepthRanges:
 def depth_ranges(h) -> DepthRanges:
     """The :class:`DepthRanges` of ``h`` (built once per hierarchy and device, O(N·E log L))."""
     def build():
-        parent = h.parent.cpu().numpy()
         leaf_count = h.leaf_count.cpu().numpy().astype(np.int64)
-        ptr = h.children_ptr.cpu().numpy()
-        children = h.children.cpu().numpy()
-        n, num_leaves = h.num_nodes, h.num_leaves
-        # Depth-first start of every subtree, in leaf units: a child starts where its parent
-        # starts plus the leaves of its earlier siblings.  One vectorized step per level.
-        before = np.concatenate([[0], np.cumsum(leaf_count[children])])  # over the CSR children array
-        slot = np.empty(n, dtype=np.int64)
-        slot[children] = np.arange(children.size)
-        start = np.zeros(n, dtype=np.int64)
-        for level in h.levels[1:]:
-            nodes = level.cpu().numpy()
-            par = parent[nodes]
-            start[nodes] = start[par] + before[slot[nodes]] - before[ptr[par]]
+        num_leaves = h.num_leaves
+        start = h.leaf_start.cpu().numpy()  # depth-first start of every subtree, in leaf units
         depths = np.unique(h.leaf_depth.cpu().numpy())
         group = np.searchsorted(depths, h.leaf_depth.cpu().numpy())
         key = group * num_leaves + start[:num_leaves]

@@ -8,6 +8,7 @@ CSR, K_d the widest node at depth d, so a whole descent reads B·Σ_d K_d entrie
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 __all__ = ["widest_by_depth", "children_window", "children_probs"]
@@ -16,8 +17,10 @@ __all__ = ["widest_by_depth", "children_window", "children_probs"]
 def widest_by_depth(h) -> list[int]:
     """K_d, the largest number of children of a node at depth d, for d = 0..D (cached)."""
     def build():
-        degree = h.children_ptr[1:] - h.children_ptr[:-1]
-        return [int(degree[level].max()) if level.numel() else 0 for level in h.levels]
+        t = h._tree
+        widest = np.zeros(h.max_depth + 1, dtype=np.int64)
+        np.maximum.at(widest, t.depth, t.children_ptr[1:] - t.children_ptr[:-1])
+        return widest.tolist()
     return h.cached("widest_by_depth", build)
 
 

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.ancestry import lca_depth
+from ..kernels.ancestry import lca_depth, top_ancestor
 from ..kernels.candidates import PruningStatistics
 from ..kernels.depth_ranges import depth_masses, depth_ranges
 from ..kernels.tree_sums import path_sum
 from .strategies import StrategyNodeMetric
 
-__all__ = ["WuPalmer", "wu_palmer_values", "wu_palmer_table", "top_ancestor", "path_below_root"]
+__all__ = ["WuPalmer", "wu_palmer_values", "wu_palmer_table", "path_below_root"]
 
 
 def wu_palmer_values(h, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -41,12 +41,6 @@ def wu_palmer_table(post) -> torch.Tensor:
     e = post.leaf_depth_values().to(post.dtype)
     w = 2.0 / (h.depth.to(post.dtype)[:, None] + e[None, :])  # (N, E); d(h) + e >= 1
     return torch.einsum("neb,ne->nb", s, w)
-
-
-def top_ancestor(h) -> torch.Tensor:
-    """(N,) a_n: the child of the root above n (the root for the root)."""
-    nodes = torch.arange(h.num_nodes, device=h.depth.device)
-    return torch.where(h.depth > 0, h.ancestors[:, 1], nodes)
 
 
 def path_below_root(h, node: torch.Tensor) -> torch.Tensor:
@@ -67,7 +61,8 @@ class WuPalmer(StrategyNodeMetric):
         # trees too large for the dense matrix the candidates win as soon as leaves sit at several depths.
         if small:
             return 4 + 0.005 * h.num_leaves < 3.8 * h.num_leaf_depths
-        return h.num_leaf_depths >= 2
+        # Candidates read their root paths from the ancestors-by-depth table.
+        return h.num_leaf_depths >= 2 and h.ancestor_table_fits
 
     def _values(self, h, pred, target):
         return wu_palmer_values(h, pred, target)

@@ -19,11 +19,11 @@ import math
 
 import torch
 
-from ..kernels.ancestry import lca
+from ..kernels.ancestry import lca, top_ancestor
 from ..kernels.candidates import PruningStatistics
 from ..kernels.tree_sums import path_sum
 from .strategies import StrategyNodeMetric
-from .wu_palmer import path_below_root, top_ancestor
+from .wu_palmer import path_below_root
 
 __all__ = ["Zhao", "zhao_values", "zhao_table", "information_gain"]
 
