@@ -21,7 +21,7 @@ OUT_DTYPES = (torch.float32, torch.float64)
 
 #: Bytes of float64 temporaries (prefix sums and range sums) the torch path allocates at once; rows
 #: are processed in chunks that fit.  Rows are independent, so the result does not depend on it.
-CHUNK_BYTES = 1 << 25
+CHUNK_BYTES = 1 << 23
 
 
 def _check_float_matrix(x, name: str) -> None:
@@ -104,17 +104,31 @@ def _row_chunk(b: int, per_row: int) -> int:
     return max(1, min(b, CHUNK_BYTES // max(1, 8 * per_row)))
 
 
-def _range_sums(x, src, weight, hi, lo) -> torch.Tensor:
-    """(b, K) float64 range sums of rows ``x`` (b, M): C[hi] - C[lo] with C the float64 prefix."""
-    g = x.index_select(1, src).to(torch.float64)
-    if weight is not None:
-        g.mul_(weight)
-    c = g.new_zeros((g.shape[0], g.shape[1] + 1))
-    torch.cumsum(g, dim=1, out=c[:, 1:])
-    v = c.index_select(1, hi)
-    if lo is not None:
-        v.sub_(c.index_select(1, lo))
-    return v
+class _RangeSums:
+    """Float64 range sums of row chunks, with the index matrices built once per call.
+
+    Reading the prefix table with ``torch.gather`` and a materialized (rows, K) index is about 2.5x
+    faster on the CPU than ``index_select`` along dim 1 or a stride-0 expanded index
+    (tieredImageNet-H); for the (rows, J) input gather ``index_select`` is as fast.
+    """
+
+    def __init__(self, src, weight, hi, lo, rows: int):
+        self.src, self.weight = src, weight
+        self.hi = hi.expand(rows, -1).contiguous()
+        self.lo = None if lo is None else lo.expand(rows, -1).contiguous()
+
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (b, M) rows, b <= rows.  Returns (b, K) float64 ``C[hi] - C[lo]`` (in ``out`` if given)."""
+        b = x.shape[0]
+        g = x.index_select(1, self.src).to(torch.float64)
+        if self.weight is not None:
+            g.mul_(self.weight)
+        c = g.new_zeros((b, g.shape[1] + 1))
+        torch.cumsum(g, dim=1, out=c[:, 1:])
+        v = torch.gather(c, 1, self.hi[:b], out=out)
+        if self.lo is not None:
+            v.sub_(torch.gather(c, 1, self.lo[:b]))
+        return v
 
 
 def gathered_prefix_torch(x: torch.Tensor, src: torch.Tensor, weight: torch.Tensor | None, hi: torch.Tensor,
@@ -133,9 +147,13 @@ def gathered_prefix_torch(x: torch.Tensor, src: torch.Tensor, weight: torch.Tens
     out = x.new_empty((b, k), dtype=out_dtype)
     if b == 0 or k == 0:
         return out
-    step = _row_chunk(b, src.shape[0] + 1 + 2 * k)
+    step = _row_chunk(b, 2 * src.shape[0] + 1 + 4 * k)
+    sums = _RangeSums(src, weight, hi, lo, step)
     for r in range(0, b, step):
-        out[r:r + step] = _range_sums(x[r:r + step], src, weight, hi, lo)
+        if out_dtype == torch.float64:
+            sums(x[r:r + step], out=out[r:r + step])
+        else:
+            out[r:r + step] = sums(x[r:r + step])
     return out
 
 
@@ -154,14 +172,17 @@ def best_ranked_above_torch(x: torch.Tensor, src: torch.Tensor, hi: torch.Tensor
     out = torch.full((b,), int(fallback), dtype=torch.int64, device=x.device)
     if b == 0 or k == 0:
         return out
-    lowest = torch.iinfo(torch.int64).min
-    step = _row_chunk(b, src.shape[0] + 1 + 3 * k)
+    # distinct dense ranks 0..K-1 that keep the order of `rank` and, among equal ranks, put the
+    # smallest k highest: the first maximum of where(v > threshold, dense, -1) is then the answer
+    order = torch.argsort(rank.flip(0), stable=True)
+    dense = torch.empty_like(rank)
+    dense[k - 1 - order] = torch.arange(k, device=rank.device)
+    step = _row_chunk(b, 2 * src.shape[0] + 1 + 5 * k)
+    sums = _RangeSums(src, None, hi, lo, step)
     for r in range(0, b, step):
-        ok = _range_sums(x[r:r + step], src, None, hi, lo) > threshold
-        best = torch.where(ok, rank, lowest).amax(dim=1, keepdim=True)
-        # a separate equality pass (not argmax of the keys) keeps rank == int64 min correct
-        first = (ok & (rank == best)).to(torch.uint8).argmax(dim=1)
-        out[r:r + step] = torch.where(ok.any(dim=1), first, out[r:r + step])
+        key = torch.where(sums(x[r:r + step]) > threshold, dense, -1)
+        best = key.argmax(dim=1, keepdim=True)
+        out[r:r + step] = torch.where(key.gather(1, best) >= 0, best, out[r:r + step, None]).squeeze(1)
     return out
 
 

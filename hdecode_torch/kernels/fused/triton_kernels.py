@@ -223,5 +223,6 @@ def row_sum_min_triton(x: torch.Tensor) -> torch.Tensor:
         return out
     block = min(ROW_BLOCK, max(16, triton.next_power_of_2(m)))
     with _launch_context(x):
-        _row_sum_min_kernel[(b,)](x, x.stride(0), x.stride(1), out, m, BLOCK=block, num_warps=4)
+        _row_sum_min_kernel[(b,)](x, x.stride(0), x.stride(1), out, m, BLOCK=block, num_warps=4,
+                                  enable_fp_fusion=False)
     return out
