@@ -26,6 +26,7 @@ With the right index arrays (built once per tree) this is, for a tree with N nod
   ``lo = None``, ``hi[n]`` = entry position of n + 1.
 
 The cost is O(B·(J + K)) with one read of x (no (B, N) intermediate for the decision op).
+The ops have no autograd formula: they serve decoding and checks, not training.
 
 Ops (schemas as registered)::
 

@@ -78,8 +78,9 @@ def check_index_values(x, src, hi, lo) -> None:
     """Every index in range: ``0 <= src < M``, ``0 <= hi, lo <= J``.
 
     On CPU a violation raises ValueError.  On CUDA the check is queued with ``torch._assert_async``
-    (a device-side assert, like an out-of-range ``index_select``) so that it costs no host sync, and
-    a Triton kernel queued after it never reads out of bounds.
+    (a device-side assert, like an out-of-range ``index_select`` on CUDA): no host sync, so the ops
+    stay asynchronous and CUDA-graph capturable, and the failed assert stops the stream before the
+    Triton kernel queued after it can read out of bounds.
     """
     m, j = x.shape[1], src.shape[0]
     checks = [(src, m - 1, "src", "M - 1 = x.shape[1] - 1"), (hi, j, "hi", "J = len(src)")]
@@ -105,15 +106,12 @@ def _row_chunk(b: int, per_row: int) -> int:
 
 
 class _RangeSums:
-    """Float64 range sums of row chunks, with the index matrices built once per call.
-
-    Reading the prefix table with ``torch.gather`` and a materialized (rows, K) index is about 2.5x
-    faster on the CPU than ``index_select`` along dim 1 or a stride-0 expanded index
-    (tieredImageNet-H); for the (rows, J) input gather ``index_select`` is as fast.
-    """
+    """Float64 range sums ``C[hi] - C[lo]`` of row chunks; the (rows, K) index matrices are built once."""
 
     def __init__(self, src, weight, hi, lo, rows: int):
         self.src, self.weight = src, weight
+        # the prefix table is read by torch.gather with materialized indices: on the CPU, index_select
+        # along dim 1 and stride-0 expanded indices both took over twice as long
         self.hi = hi.expand(rows, -1).contiguous()
         self.lo = None if lo is None else lo.expand(rows, -1).contiguous()
 
@@ -190,7 +188,7 @@ def row_sum_min_torch(x: torch.Tensor) -> torch.Tensor:
     """Per-row float64 sum and minimum; the torch kernel of ``hdecode::row_sum_min``.
 
     x: (B, M) float.  Returns (B, 2) float64 ``[Σ_m x[b, m], min_m x[b, m]]``; a row holding NaN
-    gives NaN in both, an empty row gives ``[0, +inf]``.  O(B·M), one read of ``x``.
+    gives NaN in both, an empty row gives ``[0, +inf]``.  O(B·M): two reductions over ``x``.
     """
     check_row_sum_min_args(x)
     total = x.sum(dim=1, dtype=torch.float64)
