@@ -1,0 +1,114 @@
+#!/usr/bin/env python
+"""Time the torch kernels of the fused ``hdecode::`` ops on the CPU against ``hd.node_probabilities``.
+
+    python -m benchmarks.fused_ops                       # tieredImageNet-H, B = 4096, one thread
+    python -m benchmarks.fused_ops --tree inat19 --batch 4096 --threads 1 --json out.json
+
+Reports the median and the minimum wall time (ms) of: the library's node probabilities (with and without the input
+check), node probabilities as float64 gathered-prefix range sums (float64 and float32 output), the fused
+deepest-node-above-1/2 decision, and the per-row sum/min check.  The Triton kernels need a GPU and are
+not timed here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+if __package__ in (None, ""):  # `python benchmarks/fused_ops.py`
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import hdecode_torch as hd  # noqa: E402
+import hdecode_torch.kernels.fused as F  # noqa: E402
+
+
+def leaf_ranges(parent: np.ndarray):
+    """Leaves in depth-first order (children by id) and each node's leaf range [lo, hi) in it, plus depths."""
+    n = len(parent)
+    children = [[] for _ in range(n)]
+    for c in range(n):
+        if parent[c] >= 0:
+            children[parent[c]].append(c)
+    depth = np.zeros(n, dtype=np.int64)
+    lo, hi, leaves = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64), []
+    stack = [(int(np.flatnonzero(parent < 0)[0]), False)]
+    while stack:
+        v, leaving = stack.pop()
+        if leaving:
+            hi[v] = len(leaves)
+            continue
+        lo[v] = len(leaves)
+        if not children[v]:
+            leaves.append(v)
+        stack.append((v, True))
+        for c in reversed(children[v]):
+            depth[c] = depth[v] + 1
+            stack.append((c, False))
+    return np.asarray(leaves), lo, hi, depth
+
+
+def time_ms(fn, min_time: float = 1.0, repeats: int = 7) -> tuple[float, float]:
+    """(median, min) wall time in ms after one warm-up call."""
+    fn()
+    times = []
+    while len(times) < repeats or sum(times) < min_time:
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return 1e3 * statistics.median(times), 1e3 * min(times)
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tree", default="tieredimagenet-h")
+    ap.add_argument("--batch", type=int, default=4096)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    h = hd.load_hierarchy(args.tree)
+    n = h.num_nodes
+    leaves, lo, hi, depth = leaf_ranges(h.parent.numpy())
+    src, lo, hi = (torch.as_tensor(a) for a in (leaves, lo, hi))
+    rank = torch.as_tensor(depth * n + (n - 1 - np.arange(n)))
+    g = torch.Generator().manual_seed(0)
+    probs = torch.softmax(3 * torch.randn(args.batch, h.num_leaves, generator=g), dim=1)
+
+    p_lib = hd.node_probabilities(h, probs, validate=False).double()
+    p_op = F.gathered_prefix(probs, src, None, hi, lo, torch.float64)
+    err = float((p_lib - p_op).abs().max())
+
+    cases = {
+        "hd.node_probabilities (float32, checked)": lambda: hd.node_probabilities(h, probs),
+        "hd.node_probabilities (float32, validate=False)": lambda: hd.node_probabilities(h, probs, validate=False),
+        "gathered_prefix torch, float64 out": lambda: F.gathered_prefix(probs, src, None, hi, lo, torch.float64),
+        "gathered_prefix torch, float32 out": lambda: F.gathered_prefix(probs, src, None, hi, lo, torch.float32),
+        "best_ranked_above torch (deepest p > 1/2)": lambda: F.best_ranked_above(probs, src, hi, lo, rank, 0.5, h.root),
+        "row_sum_min torch": lambda: F.row_sum_min(probs),
+        "copy of the input (floor)": lambda: probs.clone(),
+    }
+    result = {"tree": args.tree, "batch": args.batch, "threads": args.threads, "N": n, "L": h.num_leaves,
+              "torch": torch.__version__, "max_abs_diff_vs_library": err, "median_ms": {}, "min_ms": {}}
+    print(f"{args.tree}: N = {n}, L = {h.num_leaves}, B = {args.batch}, threads = {args.threads}, "
+          f"torch {torch.__version__}; max |library - op| = {err:.2e}")
+    print(f"  {'':50s} {'median':>9s} {'min':>9s} (ms)")
+    for name, fn in cases.items():
+        med, low = time_ms(fn)
+        result["median_ms"][name], result["min_ms"][name] = med, low
+        print(f"  {name:50s} {med:9.3f} {low:9.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()

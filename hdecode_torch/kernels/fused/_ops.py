@@ -1,0 +1,150 @@
+"""Registration of the ``hdecode::`` ops and their dispatch.
+
+Registered with ``torch.library.Library`` + ``define``/``impl``/``register_fake`` rather than
+``torch.library.custom_op`` or ``triton_op``:
+
+- ``custom_op`` wraps every device kernel in ``torch._disable_dynamo``, which imports
+  ``torch._dynamo`` (seconds) on the first call of the op even when nothing is compiled;
+- ``triton_op`` needs the Triton kernels (hence ``import triton``) when the op is defined, and has no
+  path for machines without Triton.
+
+Both ``torch.compile`` and ``torch.export`` see the ops as opaque nodes through their fake kernels.
+
+Dispatch: the plain-torch kernel (:mod:`.reference`) is registered for every backend
+(CompositeExplicitAutograd); CUDA has its own kernel that imports :mod:`.triton_kernels` on first
+use and launches it when Triton imports, is enabled (:func:`set_triton_enabled`) and the row fits
+one program (J <= ``triton_kernels.MAX_J``); otherwise it runs the torch kernel on the GPU.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from .reference import (best_ranked_above_torch, check_best_ranked_above_args, check_gathered_prefix_args,
+                        check_index_values, check_row_sum_min_args, gathered_prefix_torch, row_sum_min_torch)
+
+__all__ = ["SCHEMAS", "triton_available", "set_triton_enabled", "triton_enabled"]
+
+SCHEMAS = {
+    "gathered_prefix": "gathered_prefix(Tensor x, Tensor src, Tensor? weight, Tensor hi, Tensor? lo, "
+                       "ScalarType out_dtype) -> Tensor",
+    "best_ranked_above": "best_ranked_above(Tensor x, Tensor src, Tensor hi, Tensor? lo, Tensor rank, "
+                         "float threshold, int fallback) -> Tensor",
+    "row_sum_min": "row_sum_min(Tensor x) -> Tensor",
+}
+
+_state = {"enabled": True, "tried": False, "module": None, "error": None}
+
+
+def _triton_module():
+    """The :mod:`.triton_kernels` module, imported on first use; None when Triton cannot be imported."""
+    if not _state["tried"]:
+        _state["tried"] = True
+        try:
+            from . import triton_kernels
+            _state["module"] = triton_kernels
+        except ImportError as err:  # Triton not installed: the torch kernels serve every device
+            _state["error"] = err
+        except Exception as err:  # installed but broken: say so once rather than hide it
+            _state["error"] = err
+            warnings.warn(f"hdecode fused ops: Triton failed to import ({type(err).__name__}: {err}); "
+                          "CUDA calls use the torch kernels", RuntimeWarning, stacklevel=3)
+    return _state["module"]
+
+
+def triton_available() -> bool:
+    """Whether the Triton kernels can be imported (imports Triton on the first call)."""
+    return _triton_module() is not None
+
+
+def triton_enabled() -> bool:
+    """Whether CUDA calls may use the Triton kernels (see :func:`set_triton_enabled`)."""
+    return _state["enabled"]
+
+
+def set_triton_enabled(enabled: bool) -> None:
+    """Allow (default) or forbid the Triton kernels on CUDA; forbidden, CUDA runs the torch kernels."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"Expected `enabled` to be a bool, but got {type(enabled).__name__}")
+    _state["enabled"] = enabled
+
+
+def _triton_for(x: torch.Tensor, num_gathered: int):
+    """The Triton module when it should serve rows of ``num_gathered`` entries of ``x``, else None."""
+    if not _state["enabled"]:
+        return None
+    tk = _triton_module()
+    if tk is None or not tk.fits(num_gathered, x.device):
+        return None
+    return tk
+
+
+# -- device kernels ---------------------------------------------------------------------------------
+
+def _gathered_prefix_cuda(x, src, weight, hi, lo, out_dtype):
+    tk = _triton_for(x, src.shape[0])
+    if tk is None:
+        return gathered_prefix_torch(x, src, weight, hi, lo, out_dtype)
+    check_gathered_prefix_args(x, src, weight, hi, lo, out_dtype)
+    check_index_values(x, src, hi, lo)
+    return tk.gathered_prefix_triton(x, src, weight, hi, lo, out_dtype)
+
+
+def _best_ranked_above_cuda(x, src, hi, lo, rank, threshold, fallback):
+    tk = _triton_for(x, src.shape[0])
+    if tk is None:
+        return best_ranked_above_torch(x, src, hi, lo, rank, threshold, fallback)
+    check_best_ranked_above_args(x, src, hi, lo, rank)
+    check_index_values(x, src, hi, lo)
+    return tk.best_ranked_above_triton(x, src, hi, lo, rank, threshold, fallback)
+
+
+def _row_sum_min_cuda(x):
+    tk = _triton_for(x, 0)
+    if tk is None:
+        return row_sum_min_torch(x)
+    return tk.row_sum_min_triton(x)
+
+
+# -- fake kernels (shapes only, for torch.compile / torch.export) ----------------------------------
+
+def _gathered_prefix_fake(x, src, weight, hi, lo, out_dtype):
+    check_gathered_prefix_args(x, src, weight, hi, lo, out_dtype)
+    return x.new_empty((x.shape[0], hi.shape[0]), dtype=out_dtype)
+
+
+def _best_ranked_above_fake(x, src, hi, lo, rank, threshold, fallback):
+    check_best_ranked_above_args(x, src, hi, lo, rank)
+    return x.new_empty((x.shape[0],), dtype=torch.int64)
+
+
+def _row_sum_min_fake(x):
+    check_row_sum_min_args(x)
+    return x.new_empty((x.shape[0], 2), dtype=torch.float64)
+
+
+_KERNELS = {
+    "gathered_prefix": (gathered_prefix_torch, _gathered_prefix_cuda, _gathered_prefix_fake),
+    "best_ranked_above": (best_ranked_above_torch, _best_ranked_above_cuda, _best_ranked_above_fake),
+    "row_sum_min": (row_sum_min_torch, _row_sum_min_cuda, _row_sum_min_fake),
+}
+
+_LIB = torch.library.Library("hdecode", "FRAGMENT")
+
+
+def _register_fake(name: str, fn) -> None:
+    qualname = f"hdecode::{name}"
+    register = getattr(torch.library, "register_fake", None) or getattr(torch.library, "impl_abstract", None)
+    if register is not None:
+        register(qualname, fn, lib=_LIB)
+    else:  # torch < 2.2: a Meta kernel is what fake tensors fall back to
+        _LIB.impl(name, fn, "Meta")
+
+
+for _name, (_default, _cuda, _fake) in _KERNELS.items():
+    _LIB.define(SCHEMAS[_name])
+    _LIB.impl(_name, _default, "CompositeExplicitAutograd")
+    _LIB.impl(_name, _cuda, "CUDA")
+    _register_fake(_name, _fake)

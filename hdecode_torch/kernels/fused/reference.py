@@ -1,0 +1,199 @@
+"""Plain-torch implementations of the fused ops, and the argument checks every implementation shares.
+
+These are the reference semantics (see :mod:`hdecode_torch.kernels.fused`): the CPU kernels of the
+``hdecode::`` ops, and the CUDA fallback when Triton is missing or a row does not fit one Triton
+program.  Everything is accumulated in float64 by sequential scans along the last dimension, so the
+same input gives the same bits on every call.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "gathered_prefix_torch", "best_ranked_above_torch", "row_sum_min_torch",
+    "check_gathered_prefix_args", "check_best_ranked_above_args", "check_row_sum_min_args",
+    "check_index_values",
+]
+
+FLOAT_INPUTS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+OUT_DTYPES = (torch.float32, torch.float64)
+
+#: Bytes of float64 temporaries (prefix sums and range sums) the torch path allocates at once; rows
+#: are processed in chunks that fit.  Rows are independent, so the result does not depend on it.
+CHUNK_BYTES = 1 << 23
+
+
+def _check_float_matrix(x, name: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"Expected `{name}` to be a Tensor, but got {type(x).__name__}")
+    if x.dim() != 2:
+        raise ValueError(f"Expected `{name}` to be a 2-D (B, M) tensor, but got shape {tuple(x.shape)}")
+    if x.dtype not in FLOAT_INPUTS:
+        raise TypeError(f"Expected `{name}` to be float16, bfloat16, float32 or float64, but got {x.dtype}")
+
+
+def _check_vector(t, name: str, dtype: torch.dtype, device: torch.device, size: int | None = None) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"Expected `{name}` to be a Tensor, but got {type(t).__name__}")
+    if t.dim() != 1:
+        raise ValueError(f"Expected `{name}` to be 1-D, but got shape {tuple(t.shape)}")
+    if t.dtype != dtype:
+        raise TypeError(f"Expected `{name}` to be {dtype}, but got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"Expected `{name}` on the device of `x` ({device}), but got {t.device}")
+    if size is not None and t.shape[0] != size:
+        raise ValueError(f"Expected `{name}` to have {size} entries, but got {t.shape[0]}")
+
+
+def _check_ranges(x, src, weight, hi, lo) -> None:
+    _check_float_matrix(x, "x")
+    _check_vector(src, "src", torch.int64, x.device)
+    if weight is not None:
+        _check_vector(weight, "weight", torch.float64, x.device, src.shape[0])
+    _check_vector(hi, "hi", torch.int64, x.device)
+    if lo is not None:
+        _check_vector(lo, "lo", torch.int64, x.device, hi.shape[0])
+
+
+def check_gathered_prefix_args(x, src, weight, hi, lo, out_dtype) -> None:
+    """Shapes, dtypes and devices of :func:`gathered_prefix_torch`'s arguments (no value is read)."""
+    _check_ranges(x, src, weight, hi, lo)
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"Expected `out_dtype` to be torch.float32 or torch.float64, but got {out_dtype}")
+
+
+def check_best_ranked_above_args(x, src, hi, lo, rank) -> None:
+    """Shapes, dtypes and devices of :func:`best_ranked_above_torch`'s arguments (no value is read)."""
+    _check_ranges(x, src, None, hi, lo)
+    _check_vector(rank, "rank", torch.int64, x.device, hi.shape[0])
+
+
+def check_row_sum_min_args(x) -> None:
+    """Shape and dtype of :func:`row_sum_min_torch`'s argument."""
+    _check_float_matrix(x, "x")
+
+
+def check_index_values(x, src, hi, lo) -> None:
+    """Every index in range: ``0 <= src < M``, ``0 <= hi, lo <= J``.
+
+    On CPU a violation raises ValueError.  On CUDA the check is queued with ``torch._assert_async``
+    (a device-side assert, like an out-of-range ``index_select`` on CUDA): no host sync, so the ops
+    stay asynchronous and CUDA-graph capturable, and the failed assert stops the stream before the
+    Triton kernel queued after it can read out of bounds.
+    """
+    m, j = x.shape[1], src.shape[0]
+    checks = [(src, m - 1, "src", "M - 1 = x.shape[1] - 1"), (hi, j, "hi", "J = len(src)")]
+    if lo is not None:
+        checks.append((lo, j, "lo", "J = len(src)"))
+    for t, top, name, what in checks:
+        if t.numel() == 0:
+            continue
+        if t.device.type == "meta":
+            continue
+        if t.device.type == "cuda":
+            lo_v, hi_v = torch.aminmax(t)
+            torch._assert_async((lo_v >= 0) & (hi_v <= top), f"`{name}` out of range [0, {what}]")
+            continue
+        lo_v, hi_v = (int(v) for v in torch.aminmax(t))
+        if lo_v < 0 or hi_v > top:
+            bad = lo_v if lo_v < 0 else hi_v
+            raise ValueError(f"Expected every entry of `{name}` in [0, {what}] = [0, {top}], but got {bad}")
+
+
+def _row_chunk(b: int, per_row: int) -> int:
+    return max(1, min(b, CHUNK_BYTES // max(1, 8 * per_row)))
+
+
+class _RangeSums:
+    """Float64 range sums ``C[hi] - C[lo]`` of row chunks; the (rows, K) index matrices are built once."""
+
+    def __init__(self, src, weight, hi, lo, rows: int):
+        self.src, self.weight = src, weight
+        # the prefix table is read by torch.gather with materialized indices: on the CPU, index_select
+        # along dim 1 and stride-0 expanded indices both took over twice as long
+        self.hi = hi.expand(rows, -1).contiguous()
+        self.lo = None if lo is None else lo.expand(rows, -1).contiguous()
+
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (b, M) rows, b <= rows.  Returns (b, K) float64 ``C[hi] - C[lo]`` (in ``out`` if given)."""
+        b = x.shape[0]
+        g = x.index_select(1, self.src).to(torch.float64)
+        if self.weight is not None:
+            g.mul_(self.weight)
+        c = g.new_zeros((b, g.shape[1] + 1))
+        torch.cumsum(g, dim=1, out=c[:, 1:])
+        v = torch.gather(c, 1, self.hi[:b], out=out)
+        if self.lo is not None:
+            v.sub_(torch.gather(c, 1, self.lo[:b]))
+        return v
+
+
+def gathered_prefix_torch(x: torch.Tensor, src: torch.Tensor, weight: torch.Tensor | None, hi: torch.Tensor,
+                          lo: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """Range sums of a gathered, weighted float64 prefix; the torch kernel of ``hdecode::gathered_prefix``.
+
+    x: (B, M) float, any strides; src: (J,) int64 in [0, M); weight: (J,) float64 or None (ones);
+    hi: (K,) int64 in [0, J]; lo: (K,) int64 in [0, J] or None (zeros); out_dtype float32/float64.
+    Returns (B, K) ``out_dtype``: ``out[b, k] = C_b[hi[k]] - C_b[lo[k]]`` with
+    ``C_b[j] = Σ_{i<j} weight[i]·x[b, src[i]]`` accumulated left to right in float64.
+    O(B·(J + K)) work, rows in chunks of about ``CHUNK_BYTES`` of temporaries.
+    """
+    check_gathered_prefix_args(x, src, weight, hi, lo, out_dtype)
+    check_index_values(x, src, hi, lo)
+    b, k = x.shape[0], hi.shape[0]
+    out = x.new_empty((b, k), dtype=out_dtype)
+    if b == 0 or k == 0:
+        return out
+    step = _row_chunk(b, 2 * src.shape[0] + 1 + 4 * k)
+    sums = _RangeSums(src, weight, hi, lo, step)
+    for r in range(0, b, step):
+        if out_dtype == torch.float64:
+            sums(x[r:r + step], out=out[r:r + step])
+        else:
+            out[r:r + step] = sums(x[r:r + step])
+    return out
+
+
+def best_ranked_above_torch(x: torch.Tensor, src: torch.Tensor, hi: torch.Tensor, lo: torch.Tensor | None,
+                            rank: torch.Tensor, threshold: float, fallback: int) -> torch.Tensor:
+    """Per row, the range of largest rank whose float64 sum exceeds ``threshold``; the torch kernel of
+    ``hdecode::best_ranked_above``.
+
+    x, src, hi, lo as in :func:`gathered_prefix_torch` (no weight); rank: (K,) int64.
+    Returns (B,) int64: ``argmax_{k : v[b,k] > threshold} rank[k]`` with ``v`` the float64 range
+    sums, the smallest such k if ranks tie, ``fallback`` where no k passes.  O(B·(J + K)).
+    """
+    check_best_ranked_above_args(x, src, hi, lo, rank)
+    check_index_values(x, src, hi, lo)
+    b, k = x.shape[0], hi.shape[0]
+    out = torch.full((b,), int(fallback), dtype=torch.int64, device=x.device)
+    if b == 0 or k == 0:
+        return out
+    # distinct dense ranks 0..K-1 that keep the order of `rank` and, among equal ranks, put the
+    # smallest k highest: the first maximum of where(v > threshold, dense, -1) is then the answer
+    order = torch.argsort(rank.flip(0), stable=True)
+    dense = torch.empty_like(rank)
+    dense[k - 1 - order] = torch.arange(k, device=rank.device)
+    step = _row_chunk(b, 2 * src.shape[0] + 1 + 5 * k)
+    sums = _RangeSums(src, None, hi, lo, step)
+    for r in range(0, b, step):
+        key = torch.where(sums(x[r:r + step]) > threshold, dense, -1)
+        best = key.argmax(dim=1, keepdim=True)
+        out[r:r + step] = torch.where(key.gather(1, best) >= 0, best, out[r:r + step, None]).squeeze(1)
+    return out
+
+
+def row_sum_min_torch(x: torch.Tensor) -> torch.Tensor:
+    """Per-row float64 sum and minimum; the torch kernel of ``hdecode::row_sum_min``.
+
+    x: (B, M) float.  Returns (B, 2) float64 ``[Σ_m x[b, m], min_m x[b, m]]``; a row holding NaN
+    gives NaN in both, an empty row gives ``[0, +inf]``.  O(B·M): two reductions over ``x``.
+    """
+    check_row_sum_min_args(x)
+    total = x.sum(dim=1, dtype=torch.float64)
+    if x.shape[1] == 0:
+        low = torch.full_like(total, float("inf"))
+    else:
+        low = x.amin(dim=1).to(torch.float64)  # amin propagates NaN; the cast is exact
+    return torch.stack([total, low], dim=1)
