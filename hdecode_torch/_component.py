@@ -69,9 +69,10 @@ class HierarchyComponent:
         return 8 * h.num_nodes * 4
 
     def _chunks(self, post, chunk_size=None):
-        from .core.chunking import chunk_ranges
+        from .core.chunking import budget_for, chunk_ranges
 
-        return chunk_ranges(post.batch_size, self._bytes_per_sample(post.h), _chunk_size(chunk_size))
+        return chunk_ranges(post.batch_size, self._bytes_per_sample(post.h), _chunk_size(chunk_size),
+                            budget_for(post.device))
 
     def decode(self, leaf_probs, *, validate: bool | None = None, chunk_size: int | None = None) -> torch.Tensor:
         """Decode a batch.
@@ -82,6 +83,8 @@ class HierarchyComponent:
         chunks bounded by the memory budget (``chunk_size`` overrides it); ``validate=False`` skips the
         input check (one host sync).
         """
+        if isinstance(leaf_probs, torch.Tensor):
+            leaf_probs = leaf_probs.detach()  # a decision has no gradient; none is recorded
         post = self._posterior(leaf_probs, validate)
         parts = [self._decode(post.chunk(a, b)) for a, b in self._chunks(post, chunk_size)]
         out = torch.cat(parts) if len(parts) > 1 else parts[0]

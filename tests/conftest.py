@@ -15,3 +15,16 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     import torch
 
     torch.set_num_threads(1)
+
+
+# HDECODE_TEST_PLAN=cuda runs every test under `hd.plan_for("cuda")`: the GPU plan (depth-first prefix
+# sums, fused ops, the GPU strategies) on whatever device the test uses.
+if os.environ.get("HDECODE_TEST_PLAN"):
+    import pytest
+
+    @pytest.fixture(autouse=True)
+    def _plan_for_every_test():
+        import hdecode_torch as hd
+
+        with hd.plan_for(os.environ["HDECODE_TEST_PLAN"]):
+            yield

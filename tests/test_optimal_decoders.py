@@ -311,7 +311,8 @@ def test_hf_beta_value_bound_matches_reference():
 def test_hf_beta_certification_survives_a_bad_reference_order(beta, k_ref):
     """The stage-2 solver sorts candidates by Δ at a reference k̂ and certifies every other k.  With
     k̂ = 1 or k̂ = C the prefix order is wrong for many k: the exact fallback must repair it.  Compared
-    with every k solved by a full sort, over the same candidates (the SPEC §4.3 set, a superset)."""
+    with every k solved by a full sort (and with the GPU plan's exact solver), over the same
+    candidates (the set of the fixed bound, a superset)."""
     from hdecode_torch.kernels.candidates import candidate_pairs
     from hdecode_torch.metrics.hf_beta import _PrefixSolver, hf_beta_bound
     h, _ = bundled("tieredimagenet-h")
@@ -326,11 +327,15 @@ def test_hf_beta_certification_survives_a_bad_reference_order(beta, k_ref):
     count = torch.bincount(sample, minlength=P.shape[0])
     guess = {"one": torch.ones_like(count), "all": count,
              "expected": (h.leaf_depth.double() @ p[: h.num_leaves] + 1).round().long()}[k_ref]
-    ids, best_k, delta = solver.certified(sample, node, guess)
+    cands = solver.from_pairs(sample, node)
+    ids = cands.ids
+    best_k, delta = solver.certified(cands, guess)
     got = torch.sort(delta.masked_fill(ids == h.num_nodes, 0), dim=1, descending=True).values.cumsum(1)
     got = got.gather(1, (best_k - 1)[:, None])[:, 0]
+    exact_k, _ = solver.exact(cands)
+    assert torch.equal(exact_k, best_k)
     # Every k by brute force: Δ_k of every candidate, fully sorted.
-    q = solver.solve(sample, node, guess)[2]  # (B, C, E) masses of the packed candidates
+    q = cands.q  # (B, C, E) masses of the packed candidates
     ks = torch.arange(1, ids.shape[1] + 1)
     w = 1 / (r * ks.double()[:, None] + (1 - r) * (solver.depths[None, :] + 1))  # (K, E)
     dk = torch.einsum("bce,ke->bkc", q, w)

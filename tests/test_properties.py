@@ -294,9 +294,11 @@ def test_fuzz_global_settings(value):
     try:
         try:
             hd.set_memory_budget(value)
-            assert isinstance(value, int) and value > 0
+            assert value is None or (isinstance(value, int) and value > 0)
         except ALLOWED:
             assert hd.get_memory_budget() == budget
+        if value is None:
+            assert hd.get_memory_budget() == 512 * 2**20  # None restores the default
         try:
             hd.kernels.set_backend(value)
         except ALLOWED:

@@ -416,9 +416,17 @@ def test_chunk_size_and_global_settings(h, P):
     with pytest.raises(TypeError, match="`chunk_size`"):
         m.decode(P, chunk_size="2")
     assert torch.equal(m.decode(P, chunk_size=np.int64(1)), m.decode(P))
-    for bad in (0, -5, 1.5, "1", None, True):
+    for bad in (0, -5, 1.5, "1", True):
         with pytest.raises(ValueError, match="`num_bytes` to be a positive int"):
             hd.set_memory_budget(bad)
+    budget = hd.get_memory_budget()
+    try:
+        hd.set_memory_budget(1 << 20)
+        assert hd.get_memory_budget() == 1 << 20
+        hd.set_memory_budget(None)  # back to the default
+        assert hd.get_memory_budget() == 512 * 2**20
+    finally:
+        hd.set_memory_budget(budget)
     for bad in ("numba", None, 3):
         with pytest.raises(ValueError, match="`name` to be 'torch' or 'scatter'"):
             hd.kernels.set_backend(bad)

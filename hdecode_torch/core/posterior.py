@@ -1,10 +1,14 @@
 """The sufficient statistics of a batch of leaf distributions, computed once and shared.
 
-A :class:`Posterior` holds checked leaf probabilities and computes, lazily and only
-once, the node-level sums that metrics and decoders need (node probabilities, sums of
-leaf-weighted probabilities, per-leaf-depth masses).  Several metrics evaluated on the
-same batch (e.g. a ``MetricCollection``) reuse one Posterior.  All tables are
-node-major: ``(N, B)`` or ``(N, E, B)``.
+A :class:`Posterior` holds checked leaf probabilities and computes, lazily and only once, every
+batch statistic that metrics and decoders need (node probabilities, sums of leaf-weighted
+probabilities, per-leaf-depth masses and their prefix sums, root-path masses, E[d(y)]).  Kernels
+take a Posterior and never recompute what it holds; several metrics evaluated on the same batch
+(e.g. a ``MetricCollection``) share one.
+
+Every table is node-major in its interface, ``(N, B)`` or ``(N, E, B)``, with the batch last.  How
+it is stored follows the plan (:mod:`hdecode_torch.core.plan`): node-major on the CPU plan, a
+transposed view of a batch-major table on the GPU plan (scans along the contiguous dimension).
 """
 
 from __future__ import annotations
@@ -13,8 +17,9 @@ from typing import Hashable
 
 import torch
 
-from ..kernels.depth_ranges import depth_prefix_sums
+from ..kernels.depth_ranges import depth_prefix_sums, depth_ranges
 from ..kernels.tree_sums import accumulation_dtype, leaf_to_node_sum, path_sum, subtree_sum_
+from .plan import current_plan
 from .validation import prepare_leaf_probs
 
 __all__ = ["Posterior"]
@@ -105,9 +110,18 @@ class Posterior:
         return self.h.cached("leaf_depth_values", lambda: torch.unique(self.h.leaf_depth))
 
     def by_leaf_depth(self) -> torch.Tensor:
-        """(N, E, B) per-leaf-depth masses ``Q[n, e] = Σ_{l ∈ L(n), d(l) = depths[e]} p(l)``."""
+        """(N, E, B) per-leaf-depth masses ``Q[n, e] = Σ_{l ∈ L(n), d(l) = depths[e]} p(l)``.
+
+        On the batch-major plan it is a ``permute(2, 1, 0)`` view of a contiguous (B, E, N) table.
+        """
         def build():
             h = self.h
+            if current_plan(h, self.device).batch_major:
+                from ..kernels.fused import gathered_prefix
+
+                src, hi, lo = _depth_mass_ranges(h)
+                q = gathered_prefix(self.probs, src, None, hi, lo, self.dtype)  # (B, E·N), e-major
+                return q.view(self.batch_size, h.num_leaf_depths, h.num_nodes).permute(2, 1, 0)
             depths = self.leaf_depth_values()
             group = h.cached("leaf_depth_group", lambda: torch.searchsorted(depths, h.leaf_depth))
             e = depths.numel()
@@ -121,7 +135,19 @@ class Posterior:
     def depth_prefix(self) -> torch.Tensor:
         """(L + 1, B) float64 prefix sums of the leaf probabilities in (depth, depth-first) order:
         any node's per-leaf-depth mass is a difference of two entries (``kernels.depth_ranges``)."""
-        return self._get("depth_prefix", lambda: depth_prefix_sums(self.h, self.node[: self.h.num_leaves]))
+        def build():
+            h = self.h
+            if current_plan(h, self.device).batch_major:
+                from ..kernels.fused import gathered_prefix
+
+                from ..kernels.fused.reference import trust_indices
+
+                src, positions = h.cached("depth_prefix_positions", lambda: (
+                    trust_indices(depth_ranges(h).leaf_order, h.num_leaves - 1),
+                    trust_indices(torch.arange(h.num_leaves + 1, device=h.device), h.num_leaves)))
+                return gathered_prefix(self.probs, src, None, positions, None, torch.float64).t()  # (B, L+1)ᵀ
+            return depth_prefix_sums(h, self.node[: h.num_leaves])
+        return self._get("depth_prefix", build)
 
     def ancestor_mass(self) -> torch.Tensor:
         """(N, B) ``Σ_{a ∈ A(n), a ≠ root} p(a)``, which equals E[d(LCA(n, y))]: the mass under each
@@ -131,3 +157,15 @@ class Posterior:
     def expected_leaf_depth(self) -> torch.Tensor:
         """(B,) E[d(y)]."""
         return self._get("e_depth", lambda: self.probs @ self.h.leaf_depth.to(self.dtype))
+
+
+def _depth_mass_ranges(h):
+    """(src, hi, lo) of the per-leaf-depth masses as E·N ranges, e-major (cached on the hierarchy)."""
+    def build():
+        r = depth_ranges(h)
+        from ..kernels.fused.reference import trust_indices
+
+        n, j = h.num_nodes, h.num_leaves
+        return (trust_indices(r.leaf_order, j - 1), trust_indices(r.hi[:n].t().reshape(-1).long(), j),
+                trust_indices(r.lo[:n].t().reshape(-1).long(), j))
+    return h.cached("depth_mass_ranges", build)

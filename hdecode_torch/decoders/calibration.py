@@ -64,7 +64,7 @@ def calibrate_darts(hierarchy, leaf_probs, targets, target_accuracy: float, *, t
         raise ValueError(f"Expected `max_iter` to be a positive int, but got {max_iter!r}")
     max_iter = int(max_iter)
     # One fused check (probabilities and target range), one host sync.
-    x = as_tensor(leaf_probs, "leaf_probs")
+    x = as_tensor(leaf_probs, "leaf_probs").detach()
     y = as_targets(targets, hierarchy.num_leaves, name="targets", device=x.device)
     post = Posterior(hierarchy, x, from_logits=from_logits, validate=validate,
                      extra_checks=[RangeCheck(y, hierarchy.num_leaves, "targets", "leaf ids")])

@@ -204,6 +204,8 @@ class DecodingHead(nn.Module):
         if isinstance(scores, torch.Tensor) and scores.device != h.device:
             raise ValueError(f"Expected `scores` on the head's device {h.device}, but got {scores.device}; "
                              "move the head with .to(device)")
+        if isinstance(scores, torch.Tensor):
+            scores = scores.detach()  # a decision has no gradient: inside nn.Sequential, no graph is kept
         post = Posterior(h, scores, from_logits=self.from_logits, validate=self.validate, name="scores")
         return self.decoder.decode(post)
 

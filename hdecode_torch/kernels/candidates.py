@@ -25,10 +25,11 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core.plan import current_plan
 from .ancestry import top_ancestor
 
 __all__ = ["PruningStatistics", "pruning_statistics", "candidate_mask", "sampled_products", "candidate_pairs",
-           "pack_candidates"]
+           "pack_candidates", "pack_mask", "depth_order"]
 
 
 @dataclass(frozen=True)
@@ -149,14 +150,50 @@ def _sampled_products(cost, probs, node, sample):
     return out.values().clone()  # a plain tensor, not a view of a sparse one (which Dynamo cannot wrap)
 
 
+def depth_order(h) -> torch.Tensor:
+    """(N,) int64 the nodes sorted by (depth, id), cached."""
+    return h.cached("depth_order", lambda: torch.sort(
+        h.depth * h.num_nodes + torch.arange(h.num_nodes, device=h.depth.device)).indices)
+
+
+def pack_mask(h, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each sample's kept nodes, left-packed in (depth, id) order.
+
+    keep: (N, B) bool.  Returns ``(ids, count)``: (B, C) int64 with padding N, C the largest count,
+    and (B,) int64.  On the batch-major plan, one host read (C): the kept nodes of a row are its C
+    largest entries of a key that ranks every node by (depth, id) (−1 where not kept), one top-C
+    selection that reads the (B, N) key once and writes only (B, C).  On the CPU plan the kept
+    pairs are listed by ``nonzero`` and packed, which is faster there (two host reads).
+    """
+    n, bsz = keep.shape
+    if not current_plan(h, keep.device).batch_major:
+        sample, node, _ = candidate_pairs(h, keep, keep)
+        ids, count, _ = pack_candidates(h, sample, node, bsz)
+        return ids, count
+    kt = keep.t()
+    count = kt.sum(1)
+    c = int(count.max()) if bsz and n else 0  # the host read
+    key = torch.where(kt, _pack_rank(h), -1)
+    top = torch.topk(key, c, dim=1, largest=True, sorted=True)
+    return torch.where(top.values >= 0, top.indices, torch.full_like(top.indices, h.num_nodes)), count
+
+
+def _pack_rank(h) -> torch.Tensor:
+    """(N,) int32 N − 1 − (position in (depth, id) order): larger for shallower nodes, then smaller ids."""
+    def build():
+        rank = torch.empty(h.num_nodes, dtype=torch.int32, device=h.device)
+        rank[depth_order(h)] = torch.arange(h.num_nodes - 1, -1, -1, dtype=torch.int32, device=h.device)
+        return rank
+    return h.cached("pack_rank", build)
+
+
 def candidate_pairs(h, keep: torch.Tensor, p: torch.Tensor):
     """The kept (sample, node) pairs, sample-major, nodes in (depth, id) order within a sample.
 
     keep: (N, B) bool; p: (N, B) float.  Returns ``(sample, node, value)``, each (M,): int64,
     int64 and p at the pair.  One host sync (M, through ``nonzero``).
     """
-    order = h.cached("depth_order", lambda: torch.sort(
-        h.depth * h.num_nodes + torch.arange(h.num_nodes, device=h.depth.device)).indices)
+    order = depth_order(h)
     pairs = keep.index_select(0, order).t().nonzero()  # (M, 2): (sample, rank in depth order)
     sample, node = pairs[:, 0], order[pairs[:, 1]]
     return sample, node, p.reshape(-1)[node * p.shape[1] + sample]

@@ -77,6 +77,16 @@ def depth_prefix_sums(h, leaf_values: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _flat(table: torch.Tensor):
+    """(flat view, row stride, column stride) of a 2-D table stored row- or column-major."""
+    if table.is_contiguous():
+        return table.reshape(-1), table.shape[1], 1
+    if table.t().is_contiguous():
+        return table.t().reshape(-1), 1, table.shape[0]
+    table = table.contiguous()
+    return table.reshape(-1), table.shape[1], 1
+
+
 def depth_masses(h, prefix: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """(M, E) float64 per-leaf-depth masses ``Q_e(ids[i])`` of sample ``rows[i]``.
 
@@ -85,8 +95,9 @@ def depth_masses(h, prefix: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor)
     """
     ranges = depth_ranges(h)
     m, e = ids.numel(), ranges.depths.numel()
-    bsz = prefix.shape[1]
-    # One flat index_select for both ends (advanced indexing with a 2-D index is 3x slower on CPU).
+    # One flat index_select for both ends (advanced indexing with a 2-D index is 3x slower on CPU),
+    # on the table's own storage whichever way it is laid out.
     ends = torch.stack([ranges.hi.index_select(0, ids), ranges.lo.index_select(0, ids)]).long()
-    got = prefix.reshape(-1).index_select(0, (ends * bsz + rows[:, None]).view(-1)).view(2, m, e)
+    flat, s0, s1 = _flat(prefix)
+    got = flat.index_select(0, (ends * s0 + rows[:, None] * s1).view(-1)).view(2, m, e)
     return got[0] - got[1]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["argbest", "argbest_pairs", "deepest_where", "deepest_above", "most_informative_where", "informative_order",
+__all__ = ["argbest", "argbest_pairs", "deepest_where", "deepest_above", "deepest_above_from_leaves", "most_informative_where", "informative_order",
            "tie_rank", "preference_order"]
 
 
@@ -97,6 +97,20 @@ def deepest_above(h, p: torch.Tensor, threshold: float) -> torch.Tensor:
     single-child chain the deeper node wins.
     """
     return deepest_where(h, p > threshold)
+
+
+def deepest_above_from_leaves(h, leaf_probs: torch.Tensor, threshold: float) -> torch.Tensor:
+    """:func:`deepest_above` straight from leaf probabilities (B, L), fused with the node sums.
+
+    One pass over the input and B integers written (``hdecode::best_ranked_above``: node sums as
+    float64 differences of depth-first prefix sums, compared with ``threshold`` in float64).
+    Returns (B,) int64.
+    """
+    from .fused import best_ranked_above
+    from .tree_sums import tree_ranges
+
+    src, _, hi, lo = tree_ranges(h, "leaves")
+    return best_ranked_above(leaf_probs, src, hi, lo, tie_rank(h), threshold, h.root)
 
 
 def informative_order(h) -> torch.Tensor:

@@ -1,22 +1,30 @@
 """Sums over subtrees and over root paths: the two tree reductions every metric is made of.
 
-Pure functions of (hierarchy tables, tensor) -> tensor.  Each runs one vectorized
-step per tree level (a loop over depth, never over nodes or samples), so the work is
-O(N * prod(rest)) with no N x L matrix.
+Pure functions of (hierarchy tables, tensor) -> tensor, node-major in their interface: ``(N, *)``,
+the node dimension first.  Two implementations, chosen by the plan (:mod:`hdecode_torch.core.plan`):
 
-Layout: **node-major**, ``(N, *)`` — the node dimension first and the batch after it.
-Each level step then moves whole contiguous rows (one row per node), which on CPU is
-about 4x faster than scattering along the last dimension of a ``(B, N)`` tensor
-(measured on tieredImageNet-H, B = 4000: 3.9 ms vs 16.8 ms).
+- ``"levels"``: one vectorized step per tree level (a loop over depth, never over nodes or
+  samples), O(N·R) work for R columns.  Each step moves whole contiguous rows of a node-major
+  table, which on a CPU is several times faster than scattering along the last dimension.
+- ``"prefix"``: depth-first prefix sums along the contiguous dimension of the batch-major table
+  (the transpose of the interface): a node's leaves, its subtree and its root path in the Euler
+  tour are each one contiguous range of a fixed ordering, so every sum is a difference of two
+  prefix sums (:func:`~hdecode_torch.kernels.fused.gathered_prefix`, accumulated in float64), a
+  fixed number of operators whatever the depth.  Inputs that are transposed views of batch-major
+  tables are read without a copy, and the results are transposed views of batch-major tables.
+
+No implementation builds an N × L matrix.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..core.plan import current_plan
 from .segment import index_add_rows
 
-__all__ = ["subtree_sum", "subtree_sum_", "accumulation_dtype", "leaf_to_node_sum", "path_sum", "level_pairs"]
+__all__ = ["subtree_sum", "subtree_sum_", "accumulation_dtype", "leaf_to_node_sum", "path_sum", "level_pairs",
+           "tree_ranges"]
 
 
 def level_pairs(h) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -26,35 +34,119 @@ def level_pairs(h) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return h.cached("level_pairs", build)
 
 
+def tree_ranges(h, kind: str):
+    """Index arrays of the ``"prefix"`` sums (cached on the hierarchy): ``(src, weight, hi, lo)``.
+
+    - ``"leaves"``: the leaves in depth-first order; node n's leaves are ``[lo[n], hi[n])``;
+    - ``"subtree"``: the preorder; node n's subtree is ``[pos[n], pos[n] + size[n])``;
+    - ``"path"`` / ``"path_below_root"``: the Euler tour, 2N entries, each node entered (weight +1)
+      and left (weight −1, or 0 for the root when it is left out); the prefix up to a node's entry
+      holds its ancestors and itself, everything else cancels (``lo`` is None).
+    """
+    def build():
+        n, dev = h.num_nodes, h.device
+        if kind == "leaves":
+            lo = h.leaf_start
+            return _trusted(h.dfs_leaves, None, lo + h.leaf_count, lo, h.num_leaves)
+        if kind == "subtree":
+            order = torch.empty_like(h.pos)
+            order[h.pos] = torch.arange(n, device=dev)
+            return _trusted(order, None, h.pos + h.size, h.pos, n)
+        # Euler tour: n is entered at 2·pos(n) − depth(n) (every node before it in preorder was
+        # entered, and all but its depth(n) ancestors were left), left 2·size(n) − 1 steps later.
+        enter = 2 * h.pos - h.depth
+        leave = enter + 2 * h.size - 1
+        ids = torch.arange(n, device=dev)
+        src = torch.empty(2 * n, dtype=torch.long, device=dev)
+        weight = torch.empty(2 * n, dtype=torch.float64, device=dev)
+        src[enter], src[leave] = ids, ids
+        weight[enter], weight[leave] = 1.0, -1.0
+        if kind == "path_below_root":
+            weight[enter[h.root]] = weight[leave[h.root]] = 0.0
+        return _trusted(src, weight, enter + 1, None, n)
+    return h.cached(("tree_ranges", kind), build)
+
+
+def _trusted(src, weight, hi, lo, width):
+    """Index arrays derived from a validated tree: in range by construction (no check, no host read)."""
+    from .fused.reference import trust_indices
+
+    trust_indices(src, width - 1)
+    trust_indices(hi, src.shape[0])
+    if lo is not None:
+        trust_indices(lo, src.shape[0])
+    return src, weight, hi, lo
+
+
+def single_leaf_nodes(h) -> tuple[torch.Tensor, torch.Tensor]:
+    """(nodes with exactly one leaf below them, that leaf), cached: the leaves and single-child chains
+    ending at a leaf, whose node sums must be exactly the leaf's value."""
+    def build():
+        nodes = torch.nonzero(h.leaf_count == 1)[:, 0]
+        return nodes, h.dfs_leaves[h.leaf_start[nodes]]
+    return h.cached("single_leaf_nodes", build)
+
+
+def _prefix_sums(h, values: torch.Tensor, kind: str) -> torch.Tensor:
+    """The "prefix" kernel: values (M, *) node- or leaf-major -> (N, *).
+
+    The node dimension moves last: a table stored with the nodes innermost (batch-major) is read
+    as (R, M) rows without a copy, and the result is stored the same way.
+    """
+    from .fused import gathered_prefix
+
+    src, weight, hi, lo = tree_ranges(h, kind)
+    rest = tuple(values.shape[1:])
+    dtype = values.dtype
+    x = values.movedim(0, -1).reshape(-1, values.shape[0])  # (R, M)
+    if not x.is_floating_point():
+        x = x.to(torch.float64)  # integer counts are exact in float64
+    out_dtype = dtype if dtype in (torch.float32, torch.float64) else torch.float64
+    out = gathered_prefix(x, src, weight, hi, lo, out_dtype)  # (R, N)
+    out = out.reshape(rest + (h.num_nodes,)).movedim(-1, 0)
+    out = out if out.dtype == dtype else out.to(dtype)
+    if kind == "leaves":
+        # A difference of prefix sums rounds; a node with a single leaf must hold that leaf's value
+        # exactly (leaves equal the input, single-child chains tie exactly with their leaf).
+        nodes, leaves = single_leaf_nodes(h)
+        out.index_copy_(0, nodes, values.index_select(0, leaves).to(dtype))
+    return out
+
+
 def subtree_sum(h, values: torch.Tensor) -> torch.Tensor:
     """Sum of ``values`` over every node's subtree, the node included.
 
-    values: (N, *) float, node-major.  Returns a new (N, *) tensor, same dtype:
+    values: (N, *) float or int, node-major.  Returns a new (N, *) tensor, same dtype:
     ``out[n] = Σ_{m ∈ D(n)} values[m]``.
     """
+    if current_plan(h, values.device).tree_sums == "prefix":
+        return _prefix_sums(h, values, "subtree")
     return subtree_sum_(h, values.clone())
 
 
 def subtree_sum_(h, values: torch.Tensor) -> torch.Tensor:
-    """In-place :func:`subtree_sum` (overwrites and returns ``values``)."""
+    """In-place per-level :func:`subtree_sum` (overwrites and returns ``values``)."""
     for nodes, parents in level_pairs(h):
         index_add_rows(values, parents, values.index_select(0, nodes))
     return values
 
 
-#: Largest number of children summed into one node in float32.  index_add_ accumulates a
-#: node's children one after the other, so the rounding error grows with the fan-in: on a
-#: 100k-leaf star p(root) came out 1 + 1e-3.  Trees with a wider node sum in float64.
+#: Largest number of children summed into one node in float32 by the per-level sums: index_add_
+#: accumulates a node's children one after the other, so the rounding error grows with the fan-in
+#: (on a 100k-leaf star p(root) came out 1 + 1e-3).  Trees with a wider node sum in float64.
 FLOAT32_MAX_FAN_IN = 1024
 
 
 def leaf_to_node_sum(h, leaf_values: torch.Tensor) -> torch.Tensor:
     """Push leaf values up the tree: ``out[n] = Σ_{l ∈ L(n)} leaf_values[l]``.
 
-    leaf_values: (L, *) float, leaf-major.  Returns (N, *), same dtype.  With
-    probabilities this is p(n) for every node.  float32 input on a tree with a node of more
-    than ``FLOAT32_MAX_FAN_IN`` children is accumulated in float64.
+    leaf_values: (L, *) float, leaf-major.  Returns (N, *), same dtype.  With probabilities this
+    is p(n) for every node.  The per-level sums accumulate float32 input in float32, except on a
+    tree with a node of more than ``FLOAT32_MAX_FAN_IN`` children (then float64); the prefix sums
+    always accumulate in float64.
     """
+    if current_plan(h, leaf_values.device).tree_sums == "prefix":
+        return _prefix_sums(h, leaf_values, "leaves")
     dtype = leaf_values.dtype
     acc = accumulation_dtype(h, dtype)
     out = torch.empty((h.num_nodes,) + tuple(leaf_values.shape[1:]), dtype=acc, device=leaf_values.device)
@@ -64,7 +156,7 @@ def leaf_to_node_sum(h, leaf_values: torch.Tensor) -> torch.Tensor:
 
 
 def accumulation_dtype(h, dtype: torch.dtype) -> torch.dtype:
-    """The dtype to sum ``dtype`` values over ``h``'s subtrees in (see ``FLOAT32_MAX_FAN_IN``)."""
+    """The dtype the per-level sums accumulate ``dtype`` values in over ``h`` (see ``FLOAT32_MAX_FAN_IN``)."""
     wide = h.cached("max_fan_in", lambda: int(h.num_children.max())) > FLOAT32_MAX_FAN_IN
     return torch.float64 if (wide and dtype == torch.float32) else dtype
 
@@ -72,9 +164,11 @@ def accumulation_dtype(h, dtype: torch.dtype) -> torch.dtype:
 def path_sum(h, values: torch.Tensor, include_root: bool = True) -> torch.Tensor:
     """Sum of ``values`` along every root path: ``out[n] = Σ_{a ∈ A(n)} values[a]``.
 
-    values: (N, *) float or int.  With ``include_root=False`` the root's row is left out
-    of every sum.  Returns a new (N, *) tensor.
+    values: (N, *) float or int.  With ``include_root=False`` the root's row is left out of every
+    sum.  Returns a new (N, *) tensor, same dtype.
     """
+    if current_plan(h, values.device).tree_sums == "prefix":
+        return _prefix_sums(h, values, "path" if include_root else "path_below_root")
     out = values.clone()
     if not include_root:
         out[h.root] = 0

@@ -47,10 +47,13 @@ does not depend on k and every pair passes.  Host syncs: the two stages' C, the 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
+from ..core.plan import current_plan
 from ..core.validation import check_positive
-from ..kernels.candidates import candidate_pairs, pack_candidates
+from ..kernels.candidates import candidate_pairs, pack_candidates, pack_mask
 from ..kernels.depth_ranges import depth_masses, depth_ranges
 from ..kernels.tree_sums import path_sum
 from .base import SetMetric
@@ -87,29 +90,45 @@ def hf_beta_decode(post, beta: float) -> torch.Tensor:
     """Optimal hF_β sets of a :class:`~hdecode_torch.Posterior`'s batch.
 
     Returns (B, N) bool, ancestor-closed.  Ties: among sets of equal expected score the smallest k
-    wins; within a k, nodes of equal Δ_k are taken shallowest first, then by smallest id.
+    wins; within a k, nodes of equal Δ_k are taken shallowest first, then by smallest id.  Host
+    reads: one per stage (its candidate count), plus, on the CPU plan, the (sample, k) pairs the
+    certification has to check.
     """
     h, p = post.h, post.node
     dt = p.dtype
     bsz = p.shape[1]
     if bsz == 0:
         return torch.zeros(0, h.num_nodes, dtype=torch.bool, device=p.device)
-    slack = 1 - 64 * torch.finfo(dt).eps  # rounding may only add candidates
-    keep = p >= hf_beta_bound(h, beta).to(dt)[:, None] * slack
-    keep[h.root] = True
-    sample, node, value = candidate_pairs(h, keep, p)
-    tau = hf_beta_value_bound(h, beta).to(dt)[node]
-    is_root = node == h.root
     solver = _PrefixSolver(post, _recall_share(beta))
-    # Stage 1: the candidates of a perfect score; k̂ = E[d(y)] + 1, the size of a typical label set.
-    first = (value >= tau * slack) | is_root
-    k_ref = (post.expected_leaf_depth() + 1).round().long()
-    lower, k_ref = solver.solve(sample[first], node[first], k_ref)[:2]
-    # Stage 2: p(n) ≥ τ(n)·LB holds for every node of every optimal set.  LB is a sum of up to
-    # C·E rounded terms: a wider slack keeps its rounding from ever dropping an optimal node.
+    slack = 1 - 64 * torch.finfo(dt).eps  # rounding may only add candidates
+    # LB is a sum of up to C·E rounded terms: a wider slack keeps its rounding from ever dropping an
+    # optimal node.
     wide = 1 - _VALUE_SLACK * torch.finfo(dt).eps
-    second = (value >= tau * lower[sample] * wide) | is_root
-    ids, best_k, delta = solver.certified(sample[second], node[second], k_ref)
+    # k̂ = E[d(y)] + 1, the size of a typical label set.
+    k_ref = (post.expected_leaf_depth() + 1).round().long()
+    if current_plan(h, post.device).hf_beta == "exact":
+        # Masks over every node, packed by a top-C selection: one host read per stage.
+        tau = hf_beta_value_bound(h, beta).to(dt)[:, None]
+        keep = p >= tau * slack  # stage 1: the candidates of a perfect score
+        keep[h.root] = True
+        lower, k_ref = solver.solve(solver.from_mask(keep), k_ref)[:2]
+        keep = p >= tau * (lower * wide)[None, :]  # stage 2: p(n) ≥ τ(n)·LB, every optimal set
+        keep[h.root] = True
+        cands = solver.from_mask(keep)
+        best_k, delta = solver.exact(cands)
+    else:
+        # The pairs above the fixed bound are listed once; both stages filter that list.
+        keep = p >= hf_beta_bound(h, beta).to(dt)[:, None] * slack
+        keep[h.root] = True
+        sample, node, value = candidate_pairs(h, keep, p)
+        tau = hf_beta_value_bound(h, beta).to(dt)[node]
+        is_root = node == h.root
+        first = (value >= tau * slack) | is_root
+        lower, k_ref = solver.solve(solver.from_pairs(sample[first], node[first]), k_ref)[:2]
+        second = (value >= tau * lower[sample] * wide) | is_root
+        cands = solver.from_pairs(sample[second], node[second])
+        best_k, delta = solver.certified(cands, k_ref)
+    ids = cands.ids
     # The best set: the best k* nodes by Δ_{k*}; a stable sort keeps (depth, id) order among ties.
     delta = delta.masked_fill(ids == h.num_nodes, float("-inf"))
     rank = torch.sort(delta, dim=1, descending=True, stable=True).indices
@@ -123,6 +142,17 @@ def hf_beta_decode(post, beta: float) -> torch.Tensor:
 #: Relative slack, in ulps, of comparisons between rounded set values (sums of up to C·E terms):
 #: 1e-4 in float32, 2e-13 in float64; it may only keep more candidates or check more k.
 _VALUE_SLACK = 1024
+
+#: Bytes of the (B, K, C) table of Δ_k the exact solver builds at once (larger batches loop over k blocks).
+_EXACT_BLOCK_BYTES = 2**30
+
+
+class _Candidates(NamedTuple):
+    """Packed candidates: ids (B, C) int64 (padding N), count (B,), masses q (B, C, E)."""
+
+    ids: torch.Tensor
+    count: torch.Tensor
+    q: torch.Tensor
 
 
 class _PrefixSolver:
@@ -140,23 +170,42 @@ class _PrefixSolver:
         """(*k.shape, E) w_e(k) = 1/(rk + a(d_e)) = (1+β²)/(k + β²(d_e+1))."""
         return 1 / (self.r * k.to(self.dt)[..., None] + self.a)
 
-    def solve(self, sample, node, k_ref):
-        """Best prefix set of each sample's candidates, ordered by Δ at ``k_ref`` (B,).
-
-        sample, node: (M,) the candidate pairs, sample-major.  Returns (value, k, q, q in that
-        order, Δ_k̂ in that order, k̂, ids, count): value (B,) is achieved by a closed set of size k
-        (B,), ties to the smallest k; q (B, C, E) the masses of the packed candidates ids (B, C).
-        """
+    def from_mask(self, keep: torch.Tensor) -> "_Candidates":
+        """The candidates of a (N, B) bool mask, packed by a top-C selection, and their masses."""
+        ids, count = pack_mask(self.h, keep)
         h = self.h
-        bsz = k_ref.shape[0]
-        ids, count, slot = pack_candidates(h, sample, node, bsz)
-        c = ids.shape[1]
+        bsz, c = ids.shape
         if self.prefix is None:  # one leaf depth: the masses are p
+            got = self.p.t().gather(1, ids.clamp(max=h.num_nodes - 1))
+            q = torch.where(ids < h.num_nodes, got, torch.zeros_like(got))[:, :, None]
+        else:
+            rows = torch.arange(bsz, device=ids.device).repeat_interleave(c)
+            q = depth_masses(h, self.prefix, rows, ids.reshape(-1)).view(bsz, c, -1).to(self.dt)
+        return _Candidates(ids, count, q)
+
+    def from_pairs(self, sample: torch.Tensor, node: torch.Tensor) -> "_Candidates":
+        """The candidates of sample-major (sample, node) pairs (M,), packed, and their masses (read for
+        the M pairs only)."""
+        h = self.h
+        bsz = self.p.shape[1]
+        ids, count, slot = pack_candidates(h, sample, node, bsz)
+        if self.prefix is None:
             flat = self.p.reshape(-1).index_select(0, node * bsz + sample)[:, None]
         else:
             flat = depth_masses(h, self.prefix, sample, node)
-        q = torch.zeros(bsz, c, flat.shape[1], dtype=self.dt, device=ids.device)
+        q = torch.zeros(bsz, ids.shape[1], flat.shape[1], dtype=self.dt, device=ids.device)
         q[sample, slot] = flat.to(self.dt)
+        return _Candidates(ids, count, q)
+
+    def solve(self, cands: "_Candidates", k_ref):
+        """Best prefix set of each sample's candidates, ordered by Δ at ``k_ref`` (B,).
+
+        Returns (value, k, q, q in that order, Δ_k̂ in that order, k̂, ids, count): value (B,) is
+        achieved by a closed set of size k (B,), ties to the smallest k; q (B, C, E) the masses of
+        the candidates ``ids`` (B, C).
+        """
+        ids, count, q = cands.ids, cands.count, cands.q
+        c = ids.shape[1]
         k_ref = torch.minimum(k_ref.clamp(min=1), count)
         d_ref = (q * self.weights(k_ref)[:, None, :]).sum(2).masked_fill(ids == self.h.num_nodes, float("-inf"))
         srt = torch.sort(d_ref, dim=1, descending=True, stable=True)
@@ -167,15 +216,34 @@ class _PrefixSolver:
         value, k = pv.max(1)  # first max: the smallest k
         return value, k + 1, q, qs, srt.values, k_ref, ids, count
 
-    def certified(self, sample, node, k_ref):
-        """The optimal k of each sample over its candidates (a superset of every optimal set).
-
-        Returns (ids (B, C) the packed candidates, k* (B,), Δ_{k*} of the candidates (B, C)).
-        """
-        value, best_k, q0, q, d_ref, k_ref, ids, count = self.solve(sample, node, k_ref)
+    def certified(self, cands: "_Candidates", k_ref):
+        """The optimal k of each sample over its candidates (a superset of every optimal set), from the
+        best prefix value certified k by k.  Returns (k* (B,), Δ_{k*} of the candidates (B, C))."""
+        value, best_k, q0, q, d_ref, k_ref, ids, count = self.solve(cands, k_ref)
         if self.depths.numel() > 1:  # with one leaf depth the order never moves: PV(k) = V(k)
             value, best_k = self._check(value, best_k, q0, q, d_ref, k_ref, count)
-        return ids, best_k, (q0 * self.weights(best_k)[:, None, :]).sum(2)
+        return best_k, (q0 * self.weights(best_k)[:, None, :]).sum(2)
+
+    def exact(self, cands: "_Candidates"):
+        """The optimal k of each sample over its candidates with every V(k) computed exactly: Δ_k of
+        every candidate for every k, sorted, summed (B·C² work, a fixed number of operators and no
+        host read).  Returns (k* (B,), Δ_{k*} of the candidates (B, C))."""
+        ids, count, q = cands.ids, cands.count, cands.q
+        bsz, c, _ = q.shape
+        ks = torch.arange(1, c + 1, device=ids.device)
+        w = self.weights(ks)  # (K, E)
+        pad = (ids == self.h.num_nodes)[:, None, :]
+        block = max(1, _EXACT_BLOCK_BYTES // max(1, 8 * bsz * c))
+        values = []
+        for start in range(0, c, block):  # one block unless the batch is very large
+            dk = torch.einsum("bce,ke->bkc", q, w[start:start + block]).masked_fill(pad, 0.0)
+            top = torch.sort(dk, dim=2, descending=True).values.cumsum(2)  # (B, K, C) sums of the j best
+            kk = ks[start:start + block]
+            values.append(top.gather(2, (kk - 1)[None, :, None].expand(bsz, -1, 1))[:, :, 0])
+        v = torch.cat(values, 1) if len(values) > 1 else values[0]
+        v = torch.where(ks[None, :] <= count[:, None], v, torch.full_like(v, -1.0))
+        best_k = v.argmax(1) + 1  # first max: the smallest k
+        return best_k, (q * self.weights(best_k)[:, None, :]).sum(2)
 
     def _check(self, value, best_k, q0, q, d_ref, k_ref, count):
         """Certify (value, best_k) from :meth:`solve`, solving exactly the k it cannot exclude."""

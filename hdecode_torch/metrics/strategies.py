@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from ..core.plan import current_plan
 from ..kernels.candidates import PruningStatistics, candidate_mask, pruning_statistics, sampled_products
 from ..kernels.selection import argbest, argbest_pairs
 from .base import NodeMetric
@@ -56,10 +57,16 @@ class StrategyNodeMetric(NodeMetric):
         self.strategy = strategy
 
     def resolved_strategy(self, h=None) -> str:
-        """The strategy ``decode`` runs on ``h`` (default: this metric's hierarchy)."""
+        """The strategy ``decode`` runs on ``h`` (default: this metric's hierarchy) under the current plan.
+
+        CPU plan: the metric's measured rule (``candidates_are_faster``).  CUDA plan: the dense
+        product while the matrix fits (one GEMM), the structural sums otherwise.
+        """
         if self.strategy != "auto":
             return self.strategy
         h = self.hierarchy if h is None else h
+        if current_plan(h, h.device).node_strategy == "dense_or_structural":
+            return "dense" if self._dense_fits(h) else "structural"
         return "candidates" if self.candidates_are_faster(h, self._dense_fits(h)) else "structural"
 
     def _dense_fits(self, h) -> bool:
@@ -71,9 +78,16 @@ class StrategyNodeMetric(NodeMetric):
         return False
 
     def _bytes_per_sample(self, h):
-        if self.resolved_strategy(h) == "candidates":  # node sums, mask, float64 prefix sums
+        strategy = self.resolved_strategy(h)
+        if strategy == "candidates":  # node sums, mask, float64 prefix sums
             return 4 * h.num_nodes * 12 + 8 * (h.num_leaves + 1)
-        return 4 * h.num_nodes * (2 * h.num_leaf_depths + 4) * 2
+        if strategy == "dense":  # the (N, B) product and its reordered copy
+            return 8 * h.num_nodes * 3
+        return self.structural_bytes_per_sample(h)
+
+    def structural_bytes_per_sample(self, h) -> int:
+        """Bytes per sample of the structural table's temporaries."""
+        return 8 * h.num_nodes * 4
 
     # ------------------------------------------------------------------ tree-only tables (cached on h)
     def similarity_matrix(self, h, dtype: torch.dtype = torch.float64) -> torch.Tensor:

@@ -19,7 +19,8 @@ import torch
 
 from ..core.validation import check_nonnegative
 from ..kernels.ancestry import lca_depth
-from ..kernels.selection import deepest_above
+from ..core.plan import current_plan
+from ..kernels.selection import deepest_above, deepest_above_from_leaves
 from .base import NodeMetric
 
 __all__ = ["TreeDistance", "TreeDistanceC", "tree_distance_values", "tree_distance_table", "tree_distance_decode",
@@ -44,7 +45,13 @@ def tree_distance_table(post, c: float = 0.0) -> torch.Tensor:
 
 
 def tree_distance_decode(post, c: float = 0.0) -> torch.Tensor:
-    """(B,) int64 the deepest node with p(n) > (1 + c)/2, the root if none."""
+    """(B,) int64 the deepest node with p(n) > (1 + c)/2, the root if none.
+
+    On the batch-major plan the node sums and the decision are one fused pass over the leaf
+    probabilities (float64 sums); on the CPU plan the node table is the Posterior's.
+    """
+    if current_plan(post.h, post.device).batch_major:
+        return deepest_above_from_leaves(post.h, post.probs, (1 + c) / 2)
     return deepest_above(post.h, post.node, (1 + c) / 2)
 
 

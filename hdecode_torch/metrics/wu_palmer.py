@@ -64,6 +64,9 @@ class WuPalmer(StrategyNodeMetric):
         # Candidates read their root paths from the ancestors-by-depth table.
         return h.num_leaf_depths >= 2 and h.ancestor_table_fits
 
+    def structural_bytes_per_sample(self, h):
+        return 8 * h.num_nodes * (2 * h.num_leaf_depths + 4)
+
     def _values(self, h, pred, target):
         return wu_palmer_values(h, pred, target)
 

@@ -148,3 +148,34 @@ for _name, (_default, _cuda, _fake) in _KERNELS.items():
     _LIB.impl(_name, _default, "CompositeExplicitAutograd")
     _LIB.impl(_name, _cuda, "CUDA")
     _register_fake(_name, _fake)
+
+
+# -- autograd: range sums are linear in x ------------------------------------------------------------
+# ∂out[b, k] / ∂(w_j x[b, src_j]) = [j < hi_k] − [j < lo_k]: the gradient of position j is the sum of
+# the output gradients of the ranges that cover it, a suffix sum of the gradients dropped at each hi
+# (and removed at each lo).  The decision and check ops have no gradient (their outputs are indices
+# and flags).
+
+def _gathered_prefix_setup(ctx, inputs, output):
+    x, src, weight, hi, lo, _ = inputs
+    ctx.save_for_backward(src, weight, hi, lo)
+    ctx.x_shape, ctx.x_dtype = tuple(x.shape), x.dtype
+
+
+def _gathered_prefix_backward(ctx, grad):
+    src, weight, hi, lo = ctx.saved_tensors
+    b, m = ctx.x_shape
+    g = grad.to(torch.float64)
+    drop = g.new_zeros((b, src.shape[0] + 1))
+    drop.index_add_(1, hi, g)
+    if lo is not None:
+        drop.index_add_(1, lo, -g)
+    covered = drop.flip(1).cumsum(1).flip(1)[:, 1:]  # Σ_{i > j} drop[i], for every position j
+    if weight is not None:
+        covered = covered * weight
+    gx = g.new_zeros((b, m)).index_add_(1, src, covered).to(ctx.x_dtype)
+    return gx, None, None, None, None, None
+
+
+torch.library.register_autograd("hdecode::gathered_prefix", _gathered_prefix_backward,
+                                setup_context=_gathered_prefix_setup, lib=_LIB)

@@ -8,12 +8,14 @@ same input gives the same bits on every call.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 __all__ = [
     "gathered_prefix_torch", "best_ranked_above_torch", "row_sum_min_torch",
     "check_gathered_prefix_args", "check_best_ranked_above_args", "check_row_sum_min_args",
-    "check_index_values",
+    "check_index_values", "trust_indices",
 ]
 
 FLOAT_INPUTS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -74,10 +76,43 @@ def check_row_sum_min_args(x) -> None:
     _check_float_matrix(x, "x")
 
 
+#: Index tensors already checked against a bound, by id: (weak reference, version counter, bound).
+#: The library passes the same cached tree tables on every call, so each is read once, not per call
+#: (a read is a host sync); an in-place change bumps the version and triggers a new check.
+_VERIFIED: dict[int, tuple] = {}
+
+
+def _already_verified(t: torch.Tensor, top: int) -> bool:
+    entry = _VERIFIED.get(id(t))
+    try:
+        return entry is not None and entry[0]() is t and entry[1] == t._version and entry[2] == top
+    except RuntimeError:  # inference tensors have no version counter: always check them
+        return False
+
+
+def trust_indices(t: torch.Tensor, top: int) -> torch.Tensor:
+    """Mark an index tensor built correct by construction (``0 <= t <= top``) as checked; returns it.
+
+    For tables the library derives from a validated tree: their first use then needs no host read.
+    """
+    _remember(t, top)
+    return t
+
+
+def _remember(t: torch.Tensor, top: int) -> None:
+    try:
+        version = t._version
+    except RuntimeError:
+        return
+    key = id(t)
+    _VERIFIED[key] = (weakref.ref(t, lambda _, key=key: _VERIFIED.pop(key, None)), version, top)
+
+
 def check_index_values(x, src, hi, lo) -> None:
     """Every index in range: ``0 <= src < M``, ``0 <= hi, lo <= J``.
 
-    On CPU a violation raises ValueError.  On CUDA the check is queued with ``torch._assert_async``
+    An index tensor that passed against the same bound and was not modified since is not read
+    again.  On CPU a violation raises ValueError.  On CUDA the check is queued with ``torch._assert_async``
     (a device-side assert, like an out-of-range ``index_select`` on CUDA): no host sync, so the ops
     stay asynchronous and CUDA-graph capturable, and the failed assert stops the stream before the
     Triton kernel queued after it can read out of bounds.
@@ -89,7 +124,7 @@ def check_index_values(x, src, hi, lo) -> None:
     for t, top, name, what in checks:
         if t.numel() == 0:
             continue
-        if t.device.type == "meta":
+        if t.device.type == "meta" or _already_verified(t, top):
             continue
         if t.device.type == "cuda":
             lo_v, hi_v = torch.aminmax(t)
@@ -99,6 +134,7 @@ def check_index_values(x, src, hi, lo) -> None:
         if lo_v < 0 or hi_v > top:
             bad = lo_v if lo_v < 0 else hi_v
             raise ValueError(f"Expected every entry of `{name}` in [0, {what}] = [0, {top}], but got {bad}")
+        _remember(t, top)
 
 
 def _row_chunk(b: int, per_row: int) -> int:
