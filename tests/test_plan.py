@@ -1,0 +1,218 @@
+"""Device plans: ``hd.plan_for``, what each plan chooses, and what the GPU plan costs.
+
+The GPU plan runs here on CPU tensors.  Its cost is counted the way a GPU pays it: operators that
+launch a kernel (a fused ``hdecode::`` op counts as one) and host reads (values the host must wait
+for), per decode call, with the limits the GPU path is held to.  The same counts must hold on a tree
+five times deeper: a GPU pays per launch, so nothing may loop over the tree's levels.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import hdecode_torch as hd
+import reference as ref
+from harness import batch, bundled, metric_cases, model_like, random_trees, tolerance
+
+# Operators that only make views or metadata (no kernel on a GPU).
+_FREE = {"empty", "empty_like", "empty_strided", "detach", "lift_fresh", "alias", "view", "as_strided", "expand",
+         "slice", "select", "t", "transpose", "unsqueeze", "squeeze", "permute", "unflatten", "_unsafe_view",
+         "split", "split_with_sizes", "unbind", "narrow", "diagonal", "_reshape_alias", "reshape", "flatten",
+         "movedim", "expand_as", "chunk", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "resize_",
+         "set_", "lift", "_conj", "conj", "_neg_view", "result_type"}
+_SYNC_OPS = {"nonzero", "masked_select", "unique", "_unique", "_unique2", "unique_dim", "unique_consecutive",
+             "equal", "allclose", "_local_scalar_dense"}
+
+
+_HOST_READS = ("tolist", "item", "__bool__", "__int__", "__float__", "__index__", "numpy")
+
+
+class Cost(TorchDispatchMode):
+    """Counts kernel-launching operators and host reads (values the host waits for) of the calls made
+    under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops, self.reads, self.by_op = 0, 0, {}
+        self._saved, self._depth = {}, 0
+
+    def __enter__(self):
+        for name in _HOST_READS:  # reading a value on the host waits for the device
+            orig = getattr(torch.Tensor, name)
+            self._saved[name] = orig
+
+            def counted(t, *a, _orig=orig, **k):
+                if self._depth == 0:
+                    self.reads += 1
+                self._depth += 1
+                try:
+                    return _orig(t, *a, **k)
+                finally:
+                    self._depth -= 1
+            setattr(torch.Tensor, name, counted)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for name, orig in self._saved.items():
+            setattr(torch.Tensor, name, orig)
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        base = func.overloadpacket.__name__
+        if self._depth == 0 and (base in _SYNC_OPS or (
+                base == "repeat_interleave" and (kwargs or {}).get("output_size") is None
+                and len(args) > 1 and isinstance(args[1], torch.Tensor))):
+            self.reads += 1
+        if base not in _FREE and base.rstrip("_") not in _FREE and not getattr(func, "is_view", False):
+            self.ops += 1
+            self.by_op[base] = self.by_op.get(base, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def gpu_cost(fn, x):
+    """(operators, host reads) of ``fn(x)`` under the GPU plan, after a warm-up call (tree-only tables)."""
+    with hd.plan_for("cuda"):
+        fn(x)
+        with Cost() as c:
+            fn(x)
+    return c.ops, c.reads, c.by_op
+
+
+def deepened(h):
+    """``h`` with a spine of 48 single-child internal nodes above its root (depth + 48)."""
+    n = h.num_nodes
+    parents = h.parent.tolist()
+    spine = list(range(n, n + 48))
+    parents[h.root] = spine[-1]
+    parents += [-1] + spine[:-1]
+    return hd.Hierarchy.from_parents(parents)
+
+
+#: Limits of the GPU plan: operators per call and host reads per call (the input check is one).
+LIMITS = {"node_probabilities": (20, 1), "accuracy": (30, 1), "tree_distance": (30, 1), "tree_distance_c": (30, 1),
+          "hamming": (30, 1), "lca_height": (50, 1), "zhao": (50, 1), "wu_palmer": (50, 1), "hf_beta": (150, 4)}
+
+
+def _calls(h):
+    yield "node_probabilities", lambda x: hd.node_probabilities(h, x)
+    for c in metric_cases(decodable=True):
+        name, params = c.values
+        m = hd.get_metric(name, h, **params)
+        yield m.key, m.decode
+
+
+@pytest.mark.parametrize("tree", ["tieredimagenet-h", "inat19"])
+def test_gpu_plan_operator_and_host_read_budgets(tree):
+    h, _ = bundled(tree)
+    x = torch.as_tensor(model_like(np.random.default_rng(0), h, 64, "confused"), dtype=torch.float32)
+    deep = deepened(h)
+    assert deep.max_depth == h.max_depth + 48
+    deep_calls = dict(_calls(deep))
+    for key, fn in _calls(h):
+        name = key.split("[")[0]
+        assert name in LIMITS, f"no GPU-plan limit declared for {name!r}"
+        max_ops, max_reads = LIMITS[name]
+        ops, reads, by_op = gpu_cost(fn, x)
+        assert ops <= max_ops and reads <= max_reads, (tree, key, ops, reads, by_op)
+        if name != "hf_beta":  # its candidate lists may grow with the tree; nothing else may
+            deep_ops, deep_reads, _ = gpu_cost(deep_calls[key], x)
+            assert abs(deep_ops - ops) <= 0.1 * ops and deep_reads == reads, (tree, key, ops, deep_ops)
+
+
+def test_validate_false_reads_nothing_on_the_gpu_plan():
+    """Decoders whose output size does not depend on the data make no host read at all without the
+    input check (what a CUDA graph capture needs)."""
+    h, _ = bundled("tieredimagenet-h")
+    x = torch.as_tensor(model_like(np.random.default_rng(1), h, 32, "peaked"), dtype=torch.float32)
+    for name in ("accuracy", "tree_distance", "hamming", "lca_height", "zhao", "wu_palmer"):
+        m = hd.get_metric(name, h)
+        _, reads, _ = gpu_cost(lambda p: m.decode(p, validate=False), x)
+        assert reads == 0, name
+
+
+@pytest.mark.parametrize("name,params", metric_cases(decodable=True))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gpu_plan_is_exact_on_small_random_trees(name, params, dtype):
+    """The GPU plan against the oracle (enumeration of every closed set for set metrics)."""
+    rng = np.random.default_rng(17)
+    for h, info in random_trees(23, 12, num_nodes_max=11, unary_prob=0.3):
+        m = hd.get_metric(name, h, **params)
+        x = torch.as_tensor(batch(rng, 8, info.L)).to(dtype)
+        P = x.double().numpy()
+        with hd.plan_for("cuda"):
+            pred = m.decode(x).numpy()
+        for b in range(P.shape[0]):
+            best, _ = ref.optimal(info, name, P[b], **params)
+            row = np.asarray(pred[b], dtype=bool) if m.kind == "set" else int(pred[b])
+            got = ref.expected(info, name, P[b], row, **params)
+            assert got == pytest.approx(best, rel=tolerance(dtype), abs=1e-12), (name, params, b)
+
+
+@pytest.mark.parametrize("tree", ["tieredimagenet-h", "inat19"])
+def test_gpu_plan_equals_cpu_plan_on_bundled_trees(tree):
+    """Same decisions (up to exact ties of the expected value) and same expected values to float64 rounding."""
+    h, _ = bundled(tree)
+    rng = np.random.default_rng(3)
+    x = torch.as_tensor(np.concatenate([model_like(rng, h, 25, k) for k in ("peaked", "diffuse", "confused",
+                                                                             "shallow")]))
+    for c in metric_cases(decodable=True):
+        name, params = c.values
+        m = hd.get_metric(name, h, **params)
+        cpu = m.decode(x)
+        with hd.plan_for("cuda"):
+            gpu = m.decode(x)
+        torch.testing.assert_close(m.expected(x, gpu), m.expected(x, cpu), rtol=1e-12, atol=1e-12)
+        assert (gpu == cpu).double().mean() > 0.99, m.key
+
+
+def test_plan_for_chooses_and_nests():
+    h, _ = bundled("tieredimagenet-h")
+    cpu = hd.core.current_plan(h, torch.device("cpu"))
+    assert cpu.device_type == "cpu" and cpu.tree_sums == "levels" and not cpu.batch_major
+    with hd.plan_for("cuda"):
+        plan = hd.core.current_plan(h, torch.device("cpu"))
+        assert plan.device_type == "cuda" and plan.tree_sums == "prefix" and plan.batch_major
+        with hd.plan_for(torch.device("cpu")):
+            assert hd.core.current_plan(h, "cpu").tree_sums == "levels"
+        assert hd.core.current_plan(h, "cpu").device_type == "cuda"
+    assert hd.core.current_plan(h, "cpu").device_type == "cpu"
+    # deep trees: the CPU plan leaves the per-level sums too
+    deep = hd.Hierarchy.from_parents(list(range(1, 600)) + [-1])  # a chain of 600 nodes
+    assert hd.core.current_plan(deep, "cpu").tree_sums == "prefix"
+    with pytest.raises(TypeError, match="`device`"):
+        with hd.plan_for(3.5):
+            pass
+    wp = hd.get_metric("wu_palmer", h)
+    assert wp.resolved_strategy() in ("candidates", "structural")
+    with hd.plan_for("cuda"):
+        assert wp.resolved_strategy() == "dense"
+
+
+def test_gpu_plan_tables_are_batch_major_views():
+    h, _ = bundled("inat19")
+    x = torch.softmax(torch.randn(5, h.num_leaves, dtype=torch.float64), 1)
+    with hd.plan_for("cuda"):
+        post = hd.Posterior(h, x)
+        node = post.node
+        assert node.shape == (h.num_nodes, 5) and node.t().is_contiguous()
+        assert torch.equal(node[: h.num_leaves], x.t())  # leaves hold the input exactly
+        q = post.by_leaf_depth()
+        assert q.shape == (h.num_nodes, h.num_leaf_depths, 5) and q.permute(2, 1, 0).is_contiguous()
+    torch.testing.assert_close(node, hd.Posterior(h, x).node, rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.parametrize("n", [3, 2000])
+def test_a_chain_compiles_and_decodes_on_both_plans(n):
+    """A single chain: depth N-1, one leaf; every decoder returns the deepest node of the chain (or the leaf)."""
+    h = hd.Hierarchy.from_parents(list(range(1, n)) + [-1])
+    assert h.max_depth == n - 1 and h.num_leaves == 1
+    x = torch.ones(2, 1)
+    for plan in ("cpu", "cuda"):
+        with hd.plan_for(plan):
+            for name in ("tree_distance", "lca_height", "zhao", "wu_palmer", "accuracy"):
+                assert hd.get_metric(name, h).decode(x).tolist() == [0, 0], (plan, name)
+            sets = hd.get_metric("hf_beta", h).decode(x)
+            assert bool(sets.all()), plan
