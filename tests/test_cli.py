@@ -702,7 +702,8 @@ def test_pt_inputs(tmp_path, capsys):
     code, out, _ = run_cli(["decode", "--hierarchy", tree, "--probs", tmp_path / "np.pt", "--metric", "zhao"], capsys)
     assert code == 0 and [int(x) for x in out.split()] == want
     (tmp_path / "empty.pt").write_bytes(b"")
-    code, _, err = run_cli(["decode", "--hierarchy", tree, "--probs", tmp_path / "empty.pt", "--metric", "zhao"], capsys)
+    code, _, err = run_cli(["decode", "--hierarchy", tree, "--probs", tmp_path / "empty.pt", "--metric", "zhao"],
+                           capsys)
     assert code == 2 and "'" + str(tmp_path / "empty.pt") + "' is empty (0 bytes)" in _error_line(err)
     torch.save(_NotATensor(), tmp_path / "obj.pt")
     code, _, err = run_cli(["decode", "--hierarchy", tree, "--probs", tmp_path / "obj.pt", "--metric", "zhao"], capsys)
@@ -970,3 +971,43 @@ def test_decode_calibrate(tmp_path, capsys):
     code, _, err = run_cli(["compare", "--hierarchy", tree, "--probs", tmp_path / "z.npy", "--targets",
                             tmp_path / "y.npy", "--from-logits", "--calibrate", "--calibration-split", "1"], capsys)
     assert code == 2 and "argument --calibration-split: expected a finite number > 0 and < 1" in err
+
+
+def test_help_texts_have_no_doubled_percent(capsys):
+    for argv in (["plot", "gain", "--help"], ["plot", "--help"], ["compare", "--help"]):
+        out = run_cli(argv, capsys)[1]
+        assert "%%" not in out
+    assert "95% confidence" in " ".join(run_cli(["plot", "gain", "--help"], capsys)[1].split())
+
+
+@pytest.mark.parametrize("kind", ["compare --json", "plot agreement"])
+def test_failed_json_and_image_writes_keep_the_old_file(tmp_path, capsys, monkeypatch, kind):
+    import hdecode_torch.cli.io as cli_io
+
+    if kind == "plot agreement":
+        pytest.importorskip("matplotlib")
+        out = tmp_path / "a.png"
+        argv = ["plot", "agreement", "--resolution", "8", "--output", out]
+    else:
+        out = tmp_path / "r.json"
+        argv = ["compare", "--num-samples", "30", "--metrics", "zhao", "--decoders", "majority", "--json", out,
+                "--no-progress"]
+    out.write_bytes(b"old")
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, data):
+            self.f.write(bytes(data[:10]) if isinstance(data, (bytes, bytearray, memoryview)) else b"x")
+            raise OSError(28, "No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+    monkeypatch.setattr(cli_io, "_PlainWrites", Full)
+    real_wrapper = cli_io.io.TextIOWrapper
+    monkeypatch.setattr(cli_io.io, "TextIOWrapper", lambda raw, **kw: real_wrapper(Full(raw), write_through=True, **kw))
+    code, _, err = run_cli(argv, capsys)
+    assert code == 1 and "No space left on device" in _error_line(err)
+    assert out.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == [out.name]

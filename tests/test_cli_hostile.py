@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import resource
-import signal
 import subprocess
 import sys
 
@@ -153,10 +151,13 @@ OUTPUTS = ["new.npy", "new.csv", "new.jsonl", "new.pt", "new.json", "new", "new.
            "existing.csv", "existing.jsonl", "existing.json", "existing.png", "good.npy", "link_to_good.npy", "y.npy",
            "tree.csv", "dir.npy", "nodir/out.npy", "/proc/x.npy", "-", ""]
 NUMBERS = ["1", "2", "0.5", "0.3", "3", "0", "-1", "nan", "1e400", "abc", "99999999999999999999"]
-VALUE_FLAGS = {"--probs": INPUTS, "--targets": TARGETS, "--hierarchy": TREES, "--leaf-order": ["order.txt", "missing.npy",
-               "garbage.csv", "-"], "--output": OUTPUTS, "--json": OUTPUTS, "--metrics": ["zhao", "jaccard", "nope", ",",
-               "hf,hf_beta", "tree_distance_c"], "--metric": ["wu_palmer", "jaccard", "nope", "zhao,hamming"],
-               "--decoders": ["all", "optimal", "nope", ",", "darts,darts"], "--decoder": ["majority", "nope", "crm"]}
+VALUE_FLAGS = {
+    "--probs": INPUTS, "--targets": TARGETS, "--hierarchy": TREES, "--output": OUTPUTS, "--json": OUTPUTS,
+    "--leaf-order": ["order.txt", "missing.npy", "garbage.csv", "-"],
+    "--metrics": ["zhao", "jaccard", "nope", ",", "hf,hf_beta", "tree_distance_c"],
+    "--metric": ["wu_palmer", "jaccard", "nope", "zhao,hamming"],
+    "--decoders": ["all", "optimal", "nope", ",", "darts,darts"], "--decoder": ["majority", "nope", "crm"],
+}
 PARAMS = ["--beta", "--c", "--tau", "--lam", "--info-threshold"]
 NUMBER_FLAGS = {  # the numeric options each subcommand takes
     "compare": PARAMS + ["--betas", "--seed", "--batch-size", "--threads", "--num-samples", "--noise", "--width",
@@ -167,7 +168,8 @@ NUMBER_FLAGS = {  # the numeric options each subcommand takes
     "plot gain": PARAMS + ["--betas", "--seed", "--batch-size", "--threads", "--num-samples", "--noise", "--num-seeds",
                            "--dpi"],
 }
-VALUE_FLAG_OF = {"compare": ["--probs", "--targets", "--hierarchy", "--leaf-order", "--json", "--metrics", "--decoders"],
+VALUE_FLAG_OF = {"compare": ["--probs", "--targets", "--hierarchy", "--leaf-order", "--json", "--metrics",
+                             "--decoders"],
                  "decode": ["--probs", "--targets", "--hierarchy", "--leaf-order", "--output", "--metric", "--decoder"],
                  "info": ["--hierarchy", "--leaf-order"],
                  "plot agreement": ["--output", "--metric", "--decoders"],

@@ -516,6 +516,17 @@ class Progress:
         else:
             self._draw()
 
+    def write(self, text: str) -> None:
+        """A line on standard error that does not garble the bar."""
+        if self._bar is not None and self.enabled:
+            self._bar.write(text, file=sys.stderr)
+        else:
+            if self.enabled:
+                sys.stderr.write("\r" + " " * 70 + "\r")
+            print(text, file=sys.stderr)
+            if self.enabled:
+                self._draw(force=True)
+
     def _draw(self, force: bool = False) -> None:
         now = time.monotonic()
         if not force and now - self._last < 0.5:

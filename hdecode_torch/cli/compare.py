@@ -69,7 +69,8 @@ def add_parser(sub) -> None:
                      help=f"synthetic outputs: temperature of the logit model, larger = more underdetermined "
                           f"(default: {DEFAULT_NOISE}; the argmax leaf is then right about half the time)")
     src.add_argument("--seed", type=int_in(0, MAX_SEED), default=None,
-                     help=f"random seed of the synthetic outputs, or of the --calibrate split (default: {DEFAULT_SEED})")
+                     help=f"random seed of the synthetic outputs, or of the --calibrate split "
+                          f"(default: {DEFAULT_SEED})")
     sel = p.add_argument_group("metrics and decoders")
     sel.add_argument("--metrics", "--metric", dest="metrics", nargs="+", metavar="NAME",
                      help=f"metric names, comma or space separated (default: all: {', '.join(DEFAULT_METRICS)})")

@@ -200,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
             scaler, info = fit_calibration(probs, targets, fit_rows, other_rows)
             with torch.no_grad():
                 probs = scaler(probs.to(torch.float64)).to(probs.dtype)
-            print(f"{args._parser.prog}: calibration: {calibration_report(info)}", file=sys.stderr)
+            progress.write(f"{args._parser.prog}: calibration: {calibration_report(info)}")
         probs = probs.to(device)
         progress.stage(f"decode: {key}", total=B)
         parts = []

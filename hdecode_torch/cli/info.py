@@ -16,7 +16,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser("info", help="statistics of a hierarchy (sizes, depths, branching, single-child chains)",
                        allow_abbrev=False,
                        description="Print statistics of a bundled hierarchy or of a JSON/CSV/edge-list file.",
-                       epilog="examples:\n  hdecode info --hierarchy inat19\n  hdecode info --hierarchy tree.csv --json",
+                       epilog="examples:\n  hdecode info --hierarchy inat19\n"
+                              "  hdecode info --hierarchy tree.csv --json",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.set_defaults(func=run, _parser=p)
     add_hierarchy_args(p, default=None)

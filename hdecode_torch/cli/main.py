@@ -19,9 +19,7 @@ from .io import CLIError, one_line
 
 # The library's messages name Python arguments; a command-line user needs the flags.
 _CLI_WORDING = [
-    (re.compile(r"\bpass normalize=True\b", re.I), "pass --normalize"),
     (re.compile(r"\bnormalize=True\b"), "--normalize"),
-    (re.compile(r"\bpass from_logits=True\b", re.I), "pass --from-logits"),
     (re.compile(r"\bfrom_logits=True\b"), "--from-logits"),
     (re.compile(r"\(or apply softmax\)"), "(the softmax is then applied for you)"),
     (re.compile(r"`(leaf_probs|probs|scores|logits)((?:\[[^`]*\])?)`"), r"--probs\2"),
@@ -95,9 +93,9 @@ class _GuardedStdout:
 
 
 def _reopen_closed_std_fds() -> dict:
-    """Point closed standard descriptors at /dev/null, so that files opened later never take
-    their numbers; report what was closed (``hdecode ... >&-``)."""
-    closed = {}
+    """Point closed standard descriptors at /dev/null (``hdecode ... >&-``), so that files opened
+    later never take their numbers; give ``sys.stdout``/``sys.stderr`` a stream when Python found
+    none.  Returns the original streams (``None`` where closed), for :func:`_restore`."""
     for fd in (0, 1, 2):
         try:
             os.fstat(fd)
@@ -106,7 +104,6 @@ def _reopen_closed_std_fds() -> dict:
             if new != fd:
                 os.dup2(new, fd)
                 os.close(new)
-            closed[fd] = True
     state = {"stdout": sys.stdout, "stderr": sys.stderr}
     if sys.stdout is None:
         sys.stdout = open(os.devnull, "w")
@@ -177,7 +174,7 @@ def _main(argv) -> int:
             return code
         except KeyboardInterrupt:
             # Outputs are renamed into place only when complete, so nothing half-written is left.
-            print(f"\n{prog}: interrupted", file=sys.stderr)
+            print(f"{prog}: interrupted", file=sys.stderr)
             return 130
         except BrokenPipeError:
             # `hdecode decode ... | head`: the reader left; stop quietly.

@@ -101,7 +101,8 @@ def add_parser(sub) -> None:
             "the probability simplex over the leaves A, B, C is decoded by the optimal decoder of --metric\n"
             "and by each --decoder (heuristic); green where they predict the same node (or, for set\n"
             "metrics, the same ancestor set), red where they differ."),
-        epilog="example:\n  hdecode plot agreement --metric hf_beta --beta 1 --decoders majority --output agreement.png\n"
+        epilog="example:\n"
+               "  hdecode plot agreement --metric hf_beta --beta 1 --decoders majority --output agreement.png\n"
                "  hdecode plot agreement --metric wu_palmer --decoders all --output wu_palmer.png")
     a.set_defaults(func=run_agreement, _parser=a)
     a.add_argument("--metric", "--metrics", dest="metric", default="hf_beta",

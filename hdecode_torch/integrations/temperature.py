@@ -144,7 +144,8 @@ def _check_inputs(logits, targets) -> tuple[torch.Tensor, torch.Tensor]:
         raise ValueError(f"Expected `targets` in 0..{L - 1}, but got {lo if lo < 0 else hi}")
     if bool(torch.isnan(z).any()) or bool(torch.isposinf(z).any()):
         row = int((torch.isnan(z) | torch.isposinf(z)).any(1).nonzero()[0])
-        raise ValueError(f"Expected `logits` to be finite (or -inf for a masked class), but row {row} holds NaN or +inf")
+        raise ValueError(f"Expected `logits` to be finite (or -inf for a masked class), but row {row} holds NaN or "
+                         "+inf")
     target_logit = z.gather(1, y[:, None]).squeeze(1)
     if not bool(torch.isfinite(target_logit).all()):
         row = int((~torch.isfinite(target_logit)).nonzero()[0])
