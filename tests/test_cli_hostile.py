@@ -2,17 +2,17 @@
 
 The contract: a clear one-line error (exit status 1 or 2, no traceback, no "internal error") or a
 correct result; and no existing file other than the requested output ever changes (inputs never,
-even when named as the output).  Most cases run ``main()`` in-process (fast); a handful run the
-real command in a subprocess, for what only a process shows: a closed stdout, a file-size limit,
-a real SIGINT, a full stdout.
+even when named as the output).  Most cases run ``main()`` in-process (fast); one child process
+runs, one after the other, what only a real process shows: a closed stdout, a full stdout, a
+file-size limit, a real SIGINT.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
-import resource
 import subprocess
 import sys
 
@@ -370,74 +370,93 @@ def test_hostile_tree_paths(tmp_path):
             build()
 
 
-# --------------------------------------------------------------------------- real processes
-def _cli(args, **kw):
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1")
-    kw.setdefault("capture_output", True)
-    return subprocess.run([sys.executable, "-m", "hdecode_torch", *map(str, args)], text=True, timeout=120, env=env,
-                          **kw)
+# --------------------------------------------------------------------------- a real process
+# What only a real process shows (a closed or full stdout, a file-size limit, a real SIGINT) runs in
+# one child interpreter, one scenario after the other, so that the start-up cost is paid once.
+_CHILD = r"""
+import io, json, os, resource, signal, sys
+from hdecode_torch.cli.main import main
+
+tree, probs, big, out_dir = sys.argv[1:5]
+results = {}
 
 
-def test_closed_stdout(work):
+def run(name, argv):
+    err = io.StringIO()
+    real_err, sys.stderr = sys.stderr, err
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    finally:
+        sys.stderr = real_err
+    results[name] = [code, err.getvalue()]
+
+
+# A closed stdout (`hdecode decode ... >&-`): Python starts with sys.stdout = None.
+saved = os.dup(1)
+sys.stdout.flush()
+os.close(1)
+real_out, sys.stdout = sys.stdout, None
+run("closed stdout", ["decode", "--hierarchy", tree, "--probs", probs, "--metric", "zhao"])
+run("closed stdout, -o", ["decode", "--hierarchy", tree, "--probs", probs, "--metric", "zhao", "--output",
+                          os.path.join(out_dir, "closed.npy")])
+os.dup2(saved, 1)
+sys.stdout = real_out
+
+# A full stdout (`> /dev/full`).
+full = os.open("/dev/full", os.O_WRONLY)
+os.dup2(full, 1)
+sys.stdout = open(1, "w", closefd=False)
+run("full stdout", ["info", "--hierarchy", tree, "--json"])
+os.dup2(saved, 1)
+sys.stdout = real_out
+
+# A file-size limit of 64 bytes (the process ignores SIGXFSZ, as CPython does): the write fails.
+with open(os.path.join(out_dir, "limited.jsonl"), "wb") as f:
+    f.write(b"old")
+soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (64, hard))
+run("file-size limit", ["decode", "--hierarchy", tree, "--probs", probs, "--metric", "hf_beta", "--names",
+                        "--output", os.path.join(out_dir, "limited.jsonl")])
+resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+# A real SIGINT, 0.6 s into a long decode.
+with open(os.path.join(out_dir, "interrupted.npy"), "wb") as f:
+    f.write(b"old")
+signal.signal(signal.SIGALRM, lambda *a: os.kill(os.getpid(), signal.SIGINT))
+signal.setitimer(signal.ITIMER_REAL, 0.6)
+run("sigint", ["decode", "--probs", big, "--metric", "wu_palmer", "--batch-size", "64", "--output",
+               os.path.join(out_dir, "interrupted.npy")])
+signal.setitimer(signal.ITIMER_REAL, 0)
+with open(os.path.join(out_dir, "results.json"), "w") as f:
+    json.dump(results, f)
+"""
+
+
+def test_real_process_conditions(work, tmp_path):
     folder, paths, *_ = work
-    base = ["decode", "--hierarchy", paths["tree.csv"], "--probs", paths["good.npy"], "--metric", "zhao"]
-    proc = _cli(base, capture_output=False, stderr=subprocess.PIPE, preexec_fn=lambda: os.close(1))
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip() == ("hdecode decode: error: standard output is closed, and no --output is given: the "
-                                   "predictions would be lost")
-
-
-def test_full_stdout(work):
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full")
-    folder, paths, *_ = work
-    with open("/dev/full", "w") as full:
-        proc = _cli(["info", "--hierarchy", paths["tree.csv"], "--json"], stdout=full, stderr=subprocess.PIPE,
-                    capture_output=False)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip() == "hdecode info: error: cannot write to standard output: No space left on device"
-
-
-def test_file_size_limit_keeps_the_old_file(work):
-    folder, paths, *_ = work
-    out = folder / "limited.jsonl"
-    out.write_bytes(b"old")
-
-    def limit():
-        resource.setrlimit(resource.RLIMIT_FSIZE, (64, 64))
-
-    proc = _cli(["decode", "--hierarchy", paths["tree.csv"], "--probs", paths["good.npy"], "--metric", "hf_beta",
-                 "--names", "--output", out], preexec_fn=limit)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip() == f"hdecode decode: error: --output: cannot write '{out}': File too large"
-    assert out.read_bytes() == b"old" and not list(folder.glob("*.tmp"))
-    out.unlink()
-
-
-def test_real_sigint(tmp_path):
-    """SIGINT during a long decode: exit 130, one line, the old output intact."""
     h = hd.load_hierarchy("tieredimagenet-h")
-    probs, _ = synthetic_outputs(h, 20_000, 1.0, seed=0)
-    np.save(tmp_path / "p.npy", probs.numpy())
-    out = tmp_path / "pred.npy"
-    out.write_bytes(b"old")
-    code = ("import os, signal, sys\n"
-            "signal.signal(signal.SIGALRM, lambda *a: os.kill(os.getpid(), signal.SIGINT))\n"
-            "from hdecode_torch.cli.main import main\n"
-            "signal.setitimer(signal.ITIMER_REAL, 0.6)\n"
-            f"sys.exit(main(['decode', '--probs', {str(tmp_path / 'p.npy')!r}, '--metric', 'wu_palmer', "
-            f"'--batch-size', '64', '--output', {str(out)!r}]))\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
-    if proc.returncode == 0:
-        pytest.skip("the decode finished before the interrupt")
-    assert proc.returncode == 130, proc.stderr
-    assert proc.stderr.strip() == "hdecode decode: interrupted"
-    assert out.read_bytes() == b"old" and sorted(p.name for p in tmp_path.iterdir()) == ["p.npy", "pred.npy"]
-
-
-def test_no_traceback_from_the_real_command():
-    proc = _cli(["compare", "--seed", "99999999999999999999"])
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
-    assert proc.stderr.strip().splitlines()[-1] == ("hdecode compare: error: argument --seed: expected an integer in "
-                                                    "0..2^63-1, got 99999999999999999999")
+    big, _ = synthetic_outputs(h, 20_000, 1.0, seed=0)
+    np.save(tmp_path / "big.npy", big.numpy())
+    proc = subprocess.run([sys.executable, "-c", _CHILD, paths["tree.csv"], paths["good.npy"],
+                           str(tmp_path / "big.npy"), str(tmp_path)], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["closed stdout"] == [2, "hdecode decode: error: standard output is closed, and no --output is given: "
+                                       "the predictions would be lost\n"]
+    assert res["closed stdout, -o"][0] == 0 and np.load(tmp_path / "closed.npy").shape == (12,)
+    assert res["full stdout"] == [1, "hdecode info: error: cannot write to standard output: No space left on "
+                                     "device\n"]
+    limited = tmp_path / "limited.jsonl"
+    assert res["file-size limit"] == [1, f"hdecode decode: error: --output: cannot write '{limited}': File too "
+                                         "large\n"]
+    assert limited.read_bytes() == b"old"
+    if res["sigint"][0] != 0:  # (0: the decode finished before the interrupt)
+        assert res["sigint"] == [130, "hdecode decode: interrupted\n"]
+        assert (tmp_path / "interrupted.npy").read_bytes() == b"old"
+    assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))
+    assert "Traceback" not in proc.stderr
