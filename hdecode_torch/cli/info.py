@@ -31,7 +31,7 @@ def single_child_chains(h) -> dict:
     """Maximal runs of single-child nodes (each node of a run is the only child of the previous one).
 
     Every node on such a run has the same leaf set as its child, hence the same p(n): decoders
-    must break these ties (SPEC §4.2), so their length is worth knowing.
+    must break these ties (deepest first, then smallest id), so their length is worth knowing.
     """
     parent = h.parent.cpu().numpy()
     unary = (h.num_children == 1).cpu().numpy()
