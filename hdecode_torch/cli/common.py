@@ -382,9 +382,10 @@ def add_calibration_args(p, *, decode: bool) -> None:
             "decode every row with logits / T" if decode else
             "fit the temperature on a held-out split of the rows (--calibration-split) and score the other rows "
             "only")
+    where = "printed on standard error" if decode else "shown above the table and in --json"
     p.add_argument("--calibrate", action="store_true",
                    help=f"temperature scaling of the logits (needs --from-logits): {what}; T and the NLL before/after "
-                        "are printed on standard error")
+                        f"are {where}")
     p.add_argument("--calibration-split", type=finite_float(0.0, lo_open=True, hi=1.0, hi_open=not decode),
                    default=None, metavar="FRACTION",
                    help=f"--calibrate: the fraction of the rows, drawn at random (--seed), used to fit T "
