@@ -22,9 +22,10 @@ from .decoders import calibrate_darts, get_decoder, list_decoders  # noqa: E402
 __all__ += ["get_decoder", "list_decoders", "calibrate_darts"]
 
 from .integrations.module import DecodingHead  # noqa: E402
+from .integrations.temperature import TemperatureScaler  # noqa: E402
 
 # HierarchicalMetricsCallback stays out of __all__: a star import must not need Lightning.
-__all__ += ["DecodingHead", "HierarchicalMetric"]
+__all__ += ["DecodingHead", "TemperatureScaler", "HierarchicalMetric"]
 
 
 def __getattr__(name):

@@ -48,7 +48,9 @@ def compare_json(tmp_path_factory):
     assert main(["compare", "--num-samples", "3000", "--noise", "1.0", "--seed", "4", "--json", str(path),
                  "--no-progress"]) == 0
     with open(path) as f:
-        return json.load(f)
+        doc = json.load(f)
+    # The values under "results", what was run under "metadata"; tests read both from one dict.
+    return {**doc["results"], "setting": doc["metadata"]["setting"], "doc": doc}
 
 
 def small_tree_csv(tmp_path) -> str:
@@ -56,6 +58,16 @@ def small_tree_csv(tmp_path) -> str:
     path = tmp_path / "tree.csv"
     path.write_text("parent,child\nroot,x\nroot,y\nroot,e\nx,a\nx,b\ny,z\nz,c\nz,d\n")
     return str(path)
+
+
+def run_cli(argv, capsys) -> tuple[int, str, str]:
+    """``main(argv)`` -> (exit status, stdout, stderr); argparse's own errors exit through SystemExit."""
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
 def png_size(path) -> tuple[int, int]:
@@ -85,24 +97,41 @@ def test_no_command_is_an_error(capsys):
 def test_info(tmp_path, capsys):
     assert main(["info"]) == 0
     assert "num_leaves" in capsys.readouterr().out
-    assert main(["info", small_tree_csv(tmp_path), "--json"]) == 0
-    stats = json.loads(capsys.readouterr().out)
+    assert main(["info", "--hierarchy", small_tree_csv(tmp_path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["schema_version"] == 1 and doc["hdecode_torch_version"] == hd.__version__
+    stats = doc["results"]
     assert stats["num_leaves"] == 5 and stats["num_single_child_nodes"] == 1
     assert stats["single_child_chains"] == 1 and stats["longest_single_child_chain"] == 1
-    assert main(["info", "inat19", "--json"]) == 0
-    stats = json.loads(capsys.readouterr().out)
+    assert main(["info", "--hierarchy", "inat19", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)["results"]
     assert stats["num_single_child_nodes"] == 77 and stats["longest_single_child_chain"] >= 1
+
+
+def test_info_positional_tree_is_a_deprecated_alias(capsys):
+    code, out, err = run_cli(["info", "inat19", "--json"], capsys)
+    assert code == 0 and json.loads(out)["results"]["num_nodes"] == 1190
+    assert err.strip() == "hdecode info: warning: the positional TREE is deprecated: use --hierarchy inat19"
+    code, _, err = run_cli(["info", "inat19", "--hierarchy", "inat19"], capsys)
+    assert code == 2 and "give the tree once" in err
 
 
 def test_module_entry_point():
     out = subprocess.run([sys.executable, "-m", "hdecode_torch", "info", "--json"], capture_output=True, text=True,
                          check=True, timeout=120)
-    assert json.loads(out.stdout)["num_nodes"] == 843
+    assert json.loads(out.stdout)["results"]["num_nodes"] == 843
 
 
 # --------------------------------------------------------------------------- compare
 def test_compare_json_structure(compare_json):
     assert set(compare_json) >= {"metrics", "setting", "stderr", "paired_stderr", "best"}
+    doc = compare_json["doc"]
+    assert doc["schema_version"] == 1 and doc["hdecode_torch_version"] == hd.__version__
+    assert doc["command"] == "compare" and set(doc) == {"schema_version", "hdecode_torch_version", "command",
+                                                        "metadata", "results"}
+    assert set(doc["metadata"]) == {"setting", "timings", "versions"}
+    assert doc["metadata"]["versions"]["torch"] == torch.__version__
+    assert doc["metadata"]["timings"]["total_s"] >= doc["metadata"]["timings"]["evaluation_s"] > 0
     assert list(compare_json["metrics"]) == ALL_METRIC_KEYS
     decoders = ["optimal", "argmax_leaf", "top_down", "confidence_threshold[tau=0.8]", "majority", "plurality",
                 "darts[lam=1]", "expected_information", "information_threshold[threshold=3.21]", "hie", "crm"]
@@ -186,7 +215,8 @@ def test_compare_files_match_library(tmp_path, capsys):
         out = tmp_path / f"r{len(results)}.json"
         assert main(["compare", "--hierarchy", tree, "--targets", str(tmp_path / "y.txt"), "--json", str(out),
                      "--no-progress", "--batch-size", "128", *extra]) == 0
-        results.append(json.loads(out.read_text()))
+        doc = json.loads(out.read_text())
+        results.append({**doc["results"], "setting": doc["metadata"]["setting"]})
     wp = hd.get_metric("wu_palmer", h)
     direct = float(wp(wp.decode(probs), y).mean())
     thr = default_info_threshold(h)
@@ -242,8 +272,8 @@ def test_evaluate_batching_is_exact(tiered):
     (["--metrics", "nope"], "unknown metric"),
     (["--decoders", "nope"], "unknown decoder"),
     (["--hierarchy", "no_such_tree"], "neither a bundled tree"),
-    (["--noise", "-1"], "--noise"),
-    (["--tau", "1.5"], "tau"),
+    (["--noise", "-1"], "argument --noise: expected a finite number > 0, got -1"),
+    (["--tau", "1.5"], "--tau"),
 ])
 def test_compare_errors(tmp_path, capsys, argv, message):
     rng = np.random.default_rng(0)
@@ -257,10 +287,12 @@ def test_compare_errors(tmp_path, capsys, argv, message):
     np.save(tmp_path / "y_range.npy", np.arange(10) + 600)
     np.save(tmp_path / "y_float.npy", np.arange(10) + 0.5)
     argv = [a.replace("{d}", str(tmp_path)) for a in argv]
-    assert main(["compare", "--num-samples", "20", "--no-progress", *argv] if "--probs" not in argv and
-                "--targets" not in argv and "--noise" not in argv else ["compare", "--no-progress", *argv]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("hdecode compare: error:") and message in err, err
+    code, _, err = run_cli(["compare", "--num-samples", "20", "--no-progress", *argv] if "--probs" not in argv and
+                           "--targets" not in argv and "--noise" not in argv else ["compare", "--no-progress", *argv],
+                           capsys)
+    assert code == 2
+    assert [ln for ln in err.splitlines() if "error:" in ln][0].startswith("hdecode compare: error:")
+    assert message in err, err
 
 
 # --------------------------------------------------------------------------- decode
@@ -369,9 +401,10 @@ def test_decode_names_outputs(tmp_path, tiered, capsys):
 def test_decode_errors(tmp_path, capsys, argv, message):
     np.save(tmp_path / "p.npy", np.full((3, 608), 1 / 608))
     argv = [a.replace("{d}", str(tmp_path)) for a in argv]
-    assert main(["decode", "--probs", str(tmp_path / "p.npy"), *argv]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("hdecode decode: error:") and message in err, err
+    code, _, err = run_cli(["decode", "--probs", str(tmp_path / "p.npy"), *argv], capsys)
+    assert code == 2
+    assert [ln for ln in err.splitlines() if "error:" in ln][0].startswith("hdecode decode: error:")
+    assert message in err, err
 
 
 def test_decode_requires_metric_or_decoder(tmp_path):
@@ -414,11 +447,13 @@ def test_plot_gain(tmp_path):
     pytest.importorskip("matplotlib")
     out, js = tmp_path / "gain.png", tmp_path / "gain.json"
     assert main(["plot", "gain", "--metrics", "tree_distance,wu_palmer", "--decoders", "argmax_leaf,majority",
-                 "--noise", "0.5", "2", "--seeds", "2", "--num-samples", "300", "--output", str(out),
+                 "--noise", "0.5", "2", "--num-seeds", "2", "--num-samples", "300", "--output", str(out),
                  "--json", str(js), "--no-progress"]) == 0
     w, h = png_size(out)
     assert w > 400 and h > 200 and out.stat().st_size > 10_000
-    data = json.loads(js.read_text())
+    doc = json.loads(js.read_text())
+    assert doc["schema_version"] == 1 and doc["metadata"]["setting"]["num_seeds"] == 2
+    data = doc["results"]
     assert data["noise"] == [0.5, 2.0] and set(data["gain_percent"]) == {"tree_distance", "wu_palmer"}
     td = data["gain_percent"]["tree_distance"]
     assert td["majority"]["mean"] == [0.0, 0.0]  # majority is the optimal tree-distance decoder
@@ -431,14 +466,15 @@ def test_plot_gain(tmp_path):
     (["agreement", "--heuristic", "nope", "--output", "{d}/a.png"], "unknown decoder"),
     (["agreement", "--resolution", "1", "--output", "{d}/a.png"], "--resolution"),
     (["gain", "--metrics", "jaccard", "--output", "{d}/g.png"], "jaccard"),
-    (["gain", "--seeds", "0", "--output", "{d}/g.png"], "--seeds"),
+    (["gain", "--num-seeds", "0", "--output", "{d}/g.png"], "--num-seeds"),
     (["gain", "--noise", "0", "--output", "{d}/g.png"], "--noise"),
 ])
 def test_plot_errors(tmp_path, capsys, argv, message):
     argv = [a.replace("{d}", str(tmp_path)) for a in argv]
-    assert main(["plot", *argv]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("hdecode plot: error:") and message in err, err
+    code, _, err = run_cli(["plot", *argv], capsys)
+    assert code == 2
+    assert [ln for ln in err.splitlines() if "error:" in ln][0].startswith(f"hdecode plot {argv[0]}: error:")
+    assert message in err, err
 
 
 def test_plot_without_matplotlib(tmp_path, capsys, monkeypatch):
@@ -454,3 +490,524 @@ def test_plot_without_matplotlib(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(builtins, "__import__", fake_import)
     assert main(["plot", "agreement", "--output", str(tmp_path / "a.png")]) == 2
     assert "pip install 'hdecode_torch[plot]'" in capsys.readouterr().err
+
+
+# =========================================================================== reliability (round 2)
+def _tiny(tmp_path, rows: int = 8, seed: int = 0):
+    """The 5-leaf edge-list tree, calibrated probabilities and labels as .npy files."""
+    tree = small_tree_csv(tmp_path)
+    h = hd.Hierarchy.from_edges(tree)
+    probs, y = synthetic_outputs(h, rows, 1.0, seed=seed, dtype=torch.float64)
+    np.save(tmp_path / "p.npy", probs.numpy())
+    np.save(tmp_path / "y.npy", y.numpy())
+    return tree, h, probs, y
+
+
+def _error_line(err: str) -> str:
+    lines = [ln for ln in err.splitlines() if "error:" in ln]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_csv_first_row_with_a_bad_cell_is_an_error_not_a_header(tmp_path, capsys):
+    tree, h, probs, _ = _tiny(tmp_path, rows=3)
+    rows = [",".join(f"{v:.17g}" for v in r) for r in probs.tolist()]
+    (tmp_path / "bad.csv").write_text("NA," + rows[0].split(",", 1)[1] + "\n" + "\n".join(rows[1:]) + "\n")
+    code, out, err = run_cli(["decode", "--hierarchy", tree, "--probs", tmp_path / "bad.csv", "--metric", "zhao"],
+                             capsys)
+    assert code == 2 and out == ""
+    assert "bad.csv', line 1, column 1: 'NA' is not a number" in _error_line(err)
+    # A real header (no number in it) is skipped; a bad cell further down names its line.
+    (tmp_path / "hdr.csv").write_text("a,b,c,d,e\n" + "\n".join(rows) + "\n")
+    assert run_cli(["decode", "--hierarchy", tree, "--probs", tmp_path / "hdr.csv", "--metric", "zhao"],
+                   capsys)[0] == 0
+    (tmp_path / "bad3.csv").write_text("a,b,c,d,e\n" + rows[0] + "\n\n" + rows[1].replace(",", ",x", 1) + "\n")
+    code, _, err = run_cli(["decode", "--hierarchy", tree, "--probs", tmp_path / "bad3.csv", "--metric", "zhao"],
+                           capsys)
+    assert code == 2 and "line 4, column 2: 'x" in _error_line(err)
+
+
+def test_edge_list_numeric_leaves_are_columns_in_numeric_order(tmp_path, capsys):
+    tree = tmp_path / "num.csv"
+    tree.write_text("".join(f"r,{i}\n" for i in range(12)))
+    probs = torch.zeros(1, 12, dtype=torch.float64)
+    probs[0, 10] = 1.0  # column 10 is the leaf named "10"
+    np.save(tmp_path / "p.npy", probs.numpy())
+    code, out, _ = run_cli(["decode", "--hierarchy", tree, "--probs", tmp_path / "p.npy", "--metric", "accuracy",
+                            "--names"], capsys)
+    assert code == 0 and out.split() == ["10"]
+    assert "by numeric value" in " ".join(run_cli(["decode", "--help"], capsys)[1].split())
+
+
+def test_plot_gain_json_writes_null_for_nan(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import hdecode_torch.cli.plot as plot_mod
+
+    monkeypatch.setattr(plot_mod, "relative_gain", lambda *a: math.nan)  # a heuristic scoring 0: gain undefined
+    js = tmp_path / "g.json"
+    assert main(["plot", "gain", "--metrics", "tree_distance", "--decoders", "majority", "--noise", "1",
+                 "--num-seeds", "1", "--num-samples", "50", "--output", str(tmp_path / "g.png"), "--json", str(js),
+                 "--no-progress"]) == 0
+    text = js.read_text()
+    assert "NaN" not in text
+    doc = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-standard JSON constant {c}"))
+    assert doc["results"]["gain_percent"]["tree_distance"]["majority"]["mean"] == [None]
+
+
+def test_plot_agreement_reports_the_path_it_wrote(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    code, out, _ = run_cli(["plot", "agreement", "--resolution", "10", "--output", tmp_path / "noext"], capsys)
+    assert code == 0 and out.strip() == f"wrote {tmp_path / 'noext.png'}"
+    assert png_size(tmp_path / "noext.png")[0] > 100 and not (tmp_path / "noext").exists()
+
+
+def test_tree_distance_c_help_explains_large_c(capsys):
+    for argv in (["compare", "--help"], ["decode", "--help"]):
+        text = " ".join(run_cli(argv, capsys)[1].split())
+        assert "(1+c)/2" in text and "c >= 1" in text and "root" in text
+
+
+@pytest.mark.parametrize("where, message", [
+    ("{d}/missing/out.npy", "the folder '{d}/missing' does not exist"),
+    ("{d}", "is a folder"),
+    ("/proc/hdecode_out.npy", "cannot write in the folder"),
+    ("{d}/p.npy", "is the input file --probs"),
+    ("{d}/link.npy", "is the input file --probs"),
+    ("{d}/./sub/../p.npy", "is the input file --probs"),
+])
+def test_decode_checks_the_output_before_any_work(tmp_path, capsys, monkeypatch, where, message):
+    import hdecode_torch.cli.decode as decode_mod
+
+    tree, *_ = _tiny(tmp_path)
+    (tmp_path / "sub").mkdir()
+    os.symlink(tmp_path / "p.npy", tmp_path / "link.npy")
+    before = (tmp_path / "p.npy").read_bytes()
+    monkeypatch.setattr(decode_mod, "load_probs", lambda *a, **k: pytest.fail("work started before the check"))
+    code, _, err = run_cli(["decode", "--hierarchy", tree, "--probs", tmp_path / "p.npy", "--metric", "zhao",
+                            "--output", where.replace("{d}", str(tmp_path))], capsys)
+    assert code == 2 and message.replace("{d}", str(tmp_path)) in _error_line(err)
+    assert (tmp_path / "p.npy").read_bytes() == before
+
+
+def test_compare_json_onto_the_targets_is_refused(tmp_path, capsys):
+    tree, *_ = _tiny(tmp_path)
+    before = (tmp_path / "y.npy").read_bytes()
+    os.symlink(tmp_path / "y.npy", tmp_path / "y_link.json")
+    for out in (tmp_path / "y.npy", tmp_path / "y_link.json"):
+        code, _, err = run_cli(["compare", "--hierarchy", tree, "--probs", tmp_path / "p.npy", "--targets",
+                                tmp_path / "y.npy", "--json", out, "--no-progress"], capsys)
+        assert code == 2 and "is the input file --targets" in _error_line(err)
+    assert (tmp_path / "y.npy").read_bytes() == before
+
+
+def test_plot_gain_checks_the_json_path_before_writing_the_image(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    code, _, err = run_cli(["plot", "gain", "--metrics", "tree_distance", "--decoders", "majority", "--noise", "1",
+                            "--num-seeds", "1", "--num-samples", "20", "--output", tmp_path / "g.png",
+                            "--json", tmp_path / "nope" / "g.json", "--no-progress"], capsys)
+    assert code == 2 and "--json" in _error_line(err)
+    assert not (tmp_path / "g.png").exists()
+
+
+@pytest.mark.parametrize("ext", [".npy", ".pt", ".csv", ".jsonl"])
+@pytest.mark.parametrize("failure", ["disk full", "ctrl-c"])
+def test_failed_write_keeps_the_old_file(tmp_path, capsys, monkeypatch, ext, failure):
+    """A write that fails half-way (full disk) or is interrupted leaves the old file and no temporary."""
+    import hdecode_torch.cli.io as cli_io
+
+    tree, *_ = _tiny(tmp_path)
+    out = tmp_path / f"pred{ext}"
+    out.write_bytes(b"old predictions")
+
+    class Failing:
+        """Writes half of the first chunk it is given, then fails."""
+
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, data):
+            self.f.write(bytes(data[: max(1, len(data) // 2)]))
+            raise OSError(28, "No space left on device") if failure == "disk full" else KeyboardInterrupt()
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+    monkeypatch.setattr(cli_io, "_PlainWrites", Failing)
+    real_wrapper = cli_io.io.TextIOWrapper
+    monkeypatch.setattr(cli_io.io, "TextIOWrapper",
+                        lambda raw, **kw: real_wrapper(Failing(raw), write_through=True, **kw))
+    code, _, err = run_cli(["decode", "--hierarchy", tree, "--probs", tmp_path / "p.npy", "--metric", "hf_beta",
+                            "--output", out, "--no-progress"], capsys)
+    if failure == "disk full":
+        assert code == 1 and "cannot write" in _error_line(err) and "No space left on device" in err
+    else:
+        assert code == 130 and err.strip() == "hdecode decode: interrupted" and "Traceback" not in err
+    assert out.read_bytes() == b"old predictions"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.npy", f"pred{ext}", "tree.csv", "y.npy"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["compare", "--num-samples", "50", "--metrics", "zhao", "--decoders", "majority"],
+    ["decode", "--metric", "zhao"],
+    ["plot", "agreement", "--resolution", "10"],
+])
+def test_ctrl_c_exits_130_quietly(tmp_path, capsys, monkeypatch, argv):
+    import hdecode_torch.cli.compare as compare_mod
+    import hdecode_torch.cli.decode as decode_mod
+    import hdecode_torch.cli.plot as plot_mod
+
+    if argv[0] == "plot":
+        pytest.importorskip("matplotlib")
+        argv = argv + ["--output", str(tmp_path / "a.png")]
+    if argv[0] == "decode":
+        tree, *_ = _tiny(tmp_path)
+        argv = argv + ["--hierarchy", tree, "--probs", str(tmp_path / "p.npy"), "--output", str(tmp_path / "o.npy")]
+
+    def interrupt(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compare_mod, "evaluate", interrupt)
+    monkeypatch.setattr(decode_mod, "chunk_posterior", interrupt)
+    monkeypatch.setattr(plot_mod, "agreement_mask", interrupt)
+    code, out, err = run_cli(argv, capsys)
+    assert code == 130 and err.strip().endswith("interrupted") and "Traceback" not in err
+    assert not [p for p in tmp_path.iterdir() if p.suffix in (".png", ".tmp") or p.name == "o.npy"]
+
+
+def test_bounded_numbers_name_their_flag(capsys):
+    code, _, err = run_cli(["compare", "--seed", "99999999999999999999"], capsys)
+    assert code == 2 and "argument --seed: expected an integer in 0..2^63-1" in _error_line(err)
+    code, _, err = run_cli(["plot", "agreement", "--dpi", "100000", "--output", "x.png"], capsys)
+    assert code == 2 and "argument --dpi: expected an integer in 10..1200" in _error_line(err)
+    code, _, err = run_cli(["compare", "--noise", "nan"], capsys)
+    assert code == 2 and "argument --noise: expected a finite number > 0, got nan" in _error_line(err)
+
+
+def test_figure_size_is_bounded_before_drawing(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    code, _, err = run_cli(["plot", "agreement", "--decoders", "all", "--dpi", "1200", "--resolution", "10",
+                            "--output", tmp_path / "a.png"], capsys)
+    assert code == 2 and "--dpi 1200: the figure would be" in _error_line(err) and "--dpi 6" in err
+    assert not (tmp_path / "a.png").exists()
+
+
+class _NotATensor:
+    pass
+
+
+def test_pt_inputs(tmp_path, capsys):
+    tree, h, probs, _ = _tiny(tmp_path)
+    want = hd.get_metric("zhao", h).decode(probs).tolist()
+    torch.save(probs.numpy(), tmp_path / "np.pt")  # a numpy array saved with torch.save loads, safely
+    code, out, _ = run_cli(["decode", "--hierarchy", tree, "--probs", tmp_path / "np.pt", "--metric", "zhao"], capsys)
+    assert code == 0 and [int(x) for x in out.split()] == want
+    (tmp_path / "empty.pt").write_bytes(b"")
+    code, _, err = run_cli(["decode", "--hierarchy", tree, "--probs", tmp_path / "empty.pt", "--metric", "zhao"],
+                           capsys)
+    assert code == 2 and "'" + str(tmp_path / "empty.pt") + "' is empty (0 bytes)" in _error_line(err)
+    torch.save(_NotATensor(), tmp_path / "obj.pt")
+    code, _, err = run_cli(["decode", "--hierarchy", tree, "--probs", tmp_path / "obj.pt", "--metric", "zhao"], capsys)
+    line = _error_line(err)
+    assert code == 2 and "not safe to load" in line and "_NotATensor" in line and "\x1b" not in err
+    assert len(err.strip().splitlines()) == 1
+    (tmp_path / "cut.pt").write_bytes((tmp_path / "np.pt").read_bytes()[:100])
+    code, _, err = run_cli(["decode", "--hierarchy", tree, "--probs", tmp_path / "cut.pt", "--metric", "zhao"], capsys)
+    assert code == 2 and "as a .pt file (truncated" in _error_line(err)
+
+
+def test_hierarchy_file_errors_name_the_file(tmp_path, capsys):
+    (tmp_path / "t.json").write_text('{"parents": [2, 2,')
+    code, _, err = run_cli(["info", "--hierarchy", tmp_path / "t.json"], capsys)
+    assert code == 2 and "t.json': not valid JSON" in _error_line(err) and "truncated" in err
+    (tmp_path / "t.csv").write_text("r,a\nr,b,c\n")
+    code, _, err = run_cli(["info", "--hierarchy", tmp_path / "t.csv"], capsys)
+    assert code == 2 and "t.csv', line 2: expected 2 fields" in _error_line(err)
+
+
+def test_library_hints_name_cli_flags(tmp_path, capsys):
+    tree, h, probs, y = _tiny(tmp_path)
+    np.save(tmp_path / "logits.npy", (probs.log() * 2 - 1).numpy())
+    np.save(tmp_path / "scaled.npy", (probs * 3).numpy())
+    for f, flag in (("logits.npy", "--from-logits"), ("scaled.npy", "--normalize")):
+        code, _, err = run_cli(["compare", "--hierarchy", tree, "--probs", tmp_path / f, "--targets",
+                                tmp_path / "y.npy", "--no-progress"], capsys)
+        line = _error_line(err)
+        assert code == 2 and flag in line and "=True" not in line and "`probs`" not in line, line
+
+
+def test_row_numbers_in_errors_count_from_the_first_row(tmp_path, capsys):
+    tree, h, probs, _ = _tiny(tmp_path, rows=10)
+    probs[7, 0] = float("nan")
+    np.save(tmp_path / "nan.npy", probs.numpy())
+    code, _, err = run_cli(["decode", "--hierarchy", tree, "--probs", tmp_path / "nan.npy", "--metric", "zhao",
+                            "--batch-size", "3"], capsys)
+    assert code == 2 and "row 7 contains NaN" in _error_line(err)
+
+
+def test_library_warnings_are_one_line(tmp_path, capsys):
+    tree, h, _, y = _tiny(tmp_path, rows=6)
+    logits = torch.zeros(6, h.num_leaves, dtype=torch.float64)
+    logits[torch.arange(6), y] = 4.0  # every target ranked first: no temperature minimum, a warning
+    np.save(tmp_path / "z.npy", logits.numpy())
+    code, _, err = run_cli(["decode", "--hierarchy", tree, "--probs", tmp_path / "z.npy", "--from-logits",
+                            "--calibrate", "--targets", tmp_path / "y.npy", "--metric", "zhao",
+                            "--output", tmp_path / "o.npy"], capsys)
+    assert code == 0
+    warn = [ln for ln in err.splitlines() if "warning:" in ln]
+    assert len(warn) == 1 and warn[0].startswith("hdecode decode: warning: Temperature scaling: the logits rank")
+
+
+# =========================================================================== a tidy command line
+def test_version(capsys):
+    code, out, _ = run_cli(["--version"], capsys)
+    assert code == 0 and out.strip() == f"hdecode {hd.__version__}"
+
+
+def _stdin(monkeypatch, data: bytes) -> None:
+    import io as _io
+
+    monkeypatch.setattr(sys, "stdin", _io.TextIOWrapper(_io.BytesIO(data)))
+
+
+@pytest.mark.parametrize("fmt", ["npy", "pt", "csv", "tsv"])
+def test_probs_from_standard_input(tmp_path, capsys, monkeypatch, fmt):
+    import io as _io
+
+    tree, h, probs, _ = _tiny(tmp_path)
+    buf = _io.BytesIO()
+    if fmt == "npy":
+        np.save(buf, probs.numpy())
+    elif fmt == "pt":
+        torch.save(probs, buf)
+    else:
+        np.savetxt(buf, probs.numpy(), delimiter="," if fmt == "csv" else "\t", fmt="%.17g")
+    _stdin(monkeypatch, buf.getvalue())
+    code, out, err = run_cli(["decode", "--hierarchy", tree, "--probs", "-", "--metric", "wu_palmer"], capsys)
+    assert code == 0, err
+    assert [int(x) for x in out.split()] == hd.get_metric("wu_palmer", h).decode(probs).tolist()
+
+
+def test_targets_and_hierarchy_from_standard_input(tmp_path, capsys, monkeypatch):
+    tree, h, probs, y = _tiny(tmp_path, rows=30)
+    _stdin(monkeypatch, "\n".join(map(str, y.tolist())).encode())
+    out = tmp_path / "r.json"
+    assert run_cli(["compare", "--hierarchy", tree, "--probs", tmp_path / "p.npy", "--targets", "-",
+                    "--metrics", "zhao", "--decoders", "majority", "--json", out, "--no-progress"], capsys)[0] == 0
+    zhao = hd.get_metric("zhao", h)
+    assert json.loads(out.read_text())["results"]["metrics"]["zhao"]["optimal"] == pytest.approx(
+        float(zhao(zhao.decode(probs), y).mean()), abs=1e-9)
+    _stdin(monkeypatch, open(tree, "rb").read())
+    code, text, _ = run_cli(["info", "--hierarchy", "-", "--json"], capsys)
+    assert code == 0 and json.loads(text)["results"]["num_leaves"] == 5
+    code, _, err = run_cli(["compare", "--hierarchy", "-", "--probs", "-", "--targets", tmp_path / "y.npy"], capsys)
+    assert code == 2 and "only one input can be read from standard input" in _error_line(err)
+
+
+def test_aliases_select_the_same_thing(tmp_path, capsys):
+    tree, h, *_ = _tiny(tmp_path, rows=40)
+    docs = []
+    for argv in (["--metrics", "hf_beta", "--betas", "2", "--decoders", "darts", "--lam", "0.5"],
+                 ["--metric", "hf_beta", "--beta", "2", "--decoder", "darts", "--lam", "0.5"],
+                 ["--metric", "hf_beta,hf", "--beta", "2", "2", "--decoder", "darts", "darts", "--lam", "0.5"]):
+        out = tmp_path / f"a{len(docs)}.json"
+        assert run_cli(["compare", "--hierarchy", tree, "--probs", tmp_path / "p.npy", "--targets",
+                        tmp_path / "y.npy", "--json", out, "--no-progress", *argv], capsys)[0] == 0
+        docs.append(json.loads(out.read_text())["results"])
+    assert list(docs[0]["metrics"]) == ["hf_beta[beta=2]"]  # duplicates removed
+    assert docs[0]["metrics"] == docs[1]["metrics"] == docs[2]["metrics"]
+    assert list(docs[0]["metrics"]["hf_beta[beta=2]"]) == ["higher_is_better", "optimal", "darts[lam=0.5]"]
+    # decode takes the plural spellings for its one metric / decoder too
+    a = run_cli(["decode", "--hierarchy", tree, "--probs", tmp_path / "p.npy", "--metrics", "zhao"], capsys)[1]
+    b = run_cli(["decode", "--hierarchy", tree, "--probs", tmp_path / "p.npy", "--metric", "zhao"], capsys)[1]
+    assert a == b and a
+
+
+def test_one_default_per_option(capsys):
+    from hdecode_torch.cli import common
+    from hdecode_torch.cli.main import build_parser
+
+    parser = build_parser()
+    base = {"compare": [], "decode": ["--probs", "x.npy", "--metric", "zhao"],
+            "plot gain": ["--output", "g.png"], "plot agreement": ["--output", "a.png"]}
+    seen = {}
+    for cmd, extra in base.items():
+        args = parser.parse_args(cmd.split() + extra)
+        for opt in ("batch_size", "threads", "dpi", "device", "tau", "lam", "c", "beta", "betas", "info_threshold"):
+            if hasattr(args, opt):
+                seen.setdefault(opt, set()).add(repr(getattr(args, opt)))
+    assert {k: v for k, v in seen.items() if len(v) > 1} == {}
+    assert seen["batch_size"] == {repr(common.DEFAULT_BATCH_SIZE)} and seen["tau"] == {"None"}
+    # Unset parameters fall back to the same values everywhere: decode's confidence_threshold is compare's.
+    h = hd.load_hierarchy("inat19")
+    probs, _ = synthetic_outputs(h, 5, 1.0, seed=0)
+    for name, params in (("confidence_threshold", {"tau": 0.8}), ("darts", {"lam": 1.0})):
+        assert common.build_heuristics(h, [name], None, None, None)[0].params == params
+
+
+def test_inapplicable_options_are_errors(tmp_path, capsys):
+    tree, *_ = _tiny(tmp_path)
+    p = ["--hierarchy", tree, "--probs", tmp_path / "p.npy"]
+    cases = [
+        (["decode", *p, "--metric", "wu_palmer", "--beta", "0.5"], "--beta applies to the metric hf_beta"),
+        (["decode", *p, "--metric", "wu_palmer", "--tau", "0.7"], "--tau applies to the decoder confidence_threshold"),
+        (["decode", *p, "--decoder", "majority", "--lam", "2"], "--lam applies to the decoder darts"),
+        (["decode", *p, "--metric", "zhao", "--c", "1"], "--c applies to the metric tree_distance_c"),
+        (["decode", *p, "--metric", "zhao", "--seed", "1"], "--seed applies to --calibrate"),
+        (["compare", "--metrics", "zhao", "--betas", "1"], "--betas applies to the metric hf_beta"),
+        (["compare", "--decoders", "majority", "--info-threshold", "1"], "--info-threshold applies to the decoder"),
+        (["compare", "--metrics", ","], "--metrics: no name given"),
+        (["compare", "--decoders", "optimal"], "'optimal' is not a heuristic"),
+        (["compare", "--calibrate"], "--calibrate applies to --probs"),
+        (["plot", "agreement", "--metric", "zhao", "--beta", "2", "--output", tmp_path / "a.png"], "--beta applies"),
+    ]
+    for argv, message in cases:
+        code, _, err = run_cli(argv, capsys)
+        assert code == 2 and message in _error_line(err), (argv, err)
+
+
+def test_unknown_options_show_the_subcommand_usage(capsys):
+    code, _, err = run_cli(["decode", "--probs", "x.npy", "--metric", "zhao", "--bogus"], capsys)
+    assert code == 2 and err.startswith("usage: hdecode decode") and "unrecognized arguments: --bogus" in err
+    code, _, err = run_cli(["plot", "gain", "--output", "g.png", "--bogus"], capsys)
+    assert code == 2 and err.startswith("usage: hdecode plot gain")
+    # No abbreviations: `--num-sample` is not silently `--num-samples`, `--seed` never `--seeds`.
+    code, _, err = run_cli(["compare", "--num-sample", "10"], capsys)
+    assert code == 2 and "unrecognized arguments: --num-sample 10" in err
+
+
+def test_plot_gain_seeds_is_a_deprecated_alias(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    args = ["plot", "gain", "--metrics", "tree_distance", "--decoders", "majority", "--noise", "1",
+            "--num-samples", "20", "--output", tmp_path / "g.png", "--json", tmp_path / "g.json", "--no-progress"]
+    code, _, err = run_cli(args + ["--seeds", "2"], capsys)
+    assert code == 0 and "hdecode plot gain: warning: --seeds is deprecated: use --num-seeds" in err
+    setting = json.loads((tmp_path / "g.json").read_text())["metadata"]["setting"]
+    assert setting["num_seeds"] == 2 and setting["first_seed"] == 0
+    code, _, err = run_cli(args + ["--seeds", "2", "--num-seeds", "2"], capsys)
+    assert code == 2 and "old name of --num-seeds" in err
+
+
+def test_progress_starts_before_the_data(capsys, monkeypatch):
+    """On a terminal the bar is up before the synthetic data are drawn (the slow first step)."""
+    pytest.importorskip("tqdm")
+    import hdecode_torch.cli.common as common
+    import hdecode_torch.cli.compare as compare_mod
+
+    monkeypatch.setattr(common, "_stderr_is_tty", lambda: True)
+    shown = []
+    real = compare_mod.synthetic_outputs
+
+    def draw(*a, **k):
+        shown.append(capsys.readouterr().err)
+        return real(*a, **k)
+
+    monkeypatch.setattr(compare_mod, "synthetic_outputs", draw)
+    assert main(["compare", "--num-samples", "200", "--metrics", "zhao", "--decoders", "majority"]) == 0
+    assert "compare: drawing 200 synthetic samples" in shown[0]
+    assert "compare: decoding and scoring" in capsys.readouterr().err
+    code, _, err = run_cli(["compare", "--num-samples", "200", "--metrics", "zhao", "--decoders", "majority",
+                            "--no-progress"], capsys)
+    assert code == 0 and err == ""
+
+
+# =========================================================================== calibration
+def test_compare_calibrate_helps_an_over_confident_model(tmp_path, capsys):
+    """logits = 3 x true log-probabilities: uncalibrated, the optimal decoders lose to heuristics; with
+    --calibrate (T fitted on half the rows), they score better or the same on the other half."""
+    from hdecode_torch.cli.common import calibration_split
+
+    h = hd.load_hierarchy("inat19")
+    probs, y = synthetic_outputs(h, 2000, 1.0, seed=1, dtype=torch.float64)
+    z = 3.0 * probs.log()
+    np.save(tmp_path / "z.npy", z.numpy())
+    np.save(tmp_path / "y.npy", y.numpy())
+    _, held = calibration_split(2000, 0.5, 0)
+    np.save(tmp_path / "z_held.npy", z[held].numpy())
+    np.save(tmp_path / "y_held.npy", y[held].numpy())
+    common = ["--hierarchy", "inat19", "--from-logits", "--metrics", "tree_distance,wu_palmer,hf_beta,hamming",
+              "--betas", "1", "--decoders", "argmax_leaf,majority", "--no-progress"]
+    code, out, _ = run_cli(["compare", "--probs", tmp_path / "z.npy", "--targets", tmp_path / "y.npy",
+                            "--calibrate", "--json", tmp_path / "cal.json", *common], capsys)
+    assert code == 0 and "calibration: T = 3." in out and "held-out rows" in out
+    assert run_cli(["compare", "--probs", tmp_path / "z_held.npy", "--targets", tmp_path / "y_held.npy",
+                    "--json", tmp_path / "raw.json", *common], capsys)[0] == 0
+    cal = json.loads((tmp_path / "cal.json").read_text())
+    raw = json.loads((tmp_path / "raw.json").read_text())["results"]
+    info = cal["results"]["calibration"]
+    assert 2.7 < info["temperature"] < 3.3 and info["fit_rows"] == info["other_rows"] == 1000
+    assert info["nll_other_after"] < info["nll_other_before"] - 0.5
+    assert cal["metadata"]["setting"]["scored_rows"] == 1000 and cal["metadata"]["timings"]["calibration_s"] > 0
+    for key, row in cal["results"]["metrics"].items():
+        sign = 1 if row["higher_is_better"] else -1
+        assert sign * (row["optimal"] - raw["metrics"][key]["optimal"]) >= 0, key
+    # Over-confident, the optimal tree-distance decoder picks nodes too deep: calibration fixes a real loss.
+    assert raw["metrics"]["tree_distance"]["optimal"] - cal["results"]["metrics"]["tree_distance"]["optimal"] > 0.1
+
+
+def test_decode_calibrate(tmp_path, capsys):
+    tree, h, probs, y = _tiny(tmp_path, rows=200, seed=2)
+    z = 2.0 * probs.log()
+    np.save(tmp_path / "z.npy", z.numpy())
+    code, out, err = run_cli(["decode", "--hierarchy", tree, "--probs", tmp_path / "z.npy", "--from-logits",
+                              "--calibrate", "--targets", tmp_path / "y.npy", "--calibration-split", "0.5",
+                              "--seed", "3", "--metric", "wu_palmer"], capsys)
+    assert code == 0
+    line = [ln for ln in err.splitlines() if "calibration" in ln][0]
+    assert line.startswith("hdecode decode: calibration: T = ") and "held-out rows" in line
+    from hdecode_torch.cli.common import calibration_split
+
+    fit, _ = calibration_split(200, 0.5, 3)
+    scaler = hd.TemperatureScaler().fit(z[fit], y[fit])
+    assert f"T = {scaler.temperature:.4g}" in line
+    want = hd.get_metric("wu_palmer", h).decode(torch.softmax(z / scaler.temperature, 1))
+    assert [int(x) for x in out.split()] == want.tolist()  # every row decoded, in input order
+    for argv, message in ((["--calibrate", "--targets", tmp_path / "y.npy"], "add --from-logits"),
+                          (["--calibrate", "--from-logits"], "add --targets"),
+                          (["--calibration-split", "0.3"], "--calibration-split applies to --calibrate"),
+                          (["--targets", tmp_path / "y.npy"], "--targets applies to --calibrate")):
+        code, _, err = run_cli(["decode", "--hierarchy", tree, "--probs", tmp_path / "z.npy", "--metric", "zhao",
+                                *argv], capsys)
+        assert code == 2 and message in _error_line(err), err
+    code, _, err = run_cli(["compare", "--hierarchy", tree, "--probs", tmp_path / "z.npy", "--targets",
+                            tmp_path / "y.npy", "--from-logits", "--calibrate", "--calibration-split", "1"], capsys)
+    assert code == 2 and "argument --calibration-split: expected a finite number > 0 and < 1" in err
+
+
+def test_help_texts_have_no_doubled_percent(capsys):
+    for argv in (["plot", "gain", "--help"], ["plot", "--help"], ["compare", "--help"]):
+        out = run_cli(argv, capsys)[1]
+        assert "%%" not in out
+    assert "95% confidence" in " ".join(run_cli(["plot", "gain", "--help"], capsys)[1].split())
+
+
+@pytest.mark.parametrize("kind", ["compare --json", "plot agreement"])
+def test_failed_json_and_image_writes_keep_the_old_file(tmp_path, capsys, monkeypatch, kind):
+    import hdecode_torch.cli.io as cli_io
+
+    if kind == "plot agreement":
+        pytest.importorskip("matplotlib")
+        out = tmp_path / "a.png"
+        argv = ["plot", "agreement", "--resolution", "8", "--output", out]
+    else:
+        out = tmp_path / "r.json"
+        argv = ["compare", "--num-samples", "30", "--metrics", "zhao", "--decoders", "majority", "--json", out,
+                "--no-progress"]
+    out.write_bytes(b"old")
+
+    class Full:
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, data):
+            self.f.write(bytes(data[:10]) if isinstance(data, (bytes, bytearray, memoryview)) else b"x")
+            raise OSError(28, "No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+    monkeypatch.setattr(cli_io, "_PlainWrites", Full)
+    real_wrapper = cli_io.io.TextIOWrapper
+    monkeypatch.setattr(cli_io.io, "TextIOWrapper", lambda raw, **kw: real_wrapper(Full(raw), write_through=True, **kw))
+    code, _, err = run_cli(argv, capsys)
+    assert code == 1 and "No space left on device" in _error_line(err)
+    assert out.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == [out.name]

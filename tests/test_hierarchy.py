@@ -168,3 +168,106 @@ def test_million_node_tree_builds_in_seconds():
     elapsed = time.perf_counter() - t
     assert h.num_nodes == n and h.leaf_count[h.root].item() == h.num_leaves
     assert elapsed < 30, elapsed  # measured 1.3 s on the 2-core CI machine
+
+
+# --------------------------------------------------------------------------- edge-list and JSON files
+def test_edge_list_numeric_leaf_names_sort_by_value(tmp_path):
+    f = tmp_path / "tree.csv"
+    f.write_text("".join(f"r,{i}\n" for i in range(12)))
+    h = Hierarchy.from_edges(f)
+    assert h.names[:12] == [str(i) for i in range(12)]  # not 0, 1, 10, 11, 2, ...
+    assert h.index("10") == 10
+    g = tmp_path / "mixed.csv"
+    g.write_text("r,2\nr,10\nr,b\n")  # not all numbers: plain string order
+    assert Hierarchy.from_edges(g).names[:3] == ["10", "2", "b"]
+    assert Hierarchy.from_edges([("r", "-1.5"), ("r", "1e1"), ("r", "3")]).names[:3] == ["-1.5", "3", "1e1"]
+
+
+@pytest.mark.parametrize("text, match", [
+    ("r a b\nr c\n", r"line 1: expected 2 fields .* has 3 \(names with spaces need a comma"),
+    ("r,a\nr,b,extra\n", r"line 2: expected 2 fields .* has 3"),
+    ("r,a\nr b\n", r"line 2: expected 2 fields .* has 1"),
+    ("r,a\nr,\n", r"line 2: empty child name"),
+    ("r,a\n,b\n", r"line 2: empty parent name"),
+    ("r,a\nr,b\tc\n", r"line 2: the child name 'b\\tc' contains the invisible character"),
+    ("r,a\nr,b\u200b\n", r"line 2: .*U\+200B"),
+])
+def test_edge_list_line_errors(tmp_path, text, match):
+    f = tmp_path / "tree.csv"
+    f.write_text(text)
+    with pytest.raises(ValueError, match=match) as exc:
+        Hierarchy.from_edges(f)
+    assert "tree.csv" in str(exc.value)
+
+
+def test_edge_list_strips_padding_whitespace(tmp_path):
+    f = tmp_path / "tree.csv"
+    f.write_text("parent , child\nanimal, a/b\n animal ,a/b \nanimal,\"c \"\nroot,animal\nroot,  car\n")
+    h = Hierarchy.from_edges(f)
+    assert h.names == ["a/b", "c", "car", "animal", "root"]
+    g = tmp_path / "tree.tsv"
+    g.write_text("\ufeffparent\tchild\nroot\t golden retriever \nroot\tcat\n")  # a BOM, spaces inside a name
+    assert Hierarchy.from_edges(g).names == ["cat", "golden retriever", "root"]
+
+
+def test_edge_list_structure_errors_name_the_nodes(tmp_path):
+    f = tmp_path / "tree.csv"
+    f.write_text("root,q\nx,y\ny,x\n")
+    with pytest.raises(ValueError, match=r"cycle: 'x' -> 'y' -> 'x' .*tree.csv', line 3"):
+        Hierarchy.from_edges(f)
+    f.write_text("animals,cat\nvehicles,car\n")
+    with pytest.raises(ValueError, match=r"exactly one root .* found 2: 'animals', 'vehicles'"):
+        Hierarchy.from_edges(f)
+    f.write_text("r,a\na,a\n")
+    with pytest.raises(ValueError, match=r"node 'a' is its own parent \('.*tree.csv', line 2\)"):
+        Hierarchy.from_edges(f)
+    f.write_text("r,a\nr,b\nb,a\n")
+    with pytest.raises(ValueError, match=r"Node 'a' has two parents \('r' and 'b'\) \('.*tree.csv', lines 1 and 3\)"):
+        Hierarchy.from_edges(f)
+    with pytest.raises(ValueError, match=r"cycle and no root.*'a' -> 'b' -> 'a'"):
+        Hierarchy.from_dict({"a": ["b"], "b": ["a"]})
+
+
+def test_edge_list_from_open_file(tmp_path):
+    import io
+
+    h = Hierarchy.from_edges(io.StringIO("r,b\nr,a\n"))
+    assert h.names == ["a", "b", "r"]
+    with pytest.raises(ValueError, match="<file object>, line 1: expected 2 fields"):
+        Hierarchy.from_edges(io.StringIO("r,a,b\n"))
+
+
+@pytest.mark.parametrize("content, exc, match", [
+    (None, FileNotFoundError, r"Cannot read hierarchy JSON '.*t.json': No such file"),
+    ("", ValueError, r"'.*t.json': the file is empty"),
+    ('{"parents": [2, 2,', ValueError, r"'.*t.json': not valid JSON .*line 1, column 19; the file looks truncated"),
+    ("parent,child\nr,a\n", ValueError, r"'.*t.json': not valid JSON"),
+    (b"\x80\x81\x00", ValueError, r"'.*t.json': not UTF-8"),
+    ("[1, 2]", ValueError, r"Invalid hierarchy JSON '.*t.json': .*`parents` field, but got list"),
+    ('{"parents": [2, 2, -1], "num_nodes": 5}', ValueError, r"num_nodes = 5, but .* 3"),
+    ("[" * 100_000, ValueError, "nested too deeply"),
+])
+def test_from_json_errors_name_the_file(tmp_path, content, exc, match):
+    f = tmp_path / "t.json"
+    if isinstance(content, bytes):
+        f.write_bytes(content)
+    elif content is not None:
+        f.write_text(content)
+    with pytest.raises(exc, match=match):
+        Hierarchy.from_json(f)
+
+
+def test_from_json_directory_and_open_file(tmp_path):
+    import io
+
+    with pytest.raises(IsADirectoryError, match="Cannot read hierarchy JSON .*: Is a directory"):
+        Hierarchy.from_json(tmp_path)
+    h = Hierarchy.from_json(io.StringIO(json.dumps({"parents": [2, 2, -1], "ids": ["a", "b", "r"]})))
+    assert h.names == ["a", "b", "r"]
+
+
+def test_load_hierarchy_with_a_path_points_to_the_file_readers():
+    with pytest.raises(ValueError, match=r"Unknown bundled hierarchy 'my_tree.json'.*Hierarchy.from_json\(path\)"):
+        hd.load_hierarchy("my_tree.json")
+    with pytest.raises(ValueError, match=r"Unknown bundled hierarchy 'imagenet'; available: [a-z0-9, -]+$"):
+        hd.load_hierarchy("imagenet")

@@ -14,16 +14,18 @@ import torch
 
 from ..synthetic import DEFAULT_NOISE, synthetic_outputs
 from .common import (
-    DEFAULT_BETAS, DEFAULT_C, DEFAULT_METRICS, CLIError, Progress, add_decoder_param_args, add_hierarchy_args,
-    build_heuristics, build_metrics, heuristic_names, hierarchy_description,
-    load_any_hierarchy, load_probs, load_targets, resolve_device, split_names,
+    DEFAULT_BETAS, DEFAULT_C, DEFAULT_CALIBRATION_SPLIT, DEFAULT_METRICS, DEFAULT_SEED, MAX_SEED,
+    CLIError, Progress, add_calibration_args, add_decoder_param_args, add_hierarchy_args, add_metric_params,
+    add_run_args, build_heuristics, build_metrics, calibration_report, calibration_split, check_applicable,
+    finite_float, fit_calibration, heuristic_names, heuristic_selection, hierarchy_description, int_in,
+    json_document, load_any_hierarchy, load_probs, load_targets, resolve_device, set_threads, split_names,
 )
 from .evaluation import Evaluation, evaluate
+from .io import STDIN, StagedWrites, check_distinct_inputs, check_output_path, require_stdout
 
 # About 10 s on a loaded 2-core CPU (single thread); the standard error of a [0, 1] metric is then ~0.003
 # and that of a paired difference between decoders usually below 0.001.
 DEFAULT_NUM_SAMPLES = 20_000
-DEFAULT_BATCH_SIZE = 1024
 
 SHORT_METRIC = {"accuracy": "accuracy", "lca_height": "lca_height", "tree_distance": "tree_dist",
                 "tree_distance_c": "tree_dist_c", "wu_palmer": "wu_palmer", "zhao": "zhao", "hf_beta": "hF",
@@ -33,57 +35,57 @@ SHORT_METRIC = {"accuracy": "accuracy", "lca_height": "lca_height", "tree_distan
 def add_parser(sub) -> None:
     p = sub.add_parser(
         "compare", help="score every decoder on every metric (synthetic calibrated outputs or your own)",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
             "Score the Bayes-optimal decoder of each metric and every heuristic decoder on every metric,\n"
             "and print one table with standard errors.\n\n"
             "Without --probs: synthetic outputs on the hierarchy, calibrated by construction (the labels\n"
             "are drawn from the probabilities), so the optimal decoder of each metric must be the best of\n"
-            "its column up to sampling noise.  With --probs/--targets: your model's outputs.\n\n"
+            "its column up to sampling noise.  With --probs/--targets: your model's outputs ('-' reads\n"
+            "one of them from standard input: .npy/.pt bytes or a text table).\n\n"
             "Set metrics (hf_beta, hamming, jaccard) score a heuristic's node as the set of its\n"
-            "ancestors.  jaccard has no exact optimal decoder: its optimal cell is n/a."),
+            "ancestors.  jaccard has no exact optimal decoder: its optimal cell is n/a.\n\n"
+            "--calibrate (with --from-logits) fits a temperature on a random part of the rows and scores\n"
+            "the others with logits / T: over-confident models then get better optimal decisions."),
         epilog=("examples:\n"
                 "  hdecode compare\n"
                 "  hdecode compare --noise 1.5 --num-samples 50000 --json results.json\n"
                 "  hdecode compare --hierarchy inat19 --probs val_logits.npy --targets val_labels.npy --from-logits\n"
+                "  hdecode compare --probs val_logits.npy --targets val_labels.npy --from-logits --calibrate\n"
                 "  hdecode compare --metrics tree_distance,hf_beta --betas 1 --decoders argmax_leaf,majority"))
+    p.set_defaults(func=run, _parser=p)
     add_hierarchy_args(p)
     src = p.add_argument_group("model outputs")
     src.add_argument("--probs", metavar="FILE", help="(B, L) probabilities (or logits with --from-logits): "
-                     ".npy, .pt or .csv; column j is leaf j of the hierarchy")
-    src.add_argument("--targets", metavar="FILE", help="(B,) true leaf ids: .npy, .pt, .csv or .txt (one per line)")
+                     ".npy, .pt, .csv, .tsv or .txt; column j is leaf j of the hierarchy; '-' reads standard input")
+    src.add_argument("--targets", metavar="FILE", help="(B,) true leaf ids: .npy, .pt, .csv or .txt (one per line); "
+                     "'-' reads standard input")
     src.add_argument("--from-logits", action="store_true", help="--probs holds logits: apply a softmax")
     src.add_argument("--normalize", action="store_true", help="renormalize rows of --probs that do not sum to 1")
-    src.add_argument("--num-samples", type=int, default=None, metavar="B",
+    add_calibration_args(src, decode=False)
+    src.add_argument("--num-samples", type=int_in(1, 10 ** 8), default=None, metavar="B",
                      help=f"synthetic outputs: number of samples (default: {DEFAULT_NUM_SAMPLES})")
-    src.add_argument("--noise", type=float, default=None,
+    src.add_argument("--noise", type=finite_float(0.0, lo_open=True), default=None,
                      help=f"synthetic outputs: temperature of the logit model, larger = more underdetermined "
                           f"(default: {DEFAULT_NOISE}; the argmax leaf is then right about half the time)")
-    src.add_argument("--seed", type=int, default=None, help="synthetic outputs: random seed (default: 0)")
+    src.add_argument("--seed", type=int_in(0, MAX_SEED), default=None,
+                     help=f"random seed of the synthetic outputs, or of the --calibrate split "
+                          f"(default: {DEFAULT_SEED})")
     sel = p.add_argument_group("metrics and decoders")
-    sel.add_argument("--metrics", nargs="+", metavar="NAME",
+    sel.add_argument("--metrics", "--metric", dest="metrics", nargs="+", metavar="NAME",
                      help=f"metric names, comma or space separated (default: all: {', '.join(DEFAULT_METRICS)})")
-    sel.add_argument("--betas", type=float, nargs="+", default=list(DEFAULT_BETAS),
-                     help="the betas of hf_beta (default: 0.5 1 2)")
-    sel.add_argument("--c", type=float, default=DEFAULT_C,
-                     help=f"tree_distance_c: cost c per level of the prediction's depth (default: {DEFAULT_C})")
-    sel.add_argument("--decoders", nargs="+", metavar="NAME",
-                     help="heuristic decoder names, comma or space separated (default: all: "
+    add_metric_params(sel, multi=True)
+    sel.add_argument("--decoders", "--decoder", dest="decoders", nargs="+", metavar="NAME",
+                     help="heuristic decoder names, comma or space separated, or all (default: all: "
                           f"{', '.join(heuristic_names())}); the optimal decoder is always included")
     add_decoder_param_args(sel)
     run_ = p.add_argument_group("run")
-    run_.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available, else cpu)")
-    run_.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE,
-                      help=f"samples per chunk; one Posterior per chunk is shared by all decoders (default: {DEFAULT_BATCH_SIZE})")
-    run_.add_argument("--threads", type=int, default=1,
-                      help="CPU threads for torch (default: 1: the kernels are many small per-level operations, "
-                           "for which extra threads mostly add overhead, and thrash on a busy machine)")
-    run_.add_argument("--json", metavar="PATH", help="also write the results as JSON")
-    run_.add_argument("--no-progress", action="store_true", help="no progress bar")
-    run_.add_argument("--width", type=int, default=None,
+    add_run_args(run_)
+    run_.add_argument("--json", metavar="PATH", help="also write the results as JSON (schema_version 1: metadata "
+                      "with the setting, timings and versions, apart from the results)")
+    run_.add_argument("--width", type=int_in(20, 100_000), default=None,
                       help="wrap the table to this many characters (default: the terminal width; no wrapping "
                            "when the output is not a terminal)")
-    p.set_defaults(func=run)
 
 
 # --------------------------------------------------------------------------- formatting
@@ -168,12 +170,9 @@ def render_table(ev: Evaluation, *, color: bool = False, width: int | None = Non
     return "\n".join(lines)
 
 
-def to_json(ev: Evaluation, setting: dict) -> dict:
-    def num(x):
-        x = float(x)
-        return x if math.isfinite(x) else None
-
-    out = {"metrics": {}, "stderr": {}, "paired_stderr": {}, "best": {}, "gain_percent": {}, "setting": setting}
+def to_json(ev: Evaluation) -> dict:
+    """The results of an evaluation: means, standard errors, paired standard errors, best and gains."""
+    out = {"metrics": {}, "stderr": {}, "paired_stderr": {}, "best": {}, "gain_percent": {}}
     for m, metric in enumerate(ev.metrics):
         vals = {"higher_is_better": bool(metric.higher_is_better)}
         ses = {}
@@ -182,11 +181,11 @@ def to_json(ev: Evaluation, setting: dict) -> dict:
         gains = {}
         for d, key in enumerate(ev.decoders):
             ok = bool(ev.available[m, d])
-            vals[key] = num(ev.mean[m, d]) if ok else None
-            ses[key] = num(ev.stderr[m, d]) if ok else None
-            paired[key] = num(ev.paired_stderr[m, d, ref]) if ok else None
+            vals[key] = float(ev.mean[m, d]) if ok else None
+            ses[key] = float(ev.stderr[m, d]) if ok else None
+            paired[key] = float(ev.paired_stderr[m, d, ref]) if ok else None
             if d and ev.available[m, 0]:
-                gains[key] = num(relative_gain(metric, float(ev.mean[m, 0]), float(ev.mean[m, d])))
+                gains[key] = relative_gain(metric, float(ev.mean[m, 0]), float(ev.mean[m, d]))
         out["metrics"][metric.key] = vals
         out["stderr"][metric.key] = ses
         out["paired_stderr"][metric.key] = paired
@@ -199,70 +198,104 @@ def to_json(ev: Evaluation, setting: dict) -> dict:
 # --------------------------------------------------------------------------- run
 def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
-    if args.batch_size <= 0:
-        raise CLIError(f"--batch-size must be positive, got {args.batch_size}")
-    if args.threads <= 0:
-        raise CLIError(f"--threads must be positive, got {args.threads}")
-    h = load_any_hierarchy(args.hierarchy, args.leaf_order)
-    device = resolve_device(args.device)
-    metrics = build_metrics(h, split_names(args.metrics) or DEFAULT_METRICS, args.betas, args.c)
-    heuristics = build_heuristics(h, split_names(args.decoders) or heuristic_names(), args.tau, args.lam,
-                                  args.info_threshold)
-    setting = {"hierarchy": args.hierarchy, "num_nodes": h.num_nodes, "num_leaves": h.num_leaves}
+    inputs = {"--probs": args.probs, "--targets": args.targets, "--hierarchy": args.hierarchy,
+              "--leaf-order": args.leaf_order}
+    check_distinct_inputs(inputs)
+    if args.json is not None:
+        check_output_path(args.json, "--json", inputs=inputs)
+    else:
+        require_stdout("no --json is given: the results would be lost")
     if args.probs is None:
         if args.targets is not None:
             raise CLIError("--targets needs --probs (without --probs, compare draws synthetic outputs)")
-        if args.from_logits or args.normalize:
-            raise CLIError("--from-logits/--normalize apply to --probs")
-        num = DEFAULT_NUM_SAMPLES if args.num_samples is None else args.num_samples
-        noise = DEFAULT_NOISE if args.noise is None else args.noise
-        seed = 0 if args.seed is None else args.seed
-        if num <= 0:
-            raise CLIError(f"--num-samples must be positive, got {num}")
-        if not (noise > 0 and math.isfinite(noise)):
-            raise CLIError(f"--noise must be a finite number > 0, got {noise}")
-        probs, targets = synthetic_outputs(h, num, noise, seed, device=device)
-        setting.update(source="synthetic", noise=noise, seed=seed, num_samples=num)
-        source = (f"{num} synthetic calibrated samples (noise {noise:g}, seed {seed}): the labels are drawn "
-                  "from the probabilities, so each metric's optimal decoder is best up to sampling noise")
+        for flag, given in (("--from-logits", args.from_logits), ("--normalize", args.normalize),
+                            ("--calibrate", args.calibrate)):
+            if given:
+                raise CLIError(f"{flag} applies to --probs (without --probs, compare draws synthetic outputs, "
+                               "calibrated by construction)")
     else:
-        for flag, val in (("--num-samples", args.num_samples), ("--noise", args.noise), ("--seed", args.seed)):
+        for flag, val in (("--num-samples", args.num_samples), ("--noise", args.noise)):
             if val is not None:
                 raise CLIError(f"{flag} applies to synthetic outputs, not to --probs")
+        if args.seed is not None and not args.calibrate:
+            raise CLIError("--seed applies to synthetic outputs or to the --calibrate split, not to --probs alone")
         if args.targets is None:
             raise CLIError("--probs needs --targets (the true leaf ids) to score decoders")
-        probs = load_probs(args.probs, h)
-        targets = load_targets(args.targets, h, probs.shape[0])
-        if probs.shape[0] == 0:
-            raise CLIError(f"--probs: {args.probs!r} has no rows")
-        probs, targets = probs.to(device), targets.to(device)
-        setting.update(source="files", probs=os.path.abspath(args.probs), targets=os.path.abspath(args.targets),
-                       from_logits=bool(args.from_logits), normalize=bool(args.normalize),
-                       num_samples=int(probs.shape[0]))
-        source = f"{probs.shape[0]} samples from {args.probs}" + (" (logits)" if args.from_logits else "")
-    setting.update(device=str(device), batch_size=args.batch_size,
-                   decoders={d.key: {"name": d.name, **d.params} for d in heuristics},
-                   metrics={m.key: {"name": m.name, **m.params} for m in metrics})
+        if args.calibrate and not args.from_logits:
+            raise CLIError("--calibrate scales logits: add --from-logits (and pass logits as --probs)")
+    if args.calibration_split is not None and not args.calibrate:
+        raise CLIError("--calibration-split applies to --calibrate")
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(args.threads)
-    progress = Progress(int(probs.shape[0]), "compare", enabled=not args.no_progress)
-    try:
+    progress = Progress("compare: loading", enabled=not args.no_progress)
+    timings = {}
+    calibration = None
+    with progress, set_threads(args.threads):
+        h = load_any_hierarchy(args.hierarchy, args.leaf_order)
+        device = resolve_device(args.device)
+        names = split_names(args.metrics, "--metrics") if args.metrics is not None else DEFAULT_METRICS
+        betas = list(dict.fromkeys(args.betas)) if args.betas is not None else list(DEFAULT_BETAS)
+        metrics = build_metrics(h, names, betas, DEFAULT_C if args.c is None else args.c)
+        heuristics = build_heuristics(h, heuristic_selection(args.decoders, "--decoders"), args.tau, args.lam,
+                                      args.info_threshold)
+        check_applicable(args, metrics=metrics, decoders=heuristics)
+        setting = {"hierarchy": args.hierarchy, "num_nodes": h.num_nodes, "num_leaves": h.num_leaves}
+        t0 = time.perf_counter()
+        if args.probs is None:
+            num = DEFAULT_NUM_SAMPLES if args.num_samples is None else args.num_samples
+            noise = DEFAULT_NOISE if args.noise is None else args.noise
+            seed = DEFAULT_SEED if args.seed is None else args.seed
+            progress.stage(f"compare: drawing {num} synthetic samples")
+            probs, targets = synthetic_outputs(h, num, noise, seed, device=device)
+            setting.update(source="synthetic", noise=noise, seed=seed, num_samples=num)
+            source = (f"{num} synthetic calibrated samples (noise {noise:g}, seed {seed}): the labels are drawn "
+                      "from the probabilities, so each metric's optimal decoder is best up to sampling noise")
+        else:
+            probs = load_probs(args.probs, h)
+            targets = load_targets(args.targets, h, probs.shape[0])
+            if probs.shape[0] == 0:
+                raise CLIError(f"--probs: {args.probs!r} has no rows")
+            where = "standard input" if args.probs == STDIN else args.probs
+            setting.update(source="files", probs=args.probs if args.probs == STDIN else os.path.abspath(args.probs),
+                           targets=args.targets if args.targets == STDIN else os.path.abspath(args.targets),
+                           from_logits=bool(args.from_logits), normalize=bool(args.normalize),
+                           num_samples=int(probs.shape[0]))
+            source = f"{probs.shape[0]} samples from {where}" + (" (logits)" if args.from_logits else "")
+            if args.calibrate:
+                split = DEFAULT_CALIBRATION_SPLIT if args.calibration_split is None else args.calibration_split
+                seed = DEFAULT_SEED if args.seed is None else args.seed
+                fit_rows, other_rows = calibration_split(probs.shape[0], split, seed)
+                if fit_rows.numel() == 0 or other_rows.numel() == 0:
+                    raise CLIError(f"--calibration-split {split:g} of {probs.shape[0]} rows leaves no row to "
+                                   f"{'fit the temperature on' if fit_rows.numel() == 0 else 'score'}")
+                progress.stage("compare: fitting the temperature")
+                scaler, calibration = fit_calibration(probs, targets, fit_rows, other_rows)
+                with torch.no_grad():
+                    probs = scaler(probs[other_rows].to(torch.float64))
+                targets = targets[other_rows]
+                timings["calibration_s"] = calibration["seconds"]
+                setting.update(calibrate=True, calibration_split=split, seed=seed, scored_rows=int(other_rows.numel()))
+                source = (f"{other_rows.numel()} held-out samples from {where} (logits / T, T = "
+                          f"{calibration['temperature']:.4g} fitted on the other {fit_rows.numel()})")
+            probs, targets = probs.to(device), targets.to(device)
+        timings["data_s"] = round(time.perf_counter() - t0, 3)
+        setting.update(device=str(device), batch_size=args.batch_size, threads=args.threads,
+                       decoders={d.key: {"name": d.name, **d.params} for d in heuristics},
+                       metrics={m.key: {"name": m.name, **m.params} for m in metrics})
+        progress.stage("compare: decoding and scoring", total=int(probs.shape[0]))
+        t0 = time.perf_counter()
         ev = evaluate(h, probs, targets, metrics, heuristics, batch_size=args.batch_size,
                       from_logits=args.from_logits, normalize=args.normalize, progress=progress)
-    except ValueError as exc:
-        raise CLIError(str(exc)) from None
-    finally:
-        progress.close()
-        torch.set_num_threads(threads)
+        timings["evaluation_s"] = round(time.perf_counter() - t0, 3)
     elapsed = time.perf_counter() - start
-    setting["elapsed_s"] = round(elapsed, 3)
+    timings["total_s"] = round(elapsed, 3)
 
     tty = sys.stdout.isatty()
     width = args.width if args.width is not None else (shutil.get_terminal_size().columns if tty else None)
     color = tty and not os.environ.get("NO_COLOR")
     print(f"hierarchy: {hierarchy_description(args.hierarchy, h)}")
     print(f"data:      {source}")
+    if calibration is not None:
+        print(f"calibration: {calibration_report(calibration)}")
     params = [d.key for d in heuristics if d.params]
     print("decoders:  optimal = each metric's Bayes-optimal decoder, vs "
           f"{len(heuristics)} heuristic{'s' if len(heuristics) != 1 else ''}"
@@ -275,10 +308,11 @@ def run(args: argparse.Namespace) -> int:
     print("  are measured more precisely than each ± suggests; paired standard errors are in --json).")
     print("↑ higher is better, ↓ lower is better.  gain: relative improvement of optimal over the best heuristic.")
     print(f"({elapsed:.1f} s on {device})")
-    if args.json:
-        try:
-            with open(args.json, "w") as f:
-                json.dump(to_json(ev, setting), f, indent=2)
-        except OSError as exc:
-            raise CLIError(f"--json: cannot write {args.json!r}: {exc.strerror}") from None
+    if args.json is not None:
+        results = to_json(ev)
+        if calibration is not None:
+            results["calibration"] = {k: v for k, v in calibration.items() if k != "seconds"}
+        doc = json_document("compare", {"setting": setting, "timings": timings}, results)
+        with StagedWrites() as staged:
+            staged.write(args.json, "--json", lambda f: json.dump(doc, f, indent=2, allow_nan=False), text=True)
     return 0

@@ -11,13 +11,15 @@ difference is measured far more precisely than each value on its own.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import torch
 
 from ..core.posterior import Posterior
+from ..metrics import has_optimal_decoder
 
-__all__ = ["Evaluation", "evaluate", "has_optimal", "OPTIMAL"]
+__all__ = ["Evaluation", "evaluate", "has_optimal", "chunk_posterior", "OPTIMAL"]
 
 OPTIMAL = "optimal"
 
@@ -85,16 +87,21 @@ class Evaluation:
 
 
 def has_optimal(metric) -> bool:
-    """Whether the metric has an exact decoder (jaccard's raises NotImplementedError)."""
-    # Probing one one-hot row is the cheapest decode there is, and finds out before a long run.
-    h = metric.hierarchy
-    probe = torch.zeros(1, h.num_leaves, dtype=torch.float64, device=h.device)
-    probe[0, 0] = 1.0
+    """Whether the metric has an exact Bayes-optimal decoder (declared by the metric's class)."""
+    return has_optimal_decoder(metric)
+
+
+_ROW = re.compile(r"\brow (\d+)")
+
+
+def chunk_posterior(h, probs: torch.Tensor, start: int, stop: int, *, from_logits: bool, normalize: bool) -> Posterior:
+    """The Posterior of rows ``start:stop``; an input error names the row of the whole input, not of the chunk."""
     try:
-        metric.decode(probe)
-    except NotImplementedError:
-        return False
-    return True
+        return Posterior(h, probs[start:stop], from_logits=from_logits, normalize=normalize, name="probs")
+    except ValueError as exc:
+        if start == 0:
+            raise
+        raise ValueError(_ROW.sub(lambda m: f"row {int(m.group(1)) + start}", str(exc))) from None
 
 
 def evaluate(h, probs: torch.Tensor, targets: torch.Tensor, metrics: list, heuristics: list, *,
@@ -114,8 +121,7 @@ def evaluate(h, probs: torch.Tensor, targets: torch.Tensor, metrics: list, heuri
         raise ValueError("no samples to evaluate")
     for start in range(0, B, batch_size):
         stop = min(start + batch_size, B)
-        post = Posterior(h, probs[start:stop], from_logits=from_logits, normalize=normalize,
-                         name="probs" if start == 0 else f"probs[{start}:{stop}]")
+        post = chunk_posterior(h, probs, start, stop, from_logits=from_logits, normalize=normalize)
         y = targets[start:stop]
         preds = [d.decode(post) for d in heuristics]
         rows = []

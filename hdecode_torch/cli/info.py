@@ -4,28 +4,34 @@ from __future__ import annotations
 
 import argparse
 import json
+import warnings
 
 import numpy as np
 
-from ..hierarchy import list_hierarchies
-from .common import load_any_hierarchy
+from .common import DEFAULT_HIERARCHY, CLIError, add_hierarchy_args, json_document, load_any_hierarchy
+from .io import require_stdout
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("info", help="statistics of a hierarchy (sizes, depths, branching, single-child chains)",
-                       description="Print statistics of a bundled hierarchy or of a JSON/CSV/edge-list file.")
-    p.add_argument("hierarchy", nargs="?", default="tieredimagenet-h",
-                   help=f"bundled name ({', '.join(list_hierarchies())}) or a file (default: tieredimagenet-h)")
-    p.add_argument("--leaf-order", metavar="FILE", help="for an edge list: leaf names in column order, one per line")
-    p.add_argument("--json", action="store_true", help="print JSON instead of text")
-    p.set_defaults(func=run)
+                       allow_abbrev=False,
+                       description="Print statistics of a bundled hierarchy or of a JSON/CSV/edge-list file.",
+                       epilog="examples:\n  hdecode info --hierarchy inat19\n"
+                              "  hdecode info --hierarchy tree.csv --json",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.set_defaults(func=run, _parser=p)
+    add_hierarchy_args(p, default=None)
+    p.add_argument("tree", nargs="?", default=None, metavar="TREE",
+                   help=f"deprecated spelling of --hierarchy TREE (default: {DEFAULT_HIERARCHY})")
+    p.add_argument("--json", action="store_true",
+                   help="print JSON instead of text (schema_version 1: the statistics under results)")
 
 
 def single_child_chains(h) -> dict:
     """Maximal runs of single-child nodes (each node of a run is the only child of the previous one).
 
     Every node on such a run has the same leaf set as its child, hence the same p(n): decoders
-    must break these ties (SPEC §4.2), so their length is worth knowing.
+    must break these ties (deepest first, then smallest id), so their length is worth knowing.
     """
     parent = h.parent.cpu().numpy()
     unary = (h.num_children == 1).cpu().numpy()
@@ -46,13 +52,22 @@ def single_child_chains(h) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    h = load_any_hierarchy(args.hierarchy, args.leaf_order)
+    require_stdout("info prints to it")
+    spec = args.hierarchy
+    if args.tree is not None:
+        if spec is not None:
+            raise CLIError(f"give the tree once: --hierarchy {spec} or the (deprecated) positional {args.tree}")
+        warnings.warn(f"the positional TREE is deprecated: use --hierarchy {args.tree}", FutureWarning, stacklevel=2)
+        spec = args.tree
+    spec = DEFAULT_HIERARCHY if spec is None else spec
+    h = load_any_hierarchy(spec, args.leaf_order)
     stats = h.statistics()
     stats.update(single_child_chains(h))
     if args.json:
-        print(json.dumps(stats, indent=2))
+        doc = json_document("info", {"setting": {"hierarchy": spec}}, stats)
+        print(json.dumps(doc, indent=2, allow_nan=False))
         return 0
-    print(f"hierarchy: {args.hierarchy}")
+    print(f"hierarchy: {spec}")
     width = max(len(k) for k in stats)
     for k, v in stats.items():
         if isinstance(v, float):

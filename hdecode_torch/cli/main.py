@@ -1,44 +1,214 @@
-"""Entry point of the ``hdecode`` command."""
+"""Entry point of the ``hdecode`` command.
+
+Every failure ends as one line on standard error, ``hdecode <command>: error: <what and how to fix
+it>``, with exit status 2 for a bad command line or input, 1 when the run could not complete (an
+output could not be written, out of memory), 130 on Ctrl-C; never a traceback (``HDECODE_DEBUG=1``
+shows it).  Library warnings are shown the same way, as ``hdecode <command>: warning: ...``.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
+import warnings
 
-from . import compare, decode, info, plot
-from .common import CLIError
+from . import compare, decode, info, io, plot
+from .io import CLIError, one_line
+
+# The library's messages name Python arguments; a command-line user needs the flags.
+_CLI_WORDING = [
+    (re.compile(r"\bnormalize=True\b"), "--normalize"),
+    (re.compile(r"\bfrom_logits=True\b"), "--from-logits"),
+    (re.compile(r"\(or apply softmax\)"), "(the softmax is then applied for you)"),
+    (re.compile(r"`(leaf_probs|probs|scores|logits)((?:\[[^`]*\])?)`"), r"--probs\2"),
+    (re.compile(r"`targets?`"), "--targets"),
+    (re.compile(r"`beta`"), "--beta"),
+    (re.compile(r"`c`"), "--c"),
+    (re.compile(r"`tau`"), "--tau"),
+    (re.compile(r"`lam`"), "--lam"),
+    (re.compile(r"`threshold`"), "--info-threshold"),
+    (re.compile(r"`leaf_order`"), "--leaf-order"),
+    (re.compile(r"`noise`"), "--noise"),
+    (re.compile(r"`num_samples`"), "--num-samples"),
+    (re.compile(r"`device`"), "--device"),
+]
+
+
+def cli_wording(message: str) -> str:
+    """Rewrite a library message for the command line: API keywords become flags (``normalize=True``
+    -> ``--normalize``), the whole on one line."""
+    text = " ".join(str(message).split())
+    for pattern, repl in _CLI_WORDING:
+        text = pattern.sub(repl, text)
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
     parser = argparse.ArgumentParser(
-        prog="hdecode",
-        description="Bayes-optimal decoding of hierarchical classifiers: compare decoders, decode, plot.")
+        prog="hdecode", allow_abbrev=False,
+        description="Bayes-optimal decoding of hierarchical classifiers: compare decoders, decode, plot.",
+        epilog="Options are spelled out in full (no abbreviations); `hdecode COMMAND --help` lists them.")
+    parser.add_argument("--version", action="version", version=f"hdecode {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in (compare, decode, plot, info):
         module.add_parser(sub)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except BrokenPipeError:
-        # `hdecode compare | head`: the reader left; stop quietly instead of a traceback at exit.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
-    except CLIError as exc:
-        print(f"hdecode {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except (ValueError, TypeError) as exc:
-        # The library's input errors name the argument and the fix (SPEC §6); a traceback adds
-        # nothing for a command-line user.  HDECODE_DEBUG=1 shows it anyway.
-        if os.environ.get("HDECODE_DEBUG"):
+class _StdoutFailure(Exception):
+    """Writing to standard output failed (a full disk, ``> /dev/full``): not an input/output file error."""
+
+    def __init__(self, exc: OSError):
+        super().__init__(exc.strerror or one_line(exc))
+
+
+class _GuardedStdout:
+    """Standard output whose write errors are told apart from those of the files the command writes."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
             raise
-        print(f"hdecode {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        except OSError as exc:
+            raise _StdoutFailure(exc) from None
+
+    def flush(self):
+        try:
+            return self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise _StdoutFailure(exc) from None
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _reopen_closed_std_fds() -> dict:
+    """Point closed standard descriptors at /dev/null (``hdecode ... >&-``), so that files opened
+    later never take their numbers; give ``sys.stdout``/``sys.stderr`` a stream when Python found
+    none.  Returns the original streams (``None`` where closed), for :func:`_restore`."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            new = os.open(os.devnull, os.O_RDWR)
+            if new != fd:
+                os.dup2(new, fd)
+                os.close(new)
+    state = {"stdout": sys.stdout, "stderr": sys.stderr}
+    if sys.stdout is None:
+        sys.stdout = open(os.devnull, "w")
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w")
+    sys.stdout = _GuardedStdout(sys.stdout)
+    return state
+
+
+def _restore(state: dict) -> None:
+    for name, stream in state.items():
+        current = getattr(sys, name)
+        if isinstance(current, _GuardedStdout):
+            current = current._stream
+        if stream is None and current is not None:
+            current.close()
+        setattr(sys, name, stream)
+
+
+def _silence_stdout() -> None:
+    """After a failed write to standard output: send what is left to /dev/null, so that the
+    interpreter's final flush does not fail again with a traceback."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    state = _reopen_closed_std_fds()
+    io.stdout_closed = state["stdout"] is None
+    try:
+        return _main(argv)
+    finally:
+        io.stdout_closed = False
+        _restore(state)
+
+
+def _main(argv) -> int:
+    parser = build_parser()
+    args, extras = parser.parse_known_args(argv)
+    sub = getattr(args, "_parser", parser)
+    if extras:
+        sub.error(f"unrecognized arguments: {' '.join(extras)}")
+    prog = sub.prog
+    debug = bool(os.environ.get("HDECODE_DEBUG"))
+
+    def error(message: str, code: int) -> int:
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        return code
+
+    def show_warning(message, category, filename, lineno, file=None, line=None):
+        print(f"{prog}: warning: {cli_wording(one_line(message) if isinstance(message, Warning) else message)}",
+              file=sys.stderr)
+
+    with warnings.catch_warnings():
+        if not sys.warnoptions:
+            # Python's default filters (deprecations of other packages stay hidden); setting them again
+            # resets the "already shown" registries, so that each run shows each distinct warning once.
+            warnings.filterwarnings("default", category=UserWarning)
+            warnings.filterwarnings("default", category=FutureWarning)
+        warnings.showwarning = show_warning
+        try:
+            code = int(args.func(args) or 0)
+            sys.stdout.flush()
+            return code
+        except KeyboardInterrupt:
+            # Outputs are renamed into place only when complete, so nothing half-written is left.
+            print(f"{prog}: interrupted", file=sys.stderr)
+            return 130
+        except BrokenPipeError:
+            # `hdecode decode ... | head`: the reader left; stop quietly.
+            _silence_stdout()
+            return 1
+        except CLIError as exc:
+            if debug:
+                raise
+            return error(cli_wording(str(exc)), exc.exit_code)
+        except (ValueError, TypeError) as exc:
+            # The library's input errors name the argument and the fix; a traceback adds nothing.
+            if debug:
+                raise
+            return error(cli_wording(one_line(exc)), 2)
+        except MemoryError:
+            if debug:
+                raise
+            return error("out of memory; use a smaller --batch-size or fewer samples", 1)
+        except _StdoutFailure as exc:
+            _silence_stdout()
+            return error(f"cannot write to standard output: {exc}", 1)
+        except OSError as exc:
+            if debug:
+                raise
+            where = f" {exc.filename!r}" if getattr(exc, "filename", None) else ""
+            return error(f"input/output error{where}: {exc.strerror or one_line(exc)}", 1)
+        except Exception as exc:  # noqa: BLE001 - the last guard against a traceback
+            if debug:
+                raise
+            text = one_line(exc)
+            if "can't allocate memory" in text or "out of memory" in text.lower():
+                return error("out of memory; use a smaller --batch-size or fewer samples", 1)
+            return error(f"internal error ({type(exc).__name__}: {text}); please report it, with the command. "
+                         "HDECODE_DEBUG=1 shows the traceback", 1)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -6,21 +6,27 @@ import argparse
 import json
 import math
 import os
+import time
+import warnings
 
 import torch
 
 from ..synthetic import synthetic_outputs
 from .common import (
-    DEFAULT_BETAS, DEFAULT_C, CLIError, Progress, add_decoder_param_args, add_hierarchy_args, build_heuristics,
-    build_metrics, heuristic_names, load_any_hierarchy, resolve_device, split_names,
+    DEFAULT_BETA, DEFAULT_BETAS, DEFAULT_C, DEFAULT_DPI, DEFAULT_SEED, MAX_DPI, MAX_FIGURE_PIXELS, MAX_SEED, CLIError,
+    Progress, add_decoder_param_args, add_hierarchy_args, add_metric_params, add_run_args, build_heuristics,
+    build_metrics, check_applicable, finite_float, heuristic_selection, int_in, json_document, load_any_hierarchy,
+    resolve_device, set_threads, split_names,
 )
 from .compare import relative_gain
 from .evaluation import evaluate, has_optimal
+from .io import StagedWrites, check_distinct_inputs, check_output_path
 
 # Small enough for well under a minute on a 2-core CPU (7 noise levels x 3 seeds x 2000 samples).
 DEFAULT_GAIN_NOISE = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
 DEFAULT_GAIN_SEEDS = 3
 DEFAULT_GAIN_SAMPLES = 2000
+DEFAULT_RESOLUTION = 200
 
 # Two-sided 95% Student t quantiles, for confidence bands from a handful of seeds.
 _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
@@ -46,72 +52,106 @@ def _matplotlib():
     return Figure, FigureCanvasAgg
 
 
-def _save(fig, canvas_cls, path: str, dpi: int) -> None:
+def figure_path(path: str) -> tuple[str, str]:
+    """``(path to write, format)``: the extension names the format; none means PNG, and ``.png`` is
+    added (as matplotlib does), so that the path printed is the file written."""
+    Figure, Canvas = _matplotlib()
+    if path == "-" or not path.strip() or os.path.basename(path) in ("", ".", ".."):
+        check_output_path(path, "--output")  # the same message as for any other output
+        raise CLIError(f"--output: {path!r} is not a file name")
+    ext = os.path.splitext(path)[1].lower().lstrip(".")
+    if not ext:
+        return path + ".png", "png"
+    supported = Canvas(Figure()).get_supported_filetypes()
+    if ext not in supported:
+        raise CLIError(f"--output: unknown image format '.{ext}' of {path!r}; use one of "
+                       f"{', '.join('.' + e for e in sorted(supported))}")
+    return path, ext
+
+
+def check_figure_size(width_in: float, height_in: float, dpi: int) -> None:
+    """A figure larger than MAX_FIGURE_PIXELS would exhaust memory while drawing: fail before."""
+    pixels = width_in * dpi * height_in * dpi
+    if pixels > MAX_FIGURE_PIXELS:
+        top = int(math.sqrt(MAX_FIGURE_PIXELS / (width_in * height_in)))
+        raise CLIError(f"--dpi {dpi}: the figure would be {width_in * dpi:.0f} x {height_in * dpi:.0f} pixels; at most "
+                       f"{MAX_FIGURE_PIXELS // 1_000_000} million pixels are drawn, i.e. --dpi {top} or less for "
+                       "this figure")
+
+
+def _save(fig, canvas_cls, path: str, fmt: str, dpi: int, staged: StagedWrites) -> None:
     canvas_cls(fig)
-    try:
-        fig.savefig(path, dpi=dpi, bbox_inches="tight")
-    except (OSError, ValueError) as exc:
-        raise CLIError(f"--output: cannot write {path!r}: {exc}") from None
+    staged.write(path, "--output", lambda f: fig.savefig(f, format=fmt, dpi=dpi, bbox_inches="tight"))
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("plot", help="figures: decoder agreement on the simplex, gain of optimal decoding vs noise",
+                       allow_abbrev=False,
                        description="Figures of the paper, recomputed: `plot agreement` and `plot gain`.")
     psub = p.add_subparsers(dest="plot_command", required=True, metavar="FIGURE")
+    image_help = ("image file to write: .png, .pdf, .svg, ... (no extension: .png is added); written to a temporary "
+                  "file and moved into place when complete")
+    dpi_help = f"resolution of raster images, 10..{MAX_DPI} (default: {DEFAULT_DPI})"
 
     a = psub.add_parser(
         "agreement", help="where a metric's optimal decoder agrees with a heuristic, on the 3-leaf simplex",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
             "Agreement map (the paper's Fig. 2): on the tree root -> (X, C), X -> (A, B), every point of\n"
             "the probability simplex over the leaves A, B, C is decoded by the optimal decoder of --metric\n"
-            "and by each --heuristic; green where they predict the same node (or, for set metrics, the\n"
-            "same ancestor set), red where they differ."),
-        epilog="example:\n  hdecode plot agreement --metric hf_beta --beta 1 --heuristic majority --output agreement.png\n"
-               "  hdecode plot agreement --metric wu_palmer --heuristic all --output wu_palmer.png")
-    a.add_argument("--metric", default="hf_beta", help="metric whose optimal decoder is mapped (default: hf_beta)")
-    a.add_argument("--beta", type=float, default=1.0, help="hf_beta: beta (default: 1)")
-    a.add_argument("--c", type=float, default=DEFAULT_C, help=f"tree_distance_c: c (default: {DEFAULT_C})")
-    a.add_argument("--heuristic", nargs="+", default=["majority"], metavar="NAME",
-                   help="heuristic decoder(s), comma or space separated, or 'all' (default: majority)")
+            "and by each --decoder (heuristic); green where they predict the same node (or, for set\n"
+            "metrics, the same ancestor set), red where they differ."),
+        epilog="example:\n"
+               "  hdecode plot agreement --metric hf_beta --beta 1 --decoders majority --output agreement.png\n"
+               "  hdecode plot agreement --metric wu_palmer --decoders all --output wu_palmer.png")
+    a.set_defaults(func=run_agreement, _parser=a)
+    a.add_argument("--metric", "--metrics", dest="metric", default="hf_beta",
+                   help="metric whose optimal decoder is mapped (default: hf_beta)")
+    add_metric_params(a, multi=False)
+    a.add_argument("--decoders", "--decoder", "--heuristic", "--heuristics", dest="decoders", nargs="+",
+                   metavar="NAME", help="heuristic decoder(s), comma or space separated, or all (default: majority)")
     add_decoder_param_args(a)
-    a.add_argument("--resolution", type=int, default=200,
-                   help="grid steps per simplex edge; the map has resolution² cells (default: 200)")
-    a.add_argument("--output", "-o", required=True, metavar="PNG", help="image file to write (.png, .pdf, .svg)")
-    a.add_argument("--dpi", type=int, default=120, help="resolution of raster outputs (default: 120)")
-    a.set_defaults(func=run_agreement)
+    a.add_argument("--resolution", type=int_in(2, 1000), default=DEFAULT_RESOLUTION,
+                   help=f"grid steps per simplex edge, 2..1000; the map has resolution² cells (default: "
+                        f"{DEFAULT_RESOLUTION})")
+    a.add_argument("--output", "-o", required=True, metavar="IMAGE", help=image_help)
+    a.add_argument("--dpi", type=int_in(10, MAX_DPI), default=DEFAULT_DPI, help=dpi_help)
+    a.add_argument("--no-progress", action="store_true", help="no progress bar (shown on a terminal only)")
 
     g = psub.add_parser(
         "gain", help="relative gain (%%) of optimal decoding over each heuristic vs the noise level",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
             "The paper's blur experiment on synthetic calibrated outputs: for each noise level (the\n"
             "temperature of the synthetic model; larger = more underdetermined) and seed, draw outputs,\n"
             "decode them with each metric's optimal decoder and each heuristic, and plot the relative gain\n"
             "(%) of optimal decoding over each heuristic: 100·(U_opt − U_h)/|U_h| for a score,\n"
-            "100·(C_h − C_opt)/C_h for a cost.  Lines: mean over seeds; bands: 95%% confidence intervals."),
+            "100·(C_h − C_opt)/C_h for a cost.  Lines: mean over seeds; bands: 95% confidence intervals."),
         epilog="example:\n  hdecode plot gain --output gain.png\n"
-               "  hdecode plot gain --metrics tree_distance,wu_palmer --seeds 5 --num-samples 5000 --output gain.png")
+               "  hdecode plot gain --metrics tree_distance,wu_palmer --num-seeds 5 --num-samples 5000 "
+               "--output gain.png")
+    g.set_defaults(func=run_gain, _parser=g)
     add_hierarchy_args(g)
-    g.add_argument("--metrics", nargs="+", metavar="NAME", help="metrics, one panel each (default: hf_beta at each --betas)")
-    g.add_argument("--betas", type=float, nargs="+", default=list(DEFAULT_BETAS), help="hf_beta betas (default: 0.5 1 2)")
-    g.add_argument("--c", type=float, default=DEFAULT_C, help=f"tree_distance_c: c (default: {DEFAULT_C})")
-    g.add_argument("--decoders", nargs="+", metavar="NAME", help="heuristics, comma or space separated (default: all)")
+    g.add_argument("--metrics", "--metric", dest="metrics", nargs="+", metavar="NAME",
+                   help="metrics, one panel each (default: hf_beta at each --betas)")
+    add_metric_params(g, multi=True)
+    g.add_argument("--decoders", "--decoder", dest="decoders", nargs="+", metavar="NAME",
+                   help="heuristics, comma or space separated, or all (default: all)")
     add_decoder_param_args(g)
-    g.add_argument("--noise", type=float, nargs="+", default=list(DEFAULT_GAIN_NOISE),
-                   help=f"noise levels (default: {' '.join(f'{x:g}' for x in DEFAULT_GAIN_NOISE)})")
-    g.add_argument("--seeds", type=int, default=DEFAULT_GAIN_SEEDS,
+    g.add_argument("--noise", type=finite_float(0.0, lo_open=True), nargs="+", default=None,
+                   help=f"noise levels > 0 (default: {' '.join(f'{x:g}' for x in DEFAULT_GAIN_NOISE)})")
+    g.add_argument("--num-seeds", type=int_in(1, 10_000), default=None,
                    help=f"seeds per noise level, for the confidence bands (default: {DEFAULT_GAIN_SEEDS})")
-    g.add_argument("--num-samples", type=int, default=DEFAULT_GAIN_SAMPLES,
+    g.add_argument("--seeds", dest="old_seeds", type=int_in(1, 10_000), default=None, help=argparse.SUPPRESS)
+    g.add_argument("--seed", type=int_in(0, MAX_SEED - 10_000), default=DEFAULT_SEED,
+                   help=f"the first seed; seeds SEED..SEED+num_seeds-1 are used (default: {DEFAULT_SEED})")
+    g.add_argument("--num-samples", type=int_in(1, 10 ** 8), default=DEFAULT_GAIN_SAMPLES,
                    help=f"samples per seed and noise level (default: {DEFAULT_GAIN_SAMPLES})")
-    g.add_argument("--device", default="auto", help="cpu, cuda, ... (default: cuda if available, else cpu)")
-    g.add_argument("--batch-size", type=int, default=1024, help="samples per chunk (default: 1024)")
-    g.add_argument("--threads", type=int, default=1, help="CPU threads for torch (default: 1)")
-    g.add_argument("--output", "-o", required=True, metavar="PNG", help="image file to write (.png, .pdf, .svg)")
-    g.add_argument("--json", metavar="PATH", help="also write the plotted numbers as JSON")
-    g.add_argument("--dpi", type=int, default=120, help="resolution of raster outputs (default: 120)")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar")
-    g.set_defaults(func=run_gain)
+    add_run_args(g)
+    g.add_argument("--output", "-o", required=True, metavar="IMAGE", help=image_help)
+    g.add_argument("--json", metavar="PATH", help="also write the plotted numbers as JSON (schema_version 1; NaN "
+                                                  "gains are null)")
+    g.add_argument("--dpi", type=int_in(10, MAX_DPI), default=DEFAULT_DPI, help=dpi_help)
 
 
 # --------------------------------------------------------------------------- agreement
@@ -175,70 +215,81 @@ def _draw_tree(ax) -> None:
 
 def run_agreement(args: argparse.Namespace) -> int:
     Figure, Canvas = _matplotlib()
-    if args.resolution < 2 or args.resolution > 1000:
-        raise CLIError(f"--resolution must be in 2..1000, got {args.resolution}")
-    h = three_leaf_tree()
-    metric = build_metrics(h, [args.metric], [args.beta], args.c)[0]
-    if not has_optimal(metric):
-        raise CLIError(f"--metric {args.metric}: No Bayes-optimal decoder for `{metric.name}`, hence no agreement map; "
-                       "pick another metric")
-    names = split_names(args.heuristic)
-    if names == ["all"]:
-        names = heuristic_names()
-    heuristics = build_heuristics(h, names, args.tau, args.lam, args.info_threshold)
-    grid, triangles = simplex_grid(args.resolution)
-    x, y = _ternary(grid)
-    from matplotlib.colors import ListedColormap
-    from matplotlib.tri import Triangulation
+    path, fmt = figure_path(args.output)
+    check_output_path(path, "--output")
+    progress = Progress("plot agreement: decoding the simplex", enabled=not args.no_progress, unit="decoder")
+    with progress:
+        h = three_leaf_tree()
+        if "," in args.metric:
+            raise CLIError(f"--metric takes one metric, got {args.metric!r}")
+        metric = build_metrics(h, [args.metric.strip()], [DEFAULT_BETA if args.beta is None else args.beta],
+                               DEFAULT_C if args.c is None else args.c)[0]
+        if not has_optimal(metric):
+            raise CLIError(f"--metric {args.metric}: No Bayes-optimal decoder for `{metric.name}`, hence no agreement "
+                           "map; pick another metric")
+        names = heuristic_selection(args.decoders, "--decoders") if args.decoders is not None else ["majority"]
+        heuristics = build_heuristics(h, names, args.tau, args.lam, args.info_threshold)
+        check_applicable(args, metrics=[metric], decoders=heuristics, metric_flag="--metric")
+        cols = min(len(heuristics), 4)
+        rows = math.ceil(len(heuristics) / cols)
+        size = (3.6 * cols, 3.5 * rows + 0.9)
+        check_figure_size(*size, args.dpi)
+        grid, triangles = simplex_grid(args.resolution)
+        x, y = _ternary(grid)
+        from matplotlib.colors import ListedColormap
+        from matplotlib.tri import Triangulation
 
-    # Colour each small triangle of the grid by the decision at its centroid: a filled map with
-    # sharp boundaries, where per-point dots would leave a visible mesh.
-    tri = Triangulation(x, y, triangles.numpy())
-    centroids = grid[triangles].mean(1)
-    cmap = ListedColormap([DISAGREE, AGREE])
+        # Colour each small triangle of the grid by the decision at its centroid: a filled map with
+        # sharp boundaries, where per-point dots would leave a visible mesh.
+        tri = Triangulation(x, y, triangles.numpy())
+        centroids = grid[triangles].mean(1)
+        cmap = ListedColormap([DISAGREE, AGREE])
 
-    cols = min(len(heuristics), 4)
-    rows = math.ceil(len(heuristics) / cols)
-    fig = Figure(figsize=(3.6 * cols, 3.5 * rows + 0.9), layout="constrained")
-    axes = fig.subplots(rows, cols, squeeze=False)
-    top = math.sqrt(3) / 2
-    for k, ax in enumerate(axes.flat):
-        if k >= len(heuristics):
+        fig = Figure(figsize=size, layout="constrained")
+        axes = fig.subplots(rows, cols, squeeze=False)
+        top = math.sqrt(3) / 2
+        progress.stage("plot agreement: decoding the simplex", total=len(heuristics))
+        for k, ax in enumerate(axes.flat):
+            if k >= len(heuristics):
+                ax.axis("off")
+                continue
+            dec = heuristics[k]
+            agree = agreement_mask(h, metric, dec, centroids).numpy()
+            progress.update(1)
+            ax.tripcolor(tri, facecolors=agree.astype(float), cmap=cmap, vmin=0, vmax=1, edgecolors="none",
+                         rasterized=True)
+            ax.plot([0, 1, 0.5, 0], [0, 0, top, 0], color="0.2", lw=1)
+            for vx, vy, label, va in ((0, 0, "A", "top"), (1, 0, "B", "top"), (0.5, top, "C", "bottom")):
+                ax.text(vx, vy + (-0.03 if va == "top" else 0.03), label, ha="center", va=va, fontsize=10,
+                        fontweight="bold")
+            ax.set_title(f"{dec.key}\ndisagrees on {100 * (1 - agree.mean()):.1f}% of the simplex", fontsize=10)
+            ax.set_xlim(-0.05, 1.05)
+            ax.set_ylim(-0.12, top + 0.1)
+            ax.set_aspect("equal")
             ax.axis("off")
-            continue
-        dec = heuristics[k]
-        agree = agreement_mask(h, metric, dec, centroids).numpy()
-        ax.tripcolor(tri, facecolors=agree.astype(float), cmap=cmap, vmin=0, vmax=1, edgecolors="none",
-                     rasterized=True)
-        ax.plot([0, 1, 0.5, 0], [0, 0, top, 0], color="0.2", lw=1)
-        for vx, vy, label, va in ((0, 0, "A", "top"), (1, 0, "B", "top"), (0.5, top, "C", "bottom")):
-            ax.text(vx, vy + (-0.03 if va == "top" else 0.03), label, ha="center", va=va, fontsize=10,
-                    fontweight="bold")
-        ax.set_title(f"{dec.key}\ndisagrees on {100 * (1 - agree.mean()):.1f}% of the simplex", fontsize=10)
-        ax.set_xlim(-0.05, 1.05)
-        ax.set_ylim(-0.12, top + 0.1)
-        ax.set_aspect("equal")
-        ax.axis("off")
-    from matplotlib.patches import Patch
+        from matplotlib.patches import Patch
 
-    fig.suptitle(f"Optimal {metric.key} decoder vs heuristics on the 3-leaf simplex\n"
-                 "(each point: one distribution p over the leaves A, B, C; a corner puts all the mass on its leaf)",
-                 fontsize=10)
-    fig.legend(handles=[Patch(color=AGREE, label="same prediction"), Patch(color=DISAGREE, label="different")],
-               loc="outside lower center", ncols=2, frameon=False)
-    # The tree the simplex is over, in the top-left corner as in the paper.
-    inset = axes.flat[0].inset_axes([-0.04, 0.66, 0.3, 0.34])
-    _draw_tree(inset)
-    _save(fig, Canvas, args.output, args.dpi)
-    print(f"wrote {args.output}")
+        fig.suptitle(f"Optimal {metric.key} decoder vs heuristics on the 3-leaf simplex\n"
+                     "(each point: one distribution p over the leaves A, B, C; a corner puts all the mass on its "
+                     "leaf)", fontsize=10)
+        fig.legend(handles=[Patch(color=AGREE, label="same prediction"), Patch(color=DISAGREE, label="different")],
+                   loc="outside lower center", ncols=2, frameon=False)
+        # The tree the simplex is over, in the top-left corner as in the paper.
+        inset = axes.flat[0].inset_axes([-0.04, 0.66, 0.3, 0.34])
+        _draw_tree(inset)
+        progress.stage("plot agreement: drawing")
+        with StagedWrites() as staged:
+            _save(fig, Canvas, path, fmt, args.dpi, staged)
+    print(f"wrote {path}")
     return 0
 
 
 # --------------------------------------------------------------------------- gain
 def gain_curves(h, metrics, heuristics, noise_levels, seeds: int, num_samples: int, *, device,
-                batch_size: int = 1024, progress=None) -> dict:
-    """gains[metric key][decoder key] = (S, K) relative gains (%) for S seeds and K noise levels,
-    plus the argmax-leaf accuracy per noise level (to read the noise axis)."""
+                batch_size: int = 1024, progress=None, first_seed: int = 0) -> dict:
+    """gains[metric key][decoder key] = (S, K) relative gains (%) for S seeds (``first_seed``,
+    ``first_seed + 1``, ...) and K noise levels, plus the argmax-leaf accuracy per noise level
+    (to read the noise axis)."""
     from ..decoders import get_decoder
 
     argmax = get_decoder("argmax_leaf", h)
@@ -247,7 +298,7 @@ def gain_curves(h, metrics, heuristics, noise_levels, seeds: int, num_samples: i
     acc = torch.zeros(seeds, len(noise_levels), dtype=torch.float64)
     for k, noise in enumerate(noise_levels):
         for s in range(seeds):
-            probs, targets = synthetic_outputs(h, num_samples, noise, seed=s, device=device)
+            probs, targets = synthetic_outputs(h, num_samples, noise, seed=first_seed + s, device=device)
             ev = evaluate(h, probs, targets, metrics, heuristics, batch_size=batch_size)
             acc[s, k] = (argmax.decode(probs) == targets).double().mean().cpu()
             for mi, m in enumerate(metrics):
@@ -259,82 +310,101 @@ def gain_curves(h, metrics, heuristics, noise_levels, seeds: int, num_samples: i
 
 
 def run_gain(args: argparse.Namespace) -> int:
+    start = time.perf_counter()
     Figure, Canvas = _matplotlib()
-    for flag, v in (("--seeds", args.seeds), ("--num-samples", args.num_samples), ("--batch-size", args.batch_size),
-                    ("--threads", args.threads)):
-        if v <= 0:
-            raise CLIError(f"{flag} must be positive, got {v}")
-    if any(not (x > 0 and math.isfinite(x)) for x in args.noise):
-        raise CLIError(f"--noise levels must be finite and > 0, got {args.noise}")
-    h = load_any_hierarchy(args.hierarchy, args.leaf_order)
-    device = resolve_device(args.device)
-    metrics = build_metrics(h, split_names(args.metrics) or ["hf_beta"], args.betas, args.c)
-    missing = [m.key for m in metrics if not has_optimal(m)]
-    if missing:
-        raise CLIError(f"no optimal decoder for {', '.join(missing)}: the gain of optimal decoding is undefined")
-    heuristics = build_heuristics(h, split_names(args.decoders) or heuristic_names(), args.tau, args.lam,
-                                  args.info_threshold)
-    noise = sorted(args.noise)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(args.threads)
-    progress = Progress(len(noise) * args.seeds * args.num_samples, "plot gain", enabled=not args.no_progress)
-    try:
-        res = gain_curves(h, metrics, heuristics, noise, args.seeds, args.num_samples, device=device,
-                          batch_size=args.batch_size, progress=progress)
-    finally:
-        progress.close()
-        torch.set_num_threads(threads)
+    if args.old_seeds is not None:
+        if args.num_seeds is not None:
+            raise CLIError("--seeds is the old name of --num-seeds: give only --num-seeds")
+        warnings.warn("--seeds is deprecated: use --num-seeds (the number of seeds per noise level); --seed is the "
+                      "first seed", FutureWarning, stacklevel=2)
+        args.num_seeds = args.old_seeds
+    S = DEFAULT_GAIN_SEEDS if args.num_seeds is None else args.num_seeds
+    noise = sorted(dict.fromkeys(args.noise if args.noise is not None else DEFAULT_GAIN_NOISE))
+    path, fmt = figure_path(args.output)
+    inputs = {"--hierarchy": args.hierarchy, "--leaf-order": args.leaf_order}
+    check_distinct_inputs(inputs)
+    check_output_path(path, "--output", inputs=inputs)
+    if args.json is not None:
+        check_output_path(args.json, "--json", inputs=inputs, outputs={"--output": path})
+    progress = Progress("plot gain: loading", enabled=not args.no_progress)
+    with progress, set_threads(args.threads):
+        h = load_any_hierarchy(args.hierarchy, args.leaf_order)
+        device = resolve_device(args.device)
+        names = split_names(args.metrics, "--metrics") if args.metrics is not None else ["hf_beta"]
+        betas = list(dict.fromkeys(args.betas)) if args.betas is not None else list(DEFAULT_BETAS)
+        metrics = build_metrics(h, names, betas, DEFAULT_C if args.c is None else args.c)
+        missing = [m.key for m in metrics if not has_optimal(m)]
+        if missing:
+            raise CLIError(f"no optimal decoder for {', '.join(missing)}: the gain of optimal decoding is undefined")
+        heuristics = build_heuristics(h, heuristic_selection(args.decoders, "--decoders"), args.tau, args.lam,
+                                      args.info_threshold)
+        check_applicable(args, metrics=metrics, decoders=heuristics)
+        cols = min(len(metrics), 3)
+        rows = math.ceil(len(metrics) / cols)
+        size = (5.0 * cols, 3.9 * rows + 0.9)
+        check_figure_size(*size, args.dpi)
+        progress.stage("plot gain: drawing data, decoding, scoring", total=len(noise) * S * args.num_samples)
+        t0 = time.perf_counter()
+        res = gain_curves(h, metrics, heuristics, noise, S, args.num_samples, device=device,
+                          batch_size=args.batch_size, progress=progress, first_seed=args.seed)
+        evaluation_s = time.perf_counter() - t0
 
-    S = args.seeds
-    t = _t975(S - 1)
-    cols = min(len(metrics), 3)
-    rows = math.ceil(len(metrics) / cols)
-    fig = Figure(figsize=(5.0 * cols, 3.9 * rows + 0.9), layout="constrained")
-    axes = fig.subplots(rows, cols, squeeze=False)
-    import matplotlib
+        t = _t975(S - 1)
+        fig = Figure(figsize=size, layout="constrained")
+        axes = fig.subplots(rows, cols, squeeze=False)
+        import matplotlib
 
-    cmap = matplotlib.colormaps["tab10"]
-    markers = "os^vDP*Xhp<>"
-    acc = res["argmax_accuracy"].mean(0).tolist()
-    summary = {}
-    for k, ax in enumerate(axes.flat):
-        if k >= len(metrics):
-            ax.axis("off")
-            continue
-        m = metrics[k]
-        summary[m.key] = {}
-        for di, d in enumerate(heuristics):
-            g = res["gains"][m.key][d.key]
-            mean = g.mean(0)
-            half = (t * g.std(0, unbiased=True) / math.sqrt(S)) if S > 1 else torch.zeros_like(mean)
-            summary[m.key][d.key] = {"mean": mean.tolist(), "ci95_halfwidth": half.tolist()}
-            color = cmap(di % 10)
-            ax.plot(noise, mean.numpy(), marker=markers[di % len(markers)], ms=4, lw=1.5, color=color, label=d.key)
-            if S > 1:
-                ax.fill_between(noise, (mean - half).numpy(), (mean + half).numpy(), color=color, alpha=0.18, lw=0)
-        overall = torch.stack([res["gains"][m.key][d.key].mean(0) for d in heuristics]).mean(0)
-        summary[m.key]["mean_over_heuristics"] = overall.tolist()
-        ax.plot(noise, overall.numpy(), color="black", lw=2.5, ls="--", label="mean over heuristics")
-        ax.axhline(0, color="0.4", lw=0.8, ls=":")
-        ax.set_title(f"{m.key} ({'higher' if m.higher_is_better else 'lower'} is better)", fontsize=10)
-        ax.set_xlabel("noise (synthetic model temperature)\nargmax-leaf accuracy below each level")
-        ax.set_ylabel("gain of optimal decoding (%)")
-        ax.set_xticks(noise)
-        ax.set_xticklabels([f"{n:g}\n{100 * a:.0f}%" for n, a in zip(noise, acc)], fontsize=8)
-        ax.grid(alpha=0.3)
-    fig.suptitle(f"Relative gain of optimal decoding over heuristics vs noise — {os.path.basename(args.hierarchy)}, "
-                 f"calibrated synthetic outputs ({S} seed{'s' if S > 1 else ''} × {args.num_samples} samples; "
-                 f"bands: 95% CI)", fontsize=11)
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower center", ncols=min(4, len(heuristics) + 1), frameon=False, fontsize=9)
-    _save(fig, Canvas, args.output, args.dpi)
-    if args.json:
-        data = {"noise": noise, "seeds": S, "num_samples": args.num_samples, "hierarchy": args.hierarchy,
-                "argmax_accuracy": acc, "gain_percent": summary}
-        try:
-            with open(args.json, "w") as f:
-                json.dump(data, f, indent=2)
-        except OSError as exc:
-            raise CLIError(f"--json: cannot write {args.json!r}: {exc.strerror}") from None
-    print(f"wrote {args.output}")
+        cmap = matplotlib.colormaps["tab10"]
+        markers = "os^vDP*Xhp<>"
+        acc = res["argmax_accuracy"].mean(0).tolist()
+        summary = {}
+        for k, ax in enumerate(axes.flat):
+            if k >= len(metrics):
+                ax.axis("off")
+                continue
+            m = metrics[k]
+            summary[m.key] = {}
+            for di, d in enumerate(heuristics):
+                g = res["gains"][m.key][d.key]
+                mean = g.mean(0)
+                half = (t * g.std(0, unbiased=True) / math.sqrt(S)) if S > 1 else torch.zeros_like(mean)
+                summary[m.key][d.key] = {"mean": mean.tolist(), "ci95_halfwidth": half.tolist()}
+                color = cmap(di % 10)
+                ax.plot(noise, mean.numpy(), marker=markers[di % len(markers)], ms=4, lw=1.5, color=color,
+                        label=d.key)
+                if S > 1:
+                    ax.fill_between(noise, (mean - half).numpy(), (mean + half).numpy(), color=color, alpha=0.18,
+                                    lw=0)
+            overall = torch.stack([res["gains"][m.key][d.key].mean(0) for d in heuristics]).mean(0)
+            summary[m.key]["mean_over_heuristics"] = overall.tolist()
+            ax.plot(noise, overall.numpy(), color="black", lw=2.5, ls="--", label="mean over heuristics")
+            ax.axhline(0, color="0.4", lw=0.8, ls=":")
+            ax.set_title(f"{m.key} ({'higher' if m.higher_is_better else 'lower'} is better)", fontsize=10)
+            ax.set_xlabel("noise (synthetic model temperature)\nargmax-leaf accuracy below each level")
+            ax.set_ylabel("gain of optimal decoding (%)")
+            ax.set_xticks(noise)
+            ax.set_xticklabels([f"{n:g}\n{100 * a:.0f}%" for n, a in zip(noise, acc)], fontsize=8)
+            ax.grid(alpha=0.3)
+        tree = "standard input" if args.hierarchy == "-" else os.path.basename(args.hierarchy)
+        fig.suptitle(f"Relative gain of optimal decoding over heuristics vs noise — {tree}, "
+                     f"calibrated synthetic outputs ({S} seed{'s' if S > 1 else ''} × {args.num_samples} samples; "
+                     f"bands: 95% CI)", fontsize=11)
+        handles, labels = axes.flat[0].get_legend_handles_labels()
+        fig.legend(handles, labels, loc="outside lower center", ncols=min(4, len(heuristics) + 1), frameon=False,
+                   fontsize=9)
+        progress.stage("plot gain: drawing")
+        # Both files are written to temporaries first and moved into place together.
+        with StagedWrites() as staged:
+            _save(fig, Canvas, path, fmt, args.dpi, staged)
+            if args.json is not None:
+                setting = {"hierarchy": args.hierarchy, "num_nodes": h.num_nodes, "num_leaves": h.num_leaves,
+                           "noise": noise, "num_seeds": S, "first_seed": args.seed, "num_samples": args.num_samples,
+                           "device": str(device), "batch_size": args.batch_size, "threads": args.threads,
+                           "metrics": {m.key: {"name": m.name, **m.params} for m in metrics},
+                           "decoders": {d.key: {"name": d.name, **d.params} for d in heuristics}}
+                timings = {"evaluation_s": round(evaluation_s, 3), "total_s": round(time.perf_counter() - start, 3)}
+                results = {"noise": noise, "argmax_accuracy": acc, "gain_percent": summary}
+                doc = json_document("plot gain", {"setting": setting, "timings": timings}, results)
+                staged.write(args.json, "--json", lambda f: json.dump(doc, f, indent=2, allow_nan=False), text=True)
+    print(f"wrote {path}" + (f" and {args.json}" if args.json is not None else ""))
     return 0

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
+import re
 import warnings
 from collections.abc import Hashable, Iterable, Mapping, Sequence
+from decimal import Decimal
 from typing import Any, Callable
 
 import numpy as np
@@ -17,8 +20,16 @@ from .structure import CompiledTree, _as_parent_array, canonical_order, compile_
 __all__ = ["Hierarchy"]
 
 
+# A decimal number written as text: edge-list files give every id as a string, and "10" < "2" as strings.
+_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+
+
 def _sort_or_keep(items: list) -> list:
-    """Sorted original ids when they are mutually comparable, else first-seen order."""
+    """Sorted original ids: by numeric value when every id is a string holding a decimal number
+    (``"2" < "10"``; equal values such as ``"1"`` and ``"01"`` by their text), else as the ids
+    compare; first-seen order when they cannot be compared."""
+    if items and all(isinstance(x, str) and _NUMBER.fullmatch(x) for x in items):
+        return sorted(items, key=lambda x: (Decimal(x), x))
     try:
         return sorted(items)
     except TypeError:
@@ -355,16 +366,25 @@ class Hierarchy:
         return cls._from_pairs(pairs, leaf_order, labels, extra_nodes=list(children_of.keys()))
 
     @classmethod
-    def from_edges(cls, pairs: Iterable[tuple[Hashable, Hashable]] | str | os.PathLike,
+    def from_edges(cls, pairs: Iterable[tuple[Hashable, Hashable]] | str | os.PathLike | io.TextIOBase,
                    leaf_order: Sequence[Hashable] | None = None, labels: Mapping[Hashable, str] | None = None,
                    delimiter: str | None = None) -> "Hierarchy":
-        """Build from ``(parent, child)`` pairs, or from a CSV/TSV file with two columns.
+        """Build from ``(parent, child)`` pairs, or from an edge-list file (a path or an open text file).
 
-        A file may start with a header line ``parent,child``; lines starting with ``#``
-        are skipped.  The delimiter is sniffed (comma, tab, whitespace) unless given.
+        File format: one ``parent,child`` pair per line, comma-, tab- or whitespace-separated
+        (sniffed from the first line unless ``delimiter`` is given; whitespace-separated names
+        cannot contain spaces).  An optional first line ``parent,child`` is a header; blank
+        lines and lines starting with ``#`` are skipped; whitespace around each name is
+        removed.  A line with other than two fields, an empty name, or a name holding a tab
+        or an invisible character is an error naming the line.
+
+        Leaf (column) order: ``leaf_order`` if given, else the leaves' ids sorted — by numeric
+        value when every leaf id is a number written as text (a file's ``0..11`` give columns
+        ``0, 1, 2, ..., 11``, not ``0, 1, 10, 11, 2, ...``).
         """
-        if isinstance(pairs, (str, os.PathLike)):
-            pairs = _read_edge_file(pairs, delimiter)
+        where = None
+        if isinstance(pairs, (str, os.PathLike)) or hasattr(pairs, "read"):
+            pairs, where = _read_edge_file(pairs, delimiter)
         if isinstance(pairs, (bytes, Mapping)) or not isinstance(pairs, Iterable):
             raise TypeError(f"Expected `pairs` to be an iterable of (parent, child) pairs or a file path, but got "
                             f"{type(pairs).__name__}")
@@ -373,7 +393,7 @@ class Hierarchy:
             if isinstance(e, (str, bytes)) or not hasattr(e, "__len__") or len(e) != 2:
                 raise ValueError(f"Expected `pairs` to hold (parent, child) pairs, but item {i} is {e!r}")
             pair_list.append((e[0], e[1]))
-        return cls._from_pairs(pair_list, leaf_order, labels)
+        return cls._from_pairs(pair_list, leaf_order, labels, where=where)
 
     @classmethod
     def from_networkx(cls, graph, leaf_order: Sequence[Hashable] | None = None, label_attr: str | None = "label") -> "Hierarchy":
@@ -431,21 +451,61 @@ class Hierarchy:
         return cls._from_pairs(pairs, leaves, None)
 
     @classmethod
-    def from_json(cls, path: str | os.PathLike) -> "Hierarchy":
-        """Load ``{"parents": [...], "ids": [...], "labels": [...]}`` (``ids``/``labels`` optional)."""
-        with open(path) as f:
-            data = json.load(f)
-        return cls.from_json_dict(data)
+    def from_json(cls, path: str | os.PathLike | io.TextIOBase) -> "Hierarchy":
+        """Load ``{"parents": [...], "ids": [...], "labels": [...]}`` (``ids``/``labels`` optional)
+        from a path or an open text file, as written by :meth:`to_json`.
+
+        A missing or unreadable file raises the ``OSError`` subclass (``FileNotFoundError``, ...),
+        an empty, truncated or invalid file a ``ValueError``; every message names the file.
+        """
+        name = _source_name(path)
+        try:
+            if hasattr(path, "read"):
+                text = path.read()
+            else:
+                with open(path, encoding="utf-8") as f:
+                    text = f.read()
+            if isinstance(text, bytes):
+                text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"Cannot read hierarchy JSON {name}: not UTF-8 text (byte {exc.start}); "
+                             "is it a JSON file?") from None
+        except OSError as exc:
+            raise _os_error(exc, f"Cannot read hierarchy JSON {name}") from None
+        if not text.strip():
+            raise ValueError(f"Cannot read hierarchy JSON {name}: the file is empty")
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            truncated = not text[exc.pos:].strip() or exc.pos >= len(text.rstrip())
+            raise ValueError(f"Cannot read hierarchy JSON {name}: not valid JSON ({exc.msg} at line {exc.lineno}, "
+                             f"column {exc.colno}{'; the file looks truncated' if truncated else ''})") from None
+        except RecursionError:
+            raise ValueError(f"Cannot read hierarchy JSON {name}: nested too deeply") from None
+        try:
+            return cls.from_json_dict(data)
+        except (ValueError, TypeError) as exc:
+            raise type(exc)(f"Invalid hierarchy JSON {name}: {exc}") from None
 
     @classmethod
     def from_json_dict(cls, data: Mapping) -> "Hierarchy":
-        """Inverse of :meth:`to_json_dict`: JSON arrays in ``ids`` become tuples (ids must be hashable)."""
+        """Inverse of :meth:`to_json_dict`: JSON arrays in ``ids`` become tuples (ids must be hashable).
+
+        ``num_nodes``/``num_leaves``, when present, must match the tree (a check against edited
+        or cut files).
+        """
         if not isinstance(data, Mapping) or "parents" not in data:
-            raise ValueError("Expected a JSON object with a `parents` field")
+            got = type(data).__name__ if not isinstance(data, Mapping) else f"keys {sorted(map(str, data))[:6]}"
+            raise ValueError(f"Expected a JSON object with a `parents` field, but got {got}")
         ids = data.get("ids")
         if ids is not None:
             ids = [_from_json_id(x) for x in _as_list(ids, "ids")]
-        return cls.from_parents(data["parents"], names=ids, labels=data.get("labels"))
+        h = cls.from_parents(data["parents"], names=ids, labels=data.get("labels"))
+        for key in ("num_nodes", "num_leaves"):
+            if key in data and data[key] != getattr(h, key):
+                raise ValueError(f"The JSON says {key} = {data[key]!r}, but its `parents` describe a tree with "
+                                 f"{getattr(h, key)}")
+        return h
 
     def to_json_dict(self) -> dict:
         """``{"num_nodes", "num_leaves", "parents", "ids"[, "labels"]}``, JSON-serializable.
@@ -468,7 +528,9 @@ class Hierarchy:
             json.dump(data, f)
 
     @classmethod
-    def _from_pairs(cls, pairs: list, leaf_order, labels, extra_nodes: Iterable[Hashable] = ()) -> "Hierarchy":
+    def _from_pairs(cls, pairs: list, leaf_order, labels, extra_nodes: Iterable[Hashable] = (),
+                    where: tuple[str, list[int]] | None = None) -> "Hierarchy":
+        """``where = (file name, line numbers)``: the line pair ``i`` comes from, for error messages."""
         nodes: dict[Hashable, int] = {}
         for p, c in pairs:
             for x in (p, c):
@@ -483,14 +545,25 @@ class Hierarchy:
         ids = list(nodes)
         n = len(ids)
         par = np.full(n, -1, dtype=np.int64)
-        seen_parent: dict[int, Hashable] = {}
-        for p, c in pairs:
+        first: dict[int, int] = {}  # child -> index of the pair that gave its parent
+        for i, (p, c) in enumerate(pairs):
             ci = nodes[c]
-            if ci in seen_parent and seen_parent[ci] != p:
-                raise ValueError(f"Node {c!r} has two parents ({seen_parent[ci]!r} and {p!r}): a hierarchy must be a tree")
-            seen_parent[ci] = p
+            if nodes[p] == ci:
+                at = f" ({where[0]}, line {where[1][i]})" if where else ""
+                raise ValueError(f"The tree has a cycle: node {c!r} is its own parent{at}")
+            if ci in first and pairs[first[ci]][0] != p:
+                at = f" ({where[0]}, lines {where[1][first[ci]]} and {where[1][i]})" if where else ""
+                raise ValueError(f"Node {c!r} has two parents ({pairs[first[ci]][0]!r} and {p!r}){at}: a hierarchy "
+                                 "must be a tree")
+            first.setdefault(ci, i)
             par[ci] = nodes[p]
-        is_leaf, _ = canonical_order(par)
+        try:
+            is_leaf, _ = canonical_order(par)
+        except ValueError:
+            # The structural check speaks of internal indices; name the user's nodes instead.
+            lines = {ci: f"{where[0]}, line {where[1][i]}" for ci, i in first.items()} if where else None
+            _explain_bad_tree(par, ids, lines)
+            raise
         leaf_ids = [ids[i] for i in np.flatnonzero(is_leaf)]
         internal_ids = [ids[i] for i in np.flatnonzero(~is_leaf)]
         if leaf_order is None:
@@ -556,26 +629,115 @@ def _leaf_positions(leaf_order, pos: Mapping, is_leaf: np.ndarray) -> np.ndarray
     return out
 
 
-def _read_edge_file(path, delimiter: str | None) -> list[tuple[str, str]]:
-    with open(path, newline="") as f:
-        lines = [ln for ln in f.read().splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+def _source_name(source) -> str:
+    """How a path or an open file is named in error messages."""
+    if hasattr(source, "read"):
+        name = getattr(source, "name", None)
+        return repr(name) if isinstance(name, str) and not name.startswith("<") else (name or "<file object>")
+    return repr(os.fspath(source))
+
+
+def _os_error(exc: OSError, prefix: str) -> OSError:
+    """The same OSError subclass, with a one-line message that names the file and the problem."""
+    return type(exc)(f"{prefix}: {exc.strerror or exc}")
+
+
+def _read_edge_file(source, delimiter: str | None) -> tuple[list[tuple[str, str]], tuple[str, list[int]]]:
+    """``(pairs, (file name, line numbers))`` from an edge-list file (a path or an open text file)."""
+    name = _source_name(source)
+    try:
+        if hasattr(source, "read"):
+            text = source.read()
+            if isinstance(text, bytes):
+                text = text.decode("utf-8-sig")
+        else:
+            with open(source, encoding="utf-8-sig", newline="") as f:
+                text = f.read()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"Cannot read edge list {name}: not UTF-8 text (byte {exc.start}); an edge list is a "
+                         "text file of parent,child lines") from None
+    except OSError as exc:
+        raise _os_error(exc, f"Cannot read edge list {name}") from None
+    text = text.lstrip("\ufeff")
+    lines = [(k + 1, ln) for k, ln in enumerate(text.splitlines()) if ln.strip() and not ln.lstrip().startswith("#")]
     if not lines:
-        raise ValueError(f"Expected (parent, child) lines in {os.fspath(path)!r}, but it is empty")
+        raise ValueError(f"Expected (parent, child) lines in {name}, but it is empty")
     if delimiter is None:
-        first = lines[0]
+        first = lines[0][1]
         delimiter = "," if "," in first else ("\t" if "\t" in first else None)
+    how = {",": "comma-separated", "\t": "tab-separated", None: "whitespace-separated"}.get(delimiter,
+                                                                                         f"{delimiter!r}-separated")
     rows = []
-    if delimiter is None:
-        rows = [ln.split() for ln in lines]
-    else:
-        rows = list(csv.reader(lines, delimiter=delimiter))
-    rows = [[c.strip() for c in r] for r in rows]
-    if rows and [c.lower() for c in rows[0][:2]] == ["parent", "child"]:
+    for k, ln in lines:
+        fields = ln.split() if delimiter is None else next(csv.reader([ln], delimiter=delimiter))
+        # Whitespace around a name is padding ("a, b" or aligned columns), never part of the name.
+        fields = [f.strip() for f in fields]
+        at = f"{name}, line {k}"
+        if len(fields) != 2:
+            hint = (" (names with spaces need a comma- or tab-separated file)"
+                    if delimiter is None and len(fields) > 2 else "")
+            raise ValueError(f"{at}: expected 2 fields (parent, child), but the {how} line {ln.strip()!r} has "
+                             f"{len(fields)}{hint}")
+        for role, f in zip(("parent", "child"), fields):
+            if not f:
+                raise ValueError(f"{at}: empty {role} name in {ln.strip()!r}")
+            bad = next((ch for ch in f if not ch.isprintable()), None)
+            if bad is not None:
+                # A tab inside a name (a mixed delimiter?) or an invisible character makes two names that
+                # look the same differ: ambiguous, so rejected rather than guessed.
+                raise ValueError(f"{at}: the {role} name {f!r} contains the invisible character {bad!r} "
+                                 f"(U+{ord(bad):04X}); remove it or fix the delimiter")
+        rows.append((k, fields))
+    if [c.lower() for c in rows[0][1]] == ["parent", "child"]:
         rows = rows[1:]
-    for i, r in enumerate(rows):
-        if len(r) < 2:
-            raise ValueError(f"Expected two columns (parent, child) in {os.fspath(path)!r}, but line {i + 1} is {r!r}")
-    return [(r[0], r[1]) for r in rows]
+    return [(r[0], r[1]) for _, r in rows], (name, [k for k, _ in rows])
+
+
+def _explain_bad_tree(par: np.ndarray, ids: list, where: dict | None) -> None:
+    """Raise a ValueError naming the nodes (original ids) behind a failed structural check; return if none found.
+
+    ``where[i]``: where node ``i``'s parent was given (``"tree.csv, line 4"``), if known.
+
+    Runs only on the error path, so plain Python walks are fine here.
+    """
+    def loc(i):
+        return f" ({where[i]})" if where and i in where else ""
+
+    n = par.shape[0]
+    self_loop = np.flatnonzero(par == np.arange(n))
+    if self_loop.size:
+        i = int(self_loop[0])
+        raise ValueError(f"The tree has a cycle: node {ids[i]!r} is its own parent{loc(i)}")
+    roots = np.flatnonzero(par == -1).tolist()
+    if len(roots) > 1:
+        shown = ", ".join(repr(ids[i]) for i in roots[:5]) + (", ..." if len(roots) > 5 else "")
+        raise ValueError(f"Expected exactly one root (a node that is nobody's child), but found {len(roots)}: "
+                         f"{shown}. Add a common root above them")
+    reached = np.zeros(n, dtype=bool)
+    if roots:
+        children: dict[int, list[int]] = {}
+        for c, p in enumerate(par.tolist()):
+            if p >= 0:
+                children.setdefault(p, []).append(c)
+        stack = [roots[0]]
+        reached[roots[0]] = True
+        while stack:
+            for c in children.get(stack.pop(), ()):
+                if not reached[c]:
+                    reached[c] = True
+                    stack.append(c)
+    if reached.all():
+        return
+    # Every node outside the root's subtree climbs into a cycle: follow parents until one repeats.
+    node, seen = int(np.flatnonzero(~reached)[0]), {}
+    while node not in seen:
+        seen[node] = len(seen)
+        node = int(par[node])
+    cycle = [x for x, k in seen.items() if k >= seen[node]]  # child -> parent order (dicts keep insertion order)
+    shown = [repr(ids[x]) for x in cycle[:10]] + (["..."] if len(cycle) > 10 else []) + [repr(ids[cycle[0]])]
+    none = "" if roots else " and no root (expected exactly one root, a node that is nobody's child)"
+    raise ValueError(f"The tree has a cycle{none}: {' -> '.join(shown)} (each arrow points from a node to its "
+                     f"parent){loc(cycle[0])}")
 
 
 def _as_list(values, name: str) -> list:
