@@ -73,7 +73,7 @@ def main(argv=None) -> dict:
     uncertain = probs.max(1).values.argsort()[: args.show]
     results, shown = {}, {}
     for name, params in METRICS:
-        pipeline = nn.Sequential(model, DecodingHead(h, name, **params))
+        pipeline = nn.Sequential(model, DecodingHead(h, name, from_logits=True, **params))
         head = pipeline[1]
         with torch.inference_mode():
             pred = pipeline(x_test)

@@ -64,7 +64,7 @@ def _scores(rng_seed, batch, scale=3.0, device="cpu"):
 def test_head_equals_direct_decoding(metric, params, decoder):
     model = _model().eval()
     x = torch.randn(24, 16, generator=torch.Generator().manual_seed(1))
-    pipeline = nn.Sequential(model, DecodingHead(H, metric, decoder=decoder, **params))
+    pipeline = nn.Sequential(model, DecodingHead(H, metric, decoder=decoder, from_logits=True, **params))
     with torch.no_grad():
         out = pipeline(x)
         want = _direct_decode(H, metric, params, decoder, torch.softmax(model(x), dim=1))
@@ -86,7 +86,7 @@ def test_head_probabilities_input_and_unbatched():
 
 
 def test_head_rejects_bad_input_and_jaccard_optimal():
-    head = DecodingHead(H, "tree_distance")
+    head = DecodingHead(H, "tree_distance", from_logits=True)
     bad = _scores(3, 4)
     bad[1, 5] = float("nan")
     with pytest.raises(ValueError, match="NaN|finite"):
@@ -105,12 +105,12 @@ def test_head_rejects_bad_input_and_jaccard_optimal():
         DecodingHead(H.parents_list, "accuracy")
     # jaccard with a heuristic decoder is fine
     x = _scores(4, 6)
-    assert torch.equal(DecodingHead(H, "jaccard", decoder="majority")(x),
+    assert torch.equal(DecodingHead(H, "jaccard", decoder="majority", from_logits=True)(x),
                        hd.get_decoder("majority", H).decode(torch.softmax(x, 1)))
 
 
 def test_head_buffers_and_state_dict_round_trip():
-    head = DecodingHead(H, "hf_beta", beta=0.5)
+    head = DecodingHead(H, "hf_beta", beta=0.5, from_logits=True)
     state = head.state_dict()
     assert list(state) == ["parent"]
     assert torch.equal(state["parent"], H.parent)
@@ -123,7 +123,7 @@ def test_head_buffers_and_state_dict_round_trip():
     other = hd.Hierarchy.from_parents(other_parents)
     if any(other.num_children[n] == 0 for n in range(L, H.num_nodes)):
         pytest.skip("moving leaves emptied an internal node")
-    fresh = DecodingHead(other, "hf_beta", beta=0.5)
+    fresh = DecodingHead(other, "hf_beta", beta=0.5, from_logits=True)
     x = _scores(5, 10)
     fresh.load_state_dict(state)
     assert fresh.hierarchy.same_tree(H)
@@ -133,7 +133,7 @@ def test_head_buffers_and_state_dict_round_trip():
 
 def test_head_torch_save_load(tmp_path):
     model = _model(3).eval()
-    pipeline = nn.Sequential(model, DecodingHead(H, "zhao"))
+    pipeline = nn.Sequential(model, DecodingHead(H, "zhao", from_logits=True))
     x = torch.randn(12, 16)
     with torch.no_grad():
         want = pipeline(x)
@@ -145,7 +145,7 @@ def test_head_torch_save_load(tmp_path):
     buf = io.BytesIO()
     torch.save(pipeline.state_dict(), buf)
     buf.seek(0)
-    again = nn.Sequential(_model(4).eval(), DecodingHead(H, "zhao"))
+    again = nn.Sequential(_model(4).eval(), DecodingHead(H, "zhao", from_logits=True))
     again.load_state_dict(torch.load(buf, weights_only=True))
     with torch.no_grad():
         assert torch.equal(again(x), want)
@@ -153,7 +153,7 @@ def test_head_torch_save_load(tmp_path):
 
 def test_head_inference_mode_then_normal_use():
     tree = hd.Hierarchy.from_parents(H.parents_list)  # fresh: its caches get built under inference mode
-    head = DecodingHead(tree, "hf_beta", beta=1.0)
+    head = DecodingHead(tree, "hf_beta", beta=1.0, from_logits=True)
     x = _scores(6, 16)
     with torch.inference_mode():
         out = head(x)
@@ -165,12 +165,12 @@ def test_head_inference_mode_then_normal_use():
     td = hd.get_metric("tree_distance", tree)
     logits = x.clone().requires_grad_(True)
     p = torch.softmax(logits, 1)
-    assert torch.equal(td.decode(p.detach()), DecodingHead(tree, "tree_distance")(x))
+    assert torch.equal(td.decode(p.detach()), DecodingHead(tree, "tree_distance", from_logits=True)(x))
 
 
 @devices
 def test_head_to_device(device):
-    head = DecodingHead(H, "wu_palmer").to(device)
+    head = DecodingHead(H, "wu_palmer", from_logits=True).to(device)
     assert head.parent.device.type == device
     assert head.hierarchy.device.type == device
     x = _scores(7, 8, device=device)
@@ -181,7 +181,7 @@ def test_head_to_device(device):
 
 @pytest.mark.skipif("cuda" not in DEVICES, reason="needs CUDA")
 def test_head_device_mismatch_is_clear():
-    head = DecodingHead(H, "wu_palmer").to("cuda")
+    head = DecodingHead(H, "wu_palmer", from_logits=True).to("cuda")
     with pytest.raises(ValueError, match="head's device"):
         head(_scores(8, 4))
 
@@ -546,7 +546,7 @@ def test_compiled_pipeline_runs_the_head_eagerly():
     import torch._dynamo
 
     model = nn.Sequential(nn.Linear(8, L)).eval()
-    pipeline = nn.Sequential(model, DecodingHead(H, "hf_beta", beta=0.5))
+    pipeline = nn.Sequential(model, DecodingHead(H, "hf_beta", beta=0.5, from_logits=True))
     x = torch.randn(32, 8, generator=torch.Generator().manual_seed(3)) * 4
     with torch.no_grad():
         want = pipeline(x)

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -226,7 +228,14 @@ def test_fuzz_probabilities_and_predictions(tree, data):
     h, info, rng = tree
     x = data.draw(malformed_probs(h.num_leaves))
     normalize = data.draw(st.booleans())
-    from_logits = data.draw(st.booleans())
+    from_logits = data.draw(st.sampled_from([False, True, "auto", "maybe", 2]))
+    plan = data.draw(st.sampled_from(["cpu", "cuda"]))
+    with hd.plan_for(plan), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # probability-looking logits warn; warnings are allowed
+        _fuzz_entry_points(h, x, normalize, from_logits, data)
+
+
+def _fuzz_entry_points(h, x, normalize, from_logits, data):
     try:
         node = hd.node_probabilities(h, x, normalize=normalize, from_logits=from_logits)
     except ALLOWED:
@@ -262,6 +271,17 @@ def test_fuzz_probabilities_and_predictions(tree, data):
         hd.calibrate_darts(h, x, target, data.draw(st.floats(-0.5, 1.5)))
     except ALLOWED:
         pass
+    for call in (lambda: hd.DecodingHead(h, "hf_beta", from_logits=from_logits)(x),
+                 lambda: hd.DecodingHead(h, "majority", decoder="majority", from_logits=from_logits)(x),
+                 lambda: hd.HierarchicalMetric(h, "tree_distance", from_logits=from_logits).update(x, target),
+                 lambda: hd.Posterior(h, x, from_logits=from_logits, normalize=normalize).node,
+                 lambda: hd.TemperatureScaler().fit(x, target)):
+        try:
+            out = call()
+        except ALLOWED:
+            continue
+        if isinstance(out, torch.Tensor) and out.dtype == torch.int64:  # node ids in range
+            assert bool(((out >= 0) & (out < h.num_nodes)).all())
 
 
 bad_numbers = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 5), st.none(),

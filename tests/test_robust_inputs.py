@@ -17,7 +17,7 @@ import torch
 
 import hdecode_torch as hd
 from hdecode_torch import Hierarchy
-from hdecode_torch.core.validation import ROW_SUM_TOLERANCE, prepare_leaf_probs
+from hdecode_torch.core.validation import ROW_SUM_TOLERANCE, prepare_leaf_probs, row_sum_tolerance
 
 PARENTS = [5, 5, 6, 6, 6, 7, 7, -1]  # leaves 0..4, internal 5, 6, root 7
 L, N = 5, 8
@@ -162,7 +162,7 @@ BAD_PROBS = [
      r"`leaf_probs` to be probabilities \(>= 0\), but row 0 has a negative entry \(-0.1\).*from_logits=True"),
     ("logits", lambda: torch.randn(2, L, generator=torch.Generator().manual_seed(0)), ValueError, "from_logits=True"),
     ("sum", lambda: torch.full((2, L), 0.3), ValueError,
-     r"each row of `leaf_probs` to sum to 1 \(tolerance 0.0001 for torch.float32 input\), but row 0 sums to 1.5 "
+     r"each row of `leaf_probs` to sum to 1 \(tolerance 0.00010\d* for torch.float32 input\), but row 0 sums to 1.5 "
      r"\(2 bad row\(s\)\). Pass normalize=True"),
     ("nan", lambda: torch.tensor([[0.2] * 5, [float("nan")] + [0.2] * 4]), ValueError,
      "`leaf_probs` to be finite, but row 1 contains NaN"),
@@ -197,7 +197,8 @@ def test_probabilities_accepted_forms(h, P):
 
 
 def test_row_sum_tolerance_is_per_input_dtype(h):
-    for dtype, tol in ROW_SUM_TOLERANCE.items():
+    for dtype in ROW_SUM_TOLERANCE:
+        tol = row_sum_tolerance(dtype, L)
         ok = torch.full((1, L), 0.2, dtype=torch.float64)
         ok[0, 0] += tol / 2
         hd.node_probabilities(h, ok.to(dtype))  # within tolerance (after the cast too)

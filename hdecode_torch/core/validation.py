@@ -7,7 +7,9 @@ what was expected, what was found, and the fix.
 
 from __future__ import annotations
 
+import math
 import numbers
+import warnings
 from typing import NamedTuple
 
 import numpy as np
@@ -31,9 +33,9 @@ __all__ = [
     "check_unit_interval",
 ]
 
-#: |row sum - 1| allowed per dtype of the *input*.  Half-precision storage alone loses
-#: ~5e-4 (float16) / ~4e-3 (bfloat16) relative per entry, so rows of 1,000 classes
-#: that summed to 1 before the cast do not sum to 1 within 1e-6 after it.
+#: The part of the row-sum tolerance that does not grow with the number of classes, per dtype of the
+#: *input*: rounding each entry to the storage dtype moves a sum by up to eps/2 (float16 5e-4,
+#: bfloat16 4e-3), so rows that summed to 1 before a cast do not sum to 1 within 1e-6 after it.
 ROW_SUM_TOLERANCE = {
     torch.float64: 1e-6,
     torch.float32: 1e-4,
@@ -42,9 +44,19 @@ ROW_SUM_TOLERANCE = {
 }
 
 
-def row_sum_tolerance(dtype: torch.dtype) -> float:
-    """The documented row-sum tolerance for probabilities stored in ``dtype``."""
-    return ROW_SUM_TOLERANCE.get(dtype, 1e-4)
+def row_sum_tolerance(dtype: torch.dtype, num_classes: int = 1) -> float:
+    """Largest |row sum − 1| accepted for probabilities stored in ``dtype`` over ``num_classes`` columns.
+
+    ``ROW_SUM_TOLERANCE[dtype] + eps_acc · √L · log₂ L``: the first term covers rounding each entry to
+    ``dtype``, the second the accumulation error of the softmax that produced the row (its sum is
+    accumulated in float32 for float32 and half inputs, in float64 for float64; eps_acc is that
+    dtype's epsilon).  A float32 softmax over L = 10⁷ classes on a CPU sums to 1 ± 2.4e-3; this
+    allows 8.9e-3 there, 2.1e-3 at L = 7·10⁵ and 1.4e-4 at L = 1,000, so a row off by 2% is always
+    rejected.
+    """
+    acc = torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
+    growth = acc * math.sqrt(num_classes) * math.log2(num_classes) if num_classes > 1 else 0.0
+    return ROW_SUM_TOLERANCE.get(dtype, 1e-4) + growth
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -121,36 +133,64 @@ def check_ranges(checks, validate: bool = True) -> None:
 
 
 # --------------------------------------------------------------------------- probabilities
+#: Accepted values of ``from_logits``.
+INPUT_KINDS = (False, True, "auto")
+
+
+def input_kind(from_logits) -> str:
+    """``"probs"``, ``"logits"`` or ``"auto"`` from a ``from_logits`` argument (False, True or "auto")."""
+    if from_logits is True or from_logits is False:
+        return "logits" if from_logits else "probs"
+    if isinstance(from_logits, str) and from_logits == "auto":
+        return "auto"
+    if isinstance(from_logits, (int, np.bool_)) and not isinstance(from_logits, bool) and from_logits in (0, 1):
+        return "logits" if from_logits else "probs"
+    raise ValueError(f"Expected `from_logits` to be False (probabilities), True (logits) or 'auto', but got "
+                     f"{from_logits!r}")
+
+
 def prepare_leaf_probs(
     leaf_probs,
     num_leaves: int,
     *,
     name: str = "leaf_probs",
     normalize: bool = False,
-    from_logits: bool = False,
+    from_logits: bool | str = False,
     validate: bool = True,
     device: torch.device | None = None,
     extra_checks=(),
 ) -> tuple[torch.Tensor, bool]:
     """Check and convert leaf probabilities to a ``(B, L)`` tensor in the compute dtype.
 
-    leaf_probs: (B, L) or (L,) float.  Returns ``(probs, unbatched)`` where ``probs`` is
-    (B, L) float32 (float64 kept) and ``unbatched`` tells whether the input was 1-D.
-    ``from_logits`` applies a softmax (``-inf`` logits are allowed: probability 0, as long as
-    each row has a finite entry); ``normalize`` divides each row by its sum.
-    ``extra_checks``: :class:`RangeCheck` s (e.g. predictions or targets on the same device)
-    checked in the same fused reduction, so that a whole call syncs with the host once.
-    With ``validate=False`` nothing is checked and nothing syncs.
+    leaf_probs: (B, L) or (L,) float.  Returns ``(probs, unbatched)`` where ``probs`` is (B, L)
+    float32 (float64 kept) and ``unbatched`` tells whether the input was 1-D.
+
+    What the input holds, ``from_logits``:
+
+    - ``False`` (the default everywhere): probabilities, each row non-negative and summing to 1
+      within :func:`row_sum_tolerance` (``normalize=True`` divides each row by its sum instead);
+    - ``True``: logits, turned into probabilities by a softmax (``-inf`` is allowed: probability 0,
+      as long as each row has a finite entry).  Input that looks like probabilities (non-negative
+      rows summing to 1) is almost surely not logits: it gets a warning, since a softmax of
+      probabilities is a silently wrong answer;
+    - ``"auto"``: probabilities if every row is a distribution, else logits.  Non-negative rows that
+      do not sum to 1 but have no entry above 1 are ambiguous (unnormalised probabilities?) and an
+      error.  Decided on the device: no extra host read.
+
+    ``extra_checks``: :class:`RangeCheck` s (e.g. predictions or targets on the same device) checked
+    in the same fused reduction, so that a whole call syncs with the host once.  With
+    ``validate=False`` nothing is checked and nothing syncs.
     """
+    kind = input_kind(from_logits)
     x = as_tensor(leaf_probs, name)
     if not x.is_floating_point():
-        kind = "complex" if x.is_complex() else ("bool" if x.dtype == torch.bool else "integer")
+        what = "complex" if x.is_complex() else ("bool" if x.dtype == torch.bool else "integer")
         hint = {
             "integer": " (class indices? decoders take probabilities; cast with .float() if these are counts "
                        "and pass normalize=True)",
             "bool": " (a one-hot mask? cast with .float())",
             "complex": "",
-        }[kind]
+        }[what]
         raise TypeError(f"Expected `{name}` to be a floating-point tensor, but got dtype {x.dtype}{hint}")
     if x.dim() not in (1, 2):
         raise ValueError(f"Expected `{name}` to have shape (B, {num_leaves}) or ({num_leaves},), but got {tuple(x.shape)}")
@@ -167,32 +207,54 @@ def prepare_leaf_probs(
     in_dtype = x.dtype
     x = x.to(compute_dtype(in_dtype))
     checks = [c for c in extra_checks if c is not None] if validate else []
-    if from_logits:
-        if validate and x.numel():
-            # One pass: a row max is NaN if the row holds a NaN (max propagates NaN), +inf if it holds
-            # +inf, -inf if every entry is -inf.  A -inf entry elsewhere is a masked class (p = 0).
-            row_max = x.amax(dim=1)
-            ok = ((row_max > float("-inf")) & (row_max < float("inf"))).all()
-            oks = torch.stack([ok] + range_flags(checks, x.device)).tolist()  # the one host sync
+    tol = row_sum_tolerance(in_dtype, num_leaves)
+    if kind == "probs":
+        return _checked_probs(x, checks, name, tol, normalize, in_dtype, validate), unbatched
+    if not x.numel():
+        check_ranges(checks, validate)
+        return x, unbatched
+    # One pass for the shared statistics: float64 row sums (NaN and +inf make them non-finite), the
+    # row maxima (NaN or +inf if a row holds one, -inf if every entry is -inf) and the minimum.
+    sums = x.sum(dim=1, dtype=torch.float64)
+    row_max = x.amax(dim=1)
+    is_dist = (x.amin() >= 0) & ((sums - 1).abs() <= tol).all()
+    if kind == "auto":
+        if validate:
+            finite = ((row_max > float("-inf")) & (row_max < float("inf"))).all()  # logits may hold -inf
+            ambiguous = ~is_dist & (x.amin() >= 0) & (row_max.amax() <= 1)
+            oks = torch.stack([finite, ~ambiguous] + range_flags(checks, x.device)).tolist()  # the one host sync
             if not oks[0]:
                 _raise_logits_error(x, name)
-            raise_first_range_error(checks, oks[1:])
-        else:
-            check_ranges(checks)
-        return torch.softmax(x, dim=1), unbatched
+            if not oks[1]:
+                raise ValueError(f"Cannot tell whether `{name}` holds probabilities or logits: its entries are in "
+                                 "[0, 1] but some rows do not sum to 1. Pass normalize=True for unnormalised "
+                                 "probabilities, or from_logits=True for logits")
+            raise_first_range_error(checks, oks[2:])
+        return torch.where(is_dist, x, torch.softmax(x, dim=1)), unbatched
+    if validate:
+        ok = ((row_max > float("-inf")) & (row_max < float("inf"))).all()
+        oks = torch.stack([ok, is_dist] + range_flags(checks, x.device)).tolist()  # the one host sync
+        if not oks[0]:
+            _raise_logits_error(x, name)
+        raise_first_range_error(checks, oks[2:])
+        if oks[1] and num_leaves > 1:
+            warnings.warn(f"`{name}` looks like probabilities (non-negative rows summing to 1), but from_logits=True "
+                          "applies a softmax to it, which is then wrong: pass from_logits=False for probabilities "
+                          "(or from_logits='auto')", UserWarning, stacklevel=3)
+    return torch.softmax(x, dim=1), unbatched
+
+
+def _checked_probs(x, checks, name, tol, normalize, in_dtype, validate):
     if not validate:
-        if normalize:
-            x = x / x.sum(dim=1, keepdim=True)
-        return x, unbatched
+        return x / x.sum(dim=1, keepdim=True) if normalize else x
     if x.numel() == 0:
         check_ranges(checks)
-        return x, unbatched
-    # Two passes over the data (a sum and a min), one host sync.  NaN and +inf make a row sum
-    # non-finite and NaN makes the min NaN, so the one flag covers finiteness too; the error
-    # path then finds out exactly what is wrong.
-    sums = x.sum(dim=1)
+        return x
+    # Two passes over the data (a float64 sum and a min), one host sync.  NaN and +inf make a row sum
+    # non-finite and NaN makes the min NaN, so the one flag covers finiteness too; the error path then
+    # finds out exactly what is wrong.
+    sums = x.sum(dim=1, dtype=torch.float64)
     nonneg = x.amin() >= 0
-    tol = row_sum_tolerance(in_dtype)
     if normalize:
         ok = nonneg & ((sums > 0) & torch.isfinite(sums)).all()
     else:
@@ -201,15 +263,15 @@ def prepare_leaf_probs(
     if not oks[0]:
         finite, nonneg = bool(torch.isfinite(x).all()), bool((x >= 0).all())
         if normalize and finite and nonneg and not bool((sums <= 0).any()):
-            # Finite entries whose sum overflows: rescale each row by its maximum first.
+            # Finite entries whose float32 sum overflows: rescale each row by its maximum first.
             x = x / x.amax(dim=1, keepdim=True)
-            sums = x.sum(dim=1)
+            sums = x.sum(dim=1, dtype=torch.float64)
         else:
             _raise_probs_error(x, sums, (finite, nonneg), name, tol, normalize, in_dtype)
     raise_first_range_error(checks, oks[1:])
     if normalize:
-        x = x / sums[:, None]
-    return x, unbatched
+        x = (x / sums[:, None]).to(x.dtype)  # divided in float64: a float32 row may sum past float32's range
+    return x
 
 
 def _raise_logits_error(x, name):

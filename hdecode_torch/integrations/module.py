@@ -18,6 +18,7 @@ from torch import nn
 from ..decoders import Decoder, get_decoder
 from ..hierarchy import Hierarchy
 from ..core.posterior import Posterior
+from ..core.validation import input_kind
 from ..metrics import BaseMetric, get_metric, has_optimal_decoder, list_metrics
 
 __all__ = [
@@ -101,14 +102,16 @@ def shared_posterior(hierarchy: Hierarchy, scores, *, from_logits: bool = False,
 
     ``scores``: (B, L) or (L,) float probabilities, or logits when ``from_logits``; a
     :class:`Posterior` is returned as is.  Reuse requires the same tensor object, not
-    modified in place since, the same tree and the same options.
+    modified in place since, the same tree and the same options; tensors made under
+    ``torch.inference_mode()`` have no in-place version counter and are never reused.
     """
     if isinstance(scores, Posterior):
         return scores
-    if not isinstance(scores, torch.Tensor):
+    if not isinstance(scores, torch.Tensor) or _version(scores) is None:
+        # Inference tensors have no version counter: a buffer refilled in place would look unchanged.
         return Posterior(hierarchy, scores, from_logits=from_logits, validate=validate)
     entry = getattr(_local, "entry", None)
-    options = (bool(from_logits), bool(validate))
+    options = (input_kind(from_logits), bool(validate))
     if (entry is not None and entry["ref"]() is scores and entry["version"] == _version(scores)
             and entry["options"] == options and _same_tree(entry["hierarchy"], hierarchy)):
         return entry["post"]
@@ -137,7 +140,9 @@ class DecodingHead(nn.Module):
             parameters (``beta=``, ``c=``).  Kept as :attr:`metric` to score the predictions.
         decoder: ``"optimal"`` (the metric's Bayes-optimal decoder), a heuristic name,
             ``(name, params)`` such as ``("darts", {"lam": 0.5})``, or a built Decoder.
-        from_logits: inputs are (B, L) logits (softmax applied) rather than probabilities.
+        from_logits: what the input holds: ``False`` (default) probabilities, ``True`` logits (a
+            softmax is applied; probability-looking input gets a warning), ``"auto"`` decide per batch
+            (probabilities if every row is a distribution, else logits).
         validate: check the inputs (one host sync per call); ``False`` on trusted hot paths.
 
     Input: (B, L) or (L,) float32/float64/float16/bfloat16 on the head's device.
@@ -161,12 +166,13 @@ class DecodingHead(nn.Module):
     branch.
     """
 
-    def __init__(self, hierarchy: Hierarchy, metric="accuracy", decoder="optimal", from_logits: bool = True,
+    def __init__(self, hierarchy: Hierarchy, metric="accuracy", decoder="optimal", from_logits: bool | str = False,
                  validate: bool = True, **params):
         super().__init__()
         if not isinstance(hierarchy, Hierarchy):
             raise TypeError(f"Expected `hierarchy` to be a Hierarchy, but got {type(hierarchy).__name__}")
-        self.from_logits = bool(from_logits)
+        input_kind(from_logits)  # checked here, not at the first batch
+        self.from_logits = from_logits if from_logits == "auto" else bool(from_logits)
         self.validate = bool(validate)
         self.register_buffer("parent", hierarchy.parent.detach().to("cpu", torch.long).clone())
         self._metric_spec = (metric, dict(params))

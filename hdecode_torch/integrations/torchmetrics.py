@@ -7,6 +7,7 @@ from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
 from ..hierarchy import Hierarchy
+from ..core.validation import input_kind
 from .module import decoder_label, resolve_decoder, resolve_metric, shared_posterior
 
 __all__ = ["HierarchicalMetric"]
@@ -28,7 +29,8 @@ class HierarchicalMetric(Metric):
         metric: a name, ``(name, params)`` or built metric; ``params`` are its parameters.
         decoder: ``"optimal"`` (the metric's own Bayes-optimal decoder; ``ValueError`` for
             ``jaccard``, which has none), a heuristic name, ``(name, params)`` or a Decoder.
-        from_logits: the scores are logits (softmax applied).
+        from_logits: ``False`` (default) the scores are probabilities, ``True`` logits (softmax
+            applied), ``"auto"`` decided per batch (see :class:`~hdecode_torch.DecodingHead`).
         validate: check the scores and targets (one host sync each per update).
         compute_on_cpu, dist_sync_on_step, process_group, sync_on_compute, ...: passed to
             :class:`torchmetrics.Metric`.
@@ -54,7 +56,7 @@ class HierarchicalMetric(Metric):
     total: torch.Tensor
     count: torch.Tensor
 
-    def __init__(self, hierarchy: Hierarchy, metric="accuracy", decoder="optimal", from_logits: bool = False,
+    def __init__(self, hierarchy: Hierarchy, metric="accuracy", decoder="optimal", from_logits: bool | str = False,
                  validate: bool = True, exact: bool = True, **params):
         base_kwargs = {k: params.pop(k) for k in _TORCHMETRICS_KWARGS if k in params}
         super().__init__(**base_kwargs)
@@ -63,7 +65,8 @@ class HierarchicalMetric(Metric):
         self.hierarchy = hierarchy
         self.metric = resolve_metric(hierarchy, metric, **params)
         self.decoder = resolve_decoder(hierarchy, decoder, self.metric, validate=validate)
-        self.from_logits = bool(from_logits)
+        input_kind(from_logits)  # checked here, not at the first batch
+        self.from_logits = from_logits if from_logits == "auto" else bool(from_logits)
         self.validate = bool(validate)
         # torchmetrics treats higher_is_better as a class constant and forbids setting it; here it
         # depends on the metric, so it goes into the instance dict, where attribute lookup finds it first.
