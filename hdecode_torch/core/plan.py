@@ -14,18 +14,18 @@ The rules (figures in benchmarks/README.md):
   along the contiguous dimension of batch-major (B, ·) tables (a node's leaves, a node's subtree,
   a node's root path in the Euler tour are all one contiguous range), a fixed number of operators
   whatever the depth, accumulated in float64.  The CPU plan takes ``"levels"`` up to
-  ``CPU_MAX_LEVELS`` levels and ``"prefix"`` beyond (a chain of 10⁵ nodes would take 10⁵ steps); the CUDA plan always takes ``"prefix"``: a GPU
-  pays per launch, and a scan along the wrong (outer) dimension runs nearly sequentially (283 ms vs
-  1.65 ms for an (L, B) table of the 1M-node tree on an H100).
+  ``CPU_MAX_LEVELS`` levels and ``"prefix"`` beyond (a chain of 10⁵ nodes would take 10⁵ steps);
+  the CUDA plan always takes ``"prefix"``: a GPU pays per launch, and a scan along the outer
+  dimension of an (L, B) table runs nearly sequentially when B is small.
 - **Strategies of Wu-Palmer and Zhao.**  CPU: the measured rule of each metric.  CUDA: the dense
   product while the (N, L) matrix fits (one GEMM), the structural root-path sums otherwise
-  (candidates need a host read for their count and ran 5–15× slower there).
+  (candidates need a host read for their count, and were slower on the GPU).
 - **hF_β.**  CPU: prefix sets certified per k (fewest operations).  CUDA: every k solved exactly on
   the candidates (more arithmetic, but a fixed number of operators and at most two host reads).
 - **Fused kernels** (``hdecode::`` custom ops, Triton on CUDA): used by the ``"prefix"`` tree sums.
-- **Memory budget** for the temporaries of one chunk: ``get_memory_budget()`` on the CPU; on CUDA
-  the same, unless ``set_memory_budget`` was not called, then a quarter of the free device memory
-  (at least the CPU default).
+- **Memory budget** for the temporaries of one chunk: ``get_memory_budget()`` on the CPU; on the
+  CUDA plan the same once ``set_memory_budget`` was called, else 4 GiB or a quarter of the free
+  device memory, whichever is larger (fewer, larger chunks: a GPU pays per launch).
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ import torch
 
 __all__ = ["Plan", "plan_for", "current_plan", "planned_device_type", "CPU_MAX_LEVELS"]
 
-#: The CPU plan sums per level up to this many levels (depth + 1), by prefix sums beyond.  Measured on
-#: tieredImageNet-H with a spine of extra levels (B = 1024, one thread): a level costs ~15 µs of
-#: overhead; the per-level decoders stay faster up to ~400 levels, node probabilities up to ~300.
+#: The CPU plan sums per level up to this many levels (depth + 1), by prefix sums beyond: each level
+#: costs a fixed overhead, which the prefix sums' larger per-entry cost outweighs only on trees with
+#: hundreds of levels (benchmarks/README.md, "Device plans").
 CPU_MAX_LEVELS = 512
 
 _OVERRIDE: contextvars.ContextVar[str | None] = contextvars.ContextVar("hdecode_plan", default=None)

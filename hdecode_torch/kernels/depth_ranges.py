@@ -8,7 +8,7 @@ of each row of probabilities (in that order) every mass
 
 is a difference of two prefix sums.  Decoders that need Q only on a few candidate nodes
 per sample (hF_β) pay O(B·L) for the prefix sums and O(E) per candidate, instead of
-O(N·E·B) for the full table (≈ 60 ms for B = 4000 on tieredImageNet-H, E = 10).
+O(N·E·B) for the full table.
 """
 
 from __future__ import annotations
