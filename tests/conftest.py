@@ -2,6 +2,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
+# the repository root, for tests that use the benchmarks' tools (benchmarks.plan_cost)
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from hypothesis import settings  # noqa: E402
 

@@ -11,84 +11,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import hdecode_torch as hd
 import reference as ref
+from benchmarks.plan_cost import cost_of, deepened
 from harness import batch, bundled, metric_cases, model_like, random_trees, tolerance
 
-# Operators that only make views or metadata (no kernel on a GPU).
-_FREE = {"empty", "empty_like", "empty_strided", "detach", "lift_fresh", "alias", "view", "as_strided", "expand",
-         "slice", "select", "t", "transpose", "unsqueeze", "squeeze", "permute", "unflatten", "_unsafe_view",
-         "split", "split_with_sizes", "unbind", "narrow", "diagonal", "_reshape_alias", "reshape", "flatten",
-         "movedim", "expand_as", "chunk", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "resize_",
-         "set_", "lift", "_conj", "conj", "_neg_view", "result_type"}
-_SYNC_OPS = {"nonzero", "masked_select", "unique", "_unique", "_unique2", "unique_dim", "unique_consecutive",
-             "equal", "allclose", "_local_scalar_dense"}
-
-
-_HOST_READS = ("tolist", "item", "__bool__", "__int__", "__float__", "__index__", "numpy")
-
-
-class Cost(TorchDispatchMode):
-    """Counts kernel-launching operators and host reads (values the host waits for) of the calls made
-    under it."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops, self.reads, self.by_op = 0, 0, {}
-        self._saved, self._depth = {}, 0
-
-    def __enter__(self):
-        for name in _HOST_READS:  # reading a value on the host waits for the device
-            orig = getattr(torch.Tensor, name)
-            self._saved[name] = orig
-
-            def counted(t, *a, _orig=orig, **k):
-                if self._depth == 0:
-                    self.reads += 1
-                self._depth += 1
-                try:
-                    return _orig(t, *a, **k)
-                finally:
-                    self._depth -= 1
-            setattr(torch.Tensor, name, counted)
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        for name, orig in self._saved.items():
-            setattr(torch.Tensor, name, orig)
-        return super().__exit__(*exc)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        base = func.overloadpacket.__name__
-        if self._depth == 0 and (base in _SYNC_OPS or (
-                base == "repeat_interleave" and (kwargs or {}).get("output_size") is None
-                and len(args) > 1 and isinstance(args[1], torch.Tensor))):
-            self.reads += 1
-        if base not in _FREE and base.rstrip("_") not in _FREE and not getattr(func, "is_view", False):
-            self.ops += 1
-            self.by_op[base] = self.by_op.get(base, 0) + 1
-        return func(*args, **(kwargs or {}))
-
-
 def gpu_cost(fn, x):
-    """(operators, host reads) of ``fn(x)`` under the GPU plan, after a warm-up call (tree-only tables)."""
-    with hd.plan_for("cuda"):
-        fn(x)
-        with Cost() as c:
-            fn(x)
+    """(operators, host reads, operators by name) of ``fn(x)`` under the GPU plan, after a warm-up call."""
+    c = cost_of(fn, x, "cuda")
     return c.ops, c.reads, c.by_op
-
-
-def deepened(h):
-    """``h`` with a spine of 48 single-child internal nodes above its root (depth + 48)."""
-    n = h.num_nodes
-    parents = h.parent.tolist()
-    spine = list(range(n, n + 48))
-    parents[h.root] = spine[-1]
-    parents += [-1] + spine[:-1]
-    return hd.Hierarchy.from_parents(parents)
 
 
 #: Limits of the GPU plan: operators per call and host reads per call (the input check is one).
