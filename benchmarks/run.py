@@ -46,7 +46,7 @@ SCORE_RTOL = 1e-6  # optimal decoders: library and baseline expected scores agre
 HEURISTIC_AGREEMENT = 0.99  # heuristics: fraction of identical predictions (float32 vs float64 near-ties)
 NODE_PROB_ATOL = 1e-5
 
-OPTIMAL_PARAMS = {"tree_distance_c": [{"c": 1.0}], "hf_beta": [{"beta": 0.5}, {"beta": 1.0}, {"beta": 2.0}]}
+OPTIMAL_PARAMS = {"tree_distance_c": [{"c": 0.5}], "hf_beta": [{"beta": 0.5}, {"beta": 1.0}, {"beta": 2.0}]}
 HEURISTIC_PARAMS = {"confidence_threshold": {"tau": 0.75}, "darts": {"lam": 0.5}}
 
 
@@ -258,6 +258,7 @@ def run(args) -> dict:
         "numpy": np.__version__, "hdecode_torch": hd.__version__, "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "plan": getattr(args, "plan", None),
         "devices": [str(d) for d in devices], "backend": hd.kernels.get_backend(),
         "numpy_blas_threads_env": os.environ.get("OPENBLAS_NUM_THREADS"),
         "torch_scatter": hd.kernels.scatter_available(), "validate": not args.no_validate,
@@ -472,6 +473,9 @@ def parse_args(argv=None):
     ap.add_argument("--no-backend-compare", dest="backend_compare", action="store_false",
                     help="skip the torch-scatter vs torch comparison (run when torch-scatter is installed)")
     ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (default: torch's choice)")
+    ap.add_argument("--plan", default=None, choices=["cpu", "cuda"],
+                    help="make every device-dependent choice as for this device (hd.plan_for), whatever the device "
+                         "timed: e.g. --plan cuda times the GPU plan on the CPU (default: each device's own plan)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="write the results here (default benchmarks/results/<date>.json)")
     a = ap.parse_args(argv)
@@ -492,8 +496,11 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     threads, backend = torch.get_num_threads(), hd.kernels.get_backend()
+    import contextlib
+
     try:
-        result = run(args)
+        with hd.plan_for(args.plan) if args.plan else contextlib.nullcontext():
+            result = run(args)
     finally:  # leave the process as we found it (the smoke test calls main() in-process)
         torch.set_num_threads(threads)
         hd.kernels.set_backend(backend)
