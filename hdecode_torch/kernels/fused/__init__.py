@@ -173,7 +173,9 @@ def path_score_best(x: torch.Tensor, src: torch.Tensor, hi: torch.Tensor, lo: to
         allowed: (N,) bool; rank: (N,) int64 (distinct values make the answer unique).
         higher_is_better: bool.
     Returns:
-        (B,) int64 node ids; a NaN score never wins; -1 for a row with no allowed node.  Only these B
+        (B,) int64 node ids.  A NaN score, or an infinitely bad one (−inf when higher is better,
+        +inf when lower), is never chosen; -1 for a row with no node left (e.g. none allowed; a NaN
+        input reaches the root's p and with it every root-path sum of its row).  Only these B
         integers are written.  O(B·(J + T + N)).
     Raises:
         ValueError / TypeError naming the argument for a wrong shape, dtype, device or index.

@@ -368,7 +368,8 @@ def _path_score_best_kernel(X, stride_xb, stride_xm, SRC, HI, LO, PARENT, ALPHA,
     score = tl.load(GAMMA + n, mask=live, other=0.0) * s + tl.load(DELTA + n, mask=live, other=0.0) * p
     if not HIGHER:
         score = -score
-    ok = live & (tl.load(ALLOWED + n, mask=live, other=0) != 0) & (score == score)
+    # NaN and the worst infinity are never chosen (NaN > -inf is false)
+    ok = live & (tl.load(ALLOWED + n, mask=live, other=0) != 0) & (score > float("-inf"))
     score = tl.where(ok, score, float("-inf"))
     hit = ok & (score == tl.max(score, axis=0))
     key = tl.where(hit, tl.load(RANK + n, mask=live, other=0), _INT64_MIN)
