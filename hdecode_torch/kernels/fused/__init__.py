@@ -135,8 +135,9 @@ def hf_beta_best_k(q: torch.Tensor, count: torch.Tensor, depths: torch.Tensor,
         r: float in (0, 1].
     Returns:
         ``(best_k, delta)``: (B,) int64 (1 for a row of count 0) and (B, C) q.dtype (padding columns
-        finite, to be masked by the caller).  Deterministic.  O(B·C²·(E + log C)) work; the torch
-        kernel holds a (B, C, C) table, the Triton kernel one (k-block, C) tile per row.
+        finite, to be masked by the caller).  Deterministic.  The torch kernel sorts a (B, C, C) table
+        of every Δ_k (O(B·C²·(E + log C)) work, no host read); the Triton kernel ranks candidates by
+        pairwise comparison in registers (O(B·(C²·E + C³)), reads q once).
     Raises:
         ValueError / TypeError naming the argument for a wrong shape, dtype, device, ``r`` or count.
     """

@@ -240,12 +240,14 @@ def row_sum_min_triton(x: torch.Tensor) -> torch.Tensor:
 # Δ_k, so a candidate compares equal to itself.  Only k <= count and chunks of real candidates are
 # visited.  Work per row O(C²·E + C³) in registers, no memory traffic but q.
 #
-# Why ranks and not tl.sort of each (BK, CP) tile: a bitonic sort costs log²(C) compare-and-swap
-# rounds; the ranks cost C comparisons per entry.  Both are tiny at the C the hF_β decoder sees
-# (tens); the sort wins from C ≈ 64 on, but under Triton's CPU interpreter it takes about a second
-# per row at C = 32 (every round is many small numpy calls), which would leave the kernel barely
-# testable without a GPU.  The weights w_e(k) come in a (C, E) table computed by torch with the
-# reference's operations, so both kernels use the same bits of w.
+# Why ranks and not tl.sort of each (BK, CP) tile: per entry, a bitonic sort takes log C (log C + 1)/2
+# compare-and-swap rounds, each exchanging data between threads, the ranks C comparisons against a
+# broadcast chunk; the sort needs fewer rounds from C ≈ 16 on.  At the C the hF_β decoder packs
+# (tens: 21 on tieredImageNet-H at B = 4096) both are small next to launching and reading q, and
+# neither was timed on a GPU.  What decided: under Triton's CPU interpreter, which the tests use,
+# the sort took about 1.4 s per row at C = 32 against 0.1 s for the ranks.  The weights w_e(k) come
+# in a (C, E) table computed by torch with the reference's operations, so both kernels use the
+# same bits of w.
 
 #: Largest candidate count C handled by one program; larger C uses the torch path.
 MAX_C = 256
