@@ -178,7 +178,8 @@ class _RangeSums:
         g = self._gather(x)
         if self.weight is not None:
             g.mul_(self.weight)
-        c = g.new_zeros((b, g.shape[1] + 1))
+        c = g.new_empty((b, g.shape[1] + 1))
+        c[:, 0] = 0  # only the first column needs zeros: the scan writes the others
         torch.cumsum(g, dim=1, out=c[:, 1:])
         v = torch.gather(c, 1, self.hi[:b], out=out)
         if self.lo is not None:
