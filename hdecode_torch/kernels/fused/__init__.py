@@ -1,6 +1,7 @@
-"""Fused row kernels: gathered float64 prefix sums, a fused ranked-threshold decision, a row check.
+"""Fused row kernels: gathered float64 prefix sums, a fused ranked-threshold decision, a row check,
+the exact hF_β solver over packed candidates and a fused root-path-score decoder.
 
-Three torch ops in the ``hdecode`` namespace, batch-major (rows are samples; every scan runs along
+Five torch ops in the ``hdecode`` namespace, batch-major (rows are samples; every scan runs along
 the last, contiguous dimension), each with a plain-torch kernel (CPU, and CUDA when Triton is
 missing or a row is too long) and a Triton kernel on CUDA (one program per row: the row's prefix
 sums stay in registers and only the results are written).  Importing this package registers the
@@ -26,7 +27,16 @@ With the right index arrays (built once per tree) this is, for a tree with N nod
   ``lo = None``, ``hi[n]`` = entry position of n + 1.
 
 The cost is O(B·(J + K)) with one read of x (no (B, N) intermediate for the decision op).
-The ops have no autograd formula: they serve decoding and checks, not training.
+
+Two decoders are built on it.  ``path_score_best`` chains two range sums: node probabilities p(n),
+``v(a) = alpha[a]·p(parent(a)) + beta[a]·p(a)``, the root-path sum ``S(n)`` of v through the Euler
+tour, and ``score(n) = gamma[n]·S(n) + delta[n]·p(n)``, then picks the best allowed node: the
+structural decoders of Zhao's similarity and of the LCA height (Karthik et al.'s CRM).
+``hf_beta_best_k`` is the exact per-sample hF_β solver over packed candidates (Plaud et al. 2025,
+§4.2): for every set size k the sum V(k) of the k largest ``Δ_k(c) = Σ_e q[c, e] / (r·k + (1−r)(d_e+1))``,
+and the smallest k maximising it.
+
+Only ``gathered_prefix`` has an autograd formula: the others serve decoding and checks, not training.
 
 Ops (schemas as registered)::
 
@@ -35,6 +45,10 @@ Ops (schemas as registered)::
     hdecode::best_ranked_above(Tensor x, Tensor src, Tensor hi, Tensor? lo, Tensor rank,
                                float threshold, int fallback) -> Tensor
     hdecode::row_sum_min(Tensor x) -> Tensor
+    hdecode::hf_beta_best_k(Tensor q, Tensor count, Tensor depths, float r) -> (Tensor, Tensor)
+    hdecode::path_score_best(Tensor x, Tensor src, Tensor hi, Tensor lo, Tensor parent, Tensor alpha,
+                             Tensor beta, Tensor euler_src, Tensor sign, Tensor at, Tensor gamma,
+                             Tensor delta, Tensor allowed, Tensor rank, bool higher_is_better) -> Tensor
 """
 
 from __future__ import annotations
@@ -43,8 +57,8 @@ import torch
 
 from ._ops import SCHEMAS, set_triton_enabled, triton_available, triton_enabled
 
-__all__ = ["gathered_prefix", "best_ranked_above", "row_sum_min", "triton_available", "triton_enabled",
-           "set_triton_enabled", "SCHEMAS"]
+__all__ = ["gathered_prefix", "best_ranked_above", "row_sum_min", "hf_beta_best_k", "path_score_best",
+           "triton_available", "triton_enabled", "set_triton_enabled", "SCHEMAS"]
 
 
 def gathered_prefix(x: torch.Tensor, src: torch.Tensor, weight: torch.Tensor | None, hi: torch.Tensor,
@@ -101,3 +115,71 @@ def row_sum_min(x: torch.Tensor) -> torch.Tensor:
         both; +inf gives a +inf sum; an empty row gives ``[0, +inf]``.  O(B·M).
     """
     return torch.ops.hdecode.row_sum_min(x)
+
+
+def hf_beta_best_k(q: torch.Tensor, count: torch.Tensor, depths: torch.Tensor,
+                   r: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exact hF_β solver of each row's packed candidates (``hdecode::hf_beta_best_k``).
+
+    With ``w_e(k) = 1/(r·k + (1−r)(depths[e]+1))`` (computed in q's dtype), ``Δ_k(c) = Σ_e q[b, c, e]·w_e(k)``
+    and ``V(k)`` the sum of the k largest ``Δ_k`` over the row's ``count[b]`` real candidates, returns
+    the smallest k in ``1..count[b]`` maximising V(k), and Δ at that k of every column.  For
+    ancestor-closed candidate sets and masses ``q`` of each candidate per leaf depth, V(k) is the best
+    expected hF_β of a set of size k (r = 1/(1+β²)); Plaud et al. 2025, §4.2.
+
+    Args:
+        q: (B, C, E) float32/float64, any strides: the masses of each row's candidates per leaf depth,
+            real candidates in the first ``count[b]`` columns (the others are ignored).
+        count: (B,) int64 in [0, C].
+        depths: (E,) float64 the leaf depth of each column of q.
+        r: float in (0, 1].
+    Returns:
+        ``(best_k, delta)``: (B,) int64 (1 for a row of count 0) and (B, C) q.dtype (padding columns
+        finite, to be masked by the caller).  Deterministic.  The torch kernel sorts a (B, C, C) table
+        of every Δ_k (O(B·C²·(E + log C)) work, no host read); the Triton kernel ranks candidates by
+        pairwise comparison in registers (O(B·(C²·E + C³)), reads q once).
+    Raises:
+        ValueError / TypeError naming the argument for a wrong shape, dtype, device, ``r`` or count.
+    """
+    return torch.ops.hdecode.hf_beta_best_k(q, count, depths, float(r))
+
+
+def path_score_best(x: torch.Tensor, src: torch.Tensor, hi: torch.Tensor, lo: torch.Tensor, parent: torch.Tensor,
+                    alpha: torch.Tensor, beta: torch.Tensor, euler_src: torch.Tensor, sign: torch.Tensor,
+                    at: torch.Tensor, gamma: torch.Tensor, delta: torch.Tensor, allowed: torch.Tensor,
+                    rank: torch.Tensor, higher_is_better: bool) -> torch.Tensor:
+    """Node probabilities, a root-path sum and the best allowed node per row, fused
+    (``hdecode::path_score_best``).
+
+    In float64, for every node n (``C``, ``E`` exclusive prefix sums, as in :func:`gathered_prefix`)::
+
+        p(n) = C[hi[n]] − C[lo[n]],              C over x[b, src[j]]       (node probabilities)
+        v(n) = alpha[n]·p(parent[n]) + beta[n]·p(n)
+        S(n) = E[at[n]],                          E over sign[t]·v(euler_src[t])  (root-path sum)
+        score(n) = gamma[n]·S(n) + delta[n]·p(n)
+
+    Returns the allowed node of best score, among exact ties the one of largest ``rank`` (then the
+    smallest id).  With the leaf ranges and Euler tour of ``tree_ranges(h, "leaves")`` /
+    ``tree_ranges(h, "path")`` this is the structural decoder of Zhao's similarity (alpha = 0,
+    beta = I(n) − I(parent(n)), gamma = 2/(I(n) + log L), delta = 0, higher is better) and of the
+    LCA height (alpha = height(parent(n)), beta = −alpha, gamma = 1, delta = height(n), lower is
+    better, leaves allowed).
+
+    Args:
+        x: (B, M) float16/bfloat16/float32/float64, any strides (leaf probabilities).
+        src: (J,) int64 in [0, M); hi, lo: (N,) int64 in [0, J].
+        parent: (N,) int64 in [0, N) (the root is its own parent).
+        alpha, beta, gamma, delta: (N,) float64.
+        euler_src: (T,) int64 in [0, N); sign: (T,) float64; at: (N,) int64 in [0, T].
+        allowed: (N,) bool; rank: (N,) int64 (distinct values make the answer unique).
+        higher_is_better: bool.
+    Returns:
+        (B,) int64 node ids.  A NaN score, or an infinitely bad one (−inf when higher is better,
+        +inf when lower), is never chosen; -1 for a row with no node left (e.g. none allowed; a NaN
+        input reaches the root's p and with it every root-path sum of its row).  Only these B
+        integers are written.  O(B·(J + T + N)).
+    Raises:
+        ValueError / TypeError naming the argument for a wrong shape, dtype, device or index.
+    """
+    return torch.ops.hdecode.path_score_best(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta,
+                                             allowed, rank, bool(higher_is_better))

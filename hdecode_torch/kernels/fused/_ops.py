@@ -13,7 +13,11 @@ Both ``torch.compile`` and ``torch.export`` see the ops as opaque nodes through 
 Dispatch: the plain-torch kernel (:mod:`.reference`) is registered for every backend
 (CompositeExplicitAutograd); CUDA has its own kernel that imports :mod:`.triton_kernels` on first
 use and launches it when Triton imports, is enabled (:func:`set_triton_enabled`) and the row fits
-one program (J <= ``triton_kernels.MAX_J``); otherwise it runs the torch kernel on the GPU.
+one program; otherwise it runs the torch kernel on the GPU.  "Fits": J <= ``triton_kernels.MAX_J``
+(and the J prefix sums fit the block's shared memory) for the range-sum ops; C <=
+``triton_kernels.MAX_C`` candidates for ``hf_beta_best_k``; J, N <= ``triton_kernels.MAX_N`` and
+an Euler tour of at most 2·MAX_N entries (and its prefix sums fit shared memory) for
+``path_score_best``.  ``row_sum_min`` always fits.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ import warnings
 import torch
 
 from .reference import (best_ranked_above_torch, check_best_ranked_above_args, check_gathered_prefix_args,
-                        check_index_values, check_row_sum_min_args, gathered_prefix_torch, row_sum_min_torch)
+                        check_hf_beta_best_k_args, check_hf_beta_best_k_values, check_index_values,
+                        check_path_score_best_args, check_path_score_best_values, check_row_sum_min_args,
+                        gathered_prefix_torch, hf_beta_best_k_torch, path_score_best_torch, row_sum_min_torch)
 
 __all__ = ["SCHEMAS", "triton_available", "set_triton_enabled", "triton_enabled"]
 
@@ -33,6 +39,10 @@ SCHEMAS = {
     "best_ranked_above": "best_ranked_above(Tensor x, Tensor src, Tensor hi, Tensor? lo, Tensor rank, "
                          "float threshold, int fallback) -> Tensor",
     "row_sum_min": "row_sum_min(Tensor x) -> Tensor",
+    "hf_beta_best_k": "hf_beta_best_k(Tensor q, Tensor count, Tensor depths, float r) -> (Tensor, Tensor)",
+    "path_score_best": "path_score_best(Tensor x, Tensor src, Tensor hi, Tensor lo, Tensor parent, Tensor alpha, "
+                       "Tensor beta, Tensor euler_src, Tensor sign, Tensor at, Tensor gamma, Tensor delta, "
+                       "Tensor allowed, Tensor rank, bool higher_is_better) -> Tensor",
 }
 
 _state = {"enabled": True, "tried": False, "module": None, "error": None}
@@ -73,12 +83,15 @@ def set_triton_enabled(enabled: bool) -> None:
 
 def _triton_for(x: torch.Tensor, num_gathered: int):
     """The Triton module when it should serve rows of ``num_gathered`` entries of ``x``, else None."""
-    if not _state["enabled"]:
-        return None
-    tk = _triton_module()
+    tk = _triton()
     if tk is None or not tk.fits(num_gathered, x.device):
         return None
     return tk
+
+
+def _triton():
+    """The Triton module when Triton is enabled and importable, else None."""
+    return _triton_module() if _state["enabled"] else None
 
 
 # -- device kernels ---------------------------------------------------------------------------------
@@ -108,6 +121,26 @@ def _row_sum_min_cuda(x):
     return tk.row_sum_min_triton(x)
 
 
+def _hf_beta_best_k_cuda(q, count, depths, r):
+    tk = _triton()
+    if tk is None or not tk.fits_best_k(q.shape[1], q.device):
+        return hf_beta_best_k_torch(q, count, depths, r)
+    check_hf_beta_best_k_args(q, count, depths, r)
+    check_hf_beta_best_k_values(q, count)
+    return tk.hf_beta_best_k_triton(q, count, depths, r)
+
+
+def _path_score_best_cuda(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank,
+                          higher_is_better):
+    args = (x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank)
+    tk = _triton()
+    if tk is None or not tk.fits_path_score(src.shape[0], hi.shape[0], euler_src.shape[0], x.device):
+        return path_score_best_torch(*args, higher_is_better)
+    check_path_score_best_args(*args)
+    check_path_score_best_values(x, src, hi, lo, parent, euler_src, at)
+    return tk.path_score_best_triton(*args, higher_is_better)
+
+
 # -- fake kernels (shapes only, for torch.compile / torch.export) ----------------------------------
 
 def _gathered_prefix_fake(x, src, weight, hi, lo, out_dtype):
@@ -125,10 +158,23 @@ def _row_sum_min_fake(x):
     return x.new_empty((x.shape[0], 2), dtype=torch.float64)
 
 
+def _hf_beta_best_k_fake(q, count, depths, r):
+    check_hf_beta_best_k_args(q, count, depths, r)
+    return q.new_empty((q.shape[0],), dtype=torch.int64), q.new_empty((q.shape[0], q.shape[1]))
+
+
+def _path_score_best_fake(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank,
+                          higher_is_better):
+    check_path_score_best_args(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank)
+    return x.new_empty((x.shape[0],), dtype=torch.int64)
+
+
 _KERNELS = {
     "gathered_prefix": (gathered_prefix_torch, _gathered_prefix_cuda, _gathered_prefix_fake),
     "best_ranked_above": (best_ranked_above_torch, _best_ranked_above_cuda, _best_ranked_above_fake),
     "row_sum_min": (row_sum_min_torch, _row_sum_min_cuda, _row_sum_min_fake),
+    "hf_beta_best_k": (hf_beta_best_k_torch, _hf_beta_best_k_cuda, _hf_beta_best_k_fake),
+    "path_score_best": (path_score_best_torch, _path_score_best_cuda, _path_score_best_fake),
 }
 
 _LIB = torch.library.Library("hdecode", "FRAGMENT")

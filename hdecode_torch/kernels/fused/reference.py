@@ -15,7 +15,9 @@ import torch
 __all__ = [
     "gathered_prefix_torch", "best_ranked_above_torch", "row_sum_min_torch",
     "check_gathered_prefix_args", "check_best_ranked_above_args", "check_row_sum_min_args",
-    "check_index_values", "trust_indices",
+    "check_index_values", "check_bounds", "trust_indices",
+    "hf_beta_best_k_torch", "hf_beta_weights", "check_hf_beta_best_k_args", "check_hf_beta_best_k_values",
+    "path_score_best_torch", "check_path_score_best_args", "check_path_score_best_values",
 ]
 
 FLOAT_INPUTS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -121,10 +123,18 @@ def check_index_values(x, src, hi, lo) -> None:
     checks = [(src, m - 1, "src", "M - 1 = x.shape[1] - 1"), (hi, j, "hi", "J = len(src)")]
     if lo is not None:
         checks.append((lo, j, "lo", "J = len(src)"))
+    check_bounds(checks)
+
+
+def check_bounds(checks, remember: bool = True) -> None:
+    """``0 <= t <= top`` for every ``(t, top, name, what)`` of ``checks`` (see :func:`check_index_values`).
+
+    ``remember=False`` for data tensors (e.g. per-batch counts) that are checked on every call.
+    """
     for t, top, name, what in checks:
         if t.numel() == 0:
             continue
-        if t.device.type == "meta" or _already_verified(t, top):
+        if t.device.type == "meta" or (remember and _already_verified(t, top)):
             continue
         if t.device.type == "cuda":
             lo_v, hi_v = torch.aminmax(t)
@@ -134,7 +144,8 @@ def check_index_values(x, src, hi, lo) -> None:
         if lo_v < 0 or hi_v > top:
             bad = lo_v if lo_v < 0 else hi_v
             raise ValueError(f"Expected every entry of `{name}` in [0, {what}] = [0, {top}], but got {bad}")
-        _remember(t, top)
+        if remember:
+            _remember(t, top)
 
 
 def _row_chunk(b: int, per_row: int) -> int:
@@ -145,19 +156,30 @@ class _RangeSums:
     """Float64 range sums ``C[hi] - C[lo]`` of row chunks; the (rows, K) index matrices are built once."""
 
     def __init__(self, src, weight, hi, lo, rows: int):
-        self.src, self.weight = src, weight
+        self.src, self.weight, self.rows = src, weight, rows
+        self.src_rows = None
         # the prefix table is read by torch.gather with materialized indices: on the CPU, index_select
         # along dim 1 and stride-0 expanded indices both took over twice as long
         self.hi = hi.expand(rows, -1).contiguous()
         self.lo = None if lo is None else lo.expand(rows, -1).contiguous()
 
+    def _gather(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float64:
+            return x.index_select(1, self.src).to(torch.float64)
+        # float64 columns: gather with materialized indices (index_select along dim 1 took about 3x as
+        # long on the CPU; for float32 it is the faster of the two)
+        if self.src_rows is None:
+            self.src_rows = self.src.expand(self.rows, -1).contiguous()
+        return torch.gather(x, 1, self.src_rows[: x.shape[0]])
+
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """x: (b, M) rows, b <= rows.  Returns (b, K) float64 ``C[hi] - C[lo]`` (in ``out`` if given)."""
         b = x.shape[0]
-        g = x.index_select(1, self.src).to(torch.float64)
+        g = self._gather(x)
         if self.weight is not None:
             g.mul_(self.weight)
-        c = g.new_zeros((b, g.shape[1] + 1))
+        c = g.new_empty((b, g.shape[1] + 1))
+        c[:, 0] = 0  # only the first column needs zeros: the scan writes the others
         torch.cumsum(g, dim=1, out=c[:, 1:])
         v = torch.gather(c, 1, self.hi[:b], out=out)
         if self.lo is not None:
@@ -181,7 +203,7 @@ def gathered_prefix_torch(x: torch.Tensor, src: torch.Tensor, weight: torch.Tens
     out = x.new_empty((b, k), dtype=out_dtype)
     if b == 0 or k == 0:
         return out
-    step = _row_chunk(b, 2 * src.shape[0] + 1 + 4 * k)
+    step = _row_chunk(b, 3 * src.shape[0] + 1 + 4 * k)
     sums = _RangeSums(src, weight, hi, lo, step)
     for r in range(0, b, step):
         if out_dtype == torch.float64:
@@ -211,7 +233,7 @@ def best_ranked_above_torch(x: torch.Tensor, src: torch.Tensor, hi: torch.Tensor
     order = torch.argsort(rank.flip(0), stable=True)
     dense = torch.empty_like(rank)
     dense[k - 1 - order] = torch.arange(k, device=rank.device)
-    step = _row_chunk(b, 2 * src.shape[0] + 1 + 5 * k)
+    step = _row_chunk(b, 3 * src.shape[0] + 1 + 5 * k)
     sums = _RangeSums(src, None, hi, lo, step)
     for r in range(0, b, step):
         key = torch.where(sums(x[r:r + step]) > threshold, dense, -1)
@@ -233,3 +255,166 @@ def row_sum_min_torch(x: torch.Tensor) -> torch.Tensor:
     else:
         low = x.amin(dim=1).to(torch.float64)  # amin propagates NaN; the cast is exact
     return torch.stack([total, low], dim=1)
+
+
+# -- hdecode::hf_beta_best_k ------------------------------------------------------------------------
+
+#: Bytes of the (B, k, C) table of Δ_k built at once by :func:`hf_beta_best_k_torch` (larger batches
+#: loop over blocks of k).  The same block as the metric's own exact solver, so that the two give
+#: the same bits.
+EXACT_BLOCK_BYTES = 2**30
+
+_SOLVER_DTYPES = (torch.float32, torch.float64)
+
+
+def check_hf_beta_best_k_args(q, count, depths, r) -> None:
+    """Shapes, dtypes and devices of :func:`hf_beta_best_k_torch`'s arguments, and ``0 < r <= 1``
+    (no tensor value is read)."""
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"Expected `q` to be a Tensor, but got {type(q).__name__}")
+    if q.dim() != 3:
+        raise ValueError(f"Expected `q` to be a 3-D (B, C, E) tensor, but got shape {tuple(q.shape)}")
+    if q.dtype not in _SOLVER_DTYPES:
+        raise TypeError(f"Expected `q` to be float32 or float64, but got {q.dtype}")
+    _check_vector(count, "count", torch.int64, q.device, q.shape[0])
+    _check_vector(depths, "depths", torch.float64, q.device, q.shape[2])
+    if not isinstance(r, float) or not 0.0 < r <= 1.0:
+        raise ValueError(f"Expected `r` to be a float in (0, 1] (r = 1/(1+beta^2)), but got {r!r}")
+
+
+def check_hf_beta_best_k_values(q, count) -> None:
+    """Every ``count`` in [0, C] (read on every call: counts are data, not tree tables)."""
+    check_bounds([(count, q.shape[1], "count", "C = q.shape[1]")], remember=False)
+
+
+def hf_beta_weights(k: torch.Tensor, depths: torch.Tensor, r: float, dtype: torch.dtype) -> torch.Tensor:
+    """(*k.shape, E) ``w_e(k) = 1/(r·k + (1−r)(depths_e+1))`` computed in ``dtype``.
+
+    The operation order of the hF_β solver's own weights, so that both round alike.
+    """
+    a = (1 - r) * (depths.to(dtype) + 1)
+    return 1 / (r * k.to(dtype)[..., None] + a)
+
+
+def hf_beta_best_k_torch(q: torch.Tensor, count: torch.Tensor, depths: torch.Tensor, r: float):
+    """The exact hF_β solver over packed candidates; the torch kernel of ``hdecode::hf_beta_best_k``.
+
+    q: (B, C, E) float32/float64 per-leaf-depth masses of each row's candidates, the first
+    ``count[b]`` columns real (padding columns are ignored); count: (B,) int64 in [0, C];
+    depths: (E,) float64 the leaf depths; r = 1/(1+β²) in (0, 1].  With ``w_e(k)`` from
+    :func:`hf_beta_weights` (in q's dtype), ``Δ_k(c) = Σ_e q[b, c, e]·w_e(k)`` and ``V(k)`` the sum of
+    the k largest Δ_k over the real candidates, returns ``(best_k, delta)``: (B,) int64 the
+    smallest k in 1..count maximising V(k) (1 where count = 0) and (B, C) q.dtype
+    ``Δ_{best_k}(c)`` of every column (padding columns finite).
+
+    Every Δ_k of every candidate for every k, sorted and summed: O(B·C²·(E + log C)) work and a
+    (B, C, C) table (in blocks of about ``EXACT_BLOCK_BYTES``), no host read.  Deterministic.
+    """
+    check_hf_beta_best_k_args(q, count, depths, r)
+    check_hf_beta_best_k_values(q, count)
+    bsz, c, _ = q.shape
+    if c == 0:
+        return torch.ones(bsz, dtype=torch.int64, device=q.device), q.new_empty((bsz, 0))
+    ks = torch.arange(1, c + 1, device=q.device)
+    w = hf_beta_weights(ks, depths, r, q.dtype)  # (C, E)
+    # -inf: padding never enters the k largest of a row of count >= k
+    pad = (ks[None, :] > count[:, None])[:, None, :]
+    block = max(1, EXACT_BLOCK_BYTES // max(1, 8 * bsz * c))
+    values = []
+    for start in range(0, c, block):  # one block unless the batch is very large
+        dk = torch.einsum("bce,ke->bkc", q, w[start:start + block]).masked_fill(pad, float("-inf"))
+        top = torch.sort(dk, dim=2, descending=True).values.cumsum(2)  # (B, k, C) sums of the j best
+        kk = ks[start:start + block]
+        values.append(top.gather(2, (kk - 1)[None, :, None].expand(bsz, -1, 1))[:, :, 0])
+    v = torch.cat(values, 1) if len(values) > 1 else values[0]
+    v = torch.where(ks[None, :] <= count[:, None], v, torch.full_like(v, -1.0))
+    best_k = v.argmax(1) + 1  # first maximum: the smallest k
+    delta = (q * hf_beta_weights(best_k, depths, r, q.dtype)[:, None, :]).sum(2)
+    return best_k, delta
+
+
+# -- hdecode::path_score_best ---------------------------------------------------------------------
+
+def check_path_score_best_args(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed,
+                               rank) -> None:
+    """Shapes, dtypes and devices of :func:`path_score_best_torch`'s arguments (no value is read)."""
+    _check_ranges(x, src, None, hi, lo)
+    if lo is None:
+        raise TypeError("Expected `lo` to be a Tensor, but got None")
+    n, dev = hi.shape[0], x.device
+    _check_vector(parent, "parent", torch.int64, dev, n)
+    for t, name in [(alpha, "alpha"), (beta, "beta"), (gamma, "gamma"), (delta, "delta")]:
+        _check_vector(t, name, torch.float64, dev, n)
+    _check_vector(euler_src, "euler_src", torch.int64, dev)
+    _check_vector(sign, "sign", torch.float64, dev, euler_src.shape[0])
+    _check_vector(at, "at", torch.int64, dev, n)
+    _check_vector(allowed, "allowed", torch.bool, dev, n)
+    _check_vector(rank, "rank", torch.int64, dev, n)
+
+
+def check_path_score_best_values(x, src, hi, lo, parent, euler_src, at) -> None:
+    """Every index in range (each index tensor read once, like :func:`check_index_values`)."""
+    n = hi.shape[0]
+    check_index_values(x, src, hi, lo)
+    check_bounds([(parent, n - 1, "parent", "N - 1 = len(hi) - 1"), (euler_src, n - 1, "euler_src", "N - 1 = len(hi) - 1"),
+                  (at, euler_src.shape[0], "at", "len(euler_src)")])
+
+
+def path_score_best_torch(x: torch.Tensor, src: torch.Tensor, hi: torch.Tensor, lo: torch.Tensor,
+                          parent: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, euler_src: torch.Tensor,
+                          sign: torch.Tensor, at: torch.Tensor, gamma: torch.Tensor, delta: torch.Tensor,
+                          allowed: torch.Tensor, rank: torch.Tensor, higher_is_better: bool) -> torch.Tensor:
+    """Node sums, a root-path sum and the best node per row; the torch kernel of ``hdecode::path_score_best``.
+
+    x: (B, M) float, any strides; src: (J,) int64 in [0, M); hi, lo: (N,) int64 in [0, J];
+    parent: (N,) int64 in [0, N) (the root its own parent); alpha, beta, gamma, delta: (N,) float64;
+    euler_src: (T,) int64 in [0, N); sign: (T,) float64; at: (N,) int64 in [0, T]; allowed: (N,) bool;
+    rank: (N,) int64.  In float64, with ``C`` the exclusive prefix sums::
+
+        p(n) = C[hi[n]] − C[lo[n]],               C[j+1] = C[j] + x[b, src[j]]
+        v(n) = alpha[n]·p(parent[n]) + beta[n]·p(n)
+        S(n) = E[at[n]],                           E[t+1] = E[t] + sign[t]·v(euler_src[t])
+        score(n) = gamma[n]·S(n) + delta[n]·p(n)
+
+    Returns (B,) int64: the allowed n of largest score (``higher_is_better``) or smallest, among exact
+    ties the largest ``rank[n]``, then the smallest n.  A NaN score, or an infinitely bad one (−inf
+    when higher is better, +inf when lower), is never chosen; -1 where no node is left.
+    O(B·(J + T + N)), rows in chunks of about ``CHUNK_BYTES`` of temporaries.
+
+    The nodes are processed in preference order (rank descending, then id) so that the first best
+    column of a row is the answer: one max, no tie pass.  Reordering the columns changes no value.
+    """
+    check_path_score_best_args(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed,
+                               rank)
+    check_path_score_best_values(x, src, hi, lo, parent, euler_src, at)
+    b, n = x.shape[0], hi.shape[0]
+    out = torch.full((b,), -1, dtype=torch.int64, device=x.device)
+    if b == 0 or n == 0:
+        return out
+    order = torch.sort(rank, descending=True, stable=True).indices  # stable: smaller ids first among ties
+    pos = torch.empty_like(order)
+    pos[order] = torch.arange(n, device=order.device)
+    alpha, beta, gamma, delta = (t.index_select(0, order) for t in (alpha, beta, gamma, delta))
+    excluded = ~allowed.index_select(0, order)
+    step = _row_chunk(b, 3 * src.shape[0] + 3 * euler_src.shape[0] + 12 * n)
+    node_sums = _RangeSums(src, None, hi.index_select(0, order), lo.index_select(0, order), step)
+    path_sums = _RangeSums(pos.index_select(0, euler_src), sign, at.index_select(0, order), None, step)
+    parent_pos = pos.index_select(0, parent.index_select(0, order)).expand(step, -1).contiguous()
+    worst = float("-inf") if higher_is_better else float("inf")
+    for r in range(0, b, step):
+        p = node_sums(x[r:r + step])
+        v = alpha * torch.gather(p, 1, parent_pos[: p.shape[0]]) + beta * p
+        score = gamma * path_sums(v) + delta * p
+        score.nan_to_num_(nan=worst, posinf=float("inf"), neginf=float("-inf")).masked_fill_(excluded, worst)
+        best, first = score.max(1) if higher_is_better else score.min(1)  # the first best column
+        out[r:r + step] = torch.where(best != worst, order.index_select(0, first), -1)
+    return out
+    step = _row_chunk(b, 2 * src.shape[0] + 2 * euler_src.shape[0] + 12 * n)
+    node_sums = _RangeSums(src, None, hi, lo, step)
+    path_sums = _RangeSums(euler_src, sign, at, None, step)
+    for r in range(0, b, step):
+        p = node_sums(x[r:r + step])
+        v = alpha * p.index_select(1, parent) + beta * p
+        score = gamma * path_sums(v) + delta * p
+        out[r:r + step] = _best_allowed(score, allowed, rank, higher_is_better)
+    return out
