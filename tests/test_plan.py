@@ -101,6 +101,11 @@ def test_gpu_plan_equals_cpu_plan_on_bundled_trees(tree):
 
 
 def test_plan_for_chooses_and_nests():
+    with hd.plan_for("cpu"):  # the starting point, whatever plan the test session runs under
+        _plan_for_chooses_and_nests()
+
+
+def _plan_for_chooses_and_nests():
     h, _ = bundled("tieredimagenet-h")
     cpu = hd.core.current_plan(h, torch.device("cpu"))
     assert cpu.device_type == "cpu" and cpu.tree_sums == "levels" and not cpu.batch_major

@@ -27,6 +27,7 @@ import torch
 
 from ..core.plan import current_plan
 from .ancestry import top_ancestor
+from .fused.reference import trust_indices
 
 __all__ = ["PruningStatistics", "pruning_statistics", "candidate_mask", "sampled_products", "candidate_pairs",
            "pack_candidates", "pack_mask", "depth_order"]
@@ -175,6 +176,7 @@ def pack_mask(h, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     c = int(count.max()) if bsz and n else 0  # the host read
     key = torch.where(kt, _pack_rank(h), -1)
     top = torch.topk(key, c, dim=1, largest=True, sorted=True)
+    trust_indices(count, c)  # 0 <= count <= C = its maximum, by construction
     return torch.where(top.values >= 0, top.indices, torch.full_like(top.indices, h.num_nodes)), count
 
 

@@ -143,10 +143,6 @@ def hf_beta_decode(post, beta: float) -> torch.Tensor:
 #: 1e-4 in float32, 2e-13 in float64; it may only keep more candidates or check more k.
 _VALUE_SLACK = 1024
 
-#: Bytes of the (B, K, C) table of Δ_k the exact solver builds at once (larger batches loop over k blocks).
-_EXACT_BLOCK_BYTES = 2**30
-
-
 class _Candidates(NamedTuple):
     """Packed candidates: ids (B, C) int64 (padding N), count (B,), masses q (B, C, E)."""
 
@@ -226,24 +222,13 @@ class _PrefixSolver:
 
     def exact(self, cands: "_Candidates"):
         """The optimal k of each sample over its candidates with every V(k) computed exactly: Δ_k of
-        every candidate for every k, sorted, summed (B·C² work, a fixed number of operators and no
-        host read).  Returns (k* (B,), Δ_{k*} of the candidates (B, C))."""
-        ids, count, q = cands.ids, cands.count, cands.q
-        bsz, c, _ = q.shape
-        ks = torch.arange(1, c + 1, device=ids.device)
-        w = self.weights(ks)  # (K, E)
-        pad = (ids == self.h.num_nodes)[:, None, :]
-        block = max(1, _EXACT_BLOCK_BYTES // max(1, 8 * bsz * c))
-        values = []
-        for start in range(0, c, block):  # one block unless the batch is very large
-            dk = torch.einsum("bce,ke->bkc", q, w[start:start + block]).masked_fill(pad, 0.0)
-            top = torch.sort(dk, dim=2, descending=True).values.cumsum(2)  # (B, K, C) sums of the j best
-            kk = ks[start:start + block]
-            values.append(top.gather(2, (kk - 1)[None, :, None].expand(bsz, -1, 1))[:, :, 0])
-        v = torch.cat(values, 1) if len(values) > 1 else values[0]
-        v = torch.where(ks[None, :] <= count[:, None], v, torch.full_like(v, -1.0))
-        best_k = v.argmax(1) + 1  # first max: the smallest k
-        return best_k, (q * self.weights(best_k)[:, None, :]).sum(2)
+        every candidate for every k, the k largest summed (B·C² work), in one fused operator
+        (``hdecode::hf_beta_best_k``: a Triton program per sample on a GPU) and no host read.
+        Returns (k* (B,), Δ_{k*} of the candidates (B, C))."""
+        from ..kernels.fused import hf_beta_best_k
+
+        depths = self.h.cached("hf_beta_depths64", lambda: depth_ranges(self.h).depths.to(torch.float64))
+        return hf_beta_best_k(cands.q, cands.count, depths, self.r)
 
     def _check(self, value, best_k, q0, q, d_ref, k_ref, count):
         """Certify (value, best_k) from :meth:`solve`, solving exactly the k it cannot exclude."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from ..core.plan import current_plan
 from ..kernels.ancestry import lca
 from ..kernels.selection import argbest
 from ..kernels.tree_sums import path_sum
@@ -41,9 +42,36 @@ def lca_height_table(post) -> torch.Tensor:
 
 
 def lca_height_decode(post) -> torch.Tensor:
-    """(B,) int64 the leaf of least expected LCA height (height(leaf) = 0, so the split sums suffice)."""
+    """(B,) int64 the leaf of least expected LCA height (height(leaf) = 0, so the split sums suffice).
+
+    On the batch-major plan the node sums, the root-path sums and the choice are one fused pass
+    over the leaf probabilities (``hdecode::path_score_best``, float64).
+    """
     h = post.h
+    if current_plan(h, post.device).batch_major:
+        from ..kernels.fused import path_score_best
+
+        return path_score_best(post.probs, *_fused_args(h))
     return argbest(h, split_sums(post)[: h.num_leaves], higher_is_better=False)
+
+
+def _fused_args(h):
+    """The arguments of ``path_score_best`` after ``x`` for the LCA height (cached on the hierarchy):
+    v(a) = height(parent(a))·(p(parent(a)) − p(a)), score = S + height·p, the leaves allowed."""
+    def build():
+        from ..kernels.fused.reference import trust_indices
+        from ..kernels.selection import tie_rank
+        from ..kernels.tree_sums import tree_ranges
+
+        src, _, hi, lo = tree_ranges(h, "leaves")
+        euler, sign, at, _ = tree_ranges(h, "path")
+        parent = trust_indices(h.parent_or_root, h.num_nodes - 1)
+        height = h.height.to(torch.float64)
+        alpha = height.index_select(0, parent)
+        alpha[h.root] = 0
+        ones = torch.ones_like(height)
+        return (src, hi, lo, parent, alpha, -alpha, euler, sign, at, ones, height, h.is_leaf, tie_rank(h), False)
+    return h.cached("lca_height_fused_args", build)
 
 
 class LCAHeight(NodeMetric):

@@ -19,6 +19,7 @@ import math
 
 import torch
 
+from ..core.plan import current_plan
 from ..kernels.ancestry import lca, top_ancestor
 from ..kernels.candidates import PruningStatistics
 from ..kernels.tree_sums import path_sum
@@ -55,6 +56,25 @@ def zhao_table(post) -> torch.Tensor:
     return 2 * s / den
 
 
+def _fused_args(h):
+    """The arguments of ``path_score_best`` after ``x`` for Zhao's similarity (cached on the hierarchy):
+    v(a) = (I(a) − I(parent(a)))·p(a), score = 2·S / (I + log L), every node allowed."""
+    def build():
+        from ..kernels.fused.reference import trust_indices
+        from ..kernels.selection import tie_rank
+        from ..kernels.tree_sums import tree_ranges
+
+        src, _, hi, lo = tree_ranges(h, "leaves")
+        euler, sign, at, _ = tree_ranges(h, "path")
+        parent = trust_indices(h.parent_or_root, h.num_nodes - 1)
+        zeros = torch.zeros(h.num_nodes, dtype=torch.float64, device=h.device)
+        gamma = 2 / (h.information + math.log(h.num_leaves))
+        allowed = torch.ones(h.num_nodes, dtype=torch.bool, device=h.device)
+        return (src, hi, lo, parent, zeros, information_gain(h), euler, sign, at, gamma, zeros, allowed,
+                tie_rank(h), True)
+    return h.cached("zhao_fused_args", build)
+
+
 class Zhao(StrategyNodeMetric):
     """Zhao et al.'s information-content similarity 2 I(LCA) / (I(h) + I(y))."""
 
@@ -64,6 +84,16 @@ class Zhao(StrategyNodeMetric):
 
     def _values(self, h, pred, target):
         return zhao_values(h, pred, target)
+
+    def _decode(self, post):
+        h = post.h
+        if (h.num_leaves > 1 and self.resolved_strategy(h) == "structural"
+                and current_plan(h, post.device).batch_major):
+            # node sums, the root-path sum and the choice in one fused pass (float64)
+            from ..kernels.fused import path_score_best
+
+            return path_score_best(post.probs, *_fused_args(h))
+        return super()._decode(post)
 
     def expected_table(self, post):
         return zhao_table(post)

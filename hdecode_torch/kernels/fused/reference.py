@@ -126,15 +126,16 @@ def check_index_values(x, src, hi, lo) -> None:
     check_bounds(checks)
 
 
-def check_bounds(checks, remember: bool = True) -> None:
+def check_bounds(checks, remember: bool = True, trusted_ok: bool = False) -> None:
     """``0 <= t <= top`` for every ``(t, top, name, what)`` of ``checks`` (see :func:`check_index_values`).
 
-    ``remember=False`` for data tensors (e.g. per-batch counts) that are checked on every call.
+    ``remember=False`` for data tensors (e.g. per-batch counts) that are checked on every call, unless
+    ``trusted_ok`` and their producer marked them with :func:`trust_indices`.
     """
     for t, top, name, what in checks:
         if t.numel() == 0:
             continue
-        if t.device.type == "meta" or (remember and _already_verified(t, top)):
+        if t.device.type == "meta" or ((remember or trusted_ok) and _already_verified(t, top)):
             continue
         if t.device.type == "cuda":
             lo_v, hi_v = torch.aminmax(t)
@@ -283,8 +284,8 @@ def check_hf_beta_best_k_args(q, count, depths, r) -> None:
 
 
 def check_hf_beta_best_k_values(q, count) -> None:
-    """Every ``count`` in [0, C] (read on every call: counts are data, not tree tables)."""
-    check_bounds([(count, q.shape[1], "count", "C = q.shape[1]")], remember=False)
+    """Every ``count`` in [0, C]: read unless the caller built it in range and said so (``trust_indices``)."""
+    check_bounds([(count, q.shape[1], "count", "C = q.shape[1]")], remember=False, trusted_ok=True)
 
 
 def hf_beta_weights(k: torch.Tensor, depths: torch.Tensor, r: float, dtype: torch.dtype) -> torch.Tensor:
