@@ -106,8 +106,9 @@ samples, nodes or tree levels.  Memory: one (N, B) mask and threshold, (M, K) ga
 knapsack tables; no N×L and no N×B×K tensor.  The gain tables grow as C² per sample, so trees
 with long single-child chains (C ~ D) cost O(B·D²).  Host reads: three on the GPU plan (the
 candidates' count and width after each of the two node screens; the pairs (sample, size) with the
-knapsack's per-position row counts); the CPU plan adds one for float32 inputs, listing the pairs
-re-scored in float64 (§6) where the GPU plan re-scores every pair.
+knapsack's per-position row counts).  The CPU plan, where a read costs nothing, lists the first
+screen's pairs with ``nonzero`` (one more read) and, for float32 inputs, the pairs re-scored in
+float64 (§6; one more, where the GPU plan re-scores every pair): five.
 """
 
 from __future__ import annotations
@@ -301,26 +302,29 @@ class _Cands:
 
 def _screen(h, T, p, thr, batch_major):
     """The (sample, node) pairs with p(n) ≥ τ(n)·thr[b] or n the root, sample-major, in preorder
-    within a sample, and the per-sample counts.  p: (N, B); thr: (B,) float64.  One host read (the
-    pair count and the largest count)."""
+    within a sample, and the per-sample counts and their maximum.  p: (N, B); thr: (B,) float64.
+
+    GPU plan: one host read (the pair count and the largest count), then a listing of that size.
+    CPU plan: ``nonzero`` and the largest count (two reads, free on a CPU), as a reduction over
+    the nodes of a node-major mask is several times slower than listing it.
+    """
     dt = p.dtype
     tau = T.tau.to(dt)
     if batch_major:  # p is a view of a (B, N) table: screen and list in that layout
         keep = p.t() >= thr.to(dt)[:, None] * tau[None, :]
         keep[:, h.root] = True
         count = keep.sum(1)
+        total, c = torch.stack([count.sum(), count.max()]).tolist()
+        sample, node = torch.nonzero_static(keep, size=total).unbind(1)
     else:
         keep = p >= tau[:, None] * thr.to(dt)[None, :]
         keep[h.root] = True
-        count = keep.sum(0)
-    total, c = torch.stack([count.sum(), count.max()]).tolist()
-    if batch_major:
-        sample, rank = torch.nonzero_static(keep.index_select(1, T.order), size=total).unbind(1)
-        return sample, T.order[rank], count, c
-    # Node-major listing, then a stable sort by sample (faster on a CPU than a transposed nonzero).
-    pairs = torch.nonzero_static(keep.index_select(0, T.order), size=total)
-    by_sample = torch.sort(pairs[:, 1], stable=True)
-    return by_sample.values, T.order[pairs[:, 0][by_sample.indices]], count, c
+        node, sample = keep.nonzero().unbind(1)
+        count = torch.bincount(sample, minlength=p.shape[1])
+        c = int(count.max())
+    # Sample-major, then preorder: the keys are distinct.
+    order = torch.sort(sample * h.num_nodes + T.pre[node]).indices
+    return sample[order], node[order], count, c
 
 
 def _weights(T, kmax, dt):
@@ -507,7 +511,7 @@ def jaccard_decode(post) -> torch.Tensor:
     Returns (B, N) bool, ancestor-closed, root included.  Ties: the smallest set size, then the
     first optimal set in depth-first preorder (module docstring, §6).  Work O(B·N + M·E·K + R·C·k)
     for M candidate entries of at most C per sample, sizes K ≤ C and R pairs (sample, size) left by
-    the bounds; three host reads on the GPU plan, four on the CPU plan (module docstring, §8).
+    the bounds; three host reads on the GPU plan, up to five on the CPU plan (module docstring, §8).
     """
     return _solve(post, trace=False)
 
