@@ -179,6 +179,23 @@ def test_exact_on_two_and_three_node_trees(plan):
             assert enum.value_of(sets[b], P[b]) == pytest.approx(enum.values(P[b:b + 1]).max(), abs=1e-12)
 
 
+def test_exact_on_the_simplex_of_the_three_leaf_tree():
+    """Every point i/30 of the simplex of the tree of ``hdecode plot agreement`` (many near-ties)."""
+    from hdecode_torch.cli.plot import simplex_grid, three_leaf_tree
+
+    h = three_leaf_tree()
+    info = ref.TreeInfo(np.asarray(h.parents_list))
+    grid, _ = simplex_grid(30)
+    P = grid.numpy()
+    enum = Enumeration(info)
+    best = enum.values(P).max(0)
+    for plan in PLANS:
+        for dtype in (torch.float64, torch.float32):
+            sets = decode(h, grid, dtype, plan).numpy()
+            got = np.array([enum.value_of(sets[b], P[b]) for b in range(len(P))])
+            np.testing.assert_allclose(got, best, rtol=0, atol=1e-12 if dtype == torch.float64 else 2e-6)
+
+
 # --------------------------------------------------------------------------- the mathematics
 def test_gains_match_definition_and_decompose_expected_jaccard():
     """§1: g_k from the masses (the decoder's kernels) equals its definition, and Σ_S g_|S| = E[J(S)]."""
