@@ -119,7 +119,7 @@ import numpy as np
 import torch
 
 from ..core.plan import current_plan
-from ..kernels.depth_ranges import _flat, depth_masses, depth_ranges
+from ..kernels.depth_ranges import depth_masses, depth_ranges
 from ..kernels.tree_sums import path_sum
 from .base import SetMetric
 
@@ -241,8 +241,7 @@ class _Masses:
         e = T.depths.numel()
         self.abs = 4 * e * h.num_leaves * torch.finfo(torch.float64).eps
         if e == 1:
-            self.prefix, self.rel = None, (T.sum_fan + 2) * u
-            self.flat, self.s_node, self.s_row = _flat(post.node)
+            self.prefix, self.rel, self.p = None, (T.sum_fan + 2) * u, post.node
         else:
             self.prefix, self.rel = post.depth_prefix(), 0.0
 
@@ -251,7 +250,7 @@ class _Masses:
         if self.prefix is not None:
             return depth_masses(self.h, self.prefix, rows, ids)
         n = self.h.num_nodes
-        got = self.flat.index_select(0, ids.clamp(max=n - 1) * self.s_node + rows * self.s_row)
+        got = self.p[ids.clamp(max=n - 1), rows]  # either layout of the (N, B) table
         return torch.where(ids < n, got, 0).double()[:, None]
 
 
