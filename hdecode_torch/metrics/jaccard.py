@@ -128,6 +128,7 @@ __all__ = ["Jaccard", "jaccard_from_counts", "jaccard_expected", "jaccard_decode
 
 
 def jaccard_from_counts(inter, size, ysize):
+    """J from |h⁺∩y⁺|, |h⁺| and |y⁺| (float64 tensors)."""
     return inter / (size + ysize - inter)
 
 
@@ -646,7 +647,7 @@ def _solve(post, trace):
 
 
 class Jaccard(SetMetric):
-    """Jaccard index |h⁺ ∩ y⁺| / |h⁺ ∪ y⁺|."""
+    """Jaccard index |h⁺ ∩ y⁺| / |h⁺ ∪ y⁺|; its exact decoder is :func:`jaccard_decode`."""
 
     name = "jaccard"
     higher_is_better = True
@@ -660,7 +661,7 @@ class Jaccard(SetMetric):
 
     def _bytes_per_sample(self, h):
         # (N, B) node sums, threshold product and masks, float64 prefix sums (L, B), and the
-        # candidates' gain and knapsack tables, C² per sample with C about D + 1 at most in practice
+        # candidates' gain and knapsack tables, C·K per sample (C, K ≲ D + 1 on the trees measured)
         return 8 * (2 * h.num_nodes + h.num_leaves) + 2 * h.num_nodes + 64 * (h.max_depth + 1) * (
             h.num_leaf_depths + h.max_depth + 1)
 
