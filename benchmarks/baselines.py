@@ -27,6 +27,16 @@ How each baseline runs (``Baselines.decoder(key)`` returns ``fn(leaf_probs_1d) -
   loop over k = 1..|Q| computing Δ_k on the candidates and taking the top k (stable sort in
   (depth, id) order, so ancestors come first among ties and the set stays closed);
 * ``hamming``: the closed form W(n) > W(root)/2;
+* ``jaccard``: the same algorithm and provably safe pruning as ``metrics/jaccard.py`` (see its
+  docstring for the proofs), written the direct way: per-leaf-depth masses of every node by one
+  bottom-up traversal; LB₀ from the root paths along the most probable leaf; the wide candidates
+  p(n) ≥ τ(n)·LB₀ and LB from their closed prefixes (an ancestors-first order by the smallest gain at
+  k̂ = round(E[d(y)] + 1) along each root path) at sizes k̂ ± 3; the candidates p(n) ≥ τ(n)·LB; then for
+  each size k the allowed nodes p(n) ≥ τ_k(n)·LB, the bounds G(k) and the exact top-k sum of the allowed
+  gains (a sort), and, for every k they cannot exclude, the preorder knapsack
+  F(i, j) = max(g_k(v_i) + F(i+1, j−1), F(nxt(i), j)) (a Python loop over the candidates, NumPy vectors
+  over j).  Ties: the smallest size within 4e-12 of the best, then a node is taken whenever that is at
+  least as good.  float64 throughout, thresholds lowered by a relative 1e-12;
 * the heuristics straight from their definitions.
 
 :func:`expected_score` evaluates any prediction against one distribution in O(L·D) from the
@@ -43,8 +53,9 @@ import numpy as np
 __all__ = ["TreeTables", "Baselines", "expected_score", "HIGHER_IS_BETTER", "SET_METRICS"]
 
 HIGHER_IS_BETTER = {"accuracy": True, "lca_height": False, "tree_distance": False, "tree_distance_c": False,
-                    "wu_palmer": True, "zhao": True, "hf_beta": True, "hamming": False}
-SET_METRICS = ("hf_beta", "hamming")
+                    "wu_palmer": True, "zhao": True, "hf_beta": True, "hamming": False, "jaccard": True}
+SET_METRICS = ("hf_beta", "hamming", "jaccard")
+_JACCARD_SLACK = 1e-12  # relative; float64 rounding of the values and thresholds is far below it
 
 
 class TreeTables:
@@ -162,6 +173,28 @@ class TreeTables:
         return ((leaf_anc == a[None, :]) & (leaf_anc < self.num_nodes)).sum(1) - 1
 
 
+def _jaccard_knapsack(g, nxt, k):
+    """Best closed set of exactly k of the candidates (in preorder, gains g, nxt the first position after
+    each subtree): (value, positions)."""
+    c = g.size
+    f = np.full((c + 1, k + 1), -np.inf)
+    f[:, 0] = 0.0
+    take = np.zeros((c, k + 1), dtype=bool)
+    for i in range(c - 1, 0, -1):
+        with_i = g[i] + f[i + 1, :-1]
+        without = f[nxt[i], 1:]
+        take[i, 1:] = with_i >= without
+        f[i, 1:] = np.where(take[i, 1:], with_i, without)
+    members, i, j = [0], 1, k - 1
+    while j > 0 and i < c:
+        if take[i, j]:
+            members.append(i)
+            i, j = i + 1, j - 1
+        else:
+            i = nxt[i]
+    return g[0] + f[1, k - 1], np.array(members)
+
+
 def _children_of(frontier, ptr, order, counts):
     total = int(counts.sum())
     starts = np.repeat(ptr[frontier], counts)
@@ -186,6 +219,8 @@ def expected_score(t: TreeTables, metric: str, pred, p: np.ndarray, **params) ->
         if metric == "hf_beta":
             b2 = params.get("beta", 1.0) ** 2
             return float((p * (1 + b2) * inter / (k + b2 * ysize)).sum())
+        if metric == "jaccard":
+            return float((p * inter / (k + ysize - inter)).sum())
         return float((p * (k + ysize - 2 * inter) / ysize).sum())
     node = int(pred)
     if metric == "accuracy":
@@ -400,6 +435,90 @@ class Baselines:
         w_leaf = self._get("inv_depth", lambda: 1.0 / (t.leaf_depth + 1.0))
         w = self._sums(pl * w_leaf)
         return w > 0.5 * w[t.root]
+
+    def _jaccard_tables(self):
+        def build():
+            t = self.t
+            n = t.num_nodes
+            size = np.ones(n, dtype=np.int64)
+            for lvl in t.levels[:0:-1]:
+                np.add.at(size, t.parent[lvl], size[lvl])
+            before = np.concatenate([[0], np.cumsum(size[t.children])])  # over the CSR children array
+            slot = np.empty(n, dtype=np.int64)
+            slot[t.children] = np.arange(t.children.size)
+            pre = np.zeros(n, dtype=np.int64)  # depth-first preorder, children by increasing id
+            for lvl in t.levels[1:]:
+                par = t.parent[lvl]
+                pre[lvl] = pre[par] + 1 + before[slot[lvl]] - before[t.children_ptr[par]]
+            depths = np.unique(t.leaf_depth)
+            dmin = t.min_leaf_depth.astype(np.float64)
+            tau = (dmin + 1) / (2 * dmin + t.max_depth + 1)
+            tau[t.root] = 0.0
+            return dict(pre=pre, end=pre + size, depths=depths.astype(np.float64),
+                        group=np.searchsorted(depths, t.leaf_depth), tau=tau, dmin1=dmin + 1)
+        return self._get("jaccard_tables", build)
+
+    def jaccard(self, pl):
+        t = self.t
+        tb = self._jaccard_tables()
+        pl = np.asarray(pl, dtype=np.float64)
+        leaf = np.zeros((t.num_leaves, tb["depths"].size))
+        leaf[np.arange(t.num_leaves), tb["group"]] = pl
+        q = self._sums(leaf)  # (N, E) mass of the leaves under n at each leaf depth
+        p = q.sum(1)
+        depth, big_d, de = t.depth, t.max_depth, tb["depths"]
+        slack = 1 - _JACCARD_SLACK
+
+        def gains(nodes, k):
+            """g_k of ``nodes`` (-inf where d(n) >= k)."""
+            x = (k - depth[nodes])[:, None] + de[None, :]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                w = np.where(x >= 1, (x + 1 + depth[nodes][:, None]) / (x * (x + 1)), 0.0)
+            return np.where(depth[nodes] < k, (q[nodes] * w).sum(1), -np.inf)
+
+        k_ref = int(np.rint(t.leaf_depth @ pl + 1))
+        window = np.arange(-3, 4)
+        # LB₀: the root paths along the most probable leaf's path
+        y = int(np.argmax(pl))
+        chain = t.ancestors[y][: depth[y] + 1]
+        if big_d < 32:
+            sizes = set(range(1, int(depth[y]) + 2))
+        else:
+            sizes = set(np.clip(k_ref + window, 1, depth[y] + 1).tolist()) | {int(depth[y]) + 1}
+        lb0 = max(gains(chain[:k], k).sum() for k in sizes) * slack
+        # the wide candidates, in preorder, and LB from their closed prefixes
+        keep = p >= tb["tau"] * lb0
+        keep[t.root] = True
+        nodes = np.flatnonzero(keep)
+        nodes = nodes[np.argsort(tb["pre"][nodes])]
+        pos = np.full(t.num_nodes, -1)
+        pos[nodes] = np.arange(nodes.size)
+        key = gains(nodes, min(max(k_ref, 1), nodes.size))
+        for i in range(1, nodes.size):  # a parent comes first in preorder
+            key[i] = min(key[i], key[pos[t.parent[nodes[i]]]])
+        order = np.argsort(-key, kind="stable")
+        lb = max([lb0] + [gains(nodes[order[:k]], k).sum() * slack
+                          for k in set(np.clip(k_ref + window, 1, nodes.size).tolist())])
+        # the candidates; for each size the allowed nodes, the bounds and the knapsack
+        cand = nodes[p[nodes] >= tb["tau"][nodes] * lb]
+        nxt = np.searchsorted(tb["pre"][cand], tb["end"][cand])
+        solved = []  # (k, value, positions)
+        for k in range(1, cand.size + 1):
+            cover = (q[t.root] * np.minimum(k, de + 1) / np.maximum(k, de + 1)).sum()
+            if cover < lb * slack:
+                continue
+            g = gains(cand, k)
+            allowed = p[cand] >= np.maximum(k, tb["dmin1"][cand]) / (2 * k + big_d - 1) * lb
+            allowed[0] = True
+            g[~allowed] = -np.inf
+            if np.sort(g)[::-1][:k].sum() < lb * slack:
+                continue
+            solved.append((k,) + _jaccard_knapsack(g, nxt, k))
+        top = max(v for _, v, _ in solved)
+        members = next(s for s in solved if s[1] >= top - 4 * _JACCARD_SLACK * abs(top))[2]  # the smallest k
+        out = np.zeros(t.num_nodes, dtype=bool)
+        out[cand[members]] = True
+        return out
 
     # ------------------------------------------------------------ heuristics
     def argmax_leaf(self, pl):

@@ -83,7 +83,7 @@ def test_lightning_example():
     out = mod.main(["--epochs", "1", "--samples", "1200", "--val-samples", "300", "--quiet", "--seed", "1"])
     assert len(out["history"]) == 1
     logged = out["logged"]
-    assert len(logged) == 7 * 7 - 1  # jaccard has no optimal decoder
+    assert len(logged) == 7 * 7  # every metric has an optimal decoder
     assert logged == {f"val/{k}": v for k, v in out["history"][-1].items()}
     # tree_distance's optimal rule *is* majority (deepest node with p > 1/2); accuracy's is argmax.
     assert logged["val/tree_distance/optimal"] == logged["val/tree_distance/majority"]
@@ -95,7 +95,7 @@ def test_lightning_example():
     with torch.no_grad():
         probs = torch.softmax(model(x), 1)
     checks = [("wu_palmer", {}, None, "optimal"), ("hf_beta", {"beta": 0.5}, None, "optimal"),
-              ("zhao", {}, "plurality", "plurality"), ("jaccard", {}, "hie", "hie"),
+              ("zhao", {}, "plurality", "plurality"), ("jaccard", {}, "hie", "hie"), ("jaccard", {}, None, "optimal"),
               ("hamming", {}, ("darts", {"lam": 0.0}), "darts[lam=0]")]
     for metric, params, decoder, label in checks:
         m = hd.get_metric(metric, h, **params)

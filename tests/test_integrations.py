@@ -21,6 +21,17 @@ from harness import DEVICES, devices
 H = hd.load_hierarchy("tieredimagenet-h")
 L = H.num_leaves
 
+
+class NoDecoderJaccard(hd.metrics.Jaccard):
+    """Jaccard declared without an exact decoder: every built-in metric has one, and the integrations'
+    handling of a metric without one is still tested."""
+
+    name = "jaccard_no_decoder"
+    has_decoder = False
+
+
+NO_DECODER = NoDecoderJaccard(H)
+
 # (metric, metric params, decoder spec) covering leaf, node and set metrics, optimal and heuristic decoders.
 PAIRS = [
     ("accuracy", {}, "optimal"),
@@ -31,6 +42,7 @@ PAIRS = [
     ("zhao", {}, "optimal"),
     ("hf_beta", {"beta": 0.5}, "optimal"),
     ("hamming", {}, "optimal"),
+    ("jaccard", {}, "optimal"),
     ("wu_palmer", {}, "majority"),
     ("hf_beta", {"beta": 1.0}, ("darts", {"lam": 0.5})),
     ("jaccard", {}, "plurality"),
@@ -85,7 +97,7 @@ def test_head_probabilities_input_and_unbatched():
     assert head(probs[3]).shape == () and int(head(probs[3])) == int(want[3])
 
 
-def test_head_rejects_bad_input_and_jaccard_optimal():
+def test_head_rejects_bad_input_and_metrics_without_decoder():
     head = DecodingHead(H, "tree_distance", from_logits=True)
     bad = _scores(3, 4)
     bad[1, 5] = float("nan")
@@ -95,17 +107,17 @@ def test_head_rejects_bad_input_and_jaccard_optimal():
         head(torch.randn(4, L + 1))
     with pytest.raises(ValueError, match="sum to 1"):
         DecodingHead(H, "tree_distance", from_logits=False)(bad.nan_to_num().abs())
-    with pytest.raises(ValueError, match="no Bayes-optimal decoder"):
-        DecodingHead(H, "jaccard")
+    with pytest.raises(ValueError, match="`jaccard_no_decoder` has no Bayes-optimal decoder"):
+        DecodingHead(H, NO_DECODER)
     with pytest.raises(ValueError, match="Unknown metric"):
         DecodingHead(H, "nope")
     with pytest.raises(ValueError, match="Unknown decoder"):
         DecodingHead(H, "accuracy", decoder="nope")
     with pytest.raises(TypeError, match="Hierarchy"):
         DecodingHead(H.parents_list, "accuracy")
-    # jaccard with a heuristic decoder is fine
+    # a metric without a decoder works with a heuristic decoder
     x = _scores(4, 6)
-    assert torch.equal(DecodingHead(H, "jaccard", decoder="majority", from_logits=True)(x),
+    assert torch.equal(DecodingHead(H, NO_DECODER, decoder="majority", from_logits=True)(x),
                        hd.get_decoder("majority", H).decode(torch.softmax(x, 1)))
 
 
@@ -218,8 +230,8 @@ def test_metric_forward_returns_batch_value_and_accumulates():
 
 
 def test_metric_errors():
-    with pytest.raises(ValueError, match="no Bayes-optimal decoder"):
-        HierarchicalMetric(H, "jaccard")
+    with pytest.raises(ValueError, match="`jaccard_no_decoder` has no Bayes-optimal decoder"):
+        HierarchicalMetric(H, NO_DECODER)
     with pytest.raises(ValueError, match="Unexpected keyword|Bad parameters"):
         HierarchicalMetric(H, "accuracy", gamma=2)
     m = HierarchicalMetric(H, "accuracy")
@@ -434,7 +446,7 @@ def _direct_values(net, data, metrics, decoders):
         m = hd.get_metric(metric, H, **params)
         for dec in decoders:
             if dec == "optimal":
-                if metric == "jaccard":
+                if not m.has_decoder:
                     continue
                 pred, label = m.decode(probs), "optimal"
             else:
@@ -449,9 +461,10 @@ def _direct_values(net, data, metrics, decoders):
 def test_callback_logs_direct_values(tmp_path, capsys):
     from hdecode_torch.integrations import HierarchicalMetricsCallback
 
-    metrics = [("accuracy", {}), ("tree_distance", {}), ("hf_beta", {"beta": 0.5}), ("jaccard", {})]
+    metrics = [("accuracy", {}), ("tree_distance", {}), ("hf_beta", {"beta": 0.5}), ("jaccard", {}),
+               (NO_DECODER, {})]
     decoders = ["optimal", "majority", ("darts", {"lam": 0.5})]
-    with pytest.warns(UserWarning, match="jaccard"):
+    with pytest.warns(UserWarning, match="jaccard_no_decoder"):
         cb = HierarchicalMetricsCallback(H, metrics=metrics, decoders=decoders, print_table=True)
     train, val = _Data(64, seed=1), _Data(40, seed=2)
     module = _Module()
@@ -460,14 +473,14 @@ def test_callback_logs_direct_values(tmp_path, capsys):
                 torch.utils.data.DataLoader(val, batch_size=16))
     assert len(cb.history) == 2  # one per epoch: the sanity check is not reported
     want = _direct_values(module.net, val, metrics, decoders)
-    assert len(want) == 3 * 4 - 1
+    assert len(want) == 3 * 5 - 1
     logged = {k: v for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
     assert set(logged) == set(want)
     for k, v in want.items():
         assert torch.allclose(logged[k].double(), v, rtol=1e-12), k
         metric_key, label = k.split("/")[1:]
         assert cb.results[(metric_key, label)] == pytest.approx(float(v), rel=1e-12)
-    assert "val/jaccard/optimal" not in logged and ("jaccard", "optimal") in cb.skipped
+    assert "val/jaccard/optimal" in logged and cb.skipped == [("jaccard_no_decoder", "optimal")]
     assert len({round(float(v), 6) for v in logged.values()}) >= 8  # non-degenerate predictions
     # The logger received every pair at every epoch.
     import csv
@@ -519,7 +532,7 @@ def test_callback_errors(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with pytest.raises(ValueError, match="No \\(metric, decoder\\) pair"):
-            HierarchicalMetricsCallback(H, metrics=["jaccard"], decoders=["optimal"])
+            HierarchicalMetricsCallback(H, metrics=[NO_DECODER], decoders=["optimal"])
     cb = HierarchicalMetricsCallback(H, metrics=["accuracy"], output_key="scores_missing", from_logits=True)
     trainer = _trainer(tmp_path, [cb])
     with pytest.raises(ValueError, match="scores_missing"):

@@ -393,7 +393,8 @@ def test_predictions_accept_lists_arrays_and_broadcast(h):
     (lambda h: hd.get_decoder("information_threshold", h), ValueError, r"Bad parameters for decoder 'information_threshold': it requires 'threshold'"),
     (lambda h: hd.get_decoder("darts", h, lambda_=1), ValueError, r"unknown parameter\(s\) 'lambda_'.*accepted: lam"),
     (lambda h: hd.get_decoder("nope", h), ValueError, "Unknown decoder 'nope'; available:"),
-    (lambda h: hd.get_decoder("optimal", h, metric="jaccard"), ValueError, "`jaccard` has no Bayes-optimal decoder"),
+    (lambda h: hd.get_decoder("optimal", h, metric=NoDecoderHamming(h)), ValueError,
+     "`hamming_no_decoder` has no Bayes-optimal decoder"),
     (lambda h: hd.get_decoder("optimal", h, metric="hf_beta", beta=-1), ValueError, "`beta`"),
     (lambda h: hd.get_decoder("majority", PARENTS), TypeError, "`hierarchy` to be a Hierarchy"),
 ])
@@ -402,11 +403,19 @@ def test_parameter_errors(h, build, exc, match):
         build(h)
 
 
-def test_jaccard_decode_is_not_implemented(h, P):
-    # Documented: no exact rule yet; the class says so (has_decoder) and decode raises NotImplementedError.
-    assert not hd.has_optimal_decoder("jaccard")
-    with pytest.raises(NotImplementedError, match="`jaccard` has no Bayes-optimal decoder"):
-        hd.get_metric("jaccard", h).decode(P)
+class NoDecoderHamming(hd.metrics.Hamming):
+    """A metric declared without an exact decoder (every built-in metric has one)."""
+
+    name = "hamming_no_decoder"
+    has_decoder = False
+
+
+def test_decode_of_a_metric_without_decoder_is_not_implemented(h, P):
+    # The class says so (has_decoder) and decode raises NotImplementedError.
+    assert all(hd.has_optimal_decoder(name) for name in hd.list_metrics())
+    assert hd.has_optimal_decoder("jaccard") and not hd.has_optimal_decoder(NoDecoderHamming)
+    with pytest.raises(NotImplementedError, match="`hamming_no_decoder` has no Bayes-optimal decoder"):
+        NoDecoderHamming(h).decode(P)
 
 
 def test_chunk_size_and_global_settings(h, P):

@@ -44,7 +44,7 @@ def add_parser(sub) -> None:
             "its column up to sampling noise.  With --probs/--targets: your model's outputs ('-' reads\n"
             "one of them from standard input: .npy/.pt bytes or a text table).\n\n"
             "Set metrics (hf_beta, hamming, jaccard) score a heuristic's node as the set of its\n"
-            "ancestors.  jaccard has no exact optimal decoder: its optimal cell is n/a.\n\n"
+            "ancestors.\n\n"
             "--calibrate (with --from-logits) fits a temperature on a random part of the rows and scores\n"
             "the others with logits / T: over-confident models then get better optimal decisions."),
         epilog=("examples:\n"

@@ -33,7 +33,7 @@ def add_parser(sub) -> None:
         description=(
             "Decode (B, L) leaf probabilities into hierarchical predictions.\n\n"
             "--metric M: the Bayes-optimal prediction for metric M (node ids; for the set metrics\n"
-            "hf_beta and hamming, ancestor-closed node sets).  --decoder D: a heuristic (node ids).\n\n"
+            "hf_beta, hamming and jaccard, ancestor-closed node sets).  --decoder D: a heuristic (node ids).\n\n"
             "Output (--output, by extension): .npy / .pt: (B,) int64 node ids, or (B, N) bool set masks;\n"
             ".csv: one row per sample (column 'node', or 'nodes' with ';'-separated ids, root first);\n"
             ".jsonl: one JSON object per line ({\"node\": id} or {\"nodes\": [ids]}).  Without --output,\n"
@@ -87,8 +87,8 @@ def _decoder(h, args):
                                args.c if args.c is not None else DEFAULT_C)[0]
         check_applicable(args, metrics=[metric], metric_flag="--metric", decoder_flag="--decoder")
         if not has_optimal(metric):
-            raise CLIError(f"--metric {args.metric}: No Bayes-optimal decoder for `{metric.name}` (exact rules exist "
-                           "for every metric but jaccard); pick another metric or a --decoder")
+            raise CLIError(f"--metric {args.metric}: No Bayes-optimal decoder for `{metric.name}`; pick another "
+                           "metric or a --decoder")
         return metric.key, metric.decode, metric
     if "," in args.decoder:
         raise CLIError(f"--decoder takes one decoder, got {args.decoder!r} (hdecode compare scores several)")

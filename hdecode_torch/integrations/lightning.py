@@ -193,7 +193,7 @@ class HierarchicalMetricsCallback(_CallbackLogic, _pl.Callback):
         hierarchy: the class tree.
         metrics: names, ``(name, params)`` pairs or built metrics.
         decoders: ``"optimal"`` (each metric's own Bayes-optimal decoder; skipped with a
-            warning for ``jaccard``, which has none), heuristic names, ``(name, params)``.
+            warning for a metric without one), heuristic names, ``(name, params)``.
         output_key, target_key: keys of the step output (and batch) to read.
         from_logits: ``None`` decides from ``output_key`` (``"logits"``/``"scores"`` -> True,
             ``"probs"``/``"probabilities"`` -> False); required with ``extract``.

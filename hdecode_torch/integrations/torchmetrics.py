@@ -27,8 +27,8 @@ class HierarchicalMetric(Metric):
     Args:
         hierarchy: the class tree.
         metric: a name, ``(name, params)`` or built metric; ``params`` are its parameters.
-        decoder: ``"optimal"`` (the metric's own Bayes-optimal decoder; ``ValueError`` for
-            ``jaccard``, which has none), a heuristic name, ``(name, params)`` or a Decoder.
+        decoder: ``"optimal"`` (the metric's own Bayes-optimal decoder; ``ValueError`` for a
+            metric without one), a heuristic name, ``(name, params)`` or a Decoder.
         from_logits: ``False`` (default) the scores are probabilities, ``True`` logits (softmax
             applied), ``"auto"`` decided per batch (see :class:`~hdecode_torch.DecodingHead`).
         validate: check the scores and targets (one host sync each per update).

@@ -1,20 +1,134 @@
-"""Jaccard index of ancestor-closed node sets: |h⁺ ∩ y⁺| / |h⁺ ∪ y⁺|.
+"""Jaccard index of ancestor-closed node sets, |h⁺ ∩ y⁺| / |h⁺ ∪ y⁺|, and its exact decoder.
 
-Expected value of a closed set of size k: Σ_l p(l) c(l) / (k + d(l) + 1 − c(l)), c(l) = |h⁺ ∩ A(l)|
+Notation.  A prediction is an ancestor-closed node set S holding the root, k = |S|.  A leaf y
+has depth d(y) and root path y⁺ = A(y), |y⁺| = d(y) + 1; D is the deepest leaf's depth, d_min(n)
+the depth of the shallowest leaf under n, L(n) the leaves under n, p(n) = Σ_{y ∈ L(n)} p(y), and
+Q_e(n) the mass of the leaves of L(n) at the e-th distinct leaf depth d_e (E of them).
+
+Expected value of a given closed set: Σ_y p(y) c(y) / (k + d(y) + 1 − c(y)), c(y) = |S ∩ A(y)|
 counted down the root path (one root-path sum).
+
+The decoder: a tree knapsack per set size, with provably safe pruning (the decomposition by set
+size is that of the hF_β decoder of Plaud et al. 2025, §4.2; the gains, bounds and knapsack below
+are derived here).
+
+1. Decomposition.  S ∩ A(y) is a prefix root..a of y's root path (S is closed); with
+c_y = |S ∩ A(y)|, J(S, y) = c_y / (k + d(y) + 1 − c_y) = f_y(c_y), f_y(c) = c / (K_y − c),
+K_y = k + d(y) + 1.  Telescoping f_y(c_y) = Σ_{c = 1..c_y} (f_y(c) − f_y(c − 1)) over the nodes a
+of that prefix (c = d(a) + 1) and summing over y: for every closed S of size k,
+
+    E[J(S)] = Σ_{a ∈ S} g_k(a),   g_k(a) = Σ_{y ∈ L(a)} p(y) (f_y(d(a) + 1) − f_y(d(a))).
+
+f(c) − f(c−1) = K / ((K − c)(K − c + 1)); with x = K − c = m + d(y), m = k − d(a):
+
+    g_k(a) = Σ_e Q_e(a) [1/(m + d_e) + d(a) / ((m + d_e)(m + d_e + 1))],
+
+positive terms only (no cancellation); a ∈ S forces d(a) ≤ k − 1, i.e. m ≥ 1.  g_k is not
+monotone down the tree (a single child has its parent's leaves and larger weights), so, unlike
+hF_β, the k best nodes need not form a closed set: V(k) = max_{|S| = k} Σ_S g_k is a tree
+knapsack, and the optimum is U* = max_k V(k).
+
+2. Node bound.  Let S* be optimal, |S*| = k ≥ 2, n ∈ S* not the root, m a deepest node of S*
+under n (m has no child in S*; p(m) ≤ p(n)), U = E[J(S*)].  S' = S* − {m} is closed, so
+E[J(S*)] − E[J(S')] ≥ 0.  A leaf y ∈ L(m) has c_y = d(m) + 1 and the same union
+u_y = k + d(y) − d(m) ≥ a := k + d_min(m) − d(m) in both sets: it gains 1/u_y ≤ 1/a, in all
+≤ p(m)/a.  A leaf y ∉ L(m) keeps c_y ≥ 1 and its union shrinks by one: it loses
+J(S*, y)/(u_y − 1) ≥ J(S*, y)/(k + D − 1).  As J(S*, y) = (d(m)+1)/u_y ≤ (d(m)+1)/a on L(m),
+the losses total ≥ (U − p(m)(d(m)+1)/a)/(k + D − 1), hence
+
+    p(m)/a ≥ (U − p(m)(d(m)+1)/a)/(k + D − 1)   ⇒   p(m) ≥ U (k + d_min(m) − d(m)) / (k + D + d(m)).
+
+The right side grows with d_min(m) ≥ max(d(m), d_min(n)) and then falls with d(m) ≤ k − 1, so
+
+    p(n) ≥ τ_k(n)·U,   τ_k(n) = max(k, d_min(n) + 1) / (2k + D − 1),
+
+and over k (falling up to k = d_min(n) + 1, rising after since D ≥ 1)
+
+    p(n) ≥ τ(n)·U,   τ(n) = (d_min(n) + 1) / (2 d_min(n) + D + 1).
+
+Equality is reached (a 4-leaf star with uniform p: {root} and {root, leaf} both score 1/2 and the
+leaf has p = 1/4 = τ·U).  Any achieved value LB ≤ U* may replace U, and the bounds hold for every
+optimal set, ties included.  τ and τ_k do not decrease down the tree and p does not increase, so
+{n : p(n) ≥ τ(n)·LB} ∪ {root} is closed.
+
+3. Bounds on V(k).  (a) J grows with c_y ≤ min(k, d(y)+1), so
+V(k) ≤ G(k) = Σ_e Q_e(root) min(k, d_e+1) / max(k, d_e+1).  (b) If k is the size of an optimal
+set, that set lies in A_k = {p(n) ≥ τ_k(n)·LB} ∪ {root} (§2), so U* = V(k) ≤ the sum of the k
+largest g_k over A_k ≤ λk + Σ_{n ∈ A_k} (g_k(n) − λ)⁺ for every λ (the top-k sum in Lagrangian
+form, exact at λ = the k-th largest; no sort needed).  A size whose bound is below LB is not the
+size of any optimal set and its knapsack is skipped: all sizes are screened at once.
+
+4. Lower bounds.  LB₀: the best root path A(a), a on the path of the most probable leaf y (all
+of them when D < 32, else those of sizes d(a) + 1 ∈ k̂ − 3..k̂ + 3 and d(y) + 1, with
+k̂ = round(E[d(y)] + 1)).  LB: the best closed prefix of one order of the candidates
+p(n) ≥ τ(n)·LB₀, at the sizes k̂ − 3..k̂ + 3.  The order is by the smallest gain at k̂ along each
+root path: that key never grows from a parent to a child, and ties keep preorder (parent
+first), so every prefix is closed.  Both are exact values of closed sets, hence ≤ U*.
+
+5. Knapsack.  The candidates v_0 = root, v_1, ... of a sample in depth-first preorder (children
+by increasing id); nxt(i) is the first position after v_i's subtree.  For j = 0..k − 1,
+
+    F(i, j) = max(g(v_i) + F(i + 1, j − 1),  F(nxt(i), j)),   F(C, 0) = 0,  F(C, j > 0) = −∞,
+    V(k) = g(root) + F(1, k − 1).
+
+Skipping v_i skips its subtree, so a position is reached only with all its ancestors taken: the
+choices are exactly the closed sets of the candidates.  Nodes outside A_k have g = −∞.  This is
+O(C·k) per pair (sample, size), where merging children's tables by max-plus convolution costs
+O(C·k²); all pairs run at once, one step per position, over the pairs whose sample still has a
+candidate there.
+
+6. Ties.  Between sizes, the smallest size wins among those whose values tie: the smallest size
+whose value is within float64 rounding of the best wins (float32 inputs: values within float32
+rounding of the best are computed again in float64, their sets' Σ g_k from the float64 masses).  Within a size, a node
+is taken whenever taking it is at least as good as not: of the sets of maximal value the
+knapsack returns the first in preorder, the one holding the first node (depth-first, children by
+increasing id) at which two of them differ; ancestors thus come before descendants and siblings
+go by smaller id (a node under an earlier sibling wins over a later sibling).  Symmetric ties
+are computed bit-identically and follow this rule exactly; values equal in exact arithmetic but
+computed differently are decided by their rounded values (all of them optimal up to rounding).
+
+7. Rounding.  Every pruning test carries a slack that may only keep more: an LB is lowered by
+its relative rounding bound (E + k + 16)·u and the error of its masses; the node test on p allows
+p's own summation error, (Σ over the ancestors of (fan-in − 1))·u relative and 4·L·ε₆₄ absolute
+(the GPU plan sums in float64 by prefix sums); the masses Q_e(n) are differences of float64 prefix
+sums (``Posterior.depth_prefix``; absolute error ≤ 2·L·u₆₄ each), or p itself with one leaf depth;
+the size screen allows the rounding of up to C gains of total ≤ (D + 1)/k.  float32 inputs
+compute gains, bounds and knapsacks in float32, float64 stays float64; the pruning tests and the
+tie decisions are float64.
+
+8. Cost.  O(B·N) for the node screen (plus the Posterior's O(B·(N + L)) node and prefix sums),
+O(M·E·K) for the gains of the M (sample, candidate) entries (C per sample; C ≤ 1 + Σ_{d=1..D}
+(2d + D + 1)/((d + 1)·LB) as the candidates of one level are disjoint subtrees, LB ≥ 1/(D + 1);
+about 11 on tieredImageNet-H), O(R·C·k) for the knapsacks of the R pairs (sample, size) left
+(about 1.5 per sample).  Python loops: over the candidate positions of the knapsack and of the
+walk back (C steps each, all pairs at once) and ⌈log₂ D⌉ pointer-doubling steps; none over
+samples, nodes or tree levels.  Memory: one (N, B) mask and threshold, (M, K) gains and (C, R, K)
+knapsack tables; no N×L and no N×B×K tensor.  The gain tables grow as C² per sample, so trees
+with long single-child chains (C ~ D) cost O(B·D²).  Host reads: three on the GPU plan (the
+candidates' count and width after each of the two node screens; the pairs (sample, size) with the
+knapsack's per-position row counts).  The CPU plan, where a read costs nothing, lists the first
+screen's pairs with ``nonzero`` (one more read) and, for float32 inputs, the pairs re-scored in
+float64 (§6; one more, where the GPU plan re-scores every pair): five.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 
+from ..core.plan import current_plan
+from ..kernels.depth_ranges import depth_masses, depth_ranges
 from ..kernels.tree_sums import path_sum
 from .base import SetMetric
 
-__all__ = ["Jaccard", "jaccard_from_counts", "jaccard_expected"]
+__all__ = ["Jaccard", "jaccard_from_counts", "jaccard_expected", "jaccard_decode", "jaccard_trace", "JaccardTrace",
+           "jaccard_value_bound", "jaccard_size_bound"]
 
 
 def jaccard_from_counts(inter, size, ysize):
+    """J from |h⁺∩y⁺|, |h⁺| and |y⁺| (float64 tensors)."""
     return inter / (size + ysize - inter)
 
 
@@ -27,16 +141,529 @@ def jaccard_expected(post, sets: torch.Tensor) -> torch.Tensor:
     return (post.probs.t() * counts / (k[None, :] + ysize - counts)).sum(0)
 
 
+# --------------------------------------------------------------------------- tree-only tables
+_PAD_DEPTH = 1 << 20  # depth of the padding row: above every size k
+
+
+@dataclass(frozen=True)
+class _Tables:
+    """Tree-only tables (cached on the hierarchy); row N, where present, is padding.
+
+    pre: (N + 1,) int64 preorder position (children by increasing id), N at padding.
+    end: (N + 1,) int64 pre + subtree size, N + 1 at padding.
+    order: (N,) int64 the nodes in preorder.
+    parent: (N + 1,) int64 parent (the root its own), N at padding.
+    tau: (N,) float64 τ(n) (0 at the root); tau_min its smallest value below the root.
+    dmin1: (N + 1,) float64 d_min(n) + 1.  depth: (N + 1,) int64 (padding: above every size).
+    depths: (E,) float64 leaf depths.  dp_key, dp_node: (N,) int64 the nodes sorted by
+    (depth, preorder position), key depth·N + pre.
+    sum_fan: Σ (fan-in − 1) over the strict ancestors of a leaf, its largest value, plus one.
+    """
+
+    pre: torch.Tensor
+    end: torch.Tensor
+    order: torch.Tensor
+    parent: torch.Tensor
+    tau: torch.Tensor
+    tau_min: float
+    dmin1: torch.Tensor
+    depth: torch.Tensor
+    depths: torch.Tensor
+    dp_key: torch.Tensor
+    dp_node: torch.Tensor
+    max_depth: int
+    sum_fan: int
+
+
+def _tables(h) -> _Tables:
+    """The :class:`_Tables` of ``h`` (built once per hierarchy and device, O(N log N), no loop over levels)."""
+    def build():
+        n = h.num_nodes
+        parent = h.parent.cpu().numpy()
+        fan = np.diff(h.children_ptr.cpu().numpy())
+        depth = h.depth.cpu().numpy()
+        pre, size = h.pos.cpu().numpy(), h.size.cpu().numpy()
+        order = np.argsort(pre)
+        # Σ (fan-in − 1) over the strict ancestors: how many roundings a leaf's probability goes
+        # through on its way into any p(n), whatever the order of the sums.  Each node adds its
+        # fan-in − 1 to the preorder positions of its strict descendants, one prefix sum in all.
+        diff = np.zeros(n + 1, dtype=np.int64)
+        np.add.at(diff, pre + 1, fan - 1)
+        np.add.at(diff, pre + size, -(fan - 1))
+        extra = np.cumsum(diff)[:n][pre]
+        dmin = h.min_leaf_depth.cpu().numpy().astype(np.float64)
+        tau = (dmin + 1) / (2 * dmin + h.max_depth + 1)
+        tau[h.root] = 0.0
+        par = np.where(parent >= 0, parent, h.root)
+        key = depth * n + pre
+        by_dp = np.argsort(key)
+        dev = h.device
+
+        def T(a, dtype):
+            return torch.as_tensor(np.ascontiguousarray(a), dtype=dtype).to(dev)
+        return _Tables(
+            pre=T(np.r_[pre, n], torch.int64), end=T(np.r_[pre + size, n + 1], torch.int64),
+            order=T(order, torch.int64), parent=T(np.r_[par, n], torch.int64),
+            tau=T(tau, torch.float64), tau_min=float(np.delete(tau, h.root).min()),
+            dmin1=T(np.r_[dmin + 1, 0.0], torch.float64), depth=T(np.r_[depth, _PAD_DEPTH], torch.int64),
+            depths=depth_ranges(h).depths.to(torch.float64), dp_key=T(key[by_dp], torch.int64),
+            dp_node=T(by_dp, torch.int64), max_depth=int(h.max_depth),
+            sum_fan=int(extra[: h.num_leaves].max()) + 1)
+    return h.cached("jaccard_tables", build)
+
+
+def jaccard_value_bound(h) -> torch.Tensor:
+    """(N,) float64 τ(n) = (d_min(n)+1) / (2 d_min(n) + D + 1): a non-root node n of an optimal
+    Jaccard set S has p(n) ≥ τ(n)·E[J(S)] (module docstring, §2); 0 at the root."""
+    return _tables(h).tau
+
+
+def jaccard_size_bound(h, k: int) -> torch.Tensor:
+    """(N,) float64 τ_k(n) = max(k, d_min(n)+1) / (2k + D − 1): a non-root node n of an optimal
+    Jaccard set S of size k ≥ 2 has p(n) ≥ τ_k(n)·E[J(S)] (module docstring, §2)."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 2:
+        raise ValueError(f"Expected `k` to be an int >= 2, but got {k!r}")
+    t = _tables(h)
+    return torch.clamp(t.dmin1[:-1], min=float(k)) / (2 * int(k) + t.max_depth - 1)
+
+
+# --------------------------------------------------------------------------- batch pieces
+class _Masses:
+    """Per-leaf-depth masses Q_e(n) of any (sample, node) pairs.
+
+    From the Posterior's float64 prefix sums of the leaves in (depth, depth-first) order (any
+    Q_e(n) is a difference of two entries), or, with one leaf depth, p(n) itself.  ``rel`` and
+    ``abs`` bound their relative and absolute errors (module docstring, §7).
+    """
+
+    def __init__(self, post, T, u):
+        h = post.h
+        self.h = h
+        e = T.depths.numel()
+        self.abs = 4 * e * h.num_leaves * torch.finfo(torch.float64).eps
+        if e == 1:
+            self.prefix, self.rel, self.p = None, (T.sum_fan + 2) * u, post.node
+        else:
+            self.prefix, self.rel = post.depth_prefix(), 0.0
+
+    def __call__(self, rows, ids):
+        """(M, E) float64 masses of nodes ``ids`` (N: padding, zero) in samples ``rows`` (M,)."""
+        if self.prefix is not None:
+            return depth_masses(self.h, self.prefix, rows, ids)
+        n = self.h.num_nodes
+        got = self.p[ids.clamp(max=n - 1), rows]  # either layout of the (N, B) table
+        return torch.where(ids < n, got, 0).double()[:, None]
+
+
+class _Cands:
+    """Flat per-sample candidate lists: entries sample-major, in preorder within a sample.
+
+    Per entry (M,): sample, node, slot (column), depth, pv (p(n) in float64 from the masses), q
+    (M, E) masses.  Per sample (B, C), C the largest count: ``ids`` (N at padding), ``entry``
+    (M at padding), ``nxt`` (first column after the entry's subtree; C at padding).
+    """
+
+    def __init__(self, T, bsz, sample, node, q64, dt, count, c):
+        m = sample.numel()
+        dev = sample.device
+        self.c = c
+        start = torch.cumsum(count, 0) - count
+        slot = torch.arange(m, device=dev) - start[sample]
+        self.sample, self.node, self.slot, self.count, self.start = sample, node, slot, count, start
+        self.depth = T.depth[node]
+        self.q64, self.q = q64, q64.to(dt)
+        self.pv = q64.sum(1)
+        n = T.pre.numel() - 1
+        ids = torch.full((bsz, c), n, dtype=torch.long, device=dev)
+        ids[sample, slot] = node
+        entry = torch.full((bsz, c), m, dtype=torch.long, device=dev)
+        entry[sample, slot] = torch.arange(m, device=dev)
+        self.ids, self.entry = ids, entry
+        self.pre = T.pre[ids]
+        self.nxt = torch.searchsorted(self.pre, T.end[ids])
+
+    def parent_entry(self, T):
+        """(M,) the entry of each entry's parent (the root entry: itself)."""
+        ppos = torch.searchsorted(self.pre, T.pre[T.parent[self.ids]])
+        return self.start[self.sample] + ppos[self.sample, self.slot]
+
+    def subset(self, T, keep, dt):
+        """The entries where ``keep`` (M,) holds (one host read: their number and the width)."""
+        bsz = self.count.numel()
+        count = torch.zeros(bsz, dtype=torch.long, device=keep.device).index_add_(0, self.sample, keep.long())
+        total, c = torch.stack([count.sum(), count.max()]).tolist()
+        idx = torch.nonzero_static(keep, size=total)[:, 0]
+        return _Cands(T, bsz, self.sample[idx], self.node[idx], self.q64[idx], dt, count, c)
+
+    def to_table(self, values, fill):
+        """(B, C) table of per-entry ``values`` (M,), ``fill`` at padding."""
+        return torch.cat([values, values.new_full((1,), fill)])[self.entry]
+
+
+def _screen(h, T, p, thr, batch_major):
+    """The (sample, node) pairs with p(n) ≥ τ(n)·thr[b] or n the root, sample-major, in preorder
+    within a sample, and the per-sample counts and their maximum.  p: (N, B); thr: (B,) float64.
+
+    GPU plan: one host read (the pair count and the largest count), then a listing of that size.
+    CPU plan: ``nonzero`` and the largest count (two reads, free on a CPU), as a reduction over
+    the nodes of a node-major mask is several times slower than listing it.
+    """
+    dt = p.dtype
+    tau = T.tau.to(dt)
+    if batch_major:  # p is a view of a (B, N) table: screen and list in that layout
+        keep = p.t() >= thr.to(dt)[:, None] * tau[None, :]
+        keep[:, h.root] = True
+        count = keep.sum(1)
+        total, c = torch.stack([count.sum(), count.max()]).tolist()
+        sample, node = torch.nonzero_static(keep, size=total).unbind(1)
+    else:
+        keep = p >= tau[:, None] * thr.to(dt)[None, :]
+        keep[h.root] = True
+        node, sample = keep.nonzero().unbind(1)
+        count = torch.bincount(sample, minlength=p.shape[1])
+        c = int(count.max())
+    # Sample-major, then preorder: the keys are distinct.
+    order = torch.sort(sample * h.num_nodes + T.pre[node]).indices
+    return sample[order], node[order], count, c
+
+
+def _weights(T, kmax, dt):
+    """(2K, E): 1/x and 1/(x(x+1)) for x = m + d_e, m = 1..kmax."""
+    m = torch.arange(1, kmax + 1, device=T.depths.device, dtype=torch.float64)
+    x = m[:, None] + T.depths[None, :]
+    return torch.cat([1 / x, 1 / (x * (x + 1))]).to(dt)
+
+
+def _gains(T, q, depth, kmax):
+    """(M, K) g_k(n) for k = 1..kmax: masses q (M, E), depths (M,); -inf where k ≤ d(n)."""
+    rows, dt = q.shape[0], q.dtype
+    s = q @ _weights(T, kmax, dt).t()  # (M, 2K): S1(m), S2(m) at m = 1..K
+    d = depth.clamp(max=kmax)
+    # t[r, K + m − 1] = S1 + d·S2 at m, and -inf in the first K columns (m < 1): row r reads the
+    # window t[r, K − d(r) : 2K − d(r)], one strided row copy instead of K index computations.
+    t = torch.empty(rows, 2 * kmax, dtype=dt, device=q.device)
+    t[:, :kmax] = float("-inf")
+    torch.addcmul(s[:, :kmax], d.to(dt)[:, None], s[:, kmax:], out=t[:, kmax:])
+    return t.unfold(1, kmax, 1)[torch.arange(rows, device=q.device), kmax - d]
+
+
+def _gains_at(T, q, depth, ks, kmax):
+    """(M, J) g_k(n) at per-entry sizes ks (M, J) int64 in 1..kmax; -inf where k ≤ d(n)."""
+    dt, dev = q.dtype, q.device
+    dcap = min(T.max_depth, kmax)
+    dd = torch.arange(dcap + 1, device=dev, dtype=torch.float64)[:, None, None]
+    m = torch.arange(1, kmax + 1, device=dev, dtype=torch.float64)[None, :, None] - dd  # (D', K, 1)
+    x = m + T.depths
+    w = torch.where(m >= 1, (x + 1 + dd) / (x * (x + 1)), 0).to(dt)  # w[d, k − 1, e]
+    d = depth.clamp(max=dcap)
+    w = w.view(-1, w.shape[2]).index_select(0, (d[:, None] * kmax + ks - 1).view(-1))
+    g = torch.bmm(w.view(ks.shape + w.shape[1:]), q[:, :, None])[:, :, 0]
+    return g.masked_fill_(ks <= depth[:, None], float("-inf"))
+
+
+#: Trees up to this depth + 1 score the root paths at every size (a (B, D+1, D+1) table).
+_FULL_CHAIN = 32
+
+
+def _root_paths(h, T, leaf):
+    """(B, D + 1) int64 the ancestor of each leaf (B,) at every depth, N below the leaf.
+
+    The ancestor at depth t is the last node of depth t at or before the leaf in preorder (the
+    subtrees of one level are disjoint preorder ranges): one sorted search, no walk up the tree.
+    """
+    dp1 = T.max_depth + 1
+    levels = torch.arange(dp1, device=leaf.device)
+    idx = torch.searchsorted(T.dp_key, levels[None, :] * h.num_nodes + T.pre[leaf][:, None], right=True) - 1
+    anc = T.dp_node[idx.clamp(min=0)]
+    return torch.where(levels[None, :] <= T.depth[leaf][:, None], anc, h.num_nodes)
+
+
+def _chain_lower_bound(h, T, masses, top_leaf, k_ref, dt):
+    """(B,) the best E[J(A(a))] over the nodes a on the root path of the most probable leaf y.
+
+    Every size d(a) + 1 when D < 32 (O(B·D²) gains from one GEMM); on deeper trees only
+    d(a) + 1 ∈ k_ref − 3..k_ref + 3 and d(y) + 1 (O(B·D·E)).
+    """
+    bsz, dev = k_ref.shape[0], k_ref.device
+    dp1 = T.max_depth + 1
+    chain = _root_paths(h, T, top_leaf)  # (B, D + 1)
+    flat = chain.reshape(-1)
+    rows = torch.arange(bsz, device=dev)[:, None].expand(bsz, dp1).reshape(-1)
+    q = masses(rows, flat).to(dt)
+    if dp1 <= _FULL_CHAIN:
+        g = _gains(T, q, T.depth[flat], dp1).view(bsz, dp1, dp1)  # [b, node at depth i, size k]
+        ks = torch.arange(1, dp1 + 1, device=dev).expand(bsz, dp1)
+    else:
+        leaf_size = T.depth[top_leaf] + 1
+        ks = torch.cat([k_ref[:, None] + torch.arange(-3, 4, device=dev), leaf_size[:, None]], 1)
+        ks = ks.clamp(min=1, max=dp1)  # (B, W)
+        g = _gains_at(T, q, T.depth[flat], ks.repeat_interleave(dp1, 0), dp1).view(bsz, dp1, -1)
+    # A(a) with d(a) = k − 1 is the first k chain nodes; a size past the leaf's depth is -inf.
+    g = g.masked_fill(torch.arange(dp1, device=dev)[None, :, None] >= ks[:, None, :], 0)
+    return g.sum(1).nan_to_num(nan=float("-inf")).max(1).values
+
+
+def _prefix_lower_bound(T, cands, g, ks, col):
+    """(B,) the best value of the closed prefix sets of one ancestors-first order.
+
+    g: (M, J) gains at the sizes ks (B, J); the order is by the smallest gain of column ``col``
+    along each root path (never above an ancestor's), ties in preorder.
+    """
+    bsz, j = ks.shape
+    key = g[:, col]
+    # The smallest key along each root path by pointer doubling: after s steps an entry has seen
+    # its 2^s − 1 nearest ancestors; candidates lie at most min(D, C − 1) levels deep.
+    jump = cands.parent_entry(T)
+    for _ in range(min(T.max_depth, cands.c - 1).bit_length()):
+        key = torch.minimum(key, key[jump])
+        jump = jump[jump]
+    order = torch.sort(cands.to_table(key, float("-inf")), dim=1, descending=True, stable=True).indices
+    rank = torch.empty_like(order).scatter_(1, order, torch.arange(cands.c, device=g.device).expand(bsz, -1))
+    inside = rank[cands.sample, cands.slot][:, None] < ks[cands.sample]
+    vals = torch.zeros(bsz, j, dtype=g.dtype, device=g.device).index_add_(0, cands.sample, g.masked_fill(~inside, 0))
+    vals = vals.masked_fill(ks > cands.count[:, None], float("-inf")).nan_to_num(nan=float("-inf"))
+    return vals.max(1).values
+
+
+def _knapsack(gp, nx, kidx, jmax, active):
+    """Preorder knapsack of R pairs: gains gp (R, C) (-inf: not allowed), nxt columns nx (R, C).
+
+    active[i]: the pairs with a candidate at position i are rows 0..active[i] − 1.  Returns
+    (V (R,) the best value with kidx + 1 nodes, dec (C, R, jmax + 1) bool: take position i
+    with j nodes left to choose from positions ≥ i).
+    """
+    r, c = gp.shape
+    dev, dt = gp.device, gp.dtype
+    hist = torch.full((c + 1, r, jmax + 1), float("-inf"), dtype=dt, device=dev)
+    hist[:, :, 0] = 0  # choosing no node is always possible
+    dec = torch.zeros(c, r, jmax + 1, dtype=torch.bool, device=dev)
+    rows = torch.arange(r, device=dev)
+    flat = hist.view((c + 1) * r, jmax + 1)
+    # Row of F(nxt(i), ·) of every pair and position, laid out position-major for contiguous slices.
+    skip_rows = (nx * r + rows[:, None]).t().contiguous()  # (C, R)
+    gcols = gp.t().contiguous()  # (C, R)
+    for i in range(c - 1, 0, -1):
+        a = active[i]  # the rows past it keep F(i, ·) = F(C, ·)
+        take = hist[i + 1, :a, :-1] + gcols[i, :a, None]  # j ≥ 1 nodes with v_i among them
+        skip = flat.index_select(0, skip_rows[i, :a])[:, 1:]
+        torch.ge(take, skip, out=dec[i, :a, 1:])
+        torch.where(dec[i, :a, 1:], take, skip, out=hist[i, :a, 1:])
+    return gp[:, 0] + hist[1][rows, kidx], dec
+
+
+def _walk(dec, nx, kidx):
+    """(R, C) bool the set of each pair, by following its decisions forward from the root."""
+    r, c = nx.shape
+    dev = nx.device
+    # Per pair: the entry of dec[i] for its row and the nodes j left to take (j = 0 is never
+    # taken: dec[:, :, 0] is False), and the position it has reached.
+    at = torch.arange(r, device=dev) * dec.shape[2] + kidx
+    pos = torch.ones(r, dtype=torch.long, device=dev)
+    members = torch.zeros(c, r, dtype=torch.bool, device=dev)
+    members[0] = True
+    flat = dec.view(c, -1)
+    nxt = nx.t().contiguous()  # (C, R)
+    for i in range(1, c):
+        # A pair at position i takes v_i as decided, else skips v_i's subtree.
+        here = pos == i
+        t = torch.logical_and(flat[i].index_select(0, at), here, out=members[i])
+        at.add_(t, alpha=-1)
+        pos = torch.where(here, torch.where(t, i + 1, nxt[i]), pos)
+    return members.t()
+
+
+def _values64(T, cands, b, k, members):
+    """(R,) float64 Σ_{n ∈ S} g_k(n) of the sets ``members`` (R, C) of sizes k (R,) of samples b."""
+    ent = cands.entry[b]  # (R, C), M at padding
+    q = torch.cat([cands.q64, cands.q64.new_zeros(1, cands.q64.shape[1])])[ent]  # (R, C, E)
+    d = torch.cat([cands.depth, cands.depth.new_zeros(1)])[ent].double()[:, :, None]
+    x = (k.double()[:, None, None] - d) + T.depths  # m + d_e, ≥ 1 for members
+    g = (q * (x + 1 + d) / (x * (x + 1))).sum(2)
+    return g.masked_fill(~members, 0).sum(1)
+
+
+@dataclass(frozen=True)
+class JaccardTrace:
+    """Intermediate results of one :func:`jaccard_trace` call (for tests and diagnostics).
+
+    lb0, lb: (B,) float64 safe lower bounds on the optimum (root path; closed prefixes).
+    wide, candidates: (B, N) bool the nodes kept by p(n) ≥ τ(n)·lb0 and p(n) ≥ τ(n)·lb.
+    allowed: (B, N, K) bool the nodes kept for each size k = 1..K.
+    pairs: (R, 2) int64 (sample, k) solved by the knapsack; values: (R,) their best values.
+    upper: (B, K) the bounds on V(k); sets: (B, N) bool the decoded sets.
+    """
+
+    lb0: torch.Tensor
+    lb: torch.Tensor
+    wide: torch.Tensor
+    candidates: torch.Tensor
+    allowed: torch.Tensor
+    pairs: torch.Tensor
+    values: torch.Tensor
+    upper: torch.Tensor
+    sets: torch.Tensor
+
+
+def jaccard_decode(post) -> torch.Tensor:
+    """Bayes-optimal ancestor-closed sets for the expected Jaccard index of a
+    :class:`~hdecode_torch.Posterior`'s batch.
+
+    Returns (B, N) bool, ancestor-closed, root included.  Ties: the smallest set size, then the
+    first optimal set in depth-first preorder (module docstring, §6).  Work O(B·N + M·E·K + R·C·k)
+    for M candidate entries of at most C per sample, sizes K ≤ C and R pairs (sample, size) left by
+    the bounds; three host reads on the GPU plan, up to five on the CPU plan (module docstring, §8).
+    """
+    return _solve(post, trace=False)
+
+
+def jaccard_trace(post) -> JaccardTrace:
+    """:func:`jaccard_decode` with its intermediate results (a :class:`JaccardTrace`), for a
+    non-empty batch."""
+    if post.batch_size == 0:
+        raise ValueError("Expected a non-empty batch for jaccard_trace, but got 0 samples")
+    return _solve(post, trace=True)
+
+
+def _solve(post, trace):
+    h, p = post.h, post.node
+    n, bsz = p.shape
+    dev, dt = p.device, p.dtype
+    if bsz == 0:
+        return torch.zeros(0, n, dtype=torch.bool, device=dev)
+    T = _tables(h)
+    batch_major = current_plan(h, dev).batch_major
+    big_d, num_e = T.max_depth, T.depths.numel()
+    u = torch.finfo(dt).eps / 2
+    u64 = torch.finfo(torch.float64).eps / 2
+    masses = _Masses(post, T, u)
+
+    def safe(value, k):
+        """A value certainly at most the exact one of the set whose computed value is ``value``."""
+        return value.double() * (1 - (num_e + k + 16) * u - masses.rel) - 2 * k * masses.abs
+
+    def at_least(pv, threshold):
+        """pv ≥ threshold, allowing for the error of the masses pv = Σ_e Q_e(n)."""
+        return pv >= threshold * (1 - masses.rel) - masses.abs
+
+    # (i) LB₀ from a root path; (ii) every node that may be in an optimal set.
+    k_ref = (post.expected_leaf_depth() + 1).round().long()  # a typical label set size
+    top_leaf = post.probs.argmax(1)
+    lb0 = safe(_chain_lower_bound(h, T, masses, top_leaf, k_ref, dt), big_d + 1)
+    # A row without mass (not a distribution) scores 0 with every set: keep only its root.
+    lb0 = torch.where(p[h.root] > 0, lb0, float("inf"))
+    # p's own summation error, (Σ (fan-in − 1) over the ancestors)·u relative (three more
+    # roundings for the product) and 4·L·ε₆₄ absolute, folded into the threshold through τ ≥ τ_min.
+    thr = lb0 * (1 - (T.sum_fan + 8) * u) - 4 * h.num_leaves * 2 * u64 / T.tau_min
+    sample, node, count, c = _screen(h, T, p, thr, batch_major)
+    wide = _Cands(T, bsz, sample, node, masses(sample, node), dt, count, c)
+    # (iii) LB from the closed prefixes of the wide candidates, at sizes around E[d(y)] + 1.
+    ks = (k_ref[:, None] + torch.arange(-3, 4, device=dev)).clamp(min=1, max=wide.c)
+    g = _gains_at(T, wide.q, wide.depth, ks[wide.sample], wide.c)
+    lb = torch.maximum(lb0, safe(_prefix_lower_bound(T, wide, g, ks, 3), wide.c))
+    # (iv) the candidates, their gains and the allowed nodes of each size.
+    cands = wide.subset(T, at_least(wide.pv, T.tau[wide.node] * lb[wide.sample]) | (wide.slot == 0), dt)
+    kmax = cands.c
+    g = _gains(T, cands.q, cands.depth, kmax)  # (M, K)
+    kf = torch.arange(1, kmax + 1, device=dev, dtype=torch.float64)
+    # τ_k(n) depends on d_min(n) and k only: one row of a (D + 2, K) table per candidate.
+    dmin1 = torch.arange(big_d + 2, device=dev, dtype=torch.float64)[:, None]
+    tau_k = (torch.maximum(kf, dmin1) / (2 * kf + big_d - 1))[T.dmin1[cands.node].long()]  # (M, K)
+    scale = (lb * (1 - masses.rel))[cands.sample][:, None]
+    allowed = (cands.pv + masses.abs)[:, None] >= tau_k * scale
+    allowed |= (cands.slot == 0)[:, None]
+    g.masked_fill_(~allowed, float("-inf"))
+    # (v) the sizes that pass G(k) and the Lagrangian top-k bound, λ_k the gain at k of the
+    # candidate ranked k-th by its gain at the typical size k̂.
+    gpad = torch.cat([g, g.new_full((1, kmax), float("-inf"))])  # entry M: padding
+    col = (k_ref.clamp(min=1, max=kmax) - 1)[cands.sample]
+    order = torch.sort(cands.to_table(g.gather(1, col[:, None])[:, 0], float("-inf")), dim=1, descending=True).indices
+    kth = cands.entry.gather(1, order)  # (B, C = K) the entry ranked k-th
+    lam = gpad.view(-1)[kth * kmax + torch.arange(kmax, device=dev)].clamp(min=0).nan_to_num(nan=0.0)
+    excess = (g - lam[cands.sample]).clamp_(min=0)
+    ub = torch.zeros(bsz, kmax, dtype=dt, device=dev).index_add_(0, cands.sample, excess) + lam * kf.to(dt)
+    cover = torch.minimum(kf[:, None], T.depths + 1) / torch.maximum(kf[:, None], T.depths + 1)
+    ub = torch.minimum(ub, (cands.q64[cands.start] @ cover.t()).to(dt))  # the root's masses
+    # A size is kept unless its bound is below LB beyond rounding.  The Lagrangian sum adds up to
+    # C rounded gains of every allowed node, and Σ_n g_k(n) = (E[d(y)] + 1)/k ≤ (D + 1)/k over the
+    # whole tree: that bounds its absolute error.
+    slack_v = 2 * ((num_e + kmax + 16) * u + masses.rel)
+    spread = slack_v * (big_d + 1) / kf + 4 * kmax * masses.abs  # (K,)
+    want = ub.double() * (1 + slack_v) + spread >= lb[:, None]
+    # The pairs, samples with more candidates first: at knapsack position i only the pairs of
+    # samples with more than i candidates work, a prefix.  One host read: the pair count and,
+    # for each i, the size of that prefix.
+    by_count = torch.sort(cands.count, descending=True, stable=True).indices
+    per = torch.zeros(kmax + 1, dtype=torch.long, device=dev).index_add_(0, cands.count, want.sum(1))
+    sizes = torch.cat([per.flip(0).cumsum(0).flip(0), per.new_zeros(1)]).tolist()  # [i]: count ≥ i
+    b, kidx = torch.nonzero_static(want[by_count], size=sizes[0]).unbind(1)
+    b = by_count[b]
+    # (vi) the knapsack of every pair and its set.
+    nx = cands.nxt[b]
+    gp = gpad.view(-1)[cands.entry[b] * kmax + kidx[:, None]]  # (R, C)
+    val, dec = _knapsack(gp, nx, kidx, kmax, sizes[1:])
+    members = _walk(dec, nx, kidx)  # (R, C)
+    # (vii) the best pair of each sample.  Its value in the compute dtype decides, except between
+    # sizes within rounding of each other: those pairs are compared on the float64 values of their
+    # sets (from the float64 masses), so that only float64 rounding can split a tie between sizes,
+    # and the smallest of the tied sizes wins.
+    best = torch.full((bsz,), float("-inf"), dtype=dt, device=dev).scatter_reduce(0, b, val, "amax")
+    near = val.double() >= best[b].double() * (1 - slack_v) - 4 * kmax * masses.abs
+    if dt == torch.float64:  # the values are float64 already
+        eligible = near
+    else:
+        contested = near & (torch.zeros(bsz, dtype=torch.long, device=dev).index_add_(0, b, near.long()) >= 2)[b]
+        if batch_major:  # every pair re-scored: no host read
+            val64 = _values64(T, cands, b, kidx + 1, members).masked_fill(~contested, float("-inf"))
+        else:  # the few contested pairs, listed (a host read costs nothing on a CPU)
+            ci = contested.nonzero()[:, 0]
+            val64 = torch.full((b.numel(),), float("-inf"), dtype=torch.float64, device=dev)
+            val64[ci] = _values64(T, cands, b[ci], kidx[ci] + 1, members[ci])
+        best64 = torch.full((bsz,), float("-inf"), dtype=torch.float64, device=dev).scatter_reduce(
+            0, b, val64, "amax")
+        tol64 = 2 * (num_e + kmax + 16) * u64 * best64.abs() + 4 * kmax * masses.abs
+        eligible = torch.where(contested, val64 >= best64[b] - tol64[b], near)
+    kbest = torch.full((bsz,), kmax, dtype=torch.long, device=dev).scatter_reduce(
+        0, b, torch.where(eligible, kidx, kmax), "amin")
+    first = eligible & (kidx == kbest[b])
+    pick = torch.full((bsz,), b.numel(), dtype=torch.long, device=dev).scatter_reduce(
+        0, b, torch.where(first, torch.arange(b.numel(), device=dev), b.numel()), "amin")
+    members = torch.cat([members, members.new_zeros(1, kmax)])  # row R: no pair (a row without mass)
+    chosen = torch.where(members[pick], cands.ids, torch.full_like(cands.ids, n))
+    out = torch.zeros(bsz, n + 1, dtype=torch.bool, device=dev)
+    out.scatter_(1, chosen, True)
+    out[:, h.root] = True
+    out = out[:, :n]
+    if not trace:
+        return out
+
+    def mask(c, values):
+        m = torch.zeros(bsz, n + 1, *values.shape[1:], dtype=values.dtype, device=dev)
+        m[c.sample, c.node] = values
+        return m[:, :n]
+    return JaccardTrace(lb0=lb0, lb=lb, wide=mask(wide, torch.ones_like(wide.sample, dtype=torch.bool)),
+                        candidates=mask(cands, torch.ones_like(cands.sample, dtype=torch.bool)),
+                        allowed=mask(cands, allowed), pairs=torch.stack([b, kidx + 1], 1), values=val,
+                        upper=ub, sets=out)
+
+
 class Jaccard(SetMetric):
-    """Jaccard index |h⁺ ∩ y⁺| / |h⁺ ∪ y⁺|."""
+    """Jaccard index |h⁺ ∩ y⁺| / |h⁺ ∪ y⁺|; its exact decoder is :func:`jaccard_decode`."""
 
     name = "jaccard"
     higher_is_better = True
-    has_decoder = False
     description = "Jaccard index |h+ & y+| / |h+ | y+| of ancestor-closed sets"
+
+    def _decode(self, post):
+        return jaccard_decode(post)
 
     def _from_counts(self, inter, size, ysize):
         return jaccard_from_counts(inter, size, ysize)
+
+    def _bytes_per_sample(self, h):
+        # (N, B) node sums, threshold product and masks, float64 prefix sums (L, B), and the
+        # candidates' gain and knapsack tables, C·K per sample (C, K ≲ D + 1 on the trees measured)
+        return 8 * (2 * h.num_nodes + h.num_leaves) + 2 * h.num_nodes + 64 * (h.max_depth + 1) * (
+            h.num_leaf_depths + h.max_depth + 1)
 
     def _expected_sets(self, post, sets):
         return jaccard_expected(post, sets)
