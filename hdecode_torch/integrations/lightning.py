@@ -20,8 +20,8 @@ except ImportError:  # the unified `lightning` package
     try:
         import lightning.pytorch as _pl
     except ImportError as exc:
-        raise ImportError("HierarchicalMetricsCallback needs PyTorch Lightning: pip install pytorch-lightning "
-                          "(or lightning)") from exc
+        raise ImportError('HierarchicalMetricsCallback needs PyTorch Lightning: pip install "hdecode_torch[lightning]" '
+                          "(the `lightning` package; `pytorch-lightning` works too)") from exc
 
 __all__ = ["HierarchicalMetricsCallback", "callback_class"]
 
