@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import re
 import threading
 import warnings
 import weakref
@@ -26,7 +27,7 @@ from ..metrics import BaseMetric, get_metric, has_optimal_decoder, list_metrics
 
 __all__ = [
     "DecodingHead", "resolve_metric", "resolve_decoder", "has_optimal_decoder", "shared_posterior",
-    "clear_posterior_cache", "DATA_DEPENDENT",
+    "clear_posterior_cache", "DATA_DEPENDENT", "pair_name",
 ]
 
 
@@ -81,6 +82,30 @@ def decoder_label(decoder: Decoder, metric: BaseMetric | None = None) -> str:
     return decoder.key
 
 
+def _slug(key: str) -> str:
+    """``name[p=v]`` -> ``namev``; ``name[p=v,q=w]`` -> ``name_pv_qw``; a decimal point becomes ``p``, and any
+    other character than letters, digits, ``-`` and ``_`` becomes ``_``."""
+    match = re.fullmatch(r"([^\[]*)\[(.*)\]", key)
+    if match:
+        name, inner = match.groups()
+        items = [kv.split("=", 1) if "=" in kv else ["", kv] for kv in inner.split(",")]
+        key = name + (items[0][1] if len(items) == 1 else "".join(f"_{k}{v}" for k, v in items))
+    key = re.sub(r"(?<=\d)\.(?=\d)", "p", key)
+    return re.sub(r"[^A-Za-z0-9_\-]", "_", key)
+
+
+def pair_name(metric_key: str, decoder_key: str, prefix: str = "") -> str:
+    """A name for a (metric, decoder) pair that every consumer accepts: logger keys, ``ModelCheckpoint``
+    monitors and file-name templates, file names, ``nn.Module`` names (no ``.``, ``/`` or brackets).
+
+    ``[<prefix>_]<metric>_<decoder>``, each parameter value appended to its component with the
+    decimal point written ``p``: ``pair_name("hf_beta[beta=0.5]", "optimal", "val")`` is
+    ``"val_hf_beta0p5_optimal"``, ``pair_name("tree_distance", "darts[lam=1]")`` is
+    ``"tree_distance_darts1"``.
+    """
+    return "_".join(p for p in (prefix, _slug(metric_key), _slug(decoder_key)) if p)
+
+
 # --------------------------------------------------------------------------- last-batch posterior cache
 # One entry per thread: the Posterior of the last (tensor, hierarchy, options) seen.  A
 # MetricCollection calls every member's update with the *same* tensor object, so an
@@ -112,13 +137,13 @@ def shared_posterior(hierarchy: Hierarchy, scores, *, from_logits: bool = False,
         return scores
     if not isinstance(scores, torch.Tensor) or _version(scores) is None:
         # Inference tensors have no version counter: a buffer refilled in place would look unchanged.
-        return Posterior(hierarchy, scores, from_logits=from_logits, validate=validate)
+        return Posterior(hierarchy, scores, from_logits=from_logits, validate=validate, name="scores")
     entry = getattr(_local, "entry", None)
     options = (input_kind(from_logits), bool(validate))
     if (entry is not None and entry["ref"]() is scores and entry["version"] == _version(scores)
             and entry["options"] == options and _same_tree(entry["hierarchy"], hierarchy)):
         return entry["post"]
-    post = Posterior(hierarchy, scores, from_logits=from_logits, validate=validate)
+    post = Posterior(hierarchy, scores, from_logits=from_logits, validate=validate, name="scores")
     _local.entry = {"ref": weakref.ref(scores), "version": _version(scores), "options": options,
                     "hierarchy": hierarchy, "post": post}
     return post
