@@ -6,6 +6,7 @@ than the example's (the batch dimension is dynamic).
 
 from __future__ import annotations
 
+import io
 import warnings
 
 import numpy as np
@@ -215,3 +216,10 @@ def test_cuda_graph_replay_equals_eager(name, params):
     assert torch.equal(graphed(other), eager(other))
     with pytest.raises(ValueError, match="sum to 1"):
         graphed(_probs(11, 24).cuda() * 2)  # checked before the replay
+    buf = io.BytesIO()
+    torch.save(graphed, buf)  # the graph is not saved; the loaded head captures its own
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    assert loaded._graph is None
+    x = _probs(12, 24).cuda()
+    assert torch.equal(loaded(x), eager(x)) and loaded._graph is not None

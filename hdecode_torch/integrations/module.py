@@ -533,6 +533,12 @@ class DecodingHead(nn.Module):
         with self._export_context("cpu"):
             return torch.onnx.export(self, (x,), path, dynamo=True, dynamic_shapes=dynamic_shapes, **kwargs)
 
+    def __getstate__(self):
+        # A captured CUDA graph and its buffers belong to this process: captured again after loading.
+        state = dict(super().__getstate__())
+        state["_graph"] = None
+        return state
+
     def extra_repr(self) -> str:
         return (f"metric={self.metric.key}, decoder={decoder_label(self.decoder, self.metric)}, "
                 f"from_logits={self.from_logits}, num_nodes={self.parent.numel()}"
