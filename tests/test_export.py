@@ -133,6 +133,25 @@ def test_exported_program_from_logits_and_unbatched_input():
     assert torch.equal(torch.export.export(single, (x[0],)).module()(x[1]), head(x[1]))
 
 
+def test_graph_body_reads_nothing_on_the_host_on_the_gpu_plan():
+    """What a CUDA graph capture needs: once the tree tables exist, the decoding of every traceable head
+    makes no host read (no sync, no size read back), counted with the GPU plan on CPU tensors."""
+    from test_plan import Cost
+
+    x = _probs(0, 16)
+    heads = [DecodingHead(H, name, **params) for name, params in (c.values for c in FIXED_SIZE)]
+    heads += [DecodingHead(H, "tree_distance", decoder=(name, params)) for name, params in
+              (c.values for c in heuristic_cases(full=False))]
+    with hd.plan_for("cuda"):
+        for head in heads:
+            h = head.hierarchy
+            head._build_tables(h, x)
+            with Cost() as cost:
+                out = head._graph_body(h, x)
+            assert cost.reads == 0, (head, cost.by_op)
+            assert torch.equal(out, head(x)), head
+
+
 # --------------------------------------------------------------------------- ONNX
 ONNX_HEADS = [("tree_distance", {}, "optimal", False), ("hamming", {}, "optimal", False),
               ("wu_palmer", {}, "optimal", True)]

@@ -205,13 +205,13 @@ _OUTSIDE_GRAPH: dict = {}
 
 
 def _outside_graph():
-    """``DecodingHead._decode_eager`` excluded from ``torch.compile`` graphs.
+    """``DecodingHead._decode`` excluded from ``torch.compile`` graphs.
 
     Wrapped on first use: ``torch.compiler.disable`` imports Dynamo, which takes longer than
     importing torch, and only a process that compiles has imported it already.
     """
     if "f" not in _OUTSIDE_GRAPH:
-        _OUTSIDE_GRAPH["f"] = torch.compiler.disable(DecodingHead._decode_eager)
+        _OUTSIDE_GRAPH["f"] = torch.compiler.disable(DecodingHead._decode)
     return _OUTSIDE_GRAPH["f"]
 
 
@@ -276,7 +276,8 @@ class DecodingHead(nn.Module):
       works for traceable heads; :meth:`export` does it with a dynamic batch size.
     - ONNX: :meth:`export_onnx` exports on the CPU plan, whose per-level tree sums are standard
       operators (trees of up to ``CPU_MAX_LEVELS`` levels); the GPU plan's fused ``hdecode::``
-      operators are unknown to ONNX.
+      operators are unknown to ONNX.  ``from_logits="auto"`` does not convert (the exporter has
+      no translation of its all-dimension minimum): export with ``True`` or ``False``.
     - ``torch.compile``: outside export, the head is excluded from compiled graphs (a graph
       break; it runs eagerly), because its decoders branch on data and read sizes from the
       device, and compiling them gained little or lost.  A compiled model ending in the head
@@ -356,9 +357,10 @@ class DecodingHead(nn.Module):
             return self._decode_traced(scores)
         if mode == "compile":
             return _outside_graph()(self, scores)
-        if self.cuda_graph:
-            return self._decode_graphed(scores)
-        return self._decode_eager(scores)
+        return self._decode(scores)
+
+    def _decode(self, scores) -> torch.Tensor:
+        return self._decode_graphed(scores) if self.cuda_graph else self._decode_eager(scores)
 
     def _checked_device(self, scores) -> Hierarchy:
         h = self.hierarchy
