@@ -7,6 +7,9 @@ than the example's (the batch dimension is dynamic).
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -82,6 +85,31 @@ def test_torch_export_heuristic_heads(name, params):
     for batch in (1, 9):
         x = torch.randn(batch, h.num_leaves, generator=g) * 3
         assert torch.equal(ep.module()(x), head(x)), (name, batch)
+
+
+def test_saved_programs_load_in_a_fresh_process(tmp_path):
+    """The CPU plan's program needs nothing but torch; the GPU plan's needs the hdecode:: ops registered."""
+    x = _probs(5, 6)
+    head = DecodingHead(H, "hamming")
+    torch.export.save(head.export(x), tmp_path / "cpu.pt2")
+    with hd.plan_for("cuda"):
+        gpu = head.export(x)
+    assert any(op.startswith("hdecode.") for op in _ops(gpu))
+    torch.export.save(gpu, tmp_path / "gpu.pt2")
+    torch.save({"x": x, "want": head(x)}, tmp_path / "io.pt")
+    code = (
+        "import sys, torch\n"
+        f"d = torch.load({str(tmp_path / 'io.pt')!r})\n"
+        f"ep = torch.export.load({str(tmp_path / 'cpu.pt2')!r})\n"
+        "print(torch.equal(ep.module()(d['x']), d['want']), 'hdecode_torch' in sys.modules)\n"
+        "import hdecode_torch.kernels.fused\n"
+        f"ep = torch.export.load({str(tmp_path / 'gpu.pt2')!r})\n"
+        "print(torch.equal(ep.module()(d['x']), d['want']))\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["True", "False", "True"]
 
 
 def test_export_of_a_model_ending_in_the_head():

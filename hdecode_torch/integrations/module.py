@@ -266,8 +266,8 @@ class DecodingHead(nn.Module):
     leaf metric and of ``hamming``; not ``hf_beta`` (its candidate sets depend on the data).
     Traced, the head runs the decoding of the current plan (the device's, or
     :func:`~hdecode_torch.plan_for`'s) in one chunk, with Wu-Palmer, Zhao and cost-matrix
-    candidate pruning replaced by an exact fixed-size strategy (dense product or root-path
-    sums).  A graph cannot check its input (the check reads a flag on the host), so tracing a
+    candidate pruning replaced by an exact fixed-size strategy: the dense (N, L) product,
+    O(B·N·L), while the matrix fits, else root-path sums, O(B·N·E) for E leaf depths.  A graph cannot check its input (the check reads a flag on the host), so tracing a
     head built with ``validate=True`` is an error, except through :meth:`export` /
     :meth:`export_onnx`, which check the example eagerly and export the unchecked graph.
     Tree-only tables are built eagerly before a trace reads them.
@@ -490,22 +490,24 @@ class DecodingHead(nn.Module):
         finally:
             self._unchecked_trace = was
 
-    def export(self, example: torch.Tensor, *, dynamic_batch: bool = True, strict: bool = False):
+    def export(self, example: torch.Tensor, *, dynamic_batch: bool = True):
         """``torch.export.export`` of this head: an ``ExportedProgram`` mapping scores to predictions.
 
         example: (B, L) float scores on the head's device, B >= 2 (checked once here when
         ``validate=True``; the program does not check its input).  ``dynamic_batch``: the batch
         size is a symbolic dimension, so the program takes any B >= 1; else only the example's B.
-        ``strict`` goes to ``torch.export.export``.  The program runs the plan of the example's
-        device (or of an enclosing :func:`~hdecode_torch.plan_for`): on CUDA it holds the
-        fused ``hdecode::`` operators (``import hdecode_torch`` before loading it with
-        ``torch.export.load``); on the CPU only standard ATen operators (trees of up to
-        ``CPU_MAX_LEVELS`` levels).  ValueError for a decoder without fixed sizes (:attr:`traceable`).
+        Non-strict tracing (Dynamo's strict mode cannot read the plan).  The program runs the plan of
+        the example's device (or of an enclosing :func:`~hdecode_torch.plan_for`).  On the CPU plan it
+        holds only standard ATen operators (trees of up to ``CPU_MAX_LEVELS`` levels): a saved
+        program loads and runs without hdecode_torch.  On the GPU plan it may hold the fused
+        ``hdecode::`` operators: ``import hdecode_torch.kernels.fused`` (which registers them)
+        before ``torch.export.load``.  ValueError for a decoder without fixed sizes (:attr:`traceable`).
         """
         x = self._example(example)
         dynamic_shapes = ({0: torch.export.Dim("batch")},) if dynamic_batch else None
         with self._export_context(None):
-            return torch.export.export(self, (x,), dynamic_shapes=dynamic_shapes, strict=strict)
+            self._build_tables(self.hierarchy, x)
+            return torch.export.export(self, (x,), dynamic_shapes=dynamic_shapes, strict=False)
 
     def export_onnx(self, example: torch.Tensor, path=None, *, dynamic_batch: bool = True, **kwargs):
         """ONNX export of this head (``torch.onnx.export(dynamo=True)``); returns the ``ONNXProgram``.
@@ -533,6 +535,7 @@ class DecodingHead(nn.Module):
         kwargs.setdefault("input_names", ["scores"])
         kwargs.setdefault("output_names", ["prediction"])
         with self._export_context("cpu"):
+            self._build_tables(self.hierarchy, x)
             return torch.onnx.export(self, (x,), path, dynamo=True, dynamic_shapes=dynamic_shapes, **kwargs)
 
     def __getstate__(self):
