@@ -87,6 +87,24 @@ def test_torch_export_heuristic_heads(name, params):
         assert torch.equal(ep.module()(x), head(x)), (name, batch)
 
 
+@pytest.mark.parametrize("plan", ["cpu", "cuda"])
+def test_torch_export_cost_matrix_head(plan):
+    """A hierarchically reasonable cost matrix prunes candidates eagerly; the graph scores every node."""
+    h, _ = next(random_trees(8, 1, num_nodes_max=30, unary_prob=0.3))
+    n, leaves = h.num_nodes, h.num_leaves
+    td = hd.get_metric("tree_distance", h)
+    cost = td(torch.arange(n).repeat_interleave(leaves), torch.arange(leaves).repeat(n)).reshape(n, leaves).double()
+    cm = hd.CostMatrixMetric(h, cost)
+    assert cm.is_hierarchically_reasonable
+    head = DecodingHead(h, cm)
+    assert torch.equal(head(_probs(0, 9, h)), td.decode(_probs(0, 9, h)))
+    with hd.plan_for(plan):
+        ep = head.export(_probs(1, 4, h))
+        for seed, batch in [(2, 1), (3, 17)]:
+            x = _probs(seed, batch, h)
+            assert torch.equal(ep.module()(x), head(x))
+
+
 def test_saved_programs_load_in_a_fresh_process(tmp_path):
     """The CPU plan's program needs nothing but torch; the GPU plan's needs the hdecode:: ops registered."""
     x = _probs(5, 6)
