@@ -45,13 +45,13 @@ class MLP(pl.LightningModule):
     def training_step(self, batch, batch_idx):
         x, y = batch
         loss = nn.functional.cross_entropy(self(x), y)
-        self.log("train/loss", loss, prog_bar=True)
+        self.log("train_loss", loss, prog_bar=True)
         return loss
 
     def validation_step(self, batch, batch_idx):
         x, y = batch
         logits = self(x)
-        self.log("val/loss", nn.functional.cross_entropy(logits, y), sync_dist=True)
+        self.log("val_loss", nn.functional.cross_entropy(logits, y), sync_dist=True)
         return {"logits": logits, "target": y}  # what HierarchicalMetricsCallback reads
 
     def configure_optimizers(self):
@@ -89,8 +89,9 @@ def main(argv=None) -> dict:
     model = MLP(args.dim, h.num_leaves)
     trainer.fit(model, torch.utils.data.DataLoader(train, batch_size=args.batch_size, shuffle=True),
                 torch.utils.data.DataLoader(val, batch_size=args.batch_size))
-    logged = {k: float(v) for k, v in trainer.callback_metrics.items() if k in callback.metrics}
-    out = {"logged": logged, "history": [{f"{m}/{d}": v for (m, d), v in e.items()} for e in callback.history]}
+    names = callback.names["validate"]  # {(metric key, decoder label): logged name, e.g. "val_hf_beta0p5_optimal"}
+    logged = {name: float(trainer.callback_metrics[name]) for name in names.values()}
+    out = {"logged": logged, "history": [{names[pair]: v for pair, v in e.items()} for e in callback.history]}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)

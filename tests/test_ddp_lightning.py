@@ -40,13 +40,13 @@ def _validate(tmp_path, devices, strategy):
     trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy=strategy, logger=logger, callbacks=[cb],
                          enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
     trainer.validate(_Module(), loader, verbose=False)
-    values = {k: v for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+    values = {k: v for k, v in trainer.callback_metrics.items() if k.startswith("val_")}
     return values, logger
 
 
 def _csv_values(logger):
     rows = list(csv.DictReader(open(os.path.join(logger.log_dir, "metrics.csv"))))
-    return {k: float(v) for r in rows for k, v in r.items() if k.startswith("val/") and v}
+    return {k: float(v) for r in rows for k, v in r.items() if k.startswith("val_") and v}
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
@@ -66,7 +66,7 @@ def test_callback_ddp_spawn_equals_single_process(tmp_path):
     with torch.no_grad():
         probs = torch.softmax(_net(h.num_leaves)(x), 1)
     wp = hd.get_metric("wu_palmer", h)
-    assert float(one["val/wu_palmer/optimal"]) == pytest.approx(float(wp(wp.decode(probs), y).mean()), rel=1e-12)
+    assert float(one["val_wu_palmer_optimal"]) == pytest.approx(float(wp(wp.decode(probs), y).mean()), rel=1e-12)
     td = hd.get_metric("tree_distance", h)
     darts = hd.get_decoder("darts", h, lam=0.5)
-    assert float(one["val/tree_distance/darts[lam=0.5]"]) == float(td(darts.decode(probs), y).mean())
+    assert float(one["val_tree_distance_darts0p5"]) == float(td(darts.decode(probs), y).mean())

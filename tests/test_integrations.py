@@ -392,6 +392,7 @@ def test_metric_on_device(device):
 # --------------------------------------------------------------------------- Lightning callback
 try:
     import pytorch_lightning as pl
+    from hdecode_torch.integrations.lightning import default_name
 except ImportError:  # the callback tests need it; the rest of this file does not
     pl = None
 needs_lightning = pytest.mark.skipif(pl is None, reason="needs pytorch_lightning")
@@ -453,7 +454,7 @@ def _direct_values(net, data, metrics, decoders):
                 name, dp = (dec, {}) if isinstance(dec, str) else dec
                 d = hd.get_decoder(name, H, **dp)
                 pred, label = d.decode(probs), d.key
-            out[f"val/{m.key}/{label}"] = m(pred, data.y).mean()
+            out[default_name("val", m.key, label)] = m(pred, data.y).mean()
     return out
 
 
@@ -474,21 +475,22 @@ def test_callback_logs_direct_values(tmp_path, capsys):
     assert len(cb.history) == 2  # one per epoch: the sanity check is not reported
     want = _direct_values(module.net, val, metrics, decoders)
     assert len(want) == 3 * 5 - 1
-    logged = {k: v for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
-    assert set(logged) == set(want)
+    logged = {k: v for k, v in trainer.callback_metrics.items() if k.startswith("val_")}
+    assert set(logged) == set(want) == set(cb.names["validate"].values())
     for k, v in want.items():
         assert torch.allclose(logged[k].double(), v, rtol=1e-12), k
-        metric_key, label = k.split("/")[1:]
-        assert cb.results[(metric_key, label)] == pytest.approx(float(v), rel=1e-12)
-    assert "val/jaccard/optimal" in logged and cb.skipped == [("jaccard_no_decoder", "optimal")]
+    for pair, name in cb.names["validate"].items():
+        assert cb.results[pair] == pytest.approx(float(want[name]), rel=1e-12)
+    assert cb.names["validate"][("hf_beta[beta=0.5]", "darts[lam=0.5]")] == "val_hf_beta0p5_darts0p5"
+    assert "val_jaccard_optimal" in logged and ("jaccard_no_decoder", "optimal") in cb.skipped
     assert len({round(float(v), 6) for v in logged.values()}) >= 8  # non-degenerate predictions
     # The logger received every pair at every epoch.
     import csv
 
     rows = list(csv.DictReader(open(trainer.logger.experiment.metrics_file_path)))
-    epochs_logged = [r for r in rows if r.get("val/tree_distance/majority")]
+    epochs_logged = [r for r in rows if r.get("val_tree_distance_majority")]
     assert len(epochs_logged) == 2
-    assert float(epochs_logged[-1]["val/accuracy/optimal"]) == pytest.approx(float(want["val/accuracy/optimal"]))
+    assert float(epochs_logged[-1]["val_accuracy_optimal"]) == pytest.approx(float(want["val_accuracy_optimal"]))
     printed = capsys.readouterr().out
     assert printed.count("[val] epoch") == 2 and "hf_beta[beta=0.5]" in printed and "darts[lam=0.5]" in printed
 
@@ -517,7 +519,7 @@ def test_callback_probs_key_extract_and_validate(tmp_path):
     want = _direct_values(module.net, val, metrics, decoders)
     for k, v in want.items():
         assert torch.allclose(trainer.callback_metrics[k].double(), v, rtol=1e-12)
-    assert torch.allclose(trainer.callback_metrics["ev/wu_palmer/optimal"].double(), want["val/wu_palmer/optimal"])
+    assert torch.allclose(trainer.callback_metrics["ev_wu_palmer_optimal"].double(), want["val_wu_palmer_optimal"])
     assert len(seen) == 3
 
 
@@ -596,7 +598,7 @@ def test_callback_with_the_unified_lightning_package(tmp_path):
                            enable_model_summary=False, enable_checkpointing=False)
     trainer.validate(module, torch.utils.data.DataLoader(val, batch_size=8), verbose=False)
     want = _direct_values(module.net, val, metrics, decoders)
-    logged = {k: v for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+    logged = {k: v for k, v in trainer.callback_metrics.items() if k.startswith("val_")}
     assert set(logged) == set(want)
     for k, v in want.items():
         assert torch.allclose(logged[k].double(), v, rtol=1e-12), k

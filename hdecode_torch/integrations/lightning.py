@@ -1,4 +1,4 @@
-"""``HierarchicalMetricsCallback``: every requested (metric, decoder) pair, computed during validation.
+"""``HierarchicalMetricsCallback``: every requested (metric, decoder) pair, computed in validation and test.
 
 Works with ``pytorch_lightning`` and, when that is the installed flavour, ``lightning.pytorch``.
 """
@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from ..hierarchy import Hierarchy
-from .module import clear_posterior_cache, decoder_label, has_optimal_decoder, resolve_metric
+from .module import clear_posterior_cache, decoder_label, has_optimal_decoder, pair_name, resolve_metric
 from .torchmetrics import HierarchicalMetric
 
 try:
@@ -20,22 +20,36 @@ except ImportError:  # the unified `lightning` package
     try:
         import lightning.pytorch as _pl
     except ImportError as exc:
-        raise ImportError("HierarchicalMetricsCallback needs PyTorch Lightning: pip install pytorch-lightning "
-                          "(or lightning)") from exc
+        raise ImportError('HierarchicalMetricsCallback needs PyTorch Lightning: pip install "hdecode_torch[lightning]" '
+                          "(the `lightning` package; `pytorch-lightning` works too)") from exc
 
-__all__ = ["HierarchicalMetricsCallback", "callback_class"]
+__all__ = ["HierarchicalMetricsCallback", "callback_class", "default_name"]
 
 _LOGIT_KEYS = ("logits", "logit", "scores")
 _PROB_KEYS = ("probs", "probabilities", "prob", "leaf_probs")
+_STEP = {"validate": "validation_step", "test": "test_step", "predict": "predict_step"}
+
+
+def default_name(prefix: str, metric: str, decoder: str) -> str:
+    """The logged name of a pair: ``<prefix>_<metric>_<decoder>``, parameter values appended with the
+    decimal point written ``p`` (``val_hf_beta0p5_optimal``, ``test_tree_distance_darts0p5``).
+
+    prefix: the stage's prefix; metric, decoder: keys such as ``"hf_beta[beta=0.5]"``,
+    ``"darts[lam=0.5]"`` or ``"optimal"``.  The name holds only letters, digits, ``_`` and ``-``,
+    so it works as a ``ModelCheckpoint`` monitor, in its ``filename`` template and as a file name.
+    """
+    return pair_name(metric, decoder, prefix)
 
 
 class _CallbackLogic:
     """The callback's behaviour, independent of which Lightning package supplies ``Callback``."""
 
     def __init__(self, hierarchy: Hierarchy, metrics: Sequence = ("accuracy",), decoders: Sequence = ("optimal",),
-                 output_key: str = "logits", target_key: str = "target", from_logits: bool | None = None,
-                 extract: Callable | None = None, prefix: str = "val", print_table: bool = False,
-                 validate: bool = True):
+                 output_key: str = "logits", target_key: str = "target", from_logits: bool | str | None = None,
+                 extract: Callable | None = None, prefix: str = "val", test_prefix: str | None = "test",
+                 predict: bool = False, name_fn: Callable[[str, str, str], str] | None = None,
+                 prog_bar: bool | Sequence = False, print_table: bool = False, validate: bool = True,
+                 exact: bool = True):
         super().__init__()
         if not isinstance(hierarchy, Hierarchy):
             raise TypeError(f"Expected `hierarchy` to be a Hierarchy, but got {type(hierarchy).__name__}")
@@ -49,23 +63,29 @@ class _CallbackLogic:
                             "('hf_beta', {'beta': 0.5})], decoders=['optimal', 'majority']")
         if from_logits is None:
             if extract is not None:
-                raise ValueError("With `extract=`, say what it returns: pass from_logits=True (logits) or False "
-                                 "(probabilities)")
+                raise ValueError("With `extract=`, say what it returns: pass from_logits=True (logits), False "
+                                 "(probabilities) or 'auto'")
             if output_key in _LOGIT_KEYS:
                 from_logits = True
             elif output_key in _PROB_KEYS:
                 from_logits = False
             else:
                 raise ValueError(f"Cannot tell whether `output_key={output_key!r}` holds logits or probabilities: "
-                                 "pass from_logits=True or False")
+                                 "pass from_logits=True, False or 'auto'")
+        for arg, value in (("prefix", prefix), ("test_prefix", test_prefix)):
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"Expected `{arg}` to be a str, but got {type(value).__name__}")
+        if name_fn is not None and not callable(name_fn):
+            raise TypeError(f"Expected `name_fn` to be a callable (prefix, metric, decoder) -> str, but got "
+                            f"{type(name_fn).__name__}")
         self.hierarchy = hierarchy
         self.output_key, self.target_key = output_key, target_key
-        self.from_logits = bool(from_logits)
         self.extract = extract
-        self.prefix = prefix
+        self.prefix, self.test_prefix, self.predict = prefix, test_prefix, bool(predict)
+        self.name_fn = default_name if name_fn is None else name_fn
         self.print_table = bool(print_table)
-        self.metrics: dict[str, HierarchicalMetric] = {}
-        self.pairs: dict[str, tuple[str, str]] = {}
+        #: The pairs, ``{(metric key, decoder label): HierarchicalMetric}``, shared by the stages (one runs at a time).
+        self.metrics: dict[tuple[str, str], HierarchicalMetric] = {}
         self.skipped: list[tuple[str, str]] = []
         for metric_spec in metrics:
             metric = resolve_metric(hierarchy, metric_spec)
@@ -76,20 +96,69 @@ class _CallbackLogic:
                     if not optimal_ok:
                         self.skipped.append((metric.key, "optimal"))
                         continue
-                m = HierarchicalMetric(hierarchy, metric, decoder_spec, from_logits=self.from_logits, validate=validate)
-                label = decoder_label(m.decoder, metric)
-                name = "/".join(p for p in (prefix, metric.key, label) if p)
-                if name in self.metrics:
-                    raise ValueError(f"The pair ({metric.key}, {label}) is requested twice")
-                self.metrics[name] = m
-                self.pairs[name] = (metric.key, label)
+                m = HierarchicalMetric(hierarchy, metric, decoder_spec, from_logits=from_logits, validate=validate,
+                                       exact=exact)
+                pair = (metric.key, decoder_label(m.decoder, metric))
+                if pair in self.metrics:
+                    raise ValueError(f"The pair {pair} is requested twice")
+                self.metrics[pair] = m
         if self.skipped:
             warnings.warn(f"No Bayes-optimal decoder for {sorted({k for k, _ in self.skipped})}: "
                           "those metrics are reported for the heuristic decoders only", stacklevel=2)
         if not self.metrics:
             raise ValueError("No (metric, decoder) pair to compute; add a heuristic decoder")
+        self.from_logits = next(iter(self.metrics.values())).from_logits
+        self.names: dict[str, dict[tuple[str, str], str]] = {}
+        for stage, pre in (("validate", prefix), ("test", test_prefix), ("predict", "predict" if predict else None)):
+            if pre is not None:
+                self.names[stage] = self._stage_names(stage, pre)
+        self.prog_bar = self._prog_bar_pairs(prog_bar)
         self.results: dict[tuple[str, str], float] = {}
         self.history: list[dict[tuple[str, str], float]] = []
+        self.test_results: dict[tuple[str, str], float] = {}
+        self.predict_results: dict[tuple[str, str], float] = {}
+        self._checked: set[str] = set()
+
+    def _stage_names(self, stage, pre) -> dict[tuple[str, str], str]:
+        names = {}
+        for pair in self.metrics:
+            name = self.name_fn(pre, *pair)
+            if not isinstance(name, str) or not name:
+                raise TypeError(f"Expected `name_fn` to return a non-empty str, but it returned {name!r} for {pair}")
+            names[pair] = name
+        if len(set(names.values())) != len(names):
+            seen: dict[str, tuple] = {}
+            for pair, name in names.items():
+                if name in seen:
+                    raise ValueError(f"Two pairs get the logged name {name!r} ({stage}): {seen[name]} and {pair}; "
+                                     "give `name_fn` a name per pair")
+                seen[name] = pair
+        return names
+
+    def _prog_bar_pairs(self, prog_bar) -> set[tuple[str, str]]:
+        if isinstance(prog_bar, bool):
+            return set(self.metrics) if prog_bar else set()
+        if isinstance(prog_bar, str) or not isinstance(prog_bar, Sequence):
+            raise TypeError("Expected `prog_bar` to be a bool or a list of pairs, e.g. prog_bar=['val_wu_palmer_optimal'] "
+                            f"or prog_bar=[('wu_palmer', 'optimal')], but got {prog_bar!r}")
+        lookup = {}
+        for pair, m in self.metrics.items():
+            lookup[pair] = lookup[m.name] = pair
+            for names in self.names.values():
+                lookup[names[pair]] = pair
+        chosen = set()
+        for item in prog_bar:
+            key = tuple(item) if isinstance(item, list) else item
+            if key not in lookup:
+                valid = ", ".join(repr(n) for n in self.names.get("validate", {}).values())
+                raise ValueError(f"Expected each entry of `prog_bar` to name a computed pair (a logged name such as "
+                                 f"{valid}, or a (metric, decoder) tuple), but got {item!r}")
+            chosen.add(lookup[key])
+        return chosen
+
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(prefix=self.prefix, pairs=sorted(self.metrics))
 
     # ------------------------------------------------------------------ helpers
     def _to(self, device: torch.device) -> None:
@@ -101,33 +170,57 @@ class _CallbackLogic:
             m.reset()
         clear_posterior_cache()
 
-    def _extract(self, outputs, batch):
+    def _extract(self, outputs, batch, stage: str):
+        step = _STEP[stage]
         if self.extract is not None:
-            return self.extract(outputs, batch)
-        if not isinstance(outputs, Mapping) or self.output_key not in outputs:
-            got = sorted(outputs) if isinstance(outputs, Mapping) else type(outputs).__name__
-            raise ValueError(
-                f"HierarchicalMetricsCallback reads what `validation_step` returns: expected a dict with key "
-                f"{self.output_key!r}, but got {got}. Return e.g. {{{self.output_key!r}: scores, "
-                f"{self.target_key!r}: y}}, or pass `output_key=` or `extract=(outputs, batch) -> (scores, target)`")
-        scores = outputs[self.output_key]
-        if self.target_key in outputs:
-            target = outputs[self.target_key]
-        elif isinstance(batch, Mapping) and self.target_key in batch:
-            target = batch[self.target_key]
-        elif isinstance(batch, (tuple, list)) and len(batch) == 2:
-            target = batch[1]
+            got = self.extract(outputs, batch)
+            if not isinstance(got, (tuple, list)) or len(got) != 2:
+                raise ValueError(f"Expected `extract` to return (scores, target), but it returned {type(got).__name__}")
+            scores, target = got
         else:
-            raise ValueError(f"Cannot find the targets: return them from `validation_step` under "
-                             f"{self.target_key!r}, or pass `extract=`")
+            if not isinstance(outputs, Mapping) or self.output_key not in outputs:
+                got = f"a dict with keys {sorted(outputs)}" if isinstance(outputs, Mapping) else (
+                    "None" if outputs is None else f"a {type(outputs).__name__}")
+                raise ValueError(
+                    f"HierarchicalMetricsCallback reads what `{step}` returns: expected a dict with key "
+                    f"{self.output_key!r}, but got {got}. Return e.g. {{'loss': loss, {self.output_key!r}: scores, "
+                    f"{self.target_key!r}: y}}, or pass `output_key=` or `extract=(outputs, batch) -> (scores, target)`")
+            scores = outputs[self.output_key]
+            if self.target_key in outputs:
+                target = outputs[self.target_key]
+            elif isinstance(batch, Mapping) and self.target_key in batch:
+                target = batch[self.target_key]
+            elif isinstance(batch, (tuple, list)) and len(batch) == 2:
+                target = batch[1]
+            else:
+                raise ValueError(f"Cannot find the targets: return them from `{step}` under {self.target_key!r}, "
+                                 "or pass `extract=`")
         return scores, target
+
+    def _check_contract(self, scores, target, stage: str) -> None:
+        """Shapes and types of the first batch of a stage, so a wrong step fails before any training."""
+        step = _STEP[stage]
+        L = self.hierarchy.num_leaves
+        what = f"`{step}`'s scores ({self.output_key!r})" if self.extract is None else "`extract`'s scores"
+        if not isinstance(scores, torch.Tensor) or not scores.is_floating_point():
+            kind = f"dtype {scores.dtype}" if isinstance(scores, torch.Tensor) else type(scores).__name__
+            raise ValueError(f"Expected {what} to be a float tensor (B, {L}), but got {kind}")
+        if scores.dim() != 2 or scores.shape[1] != L:
+            raise ValueError(f"Expected {what} to have shape (B, {L}) (one column per leaf of the hierarchy), but got "
+                             f"{tuple(scores.shape)}")
+        if not isinstance(target, torch.Tensor) or target.is_floating_point() or target.dtype == torch.bool:
+            kind = f"dtype {target.dtype}" if isinstance(target, torch.Tensor) else type(target).__name__
+            raise ValueError(f"Expected the targets of `{step}` to be an int tensor (B,) of leaf ids, but got {kind}")
+        if target.shape != scores.shape[:1]:
+            raise ValueError(f"Expected the targets of `{step}` to have shape ({scores.shape[0]},) (one per row of "
+                             f"the scores), but got {tuple(target.shape)}")
 
     def format_table(self, results: Mapping[tuple[str, str], float] | None = None) -> str:
         """Metrics as rows, decoders as columns; ``*`` marks each row's best decoder."""
         results = self.results if results is None else results
         rows = list(dict.fromkeys(k for k, _ in results))
         cols = list(dict.fromkeys(d for _, d in results))
-        better = {key: m.higher_is_better for name, m in self.metrics.items() for key in [self.pairs[name][0]]}
+        better = {pair[0]: m.higher_is_better for pair, m in self.metrics.items()}
         width = max([len("metric")] + [len(r) for r in rows])
         cw = max([10] + [len(c) for c in cols])
         lines = ["metric".ljust(width) + "".join(c.rjust(cw + 2) for c in cols)]
@@ -139,55 +232,127 @@ class _CallbackLogic:
             lines.append(r.ljust(width) + "".join(x.rjust(cw + 2) for x in cells))
         return "\n".join(lines)
 
+    # ------------------------------------------------------------------ stages
+    def _start(self, pl_module, stage) -> None:
+        if stage in self.names:
+            self._to(pl_module.device)
+            self._reset()
+
+    def _batch(self, trainer, outputs, batch, stage) -> None:
+        if stage not in self.names:
+            return
+        scores, target = self._extract(outputs, batch, stage)
+        if stage not in self._checked:
+            self._check_contract(scores, target, stage)
+            self._checked.add(stage)
+        if trainer.sanity_checking:
+            return  # the contract is checked; the values of an untrained model are not reported
+        scores = scores.detach()
+        for m in self.metrics.values():
+            m.update(scores, target)
+
+    def _end(self, trainer, pl_module, stage) -> dict[tuple[str, str], float] | None:
+        if stage not in self.names:
+            return None
+        if trainer.sanity_checking:
+            self._reset()
+            return None
+        results = {}
+        for pair, m in self.metrics.items():
+            value = m.compute()  # every process gets the value over all processes' samples (see the class docstring)
+            if stage != "predict":  # Lightning does not log in predict
+                # Already global and identical on every rank: sync_dist with "max" returns it unchanged for
+                # any world size (a mean of identical floats need not be exact) and avoids Lightning's
+                # "use sync_dist=True" warning for epoch-level values under DDP.
+                pl_module.log(self.names[stage][pair], value, on_step=False, on_epoch=True, sync_dist=True,
+                              reduce_fx="max", batch_size=1, prog_bar=pair in self.prog_bar)
+            results[pair] = float(value)
+        if self.print_table and trainer.is_global_zero:
+            pre = {"validate": self.prefix, "test": self.test_prefix, "predict": "predict"}[stage]
+            print(f"\n[{pre}] epoch {trainer.current_epoch}\n{self.format_table(results)}", flush=True)
+        self._reset()
+        return results
+
     # ------------------------------------------------------------------ hooks
     def setup(self, trainer, pl_module, stage=None) -> None:
         self._to(pl_module.device)
 
     def on_validation_epoch_start(self, trainer, pl_module) -> None:
-        self._to(pl_module.device)
-        self._reset()
+        self._start(pl_module, "validate")
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        if trainer.sanity_checking:
-            return
-        scores, target = self._extract(outputs, batch)
-        scores = scores.detach()
-        for m in self.metrics.values():
-            m.update(scores, target)
+        self._batch(trainer, outputs, batch, "validate")
 
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
-        if trainer.sanity_checking:
-            self._reset()
-            return
-        results = {}
-        for name, m in self.metrics.items():
-            value = m.compute()  # torchmetrics all-reduces total/count: every rank gets the global mean
-            # The value is already global and identical on every rank.  sync_dist with "max" returns
-            # it unchanged for any world size (a mean of identical floats need not be exact) and
-            # avoids Lightning's "use sync_dist=True" warning for epoch-level values under DDP.
-            pl_module.log(name, value, on_step=False, on_epoch=True, sync_dist=True, reduce_fx="max", batch_size=1)
-            results[self.pairs[name]] = float(value)
-        self.results = results
-        self.history.append(dict(results))
-        if self.print_table and trainer.is_global_zero:
-            title = f"[{self.prefix or 'eval'}] epoch {trainer.current_epoch}"
-            print(f"\n{title}\n{self.format_table(results)}", flush=True)
-        self._reset()
+        results = self._end(trainer, pl_module, "validate")
+        if results is not None:
+            self.results = results
+            self.history.append(dict(results))
+
+    def on_test_epoch_start(self, trainer, pl_module) -> None:
+        self._start(pl_module, "test")
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._batch(trainer, outputs, batch, "test")
+
+    def on_test_epoch_end(self, trainer, pl_module) -> None:
+        results = self._end(trainer, pl_module, "test")
+        if results is not None:
+            self.test_results = results
+
+    def on_predict_epoch_start(self, trainer, pl_module) -> None:
+        self._start(pl_module, "predict")
+
+    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._batch(trainer, outputs, batch, "predict")
+
+    def on_predict_epoch_end(self, trainer, pl_module) -> None:
+        results = self._end(trainer, pl_module, "predict")
+        if results is not None:
+            self.predict_results = results
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        """The validation history and the last results, as plain lists (loadable with ``weights_only=True``)."""
+        def rows(results):
+            return [[m, d, v] for (m, d), v in results.items()]
+        return {"history": [rows(r) for r in self.history], "results": rows(self.results),
+                "test_results": rows(self.test_results)}
+
+    def load_state_dict(self, state_dict: Mapping) -> None:
+        def pairs(rows):
+            return {(m, d): float(v) for m, d, v in rows}
+        self.history = [pairs(r) for r in state_dict.get("history", [])]
+        self.results = pairs(state_dict.get("results", []))
+        self.test_results = pairs(state_dict.get("test_results", []))
 
 
 class HierarchicalMetricsCallback(_CallbackLogic, _pl.Callback):
-    """Computes and logs hierarchical metrics of several decoders during validation.
+    """Computes and logs hierarchical metrics of several decoders in validation and test.
 
-    ``validation_step`` returns a dict with the model's scores under ``output_key``
-    ((B, L) float logits or probabilities of the leaves ``0..L-1``) and, unless the batch
-    is ``(x, y)`` or a dict holding it, the targets under ``target_key`` ((B,) int leaf
-    ids).  ``extract=(outputs, batch) -> (scores, target)`` handles anything else.
+    **What the step returns.**  ``validation_step`` (and ``test_step``) returns a dict with the
+    model's scores under ``output_key`` ((B, L) float, one column per leaf ``0..L-1``) and, unless
+    the batch is ``(x, y)`` or a dict holding ``target_key``, the targets under ``target_key``
+    ((B,) int leaf ids), e.g. ``return {"loss": loss, "logits": logits, "target": y}``.
+    ``extract=(outputs, batch) -> (scores, target)`` handles anything else.  The contract is
+    checked on the first batch of each stage, the sanity check's included, so a step that returns
+    only the loss fails before the first training epoch.
 
-    At each validation epoch end, one value per pair is logged as
-    ``"<prefix>/<metric key>/<decoder>"``, e.g. ``val/hf_beta[beta=0.5]/optimal`` or
-    ``val/tree_distance/darts[lam=0.5]``; it appears in ``trainer.callback_metrics`` and
-    in the loggers.  The sanity check is skipped.  ``results`` holds the last epoch's
-    values ``{(metric key, decoder): float}``, ``history`` every epoch's.
+    **What is logged.**  At the end of each validation epoch, one value per pair, named by
+    ``name_fn(prefix, metric key, decoder label)``; the default (:func:`default_name`) gives
+    ``val_<metric>_<decoder>`` with parameter values appended and the decimal point written
+    ``p``: ``val_hf_beta0p5_optimal``, ``val_tree_distance_darts0p5``, ``val_accuracy_majority``.
+    These names work as ``ModelCheckpoint(monitor="val_hf_beta0p5_optimal")`` and in its
+    ``filename="{epoch}-{val_hf_beta0p5_optimal:.3f}"``.  ``trainer.test`` logs the same pairs
+    with ``test_prefix`` (``test_hf_beta0p5_optimal``; ``None`` skips the test stage);
+    ``predict=True`` also computes them in ``trainer.predict`` (into :attr:`predict_results`,
+    not logged: Lightning does not log in predict).  The sanity check is not reported.
+
+    Attributes: ``results`` (the last validation epoch's values ``{(metric key, decoder
+    label): float}``), ``history`` (every validation epoch's, kept across a resume from a
+    checkpoint through ``state_dict``/``load_state_dict``), ``test_results``,
+    ``predict_results``, ``names`` (``{stage: {pair: logged name}}``), ``metrics``
+    (``{pair: HierarchicalMetric}``).
 
     Args:
         hierarchy: the class tree.
@@ -195,19 +360,28 @@ class HierarchicalMetricsCallback(_CallbackLogic, _pl.Callback):
         decoders: ``"optimal"`` (each metric's own Bayes-optimal decoder; skipped with a
             warning for a metric without one), heuristic names, ``(name, params)``.
         output_key, target_key: keys of the step output (and batch) to read.
-        from_logits: ``None`` decides from ``output_key`` (``"logits"``/``"scores"`` -> True,
-            ``"probs"``/``"probabilities"`` -> False); required with ``extract``.
+        from_logits: what the scores hold: ``True`` logits, ``False`` probabilities, ``"auto"``
+            decided per batch; ``None`` decides from ``output_key`` (``"logits"``/``"scores"`` ->
+            True, ``"probs"``/``"probabilities"`` -> False) and is required with ``extract``.
         extract: optional ``(outputs, batch) -> (scores, target)``; must be picklable under ddp_spawn.
-        prefix: first part of the logged names.
-        print_table: print the epoch's results as a table (rank 0 only).
-        validate: check scores and targets (one host sync each per batch and pair).
+        prefix, test_prefix: first part of the logged names in validation and test.
+        predict: also compute the pairs in ``trainer.predict`` (``predict_step`` returns the same dict).
+        name_fn: ``(prefix, metric key, decoder label) -> logged name``, e.g.
+            ``lambda p, m, d: f"{p}/{m}/{d}"`` for the names of earlier versions.
+        prog_bar: ``True`` shows every pair in the progress bar; a list chooses pairs, by logged
+            name or ``(metric key, decoder label)``.
+        print_table: print each epoch's results as a table (rank 0 only).
+        validate: check scores and targets (one host sync per batch and pair).
+        exact: the :class:`HierarchicalMetric` states (below).
 
-    Under DDP each rank updates :class:`HierarchicalMetric` states on the model's device;
-    ``compute`` sums ``total``/``count`` across ranks, so the logged values are the means
-    over the whole validation set.  They match a single-process run exactly when the
-    DistributedSampler does not pad, i.e. the set size divides by the world size (up to
-    float64 summation order for non-integer per-sample values).  All validation
-    dataloaders are pooled.
+    **Under DDP** each rank updates :class:`HierarchicalMetric` states on the model's device.
+    With ``exact=True`` (default) they are the per-sample values (float64, 8 bytes per sample
+    and pair), concatenated across ranks by ``compute``, which sums them in sorted order: the
+    logged mean is bitwise the same for any number of processes or batch split.  With
+    ``exact=False`` only a sum and a count are kept and summed across ranks (constant memory,
+    equal up to float64 rounding).  Either way the value is the mean over every rank's samples;
+    it equals a single-process run when the DistributedSampler does not pad, i.e. the set size
+    divides by the world size.  All dataloaders of a stage are pooled.
     """
 
 

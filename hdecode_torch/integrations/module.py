@@ -8,7 +8,11 @@ the node probabilities once.
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import re
 import threading
+import warnings
 import weakref
 from collections.abc import Mapping
 
@@ -23,7 +27,7 @@ from ..metrics import BaseMetric, get_metric, has_optimal_decoder, list_metrics
 
 __all__ = [
     "DecodingHead", "resolve_metric", "resolve_decoder", "has_optimal_decoder", "shared_posterior",
-    "clear_posterior_cache",
+    "clear_posterior_cache", "data_dependent_metrics", "pair_name",
 ]
 
 
@@ -78,6 +82,30 @@ def decoder_label(decoder: Decoder, metric: BaseMetric | None = None) -> str:
     return decoder.key
 
 
+def _slug(key: str) -> str:
+    """``name[p=v]`` -> ``namev``; ``name[p=v,q=w]`` -> ``name_pv_qw``; a decimal point becomes ``p``, and any
+    other character than letters, digits, ``-`` and ``_`` becomes ``_``."""
+    match = re.fullmatch(r"([^\[]*)\[(.*)\]", key)
+    if match:
+        name, inner = match.groups()
+        items = [kv.split("=", 1) if "=" in kv else ["", kv] for kv in inner.split(",")]
+        key = name + (items[0][1] if len(items) == 1 else "".join(f"_{k}{v}" for k, v in items))
+    key = re.sub(r"(?<=\d)\.(?=\d)", "p", key)
+    return re.sub(r"[^A-Za-z0-9_\-]", "_", key)
+
+
+def pair_name(metric_key: str, decoder_key: str, prefix: str = "") -> str:
+    """A name for a (metric, decoder) pair that every consumer accepts: logger keys, ``ModelCheckpoint``
+    monitors and file-name templates, file names, ``nn.Module`` names (no ``.``, ``/`` or brackets).
+
+    ``[<prefix>_]<metric>_<decoder>``, each parameter value appended to its component with the
+    decimal point written ``p``: ``pair_name("hf_beta[beta=0.5]", "optimal", "val")`` is
+    ``"val_hf_beta0p5_optimal"``, ``pair_name("tree_distance", "darts[lam=1]")`` is
+    ``"tree_distance_darts1"``.
+    """
+    return "_".join(p for p in (prefix, _slug(metric_key), _slug(decoder_key)) if p)
+
+
 # --------------------------------------------------------------------------- last-batch posterior cache
 # One entry per thread: the Posterior of the last (tensor, hierarchy, options) seen.  A
 # MetricCollection calls every member's update with the *same* tensor object, so an
@@ -109,13 +137,13 @@ def shared_posterior(hierarchy: Hierarchy, scores, *, from_logits: bool = False,
         return scores
     if not isinstance(scores, torch.Tensor) or _version(scores) is None:
         # Inference tensors have no version counter: a buffer refilled in place would look unchanged.
-        return Posterior(hierarchy, scores, from_logits=from_logits, validate=validate)
+        return Posterior(hierarchy, scores, from_logits=from_logits, validate=validate, name="scores")
     entry = getattr(_local, "entry", None)
     options = (input_kind(from_logits), bool(validate))
     if (entry is not None and entry["ref"]() is scores and entry["version"] == _version(scores)
             and entry["options"] == options and _same_tree(entry["hierarchy"], hierarchy)):
         return entry["post"]
-    post = Posterior(hierarchy, scores, from_logits=from_logits, validate=validate)
+    post = Posterior(hierarchy, scores, from_logits=from_logits, validate=validate, name="scores")
     _local.entry = {"ref": weakref.ref(scores), "version": _version(scores), "options": options,
                     "hierarchy": hierarchy, "post": post}
     return post
@@ -127,12 +155,91 @@ def clear_posterior_cache() -> None:
 
 
 # --------------------------------------------------------------------------- the head
+#: Optimal decoders whose intermediate sizes depend on the data (why), so no graph can hold them.
+def data_dependent_metrics() -> dict[str, str]:
+    """``{metric name: why its optimal decoder cannot be traced}`` for the registered metrics."""
+    from ..metrics.registry import METRICS
+
+    return {name: cls.data_dependent_sizes for name, cls in METRICS.items() if cls.data_dependent_sizes}
+
+
+def _fixed_size_metric(metric: BaseMetric, h: Hierarchy) -> BaseMetric:
+    """``metric``, or an exact equivalent whose decoding has no data-dependent size (for graphs).
+
+    A pruned candidate list (``strategy="candidates"``, or ``"auto"`` where the CPU plan picks it)
+    has as many entries as (node, sample) pairs survive the pruning; the graph scores every node
+    instead (the dense product while the (N, L) matrix fits, root-path sums otherwise).
+    """
+    from ..metrics.cost_matrix import CostMatrixMetric
+    from ..metrics.strategies import StrategyNodeMetric
+
+    if isinstance(metric, StrategyNodeMetric) and metric.resolved_strategy(h) == "candidates":
+        fixed = copy.copy(metric)
+        fixed.strategy = "dense" if metric._dense_fits(h) else "structural"
+        return fixed
+    if isinstance(metric, CostMatrixMetric) and metric.strategy != "dense" and metric.is_hierarchically_reasonable:
+        fixed = copy.copy(metric)
+        fixed.strategy = "dense"
+        return fixed
+    return metric
+
+
+def _real_tensors(example: torch.Tensor):
+    """A context in which torch ops make real tensors, even while ``example`` is being traced.
+
+    Tree-only tables are cached on the hierarchy; built during a trace they would be fake tensors
+    (and stay cached), so they are built for real, outside the trace, before it reads them.
+    """
+    try:
+        from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+        from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+    except ImportError:  # pragma: no cover - older torch: tables must be built by an eager call first
+        return contextlib.nullcontext()
+    if not isinstance(example, FakeTensor) and _tracing() != "export":
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    stack.enter_context(unset_fake_temporarily())
+    stack.enter_context(disable_proxy_modes_tracing())
+    return stack
+
+
+_OUTSIDE_GRAPH: dict = {}
+
+
+def _outside_graph():
+    """``DecodingHead._decode`` excluded from ``torch.compile`` graphs.
+
+    Wrapped on first use: ``torch.compiler.disable`` imports Dynamo, which takes longer than
+    importing torch, and only a process that compiles has imported it already.
+    """
+    if "f" not in _OUTSIDE_GRAPH:
+        _OUTSIDE_GRAPH["f"] = torch.compiler.disable(DecodingHead._decode)
+    return _OUTSIDE_GRAPH["f"]
+
+
+def _tracing() -> str | None:
+    """``"export"`` under torch.export (and the ONNX exporter), ``"compile"`` under Dynamo, else None."""
+    compiler = getattr(torch, "compiler", None)
+    if getattr(compiler, "is_exporting", None) is not None and compiler.is_exporting():
+        return "export"
+    if getattr(compiler, "is_compiling", None) is not None and compiler.is_compiling():
+        return "compile"
+    return None
+
+
+class _CapturedGraph:
+    """One CUDA graph of the head's decoding for a fixed input shape, dtype and device."""
+
+    def __init__(self, key, graph, static_in, static_out):
+        self.key, self.graph, self.static_in, self.static_out = key, graph, static_in, static_out
+
+
 class DecodingHead(nn.Module):
     """Appended to a trained classifier, returns hierarchical predictions instead of scores.
 
-    ``nn.Sequential(model, DecodingHead(h, "wu_palmer"))(x)`` gives (B,)
-    int64 node ids (node and leaf metrics, every heuristic decoder) or (B, N) bool
-    ancestor-closed node sets (set metrics with ``decoder="optimal"``).
+    ``nn.Sequential(model, DecodingHead(h, "wu_palmer"))(x)`` gives (B,) int64 node ids (node and
+    leaf metrics, every heuristic decoder) or (B, N) bool ancestor-closed node sets (set metrics
+    with ``decoder="optimal"``).
 
     Args:
         hierarchy: the class tree; its leaves ``0..L-1`` are the model's output columns.
@@ -140,44 +247,67 @@ class DecodingHead(nn.Module):
             parameters (``beta=``, ``c=``).  Kept as :attr:`metric` to score the predictions.
         decoder: ``"optimal"`` (the metric's Bayes-optimal decoder), a heuristic name,
             ``(name, params)`` such as ``("darts", {"lam": 0.5})``, or a built Decoder.
-        from_logits: what the input holds: ``False`` (default) probabilities, ``True`` logits (a
-            softmax is applied; probability-looking input gets a warning), ``"auto"`` decide per batch
-            (probabilities if every row is a distribution, else logits).
-        validate: check the inputs (one host sync per call); ``False`` on trusted hot paths.
+        from_logits: what the input holds.  ``False`` (default): probabilities, each row
+            non-negative and summing to 1.  ``True``: logits, a softmax is applied (input that
+            looks like probabilities gets a warning: a softmax of probabilities is wrong).
+            ``"auto"``: decided per batch on the device, probabilities if every row is a
+            distribution, else logits.
+        validate: check the input (one host sync per call); ``False`` on trusted hot paths, and
+            required for a head traced into a graph (see below).
+        cuda_graph: capture the decoding of CUDA inputs as a CUDA graph (see below).
 
-    Input: (B, L) or (L,) float32/float64/float16/bfloat16 on the head's device.
+    Input: ``scores`` (B, L) or (L,) float32/float64/float16/bfloat16 on the head's device.
 
     The tree's ``parent`` array (N,) int64 is a buffer, so ``.to(device)``, ``state_dict``
     and ``torch.save`` carry it; ``forward`` uses the hierarchy's cached copy on the
     buffer's device.  Loading a ``state_dict`` saved from another tree of the same size
     rebuilds the hierarchy (canonical ids; original names and labels are not stored).
 
-    ``torch.compile``: ``forward`` is excluded from compilation (``torch.compiler.disable``),
-    so ``torch.compile(nn.Sequential(backbone, head))`` compiles the backbone and runs the
-    head eagerly.  Measured on CPU (torch 2.13, tieredImageNet-H, B = 256, one thread)
-    with the head compiled (``fullgraph=False``): the decoders branch on data and sync
-    with the host (validation, ``int(count.max())`` sizes), so Dynamo splits them into
-    3-8 graphs.  The first call took 2-30 s to compile, and steady-state times moved by
-    under a millisecond or got worse (eager -> compiled): tree_distance 0.8 -> 0.4 ms,
-    majority 0.7 -> 0.3 ms, darts 0.9 -> 2.1 ms, wu_palmer 7.7 -> 14 ms, hf_beta 16 -> 20 ms.  The inductor
-    backend also returned wrong hF_β sets while an earlier candidate compaction scattered into
-    a buffer allocated before a graph break; the hF_β decoder compiled whole now equals eager
-    (tested), but with no speed to gain the head stays eager.  ``fullgraph=True`` fails at the first data-dependent
-    branch.
+    **Graphs.**  A decoder can be part of a graph when no size inside it depends on the data
+    (:attr:`traceable`): every heuristic decoder and the optimal decoders of every node and
+    leaf metric and of ``hamming``; not ``hf_beta`` (its candidate sets depend on the data).
+    Traced, the head runs the decoding of the current plan (the device's, or
+    :func:`~hdecode_torch.plan_for`'s) in one chunk, with Wu-Palmer, Zhao and cost-matrix
+    candidate pruning replaced by an exact fixed-size strategy: the dense (N, L) product,
+    O(B·N·L), while the matrix fits, else root-path sums, O(B·N·E) for E leaf depths.  A graph cannot check its input (the check reads a flag on the host), so tracing a
+    head built with ``validate=True`` is an error, except through :meth:`export` /
+    :meth:`export_onnx`, which check the example eagerly and export the unchecked graph.
+    Tree-only tables are built eagerly before a trace reads them.
+
+    - ``torch.export.export`` (non-strict, the default) of the head or of a model ending in it
+      works for traceable heads; :meth:`export` does it with a dynamic batch size.
+    - ONNX: :meth:`export_onnx` exports on the CPU plan, whose per-level tree sums are standard
+      operators (trees of up to ``CPU_MAX_LEVELS`` levels); the GPU plan's fused ``hdecode::``
+      operators are unknown to ONNX.  ``from_logits="auto"`` does not convert (the exporter has
+      no translation of its all-dimension minimum): export with ``True`` or ``False``.
+    - ``torch.compile``: outside export, the head is excluded from compiled graphs (a graph
+      break; it runs eagerly), because its decoders branch on data and read sizes from the
+      device, and compiling them gained little or lost.  A compiled model ending in the head
+      gives the eager head's output.
+    - ``cuda_graph=True``: the first call on a CUDA input captures the decoding (after an eager
+      warm-up) for that input's shape, dtype and device; calls with that shape copy the input
+      into the graph's buffer and replay it, others decode eagerly.  ``validate=True`` checks
+      each input eagerly before the replay (one host sync).  The output is a new tensor.  On
+      CPU inputs the flag does nothing (one warning).  An untraceable decoder is a ValueError.
     """
 
     def __init__(self, hierarchy: Hierarchy, metric="accuracy", decoder="optimal", from_logits: bool | str = False,
-                 validate: bool = True, **params):
+                 validate: bool = True, cuda_graph: bool = False, **params):
         super().__init__()
         if not isinstance(hierarchy, Hierarchy):
             raise TypeError(f"Expected `hierarchy` to be a Hierarchy, but got {type(hierarchy).__name__}")
         input_kind(from_logits)  # checked here, not at the first batch
+        if not isinstance(cuda_graph, bool):
+            raise TypeError(f"Expected `cuda_graph` to be a bool, but got {cuda_graph!r}")
         self.from_logits = from_logits if from_logits == "auto" else bool(from_logits)
         self.validate = bool(validate)
+        self.cuda_graph = cuda_graph
         self.register_buffer("parent", hierarchy.parent.detach().to("cpu", torch.long).clone())
         self._metric_spec = (metric, dict(params))
         self._decoder_spec = decoder
         self._build(hierarchy.to("cpu"))
+        if cuda_graph and not self.traceable:
+            raise ValueError(f"Expected a decoder with fixed sizes for `cuda_graph=True`, but {self._untraceable_reason()}")
         self.register_load_state_dict_post_hook(_rebuild_after_load)
 
     def _build(self, hierarchy: Hierarchy) -> None:
@@ -192,6 +322,9 @@ class DecodingHead(nn.Module):
         self._hierarchy = hierarchy
         self.metric = resolve_metric(hierarchy, metric, **params)
         self.decoder = resolve_decoder(hierarchy, self._decoder_spec, self.metric, validate=self.validate)
+        self._graph: _CapturedGraph | None = None
+        self._unchecked_trace = False
+        self._warned_cpu_graph = False
 
     @property
     def hierarchy(self) -> Hierarchy:
@@ -203,21 +336,220 @@ class DecodingHead(nn.Module):
         """Whether ``forward`` returns (B, N) bool node sets rather than (B,) node ids."""
         return self.decoder.name == "optimal" and self.decoder.metric.kind == "set"
 
-    @torch.compiler.disable
+    @property
+    def traceable(self) -> bool:
+        """Whether the decoding has fixed sizes, so it can be exported or captured in a CUDA graph."""
+        return self._untraceable_reason() is None
+
+    def _untraceable_reason(self) -> str | None:
+        own = getattr(self.decoder, "metric", None)
+        if self.decoder.name == "optimal" and own is not None and own.data_dependent_sizes:
+            return f"the optimal decoder of `{own.key}` cannot be traced: {own.data_dependent_sizes}"
+        return None
+
+    # ------------------------------------------------------------------ forward
     def forward(self, scores: torch.Tensor) -> torch.Tensor:
-        """scores: (B, L) float logits (``from_logits=True``) or probabilities.  Returns (B,) int64 or (B, N) bool."""
+        """scores: (B, L) or (L,) float probabilities (or logits, see ``from_logits``).
+
+        Returns (B,) int64 node ids, or (B, N) bool node sets (:attr:`returns_sets`); () / (N,) for
+        a 1-D input.
+        """
+        mode = _tracing()
+        if mode == "export":
+            return self._decode_traced(scores)
+        if mode == "compile":
+            return _outside_graph()(self, scores)
+        return self._decode(scores)
+
+    def _decode(self, scores) -> torch.Tensor:
+        return self._decode_graphed(scores) if self.cuda_graph else self._decode_eager(scores)
+
+    def _checked_device(self, scores) -> Hierarchy:
         h = self.hierarchy
         if isinstance(scores, torch.Tensor) and scores.device != h.device:
             raise ValueError(f"Expected `scores` on the head's device {h.device}, but got {scores.device}; "
                              "move the head with .to(device)")
+        return h
+
+    def _decode_eager(self, scores, validate: bool | None = None) -> torch.Tensor:
+        h = self._checked_device(scores)
         if isinstance(scores, torch.Tensor):
             scores = scores.detach()  # a decision has no gradient: inside nn.Sequential, no graph is kept
-        post = Posterior(h, scores, from_logits=self.from_logits, validate=self.validate, name="scores")
+        check = self.validate if validate is None else validate
+        post = Posterior(h, scores, from_logits=self.from_logits, validate=check, name="scores")
         return self.decoder.decode(post)
+
+    # ------------------------------------------------------------------ graphs
+    def _graph_decoder(self, h: Hierarchy) -> Decoder:
+        """The decoder a graph runs under the current plan: fixed sizes, exact (ValueError if none)."""
+        reason = self._untraceable_reason()
+        if reason is not None:
+            raise ValueError(f"This DecodingHead cannot be part of a graph: {reason}. Run it eagerly (outside "
+                             "the exported or captured part of the model)")
+        own = getattr(self.decoder, "metric", None)
+        if self.decoder.name != "optimal" or own is None:
+            return self.decoder
+        fixed = _fixed_size_metric(own, h)
+        if fixed is own:
+            return self.decoder
+        dec = copy.copy(self.decoder)
+        dec.metric = fixed
+        return dec
+
+    def _graph_body(self, h: Hierarchy, scores: torch.Tensor) -> torch.Tensor:
+        """The decoding a graph holds: unchecked, one chunk, fixed sizes."""
+        post = Posterior(h, scores, from_logits=self.from_logits, validate=False, name="scores")
+        out = self._graph_decoder(h)._decode(post)
+        return out[0] if post.unbatched else out
+
+    def _build_tables(self, h: Hierarchy, scores: torch.Tensor) -> None:
+        """Build (once per tree, device, plan and dtype) every tree-only table the graph reads."""
+        from ..core.plan import planned_device_type
+        from ..core.validation import compute_dtype
+
+        dtype = compute_dtype(scores.dtype)
+        key = ("graph_tables", self.decoder.key, self.metric.key, planned_device_type(h.device), dtype)
+
+        def build():
+            with _real_tensors(scores):
+                uniform = torch.full((2, h.num_leaves), 1.0 / h.num_leaves, dtype=dtype, device=h.device)
+                self._graph_body(h, uniform)
+            return True
+        h.cached(key, build)
+
+    def _decode_traced(self, scores) -> torch.Tensor:
+        if not isinstance(scores, torch.Tensor):
+            raise TypeError(f"Expected `scores` to be a torch.Tensor, but got {type(scores).__name__}")
+        if self.validate and not self._unchecked_trace:
+            raise ValueError("Expected a DecodingHead built with `validate=False` in an exported graph: the input "
+                             "check reads a flag on the host, which a graph cannot do. Set head.validate = False "
+                             "(and check inputs upstream), or use head.export() / head.export_onnx(), which check "
+                             "the example once and export the unchecked graph")
+        h = self._checked_device(scores)
+        self._graph_decoder(h)  # an untraceable decoder fails here, with its reason
+        self._build_tables(h, scores)
+        return self._graph_body(h, scores.detach())
+
+    def _decode_graphed(self, scores) -> torch.Tensor:
+        if not isinstance(scores, torch.Tensor) or scores.device.type != "cuda":
+            if not self._warned_cpu_graph:
+                self._warned_cpu_graph = True
+                device = scores.device if isinstance(scores, torch.Tensor) else "non-tensor input"
+                warnings.warn(f"DecodingHead(cuda_graph=True) captures CUDA inputs only; decoding {device} input "
+                              "eagerly", UserWarning, stacklevel=3)
+            return self._decode_eager(scores)
+        h = self._checked_device(scores)
+        scores = scores.detach()
+        if self.validate:  # outside the graph: the check reads one flag on the host
+            Posterior(h, scores, from_logits=self.from_logits, validate=True, name="scores")
+        from ..core.plan import planned_device_type
+
+        key = (tuple(scores.shape), scores.dtype, scores.device, planned_device_type(scores.device))
+        if self._graph is None:
+            self._graph = self._capture(h, scores, key)
+        g = self._graph
+        if g.key != key:
+            return self._decode_eager(scores, validate=False)
+        g.static_in.copy_(scores)
+        g.graph.replay()
+        return g.static_out.clone()
+
+    def _capture(self, h: Hierarchy, scores: torch.Tensor, key) -> _CapturedGraph:
+        static_in = scores.clone()
+        with torch.no_grad():
+            side = torch.cuda.Stream(device=scores.device)
+            side.wait_stream(torch.cuda.current_stream(scores.device))
+            with torch.cuda.stream(side):  # warm-up: tree tables, allocator pools, Triton compilation
+                for _ in range(2):
+                    self._graph_body(h, static_in)
+            torch.cuda.current_stream(scores.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static_out = self._graph_body(h, static_in)
+        return _CapturedGraph(key, graph, static_in, static_out)
+
+    # ------------------------------------------------------------------ export
+    def _example(self, example) -> torch.Tensor:
+        if not isinstance(example, torch.Tensor):
+            raise TypeError(f"Expected `example` to be a torch.Tensor, but got {type(example).__name__}")
+        L = self._hierarchy.num_leaves
+        if example.dim() != 2 or example.shape[1] != L or example.shape[0] < 2:
+            raise ValueError(f"Expected `example` to have shape (B, {L}) with B >= 2 (export makes the batch size "
+                             f"dynamic; sizes 0 and 1 would be specialised), but got {tuple(example.shape)}")
+        self._graph_decoder(self._checked_device(example))
+        if self.validate:
+            self._decode_eager(example)  # the exported graph cannot check; the example is checked here
+        return example.detach()
+
+    @contextlib.contextmanager
+    def _export_context(self, device_type: str | None):
+        from ..core.plan import plan_for
+
+        was, self._unchecked_trace = self._unchecked_trace, True
+        try:
+            with plan_for(device_type) if device_type is not None else contextlib.nullcontext():
+                yield
+        finally:
+            self._unchecked_trace = was
+
+    def export(self, example: torch.Tensor, *, dynamic_batch: bool = True):
+        """``torch.export.export`` of this head: an ``ExportedProgram`` mapping scores to predictions.
+
+        example: (B, L) float scores on the head's device, B >= 2 (checked once here when
+        ``validate=True``; the program does not check its input).  ``dynamic_batch``: the batch
+        size is a symbolic dimension, so the program takes any B >= 1; else only the example's B.
+        Non-strict tracing (Dynamo's strict mode cannot read the plan).  The program runs the plan of
+        the example's device (or of an enclosing :func:`~hdecode_torch.plan_for`).  On the CPU plan it
+        holds only standard ATen operators (trees of up to ``CPU_MAX_LEVELS`` levels): a saved
+        program loads and runs without hdecode_torch.  On the GPU plan it may hold the fused
+        ``hdecode::`` operators: ``import hdecode_torch.kernels.fused`` (which registers them)
+        before ``torch.export.load``.  ValueError for a decoder without fixed sizes (:attr:`traceable`).
+        """
+        x = self._example(example)
+        dynamic_shapes = ({0: torch.export.Dim("batch")},) if dynamic_batch else None
+        with self._export_context(None):
+            self._build_tables(self.hierarchy, x)
+            return torch.export.export(self, (x,), dynamic_shapes=dynamic_shapes, strict=False)
+
+    def export_onnx(self, example: torch.Tensor, path=None, *, dynamic_batch: bool = True, **kwargs):
+        """ONNX export of this head (``torch.onnx.export(dynamo=True)``); returns the ``ONNXProgram``.
+
+        example: (B, L) float scores, B >= 2 (checked once here when ``validate=True``; the model
+        does not check its input).  ``path``: also save the model there.  Input ``"scores"``,
+        output ``"prediction"`` ((B,) int64 or (B, N) bool), batch size dynamic unless
+        ``dynamic_batch=False``.  Traced on the CPU plan (per-level tree sums: ScatterND
+        additions, gathers, argmax), so trees deeper than ``CPU_MAX_LEVELS`` levels, whose sums
+        use fused ``hdecode::`` operators, cannot be exported.  Needs ``onnx`` and ``onnxscript``
+        (``pip install "hdecode_torch[export]"``); ``kwargs`` go to ``torch.onnx.export``.
+        """
+        from ..core.plan import CPU_MAX_LEVELS
+
+        try:
+            import onnxscript  # noqa: F401  (torch.onnx's exporter needs it; say so before tracing)
+        except ImportError as exc:
+            raise ImportError('export_onnx needs onnx and onnxscript: pip install "hdecode_torch[export]"') from exc
+        h = self._hierarchy
+        if h.max_depth + 1 > CPU_MAX_LEVELS:
+            raise ValueError(f"Cannot export a tree of {h.max_depth + 1} levels to ONNX: beyond {CPU_MAX_LEVELS} "
+                             "levels the tree sums are fused hdecode:: operators, which ONNX does not know")
+        x = self._example(example)
+        dynamic_shapes = ({0: torch.export.Dim("batch")},) if dynamic_batch else None
+        kwargs.setdefault("input_names", ["scores"])
+        kwargs.setdefault("output_names", ["prediction"])
+        with self._export_context("cpu"):
+            self._build_tables(self.hierarchy, x)
+            return torch.onnx.export(self, (x,), path, dynamo=True, dynamic_shapes=dynamic_shapes, **kwargs)
+
+    def __getstate__(self):
+        # A captured CUDA graph and its buffers belong to this process: captured again after loading.
+        state = dict(super().__getstate__())
+        state["_graph"] = None
+        return state
 
     def extra_repr(self) -> str:
         return (f"metric={self.metric.key}, decoder={decoder_label(self.decoder, self.metric)}, "
-                f"from_logits={self.from_logits}, num_nodes={self.parent.numel()}")
+                f"from_logits={self.from_logits}, num_nodes={self.parent.numel()}"
+                + (", cuda_graph=True" if self.cuda_graph else ""))
 
 
 def _rebuild_after_load(module: DecodingHead, incompatible_keys) -> None:

@@ -8,9 +8,16 @@ from torchmetrics.utilities import dim_zero_cat
 
 from ..hierarchy import Hierarchy
 from ..core.validation import input_kind
-from .module import decoder_label, resolve_decoder, resolve_metric, shared_posterior
+from .module import decoder_label, pair_name, resolve_decoder, resolve_metric, shared_posterior
 
 __all__ = ["HierarchicalMetric"]
+
+#: Range of the per-sample value of each registered metric (plot axes): similarities and scores in
+#: [0, 1], costs from 0 up.
+_PLOT_BOUNDS = {
+    "accuracy": (0.0, 1.0), "wu_palmer": (0.0, 1.0), "zhao": (0.0, 1.0), "hf_beta": (0.0, 1.0), "jaccard": (0.0, 1.0),
+    "tree_distance": (0.0, None), "tree_distance_c": (0.0, None), "lca_height": (0.0, None), "hamming": (0.0, None),
+}
 
 _TORCHMETRICS_KWARGS = ("compute_on_cpu", "dist_sync_on_step", "process_group", "dist_sync_fn",
                         "distributed_available_fn", "sync_on_compute", "compute_with_cache")
@@ -19,21 +26,31 @@ _TORCHMETRICS_KWARGS = ("compute_on_cpu", "dist_sync_on_step", "process_group", 
 class HierarchicalMetric(Metric):
     """Mean of a hierarchical metric over the predictions of a decoder.
 
-    ``update(scores, target)``: scores (B, L) float probabilities (or logits with
-    ``from_logits=True``), target (B,) int leaf ids.  The decoder turns the scores into
-    predictions and ``metric(pred, target)`` scores them per sample; ``compute()``
-    returns their mean as a float64 scalar (NaN before any update).
+    ``update(scores, target)``: scores (B, L) float, target (B,) int leaf ids in ``0..L-1``.
+    The decoder turns the scores into predictions and ``metric(pred, target)`` scores them per
+    sample; ``compute()`` returns their mean as a float64 scalar (NaN before any update).
 
     Args:
         hierarchy: the class tree.
         metric: a name, ``(name, params)`` or built metric; ``params`` are its parameters.
         decoder: ``"optimal"`` (the metric's own Bayes-optimal decoder; ``ValueError`` for a
             metric without one), a heuristic name, ``(name, params)`` or a Decoder.
-        from_logits: ``False`` (default) the scores are probabilities, ``True`` logits (softmax
-            applied), ``"auto"`` decided per batch (see :class:`~hdecode_torch.DecodingHead`).
-        validate: check the scores and targets (one host sync each per update).
+        from_logits: what ``scores`` holds.  ``False`` (default): probabilities, each row
+            non-negative and summing to 1.  ``True``: logits, a softmax is applied (input that
+            looks like probabilities gets a warning).  ``"auto"``: decided per batch on the
+            device, probabilities if every row is a distribution, else logits.
+        validate: check the scores and targets (one host sync per update); errors name the
+            argument (``scores``, ``target``).
+        exact: how the values are kept (below).
         compute_on_cpu, dist_sync_on_step, process_group, sync_on_compute, ...: passed to
             :class:`torchmetrics.Metric`.
+
+    Name: each instance's class is a subclass named after its pair, ``<metric>_<decoder>``
+    (:attr:`name`, e.g. ``hf_beta0.5_optimal``, ``tree_distance_darts0.5``), so that
+    ``MetricCollection([...])`` (which keys members by class name) takes a list of them.
+    ``plot()`` draws values like torchmetrics' own metrics, on the metric's range (``[0, 1]``
+    for accuracy, Wu-Palmer, Zhao, hF_β and Jaccard; from 0 for the costs).  Pickling stores the
+    tree, not its cached tables (rebuilt on first use): about 0.1 MB for tieredImageNet-H.
 
     States: with ``exact=True`` (default) the per-sample values (float64, concatenated
     across processes) and ``compute()`` sums them in sorted order, so the mean is bitwise
@@ -83,6 +100,20 @@ class HierarchicalMetric(Metric):
         # spelling out the configuration keeps different configurations apart.
         sig = torch.tensor(list(f"{self.key}|{self.from_logits}".encode()), dtype=torch.float64)
         self.add_state("signature", sig, dist_reduce_fx="max")
+        lower, upper = _plot_bounds(self.metric)
+        self.__dict__["plot_lower_bound"], self.__dict__["plot_upper_bound"] = lower, upper
+        if type(self) is HierarchicalMetric:  # a user's subclass keeps its own class
+            self.__class__ = _named_class(self.name)
+
+    def __reduce__(self):
+        # The per-pair subclass is made at run time; rebuild it by name instead of pickling it by reference.
+        return _restore, (self.name,), self.__getstate__()
+
+    @property
+    def name(self) -> str:
+        """``<metric>_<decoder>`` with parameter values, safe in file names and logger keys, e.g.
+        ``hf_beta0.5_optimal``."""
+        return pair_name(self.metric.key, decoder_label(self.decoder, self.metric))
 
     @property
     def key(self) -> str:
@@ -109,5 +140,38 @@ class HierarchicalMetric(Metric):
         values = dim_zero_cat(self.values) if len(self.values) else torch.zeros(0, dtype=torch.float64)
         return torch.sort(values).values.sum() / values.numel()
 
+    def plot(self, val=None, ax=None):
+        """Plot one value, or a sequence of values as a curve (``compute()`` when ``val`` is None).
+
+        val: a float tensor from ``forward``/``compute``, or a list of them; ax: a matplotlib axis
+        to draw on.  Returns ``(figure, axis)``; needs matplotlib (``pip install "hdecode_torch[plot]"``).
+        """
+        return self._plot(val, ax)
+
     def extra_repr(self) -> str:
         return f"metric={self.metric.key}, decoder={decoder_label(self.decoder, self.metric)}"
+
+
+def _plot_bounds(metric) -> tuple[float | None, float | None]:
+    """(lower, upper) range of the metric's per-sample value, None where unbounded or unknown."""
+    if metric.name in _PLOT_BOUNDS:
+        return _PLOT_BOUNDS[metric.name]
+    cost = getattr(metric, "cost", None)
+    if isinstance(cost, torch.Tensor) and cost.numel():
+        return float(cost.min()), float(cost.max())
+    return None, None
+
+
+_NAMED: dict[str, type] = {}
+
+
+def _named_class(name: str) -> type:
+    """The subclass of :class:`HierarchicalMetric` called ``name`` (one per name)."""
+    if name not in _NAMED:
+        _NAMED[name] = type(name, (HierarchicalMetric,), {"__module__": __name__, "__qualname__": name,
+                                                          "__doc__": HierarchicalMetric.__doc__})
+    return _NAMED[name]
+
+
+def _restore(name: str) -> HierarchicalMetric:
+    return HierarchicalMetric.__new__(_named_class(name))

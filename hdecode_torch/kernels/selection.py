@@ -78,7 +78,7 @@ def argbest_pairs(h, values: torch.Tensor, sample: torch.Tensor, node: torch.Ten
 
 def _first_allowed(h, allowed: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     # uint8: a max over bool is not dispatched on every backend
-    found, first = allowed.index_select(0, order).view(torch.uint8).max(dim=0)
+    found, first = allowed.index_select(0, order).to(torch.uint8).max(dim=0)
     return torch.where(found > 0, order[first], torch.full_like(first, h.root))
 
 

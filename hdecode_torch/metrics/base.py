@@ -40,6 +40,9 @@ class BaseMetric(HierarchyComponent):
     higher_is_better: bool = False
     #: Whether the metric has an exact Bayes-optimal decoder (``decode``).
     has_decoder: bool = True
+    #: Why the decoder cannot run inside a graph (torch.export, ONNX, CUDA graphs): a size inside it
+    #: depends on the data.  ``None``: every size is fixed by the batch and the tree.
+    data_dependent_sizes: str | None = None
 
     def _posterior_with(self, leaf_probs, pred, convert, validate):
         """``(posterior, pred)`` with ``pred`` converted by ``convert(pred, device) -> (tensor, RangeCheck|None)``

@@ -295,6 +295,7 @@ class HFBeta(SetMetric):
     name = "hf_beta"
     higher_is_better = True
     description = "hierarchical F-beta of ancestor-closed node sets"
+    data_dependent_sizes = "its candidate sets and the set sizes k left to solve depend on the data"
 
     def __init__(self, hierarchy, beta: float = 1.0, **kw):
         super().__init__(hierarchy, **kw)

@@ -652,6 +652,7 @@ class Jaccard(SetMetric):
     name = "jaccard"
     higher_is_better = True
     description = "Jaccard index |h+ & y+| / |h+ | y+| of ancestor-closed sets"
+    data_dependent_sizes = "its candidate sets and the (sample, set size) pairs left to solve depend on the data"
 
     def _decode(self, post):
         return jaccard_decode(post)
