@@ -188,6 +188,10 @@ class Hierarchy:
         try:
             return self._cache[key]
         except KeyError:
+            if torch.compiler.is_compiling():
+                # Tree tables are built once, eagerly, with real tensors: never inside a traced graph
+                # (Dynamo is loaded when compiling, so the wrapper costs nothing then).
+                build = torch.compiler.disable(build)
             value = self._cache[key] = build()
             return value
 

@@ -123,14 +123,17 @@ def sampled_products(cost: torch.Tensor, probs: torch.Tensor, node: torch.Tensor
     (``torch.sparse.sampled_addmm``) on the CSR pattern of the pairs: M·L multiply-adds instead of
     N·B·L.  Runs eagerly under ``torch.compile`` (Dynamo cannot trace sparse CSR tensors).
     """
-    return _eager_sampled_products()(cost, probs, node, sample)
+    if torch.compiler.is_compiling():
+        return _eager_sampled_products()(cost, probs, node, sample)
+    return _sampled_products(cost, probs, node, sample)
 
 
 _EAGER = {}
 
 
 def _eager_sampled_products():
-    # torch.compiler.disable imports Dynamo, which costs more than importing torch: wrap on first use.
+    # torch.compiler.disable imports Dynamo, which costs more than importing torch: wrap only when
+    # compiling (Dynamo is loaded then anyway).
     if "f" not in _EAGER:
         _EAGER["f"] = torch.compiler.disable(_sampled_products)
     return _EAGER["f"]

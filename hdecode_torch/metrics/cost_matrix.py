@@ -58,6 +58,11 @@ class CostMatrixMetric(NodeMetric):
         self._cost_on: dict = {}
         self._pruning: PruningStatistics | None = None
 
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_cost_on"] = {}  # copies of `cost` per device and dtype: rebuilt on first use
+        return state
+
     @property
     def pruning(self) -> PruningStatistics:
         """Lemma 4.3 / Prop. E.6 statistics, computed once (vectorized over N×L)."""
