@@ -85,3 +85,19 @@ def test_compile_and_graph_variants_run_and_agree(tmp_path):
     assert [(r["decoder"], r["variant"]) for r in rows] == [
         ("opt:accuracy", "eager"), ("opt:accuracy", "compile"), ("top_down", "eager"), ("top_down", "compile")]
     assert all(r["same"] and r["us_per_sample"] > 0 for r in rows)
+
+
+def test_plan_rules_times_both_tree_sums_and_restores_the_rule(tmp_path):
+    """benchmarks.plan_rules: both kinds of tree sums give the same predictions on a deepened tree, each is
+    timed, and the CPU plan's depth limit is left as it was."""
+    from benchmarks import plan_rules
+    from hdecode_torch.core import plan
+
+    before = plan.CPU_MAX_LEVELS
+    path = tmp_path / "rules.json"
+    assert plan_rules.main(["--extra", "0,5", "--batch", "8", "--repeats", "1", "--json", str(path)]) == 0
+    rows = json.loads(path.read_text())["rows"]
+    assert plan.CPU_MAX_LEVELS == before
+    assert [(r["extra"], r["levels"]) for r in rows] == [(0, 13), (5, 18)]  # tieredImageNet-H: depth 12
+    assert all(r[f"{m}_{n}_ms"] > 0 for r in rows for m in ("levels", "prefix")
+               for n in ("node_probabilities", "lca_height", "zhao"))
