@@ -16,11 +16,7 @@ Run ``python tests/test_fused_ops.py`` to print the interpreter checks as JSON.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
@@ -31,8 +27,8 @@ import hdecode_torch as hd
 import hdecode_torch.kernels.fused as F
 from hdecode_torch.kernels.fused import reference as R
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HAS_TRITON = importlib.util.find_spec("triton") is not None
+from triton_testing import ROOT, check_compiles_for_sm90, needs_triton, run_python  # noqa: E402
+
 EPS = np.finfo(np.float64).eps
 
 
@@ -481,14 +477,6 @@ def test_registered_schemas():
 
 # -- Triton ---------------------------------------------------------------------------------------------
 
-def _run(code: str, env_extra: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    env.pop("TRITON_INTERPRET", None)
-    env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout,
-                          cwd=ROOT)
-
-
 def interpreter_checks() -> dict:
     """Triton kernels (interpreted) against the torch kernels; name -> {ok, bitwise, detail}.
 
@@ -647,11 +635,11 @@ def interpreter_checks() -> dict:
     return results
 
 
-@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@needs_triton
 def test_triton_interpreter_matches_torch():
     # one test, hence one interpreter subprocess also under pytest-xdist; failures are listed by case
-    proc = _run("import json, sys, test_fused_ops as T; print('@@' + json.dumps(T.interpreter_checks()))",
-                {"TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([ROOT, os.path.join(ROOT, "tests")])})
+    proc = run_python("import json, sys, test_fused_ops as T; print('@@' + json.dumps(T.interpreter_checks()))",
+                      {"TRITON_INTERPRET": "1"})
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("@@")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
     results = json.loads(lines[-1][2:])
@@ -666,18 +654,10 @@ def test_triton_interpreter_matches_torch():
     assert not not_bitwise, not_bitwise
 
 
-@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@needs_triton
 def test_triton_kernels_compile_for_sm90():
     """The real compiler (not the interpreter) accepts every kernel variant: TTIR -> PTX -> cubin."""
-    code = textwrap.dedent("""
-        import triton
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
-        from hdecode_torch.kernels.fused import triton_kernels as tk
-        target = GPUTarget("cuda", 90, 32)
-        def build(fn, sig, consts, warps):
-            src = ASTSource(fn=fn, signature=sig, constexprs=consts)
-            return triton.compile(src, target=target, options={"num_warps": warps, "enable_fp_fusion": False})
+    check_compiles_for_sm90("""
         gp = lambda x, o, w, l: ({"X": "*" + x, "stride_xb": "i64", "stride_xm": "i32", "SRC": "*i64",
                                   "W": "*fp64" if w else "constexpr", "HI": "*i64", "LO": "*i64" if l else "constexpr",
                                   "OUT": "*" + o, "J": "i32", "K": "i32", "HAS_W": "constexpr", "HAS_LO": "constexpr",
@@ -694,12 +674,7 @@ def test_triton_kernels_compile_for_sm90():
         assert k.metadata.shared <= 8 * tk.MAX_J + 4096, k.metadata.shared
         build(tk._row_sum_min_kernel, {"X": "*bf16", "stride_xb": "i64", "stride_xm": "i64", "OUT": "*fp64",
                                        "M": "i32", "BLOCK": "constexpr"}, {"BLOCK": tk.ROW_BLOCK}, 4)
-        print("compiled")
     """)
-    proc = _run(code)
-    if "No module named 'triton.backends.nvidia'" in proc.stderr:
-        pytest.skip("triton has no NVIDIA backend here")
-    assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-4000:]
 
 
 BLOCK_IMPORTS = textwrap.dedent("""
@@ -730,7 +705,7 @@ def test_import_pulls_in_neither_triton_nor_dynamo():
         print(sorted(m for m in sys.modules
                      if m.split(".")[0] == "triton" or m.startswith(("torch._dynamo", "torch._inductor"))))
     """).replace("{root!r}", repr(ROOT))
-    proc = _run(code)
+    proc = run_python(code)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.splitlines() == ["[[1.0, 0.25]] [0] [[1.0, 0.25]]", "[]"]
 
@@ -750,7 +725,7 @@ def test_works_without_triton():
               _ops._row_sum_min_cuda(x).tolist())
         print("triton" in sys.modules)
     """)
-    proc = _run(code)
+    proc = run_python(code)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.splitlines() == [
         "False",

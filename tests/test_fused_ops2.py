@@ -19,12 +19,8 @@ Run ``python tests/test_fused_ops2.py`` to print the interpreter checks as JSON.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import os
-import subprocess
-import sys
 import textwrap
 import time
 
@@ -44,17 +40,8 @@ from hdecode_torch.metrics.zhao import information_gain
 
 import harness  # tests/ is on sys.path (conftest.py, and the subprocesses' PYTHONPATH)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from triton_testing import ROOT, check_compiles_for_sm90, needs_triton, run_python  # noqa: E402
 
-
-def _has_triton() -> bool:
-    try:
-        return importlib.util.find_spec("triton") is not None
-    except ImportError:  # made unimportable, as test_works_without_triton does
-        return False
-
-
-HAS_TRITON = _has_triton()
 BUNDLED = ["tieredimagenet-h", "inat19"]
 
 
@@ -531,15 +518,6 @@ def test_registered_schemas():
 
 # -- Triton ---------------------------------------------------------------------------------------------
 
-def _run(code: str, env_extra: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests"),
-                                                       os.environ.get("PYTHONPATH", "")]))
-    env.pop("TRITON_INTERPRET", None)
-    env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout,
-                          cwd=ROOT)
-
-
 def interpreter_checks() -> dict:
     """Triton kernels (interpreted) against the torch kernels; name -> {ok, detail}.
 
@@ -697,10 +675,10 @@ def interpreter_checks() -> dict:
     return results
 
 
-@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@needs_triton
 def test_triton_interpreter_matches_torch():
     # one test, hence one interpreter subprocess also under pytest-xdist; failures are listed by case
-    proc = _run("import json, test_fused_ops2 as T; print('@@' + json.dumps(T.interpreter_checks()))",
+    proc = run_python("import json, test_fused_ops2 as T; print('@@' + json.dumps(T.interpreter_checks()))",
                 {"TRITON_INTERPRET": "1"})
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("@@")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
@@ -712,18 +690,10 @@ def test_triton_interpreter_matches_torch():
     assert not failed, failed
 
 
-@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@needs_triton
 def test_triton_kernels_compile_for_sm90():
     """The real compiler (not the interpreter) accepts both kernels at their size limits."""
-    code = textwrap.dedent("""
-        import triton
-        from triton.backends.compiler import GPUTarget
-        from triton.compiler import ASTSource
-        from hdecode_torch.kernels.fused import triton_kernels as tk
-        target = GPUTarget("cuda", 90, 32)
-        def build(fn, sig, consts, warps):
-            src = ASTSource(fn=fn, signature=sig, constexprs=consts)
-            return triton.compile(src, target=target, options={"num_warps": warps, "enable_fp_fusion": False})
+    check_compiles_for_sm90("""
         for dt, cp, bk in [("fp64", 16, 16), ("fp32", tk.MAX_C, 2)]:
             sig = {"Q": "*" + dt, "stride_qb": "i64", "stride_qc": "i64", "stride_qe": "i64", "COUNT": "*i64",
                    "W": "*" + dt, "KOUT": "*i64", "DOUT": "*" + dt, "C": "i32", "E": "i32", "CP": "constexpr",
@@ -737,12 +707,7 @@ def test_triton_kernels_compile_for_sm90():
                    "TP": "constexpr"}
             k = build(tk._path_score_best_kernel, sig, {"HIGHER": higher, "JP": n, "NP": n, "TP": 2 * n}, warps)
             assert k.metadata.shared <= 8 * 2 * n + 4096, k.metadata.shared
-        print("compiled")
     """)
-    proc = _run(code)
-    if "No module named 'triton.backends.nvidia'" in proc.stderr:
-        pytest.skip("triton has no NVIDIA backend here")
-    assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-4000:]
 
 
 def test_works_without_triton_and_imports_neither_triton_nor_dynamo():
@@ -780,7 +745,7 @@ def test_works_without_triton_and_imports_neither_triton_nor_dynamo():
         print(sorted(m for m in sys.modules
                      if m.split(".")[0] == "triton" or m.startswith(("torch._dynamo", "torch._inductor"))))
     """).replace("ROOT", repr(ROOT))
-    proc = _run(code)
+    proc = run_python(code)
     assert proc.returncode == 0, proc.stderr[-4000:]
     # expected LCA heights: leaf 0: 0.2·2 + 0.3·1 = 0.7, leaf 1: 0.2·2 + 0.5·1 = 0.9, leaf 2: 0.8·2 (row 0);
     # leaf 2: 0.2·2 (row 1).  hF_β with r = 1/2 and one leaf depth 0: V = 0.5, 0.8·2/3, 1·2/4 for k = 1, 2, 3

@@ -1,0 +1,59 @@
+"""What the Triton tests share: whether Triton is importable, a fresh interpreter to run code in (the
+interpreter mode is chosen when Triton is imported, so each mode needs its own process), and the
+ahead-of-time compile check for an H100 (sm_90, no GPU needed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _has_triton() -> bool:
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except ImportError:  # made unimportable, as test_fused_ops2.test_works_without_triton does
+        return False
+
+
+HAS_TRITON = _has_triton()
+needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+
+
+def run_python(code: str, env_extra: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run ``code`` in a new interpreter with the project and tests/ importable, TRITON_INTERPRET unset
+    unless ``env_extra`` sets it."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.path.join(ROOT, "tests"),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    env.pop("TRITON_INTERPRET", None)
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout,
+                          cwd=ROOT)
+
+
+_SM90_PRELUDE = """\
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from hdecode_torch.kernels.fused import triton_kernels as tk
+target = GPUTarget("cuda", 90, 32)
+def build(fn, sig, consts, warps):
+    src = ASTSource(fn=fn, signature=sig, constexprs=consts)
+    return triton.compile(src, target=target, options={"num_warps": warps, "enable_fp_fusion": False})
+"""
+
+
+def check_compiles_for_sm90(body: str) -> None:
+    """Run ``body`` after a prelude defining ``build(fn, signature, constexprs, num_warps)`` (Triton's
+    real compiler, TTIR -> PTX -> cubin, for sm_90) and ``tk`` (the kernels module); fail on any error,
+    skip where Triton has no NVIDIA backend."""
+    proc = run_python(_SM90_PRELUDE + textwrap.dedent(body) + '\nprint("compiled")\n')
+    if "No module named 'triton.backends.nvidia'" in proc.stderr:
+        pytest.skip("triton has no NVIDIA backend here")
+    assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-4000:]
