@@ -222,3 +222,12 @@ def test_heuristics_follow_the_memory_budget(tiered, probs, monkeypatch):
         assert max(seen) <= 10 and sum(seen) == probs.shape[0]
     finally:
         hd.set_memory_budget(budget)
+
+
+@pytest.mark.parametrize("parents", [[-1, 0, True], (-1, 0, False), [-1, 0, np.bool_(True)]])
+def test_a_boolean_parent_is_refused_not_read_as_a_node_id(parents):
+    # numpy would read True as node 1: a JSON tree with `true` in it must not build a wrong tree
+    with pytest.raises(TypeError, match=r"parents\[2\]"):
+        hd.Hierarchy.from_parents(parents)
+    with pytest.raises(TypeError, match=r"parents\[2\]"):
+        hd.Hierarchy.from_json_dict({"parents": list(parents)})

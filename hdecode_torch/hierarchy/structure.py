@@ -52,6 +52,11 @@ class CompiledTree:
 def _as_parent_array(parents) -> np.ndarray:
     if parents is None or isinstance(parents, (str, bytes, dict)) or not hasattr(parents, "__len__") and not hasattr(parents, "__array__"):
         raise TypeError(f"Expected `parents` to be a sequence of integer node ids, but got {type(parents).__name__}")
+    if isinstance(parents, (list, tuple)):
+        # numpy turns a bool among ints into 0/1 (a JSON `true` would become node 1): refuse it first
+        i = next((i for i, x in enumerate(parents) if isinstance(x, (bool, np.bool_))), None)
+        if i is not None:
+            raise TypeError(f"Expected `parents` to hold integer node ids, but parents[{i}] = {parents[i]!r}")
     try:
         arr = np.asarray(parents.cpu() if hasattr(parents, "cpu") else parents)
     except (TypeError, ValueError, RuntimeError) as exc:
