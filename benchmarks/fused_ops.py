@@ -20,9 +20,7 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
-import time
 
 if __package__ in (None, ""):  # `python benchmarks/fused_ops.py`
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -38,6 +36,7 @@ from hdecode_torch.kernels.selection import tie_rank  # noqa: E402
 from hdecode_torch.kernels.tree_sums import tree_ranges  # noqa: E402
 from hdecode_torch.metrics import hf_beta as HF  # noqa: E402
 from hdecode_torch.metrics.zhao import information_gain  # noqa: E402
+from benchmarks.measure import time_call  # noqa: E402
 
 
 def leaf_ranges(parent: np.ndarray):
@@ -102,13 +101,8 @@ def exact_solver_inputs(h, probs, beta: float):
 
 def time_ms(fn, min_time: float = 1.0, repeats: int = 7) -> tuple[float, float]:
     """(median, min) wall time in ms after one warm-up call."""
-    fn()
-    times = []
-    while len(times) < repeats or sum(times) < min_time:
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(times), 1e3 * min(times)
+    t = time_call(fn, torch.device("cpu"), repeats=repeats, min_time=min_time, max_repeats=10**9)
+    return 1e3 * t["median_s"], 1e3 * t["min_s"]
 
 
 def main(argv=None) -> dict:

@@ -17,9 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 if __package__ in (None, ""):  # `python benchmarks/plan_rules.py`
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -28,17 +26,8 @@ import torch  # noqa: E402
 
 import hdecode_torch as hd  # noqa: E402
 import hdecode_torch.core.plan as plan  # noqa: E402
+from benchmarks.measure import time_call  # noqa: E402
 from benchmarks.plan_cost import deepened  # noqa: E402
-
-
-def _median_ms(fn, x, repeats: int) -> float:
-    fn(x)
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn(x)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
 
 
 def main(argv=None) -> int:
@@ -71,7 +60,8 @@ def main(argv=None) -> int:
                 plan.CPU_MAX_LEVELS = limit
                 for name, fn in fns.items():
                     preds[mode, name] = fn(x)
-                    times[mode, name] = _median_ms(fn, x, args.repeats)
+                    times[mode, name] = 1e3 * time_call(lambda fn=fn: fn(x), x.device, repeats=args.repeats,
+                                                         min_time=0, max_repeats=args.repeats)["median_s"]
             for name in ("lca_height", "zhao"):
                 if not torch.equal(preds["levels", name], preds["prefix", name]):
                     raise SystemExit(f"k={k}: {name} differs between the two kinds of tree sums")
