@@ -28,13 +28,15 @@ OUT_DTYPES = (torch.float32, torch.float64)
 CHUNK_BYTES = 1 << 23
 
 
-def _check_float_matrix(x, name: str) -> None:
+def _check_float_tensor(x, name: str, shape: str = "(B, M)", dtypes=FLOAT_INPUTS,
+                        dtype_names: str = "float16, bfloat16, float32 or float64") -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"Expected `{name}` to be a Tensor, but got {type(x).__name__}")
-    if x.dim() != 2:
-        raise ValueError(f"Expected `{name}` to be a 2-D (B, M) tensor, but got shape {tuple(x.shape)}")
-    if x.dtype not in FLOAT_INPUTS:
-        raise TypeError(f"Expected `{name}` to be float16, bfloat16, float32 or float64, but got {x.dtype}")
+    dims = shape.count(",") + 1
+    if x.dim() != dims:
+        raise ValueError(f"Expected `{name}` to be a {dims}-D {shape} tensor, but got shape {tuple(x.shape)}")
+    if x.dtype not in dtypes:
+        raise TypeError(f"Expected `{name}` to be {dtype_names}, but got {x.dtype}")
 
 
 def _check_vector(t, name: str, dtype: torch.dtype, device: torch.device, size: int | None = None) -> None:
@@ -51,7 +53,7 @@ def _check_vector(t, name: str, dtype: torch.dtype, device: torch.device, size: 
 
 
 def _check_ranges(x, src, weight, hi, lo) -> None:
-    _check_float_matrix(x, "x")
+    _check_float_tensor(x, "x")
     _check_vector(src, "src", torch.int64, x.device)
     if weight is not None:
         _check_vector(weight, "weight", torch.float64, x.device, src.shape[0])
@@ -75,7 +77,7 @@ def check_best_ranked_above_args(x, src, hi, lo, rank) -> None:
 
 def check_row_sum_min_args(x) -> None:
     """Shape and dtype of :func:`row_sum_min_torch`'s argument."""
-    _check_float_matrix(x, "x")
+    _check_float_tensor(x, "x")
 
 
 #: Index tensors already checked against a bound, by id: (weak reference, version counter, bound).
@@ -271,12 +273,7 @@ _SOLVER_DTYPES = (torch.float32, torch.float64)
 def check_hf_beta_best_k_args(q, count, depths, r) -> None:
     """Shapes, dtypes and devices of :func:`hf_beta_best_k_torch`'s arguments, and ``0 < r <= 1``
     (no tensor value is read)."""
-    if not isinstance(q, torch.Tensor):
-        raise TypeError(f"Expected `q` to be a Tensor, but got {type(q).__name__}")
-    if q.dim() != 3:
-        raise ValueError(f"Expected `q` to be a 3-D (B, C, E) tensor, but got shape {tuple(q.shape)}")
-    if q.dtype not in _SOLVER_DTYPES:
-        raise TypeError(f"Expected `q` to be float32 or float64, but got {q.dtype}")
+    _check_float_tensor(q, "q", "(B, C, E)", _SOLVER_DTYPES, "float32 or float64")
     _check_vector(count, "count", torch.int64, q.device, q.shape[0])
     _check_vector(depths, "depths", torch.float64, q.device, q.shape[2])
     if not isinstance(r, float) or not 0.0 < r <= 1.0:
