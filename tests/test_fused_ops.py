@@ -27,7 +27,7 @@ import hdecode_torch as hd
 import hdecode_torch.kernels.fused as F
 from hdecode_torch.kernels.fused import reference as R
 
-from triton_testing import ROOT, check_compiles_for_sm90, needs_triton, run_python  # noqa: E402
+from triton_testing import ROOT, check_compiles_for_sm90, interpreter_results, needs_triton, run_python  # noqa: E402
 
 EPS = np.finfo(np.float64).eps
 
@@ -637,12 +637,7 @@ def interpreter_checks() -> dict:
 
 @needs_triton
 def test_triton_interpreter_matches_torch():
-    # one test, hence one interpreter subprocess also under pytest-xdist; failures are listed by case
-    proc = run_python("import json, sys, test_fused_ops as T; print('@@' + json.dumps(T.interpreter_checks()))",
-                      {"TRITON_INTERPRET": "1"})
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("@@")]
-    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    results = json.loads(lines[-1][2:])
+    results = interpreter_results("test_fused_ops")
     groups = {k.split("/")[0] for k in results}
     assert groups == {"gathered_prefix", "best_ranked_above", "tiles", "tiles16", "edge", "strided", "deterministic",
                       "row_sum_min", "dispatch"}, groups

@@ -40,7 +40,7 @@ from hdecode_torch.metrics.zhao import information_gain
 
 import harness  # tests/ is on sys.path (conftest.py, and the subprocesses' PYTHONPATH)
 
-from triton_testing import ROOT, check_compiles_for_sm90, needs_triton, run_python  # noqa: E402
+from triton_testing import ROOT, check_compiles_for_sm90, interpreter_results, needs_triton, run_python  # noqa: E402
 
 BUNDLED = ["tieredimagenet-h", "inat19"]
 
@@ -677,12 +677,7 @@ def interpreter_checks() -> dict:
 
 @needs_triton
 def test_triton_interpreter_matches_torch():
-    # one test, hence one interpreter subprocess also under pytest-xdist; failures are listed by case
-    proc = run_python("import json, test_fused_ops2 as T; print('@@' + json.dumps(T.interpreter_checks()))",
-                {"TRITON_INTERPRET": "1"})
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("@@")]
-    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    results = json.loads(lines[-1][2:])
+    results = interpreter_results("test_fused_ops2")
     groups = {k.split("/")[0] for k in results}
     assert groups == {"hf_beta_best_k", "path_score_best", "dispatch"}, groups
     assert len(results) > 60

@@ -5,6 +5,7 @@ ahead-of-time compile check for an H100 (sm_90, no GPU needed)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -57,3 +58,13 @@ def check_compiles_for_sm90(body: str) -> None:
     if "No module named 'triton.backends.nvidia'" in proc.stderr:
         pytest.skip("triton has no NVIDIA backend here")
     assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-4000:]
+
+
+def interpreter_results(module: str) -> dict:
+    """``module.interpreter_checks()`` run in one fresh interpreter with ``TRITON_INTERPRET=1`` (one
+    subprocess per test file, also under pytest-xdist): ``{case name: {"ok": ..., ...}}``."""
+    proc = run_python(f"import json, {module} as T; print('@@' + json.dumps(T.interpreter_checks()))",
+                      {"TRITON_INTERPRET": "1"})
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("@@")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    return json.loads(lines[-1][2:])
