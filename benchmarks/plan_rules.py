@@ -5,7 +5,7 @@
     python -m benchmarks.plan_rules --extra 0,96,384,768 --batch 4096 --json out.json
 
 The CPU plan sums node probabilities and root-path sums one tree level at a time while the tree has at
-most ``CPU_MAX_LEVELS`` levels, and by the GPU plan's prefix sums beyond.  This script puts a spine of
+most ``MAX_LEVELS`` levels, and by the GPU plan's prefix sums beyond.  This script puts a spine of
 ``k`` single-child nodes above the root of a bundled tree (the same leaves, ``k`` more levels) and times
 ``node_probabilities``, the LCA-height decoder and Zhao (structural) with each kind of tree sums, on one
 CPU thread: the median wall time of ``--repeats`` calls after a warm-up call.  Both give the same
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     base = hd.load_hierarchy(args.tree)
     x = torch.softmax(torch.randn(args.batch, base.num_leaves) * 3, dim=1)
-    saved = plan.CPU_MAX_LEVELS
+    saved = plan.MAX_LEVELS
     rows = []
     print(f"{args.tree} + k single-child levels, B = {args.batch}, {args.threads} thread(s), ms per call "
           f"(median of {args.repeats})")
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
                    "zhao": hd.get_metric("zhao", h, strategy="structural").decode}
             times, preds = {}, {}
             for mode, limit in (("levels", 10**9), ("prefix", 0)):
-                plan.CPU_MAX_LEVELS = limit
+                plan.MAX_LEVELS = limit
                 for name, fn in fns.items():
                     preds[mode, name] = fn(x)
                     times[mode, name] = 1e3 * time_call(lambda fn=fn: fn(x), x.device, repeats=args.repeats,
@@ -74,7 +74,7 @@ def main(argv=None) -> int:
                   f"{times['prefix', 'node_probabilities']:10.2f} {times['prefix', 'lca_height']:7.2f} "
                   f"{times['prefix', 'zhao']:7.2f} | {ratio:.2f}", flush=True)
     finally:
-        plan.CPU_MAX_LEVELS = saved
+        plan.MAX_LEVELS = saved
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"tree": args.tree, "batch": args.batch, "threads": args.threads, "rows": rows}, f, indent=1)

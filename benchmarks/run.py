@@ -250,7 +250,7 @@ def run(args) -> dict:
     devices = [torch.device(d) for d in dict.fromkeys(devices)]
     args.uses_cuda = any(d.type == "cuda" for d in devices)
     if args.backend != "torch":
-        hd.kernels.set_backend(args.backend)
+        hd.set_backend(args.backend)
     specs = discover_specs(args.decoders)
     meta = {
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -259,7 +259,7 @@ def run(args) -> dict:
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "load_average_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "plan": getattr(args, "plan", None),
-        "devices": [str(d) for d in devices], "backend": hd.kernels.get_backend(),
+        "devices": [str(d) for d in devices], "backend": hd.get_backend(),
         "numpy_blas_threads_env": os.environ.get("OPENBLAS_NUM_THREADS"),
         "torch_scatter": hd.kernels.scatter_available(), "validate": not args.no_validate,
         "args": {k: v for k, v in vars(args).items()},
@@ -319,7 +319,7 @@ def run(args) -> dict:
                                                  "kind": "runs", "status": "FAIL", "detail": repr(exc)})
                         continue
                     row = {"tree": tb.name, "device": str(dev), "batch": b, "decoder": s.key, "kind": s.kind,
-                           "backend": hd.kernels.get_backend(), **tm,
+                           "backend": hd.get_backend(), **tm,
                            "us_per_sample": 1e6 * tm["median_s"] / b, "samples_per_s": b / tm["median_s"]}
                     if not args.no_memory:
                         row.update(memory_profile(call, dev))
@@ -392,14 +392,14 @@ def backend_compare(tb: TreeBench, specs: list[Spec], args) -> list[dict]:
     x = torch.from_numpy(tb.probs[:b])
     sel = [s for s in specs if s.kind == "kernel"] if tb.large else specs
     out = []
-    prev = hd.kernels.get_backend()
+    prev = hd.get_backend()
     print(f"\n  torch-scatter backend vs torch, {tb.name}, CPU, B={b}")
     print(f"  {'decoder':34s} {'torch µs/s':>10s} {'scatter µs/s':>12s} {'scatter/torch':>13s}  same output")
     try:
         for s in sel:
             res, outs = {}, {}
             for be in ("torch", "scatter"):
-                hd.kernels.set_backend(be)
+                hd.set_backend(be)
                 fn = s.library(tb.h)
                 outs[be] = fn(x)
                 res[be] = time_call(lambda: fn(x), dev, repeats=3 if tb.large else args.repeats,
@@ -415,7 +415,7 @@ def backend_compare(tb: TreeBench, specs: list[Spec], args) -> list[dict]:
             print(f"  {s.key:34s} {row['torch_us_per_sample']:10.2f} {row['scatter_us_per_sample']:12.2f} "
                   f"{row['scatter_over_torch']:13.2f}  {same}")
     finally:
-        hd.kernels.set_backend(prev)
+        hd.set_backend(prev)
     return out
 
 
@@ -495,7 +495,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    threads, backend = torch.get_num_threads(), hd.kernels.get_backend()
+    threads, backend = torch.get_num_threads(), hd.get_backend()
     import contextlib
 
     try:
@@ -503,7 +503,7 @@ def main(argv=None) -> int:
             result = run(args)
     finally:  # leave the process as we found it (the smoke test calls main() in-process)
         torch.set_num_threads(threads)
-        hd.kernels.set_backend(backend)
+        hd.set_backend(backend)
     path = args.json
     if path is None:
         os.makedirs(os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"), exist_ok=True)

@@ -13,9 +13,9 @@ pytestmark = pytest.mark.skipif(not segment.scatter_available(), reason="torch-s
 
 @pytest.fixture
 def scatter_backend():
-    segment.set_backend("scatter")
+    hd.set_backend("scatter")
     yield
-    segment.set_backend("torch")
+    hd.set_backend("torch")
 
 
 @pytest.mark.parametrize("tree", ["tieredimagenet-h", "inat19"])
@@ -27,10 +27,10 @@ def test_scatter_backend_equals_torch(tree):
              ("hf_beta", {"beta": 1.0}), ("hamming", {})]
     want = {n: hd.get_metric(n, h, **p).decode(P) for n, p in names}
     want_nodes = hd.node_probabilities(h, P)
-    segment.set_backend("scatter")
+    hd.set_backend("scatter")
     try:
         torch.testing.assert_close(hd.node_probabilities(h, P), want_nodes, rtol=0, atol=1e-12)
         for n, p in names:
             assert torch.equal(hd.get_metric(n, h, **p).decode(P), want[n]), n
     finally:
-        segment.set_backend("torch")
+        hd.set_backend("torch")

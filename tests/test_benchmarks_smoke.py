@@ -93,11 +93,11 @@ def test_plan_rules_times_both_tree_sums_and_restores_the_rule(tmp_path):
     from benchmarks import plan_rules
     from hdecode_torch.core import plan
 
-    before = plan.CPU_MAX_LEVELS
+    before = plan.MAX_LEVELS
     path = tmp_path / "rules.json"
     assert plan_rules.main(["--extra", "0,5", "--batch", "8", "--repeats", "1", "--json", str(path)]) == 0
     rows = json.loads(path.read_text())["rows"]
-    assert plan.CPU_MAX_LEVELS == before
+    assert plan.MAX_LEVELS == before
     assert [(r["extra"], r["levels"]) for r in rows] == [(0, 13), (5, 18)]  # tieredImageNet-H: depth 12
     assert all(r[f"{m}_{n}_ms"] > 0 for r in rows for m in ("levels", "prefix")
                for n in ("node_probabilities", "lca_height", "zhao"))

@@ -234,7 +234,7 @@ def test_onnx_export_refuses_fused_trees(monkeypatch):
     pytest.importorskip("onnxscript")
     import hdecode_torch.core.plan as plan
 
-    monkeypatch.setattr(plan, "CPU_MAX_LEVELS", 3)
+    monkeypatch.setattr(plan, "MAX_LEVELS", 3)
     with pytest.raises(ValueError, match="levels"):
         DecodingHead(H, "tree_distance").export_onnx(_probs(0, 4))
 

@@ -112,25 +112,25 @@ def test_plan_for_chooses_and_nests():
 
 def _plan_for_chooses_and_nests():
     h, _ = bundled("tieredimagenet-h")
-    cpu = hd.core.current_plan(h, torch.device("cpu"))
-    assert cpu.device_type == "cpu" and cpu.tree_sums == "levels" and not cpu.batch_major
+    cpu = hd.core.resolve_plan(h, torch.device("cpu"))
+    assert cpu.name == "cpu" and cpu.tree_sums == "levels" and not cpu.batch_major
     with hd.plan_for("cuda"):
-        plan = hd.core.current_plan(h, torch.device("cpu"))
-        assert plan.device_type == "cuda" and plan.tree_sums == "prefix" and plan.batch_major
+        plan = hd.core.resolve_plan(h, torch.device("cpu"))
+        assert plan.name == "gpu" and plan.tree_sums == "prefix" and plan.batch_major
         with hd.plan_for(torch.device("cpu")):
-            assert hd.core.current_plan(h, "cpu").tree_sums == "levels"
-        assert hd.core.current_plan(h, "cpu").device_type == "cuda"
-    assert hd.core.current_plan(h, "cpu").device_type == "cpu"
+            assert hd.core.resolve_plan(h, torch.device("cpu")).tree_sums == "levels"
+        assert hd.core.resolve_plan(h, torch.device("cpu")).name == "gpu"
+    assert hd.core.resolve_plan(h, torch.device("cpu")).name == "cpu"
     # deep trees: the CPU plan leaves the per-level sums too
     deep = hd.Hierarchy.from_parents(list(range(1, 600)) + [-1])  # a chain of 600 nodes
-    assert hd.core.current_plan(deep, "cpu").tree_sums == "prefix"
+    assert hd.core.resolve_plan(deep, torch.device("cpu")).tree_sums == "prefix"
     with pytest.raises(TypeError, match="`device`"):
         with hd.plan_for(3.5):
             pass
     wp = hd.get_metric("wu_palmer", h)
-    assert wp.resolved_strategy() in ("candidates", "structural")
+    assert wp.resolved_strategy(hd.core.resolve_plan(h, torch.device("cpu"))) in ("candidates", "structural")
     with hd.plan_for("cuda"):
-        assert wp.resolved_strategy() == "dense"
+        assert wp.resolved_strategy(hd.core.resolve_plan(h, torch.device("cpu"))) == "dense"
 
 
 def test_gpu_plan_tables_are_batch_major_views():

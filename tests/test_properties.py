@@ -310,7 +310,7 @@ def test_fuzz_parameters(tree, name, key, value):
                  st.booleans()))
 def test_fuzz_global_settings(value):
     budget = hd.get_memory_budget()
-    backend = hd.kernels.get_backend()
+    backend = hd.get_backend()
     try:
         try:
             hd.set_memory_budget(value)
@@ -320,10 +320,10 @@ def test_fuzz_global_settings(value):
         if value is None:
             assert hd.get_memory_budget() == 512 * 2**20  # None restores the default
         try:
-            hd.kernels.set_backend(value)
+            hd.set_backend(value)
         except ALLOWED:
-            assert hd.kernels.get_backend() == backend
+            assert hd.get_backend() == backend
     finally:
         hd.set_memory_budget(budget)
-        hd.kernels.set_backend(backend)
+        hd.set_backend(backend)
 

@@ -216,7 +216,7 @@ def test_heuristics_follow_the_memory_budget(tiered, probs, monkeypatch):
     whole = dec.decode(probs)
     budget = hd.get_memory_budget()
     try:
-        hd.set_memory_budget(dec._bytes_per_sample(tiered) * 10)
+        hd.set_memory_budget(dec._bytes_per_sample(tiered, hd.core.resolve_plan(tiered, torch.device("cpu"))) * 10)
         seen.clear()
         assert torch.equal(dec.decode(probs), whole)
         assert max(seen) <= 10 and sum(seen) == probs.shape[0]

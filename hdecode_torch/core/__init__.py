@@ -1,9 +1,11 @@
-"""What every entry point shares: input checks, the batch's statistics (:class:`Posterior`), memory chunking."""
+"""What every entry point shares: the device plan (resolved once per call), input checks, the batch's
+statistics (:class:`Posterior`), memory chunking, the component template, parameters, specs and
+registries of metrics and decoders."""
 
-from .chunking import get_memory_budget, set_memory_budget
-from .plan import Plan, current_plan, plan_for
+from .plan import Plan, get_backend, get_memory_budget, plan_for, resolve_plan, set_backend, set_memory_budget
 from .posterior import Posterior
+from .probabilities import node_probabilities
 from .validation import ROW_SUM_TOLERANCE, row_sum_tolerance
 
-__all__ = ["Posterior", "ROW_SUM_TOLERANCE", "row_sum_tolerance", "get_memory_budget", "set_memory_budget", "Plan", "plan_for",
-           "current_plan"]
+__all__ = ["Posterior", "node_probabilities", "ROW_SUM_TOLERANCE", "row_sum_tolerance", "get_memory_budget",
+           "set_memory_budget", "set_backend", "get_backend", "Plan", "plan_for", "resolve_plan"]

@@ -6,9 +6,14 @@ probabilities, per-leaf-depth masses and their prefix sums, root-path masses, E[
 take a Posterior and never recompute what it holds; several metrics evaluated on the same batch
 (e.g. a ``MetricCollection``) share one.
 
+A Posterior also resolves the call's :class:`~hdecode_torch.core.plan.Plan` once, from the
+probabilities' device: metrics and decoders read ``post.plan`` and sum over the tree through
+:meth:`Posterior.leaf_sum`, :meth:`Posterior.path_sum` and :meth:`Posterior.subtree_sum`, which
+pass the plan's layout to the kernels.
+
 Every table is node-major in its interface, ``(N, B)`` or ``(N, E, B)``, with the batch last.  How
-it is stored follows the plan (:mod:`hdecode_torch.core.plan`): node-major on the CPU plan, a
-transposed view of a batch-major table on the GPU plan (scans along the contiguous dimension).
+it is stored follows the plan: node-major with per-level sums, a transposed view of a batch-major
+table with prefix sums (scans along the contiguous dimension).
 """
 
 from __future__ import annotations
@@ -17,10 +22,12 @@ from typing import Hashable
 
 import torch
 
+from ..hierarchy import Hierarchy
 from ..kernels.depth_ranges import depth_prefix_sums, depth_ranges
-from ..kernels.tree_sums import accumulation_dtype, leaf_to_node_sum, path_sum, subtree_sum_
-from .plan import current_plan
-from .validation import prepare_leaf_probs
+from ..kernels.fused import gathered_prefix, trust_indices
+from ..kernels.tree_sums import accumulation_dtype, leaf_to_node_sum, path_sum, subtree_sum, subtree_sum_
+from .plan import Plan, resolve_plan
+from .validation import as_tensor, prepare_leaf_probs
 
 __all__ = ["Posterior"]
 
@@ -32,21 +39,24 @@ class Posterior:
         h: the hierarchy, on the probabilities' device.
         probs: (B, L) float32/float64 checked probabilities.
         unbatched: whether the user passed a single (L,) distribution.
+        plan: the :class:`~hdecode_torch.core.plan.Plan` of every computation on this batch.
     """
 
-    def __init__(self, h, leaf_probs, *, from_logits: bool = False, normalize: bool = False,
+    def __init__(self, h, leaf_probs, *, from_logits: bool | str = False, normalize: bool = False,
                  validate: bool = True, name: str = "leaf_probs", extra_checks=()):
-        from ..hierarchy import Hierarchy
-
         if not isinstance(h, Hierarchy):
             raise TypeError(f"Expected `hierarchy` to be a Hierarchy, but got {type(h).__name__}")
         if isinstance(leaf_probs, Posterior):
             raise TypeError(f"`{name}` is already a Posterior: pass it directly to decode/expected, or use Posterior.of")
-        probs, unbatched = prepare_leaf_probs(leaf_probs, h.num_leaves, name=name, from_logits=from_logits,
-                                              normalize=normalize, validate=validate, extra_checks=extra_checks)
+        x = as_tensor(leaf_probs, name)
+        plan = resolve_plan(h, x.device)
+        probs, unbatched = prepare_leaf_probs(x, h.num_leaves, name=name, from_logits=from_logits,
+                                              normalize=normalize, validate=validate, extra_checks=extra_checks,
+                                              fused_check=plan.gpu)
         self.h = h.to(probs.device)
         self.probs = probs
         self.unbatched = unbatched
+        self.plan: Plan = plan
         self._memo: dict[Hashable, torch.Tensor] = {}
 
     @classmethod
@@ -74,7 +84,7 @@ class Posterior:
         if start == 0 and stop == self.batch_size and not self.unbatched:
             return self
         new = object.__new__(Posterior)
-        new.h, new.probs, new.unbatched = self.h, self.probs[start:stop], False
+        new.h, new.probs, new.unbatched, new.plan = self.h, self.probs[start:stop], False, self.plan
         new._memo = {k: v[..., start:stop] for k, v in self._memo.items()}
         return new
 
@@ -95,15 +105,29 @@ class Posterior:
             self._memo[key] = build()
         return self._memo[key]
 
+    # ------------------------------------------------------------------ tree sums in the plan's layout
+    def leaf_sum(self, leaf_values: torch.Tensor) -> torch.Tensor:
+        """(N, *) ``Σ_{l ∈ L(n)} leaf_values[l]`` of leaf-major (L, *) values."""
+        return leaf_to_node_sum(self.h, leaf_values, self.plan.tree_sums, self.plan.backend)
+
+    def path_sum(self, values: torch.Tensor, include_root: bool = True) -> torch.Tensor:
+        """(N, *) ``Σ_{a ∈ A(n)} values[a]`` of node-major (N, *) values (the root left out when
+        ``include_root=False``)."""
+        return path_sum(self.h, values, include_root, self.plan.tree_sums, self.plan.backend)
+
+    def subtree_sum(self, values: torch.Tensor) -> torch.Tensor:
+        """(N, *) ``Σ_{m in the subtree of n} values[m]`` of node-major (N, *) values."""
+        return subtree_sum(self.h, values, self.plan.tree_sums, self.plan.backend)
+
+    # ------------------------------------------------------------------ batch statistics
     @property
     def node(self) -> torch.Tensor:
         """(N, B) node probabilities p(n)."""
-        return self._get("node", lambda: leaf_to_node_sum(self.h, self.probs.t()))
+        return self._get("node", lambda: self.leaf_sum(self.probs.t()))
 
     def weighted_node(self, key: Hashable, leaf_weights: torch.Tensor) -> torch.Tensor:
         """(N, B) ``Σ_{l ∈ L(n)} p(l) w(l)`` for a fixed per-leaf weight ``leaf_weights`` (L,)."""
-        return self._get(("weighted", key), lambda: leaf_to_node_sum(
-            self.h, self.probs.t() * leaf_weights.to(self.dtype)[:, None]))
+        return self._get(("weighted", key), lambda: self.leaf_sum(self.probs.t() * leaf_weights.to(self.dtype)[:, None]))
 
     def leaf_depth_values(self) -> torch.Tensor:
         """(E,) int64 the distinct leaf depths, ascending."""
@@ -116,9 +140,7 @@ class Posterior:
         """
         def build():
             h = self.h
-            if current_plan(h, self.device).batch_major:
-                from ..kernels.fused import gathered_prefix
-
+            if self.plan.batch_major:
                 src, hi, lo = _depth_mass_ranges(h)
                 q = gathered_prefix(self.probs, src, None, hi, lo, self.dtype)  # (B, E·N), e-major
                 return q.view(self.batch_size, h.num_leaf_depths, h.num_nodes).permute(2, 1, 0)
@@ -129,7 +151,7 @@ class Posterior:
             out = torch.zeros(h.num_nodes, e, self.batch_size, dtype=acc, device=self.device)
             rows = torch.arange(h.num_leaves, device=group.device) * e + group  # row (leaf, its depth group)
             out.view(h.num_nodes * e, self.batch_size).index_copy_(0, rows, self.probs.t().to(acc))
-            return subtree_sum_(h, out).to(self.dtype)
+            return subtree_sum_(h, out, self.plan.backend).to(self.dtype)
         return self._get("by_leaf_depth", build)
 
     def depth_prefix(self) -> torch.Tensor:
@@ -137,11 +159,7 @@ class Posterior:
         any node's per-leaf-depth mass is a difference of two entries (``kernels.depth_ranges``)."""
         def build():
             h = self.h
-            if current_plan(h, self.device).batch_major:
-                from ..kernels.fused import gathered_prefix
-
-                from ..kernels.fused.reference import trust_indices
-
+            if self.plan.batch_major:
                 src, positions = h.cached("depth_prefix_positions", lambda: (
                     trust_indices(depth_ranges(h).leaf_order, h.num_leaves - 1),
                     trust_indices(torch.arange(h.num_leaves + 1, device=h.device), h.num_leaves)))
@@ -152,7 +170,7 @@ class Posterior:
     def ancestor_mass(self) -> torch.Tensor:
         """(N, B) ``Σ_{a ∈ A(n), a ≠ root} p(a)``, which equals E[d(LCA(n, y))]: the mass under each
         ancestor below the root counts once for every level the target shares with n."""
-        return self._get("ancestor_mass", lambda: path_sum(self.h, self.node, include_root=False))
+        return self._get("ancestor_mass", lambda: self.path_sum(self.node, include_root=False))
 
     def expected_leaf_depth(self) -> torch.Tensor:
         """(B,) E[d(y)]."""
@@ -163,8 +181,6 @@ def _depth_mass_ranges(h):
     """(src, hi, lo) of the per-leaf-depth masses as E·N ranges, e-major (cached on the hierarchy)."""
     def build():
         r = depth_ranges(h)
-        from ..kernels.fused.reference import trust_indices
-
         n, j = h.num_nodes, h.num_leaves
         return (trust_indices(r.leaf_order, j - 1), trust_indices(r.hi[:n].t().reshape(-1).long(), j),
                 trust_indices(r.lo[:n].t().reshape(-1).long(), j))

@@ -15,7 +15,6 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from .plan import planned_device_type
 
 __all__ = [
     "ROW_SUM_TOLERANCE",
@@ -27,12 +26,11 @@ __all__ = [
     "check_ranges",
     "as_targets",
     "as_node_ids",
-    "check_targets",
-    "check_node_ids",
     "check_node_sets",
     "check_positive",
     "check_nonnegative",
     "check_unit_interval",
+    "warn_user",
 ]
 
 #: The part of the row-sum tolerance that does not grow with the number of classes, per dtype of the
@@ -83,6 +81,18 @@ def as_tensor(x, name: str) -> torch.Tensor:
         except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
             raise TypeError(f"Expected `{name}` to be a tensor or array of numbers: {exc}") from None
     raise TypeError(f"Expected `{name}` to be a torch.Tensor, but got {type(x).__name__}")
+
+
+def warn_user(message: str, category: type[Warning] = UserWarning) -> None:
+    """``warnings.warn`` attributed to the first caller outside this package, however deep the call."""
+    import os
+    import sys
+
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    level, frame = 2, sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
 
 
 # --------------------------------------------------------------------------- range checks
@@ -145,10 +155,6 @@ def row_sums(x: torch.Tensor) -> torch.Tensor:
     """
     return x.sum(dim=1).to(torch.float64)
 
-#: Accepted values of ``from_logits``.
-INPUT_KINDS = (False, True, "auto")
-
-
 def input_kind(from_logits) -> str:
     """``"probs"``, ``"logits"`` or ``"auto"`` from a ``from_logits`` argument (False, True or "auto")."""
     if from_logits is True or from_logits is False:
@@ -171,6 +177,7 @@ def prepare_leaf_probs(
     validate: bool = True,
     device: torch.device | None = None,
     extra_checks=(),
+    fused_check: bool = False,
 ) -> tuple[torch.Tensor, bool]:
     """Check and convert leaf probabilities to a ``(B, L)`` tensor in the compute dtype.
 
@@ -191,7 +198,8 @@ def prepare_leaf_probs(
 
     ``extra_checks``: :class:`RangeCheck` s (e.g. predictions or targets on the same device) checked
     in the same fused reduction, so that a whole call syncs with the host once.  With
-    ``validate=False`` nothing is checked and nothing syncs.
+    ``validate=False`` nothing is checked and nothing syncs.  ``fused_check``: take the row sums and
+    the minimum in one fused pass (``hdecode::row_sum_min``; what the GPU plan does).
     """
     kind = input_kind(from_logits)
     x = as_tensor(leaf_probs, name)
@@ -221,7 +229,7 @@ def prepare_leaf_probs(
     checks = [c for c in extra_checks if c is not None] if validate else []
     tol = row_sum_tolerance(in_dtype, num_leaves)
     if kind == "probs":
-        return _checked_probs(x, checks, name, tol, normalize, in_dtype, validate), unbatched
+        return _checked_probs(x, checks, name, tol, normalize, in_dtype, validate, fused_check), unbatched
     if not x.numel():
         check_ranges(checks, validate)
         return x, unbatched
@@ -256,7 +264,7 @@ def prepare_leaf_probs(
     return torch.softmax(x, dim=1), unbatched
 
 
-def _checked_probs(x, checks, name, tol, normalize, in_dtype, validate):
+def _checked_probs(x, checks, name, tol, normalize, in_dtype, validate, fused_check):
     if not validate:
         return x / x.sum(dim=1, keepdim=True) if normalize else x
     if x.numel() == 0:
@@ -265,7 +273,7 @@ def _checked_probs(x, checks, name, tol, normalize, in_dtype, validate):
     # Two passes over the data (a float64 sum and a min), one host sync.  NaN and +inf make a row sum
     # non-finite and NaN makes the min NaN, so the one flag covers finiteness too; the error path then
     # finds out exactly what is wrong.
-    if planned_device_type(x.device) == "cuda":
+    if fused_check:
         # One fused pass (hdecode::row_sum_min) instead of a sum, a conversion and a min over the table.
         from ..kernels.fused import row_sum_min
 
@@ -357,22 +365,6 @@ def as_node_ids(pred, num_nodes: int, *, name: str = "pred", device: torch.devic
     if t.dim() > 1:
         raise ValueError(f"Expected `{name}` to have shape (B,) or () (node ids), but got {tuple(t.shape)}")
     return t.to(device=device if device is not None else t.device, dtype=torch.long)
-
-
-def check_targets(target, num_leaves: int, batch: int | None = None, *, name: str = "target",
-                  validate: bool = True, device: torch.device | None = None) -> torch.Tensor:
-    """target: (B,) or () integer class indices in ``0..L-1``.  Returns int64 (B,) (or ())."""
-    t = as_targets(target, num_leaves, batch, name=name, device=device)
-    check_ranges([RangeCheck(t, num_leaves, name, "leaf ids")], validate)
-    return t
-
-
-def check_node_ids(pred, num_nodes: int, *, name: str = "pred", validate: bool = True,
-                   device: torch.device | None = None) -> torch.Tensor:
-    """pred: (B,) or () integer node ids in ``0..N-1``.  Returns int64."""
-    t = as_node_ids(pred, num_nodes, name=name, device=device)
-    check_ranges([RangeCheck(t, num_nodes, name, "node ids")], validate)
-    return t
 
 
 def check_node_sets(pred, num_nodes: int, *, name: str = "pred", device: torch.device | None = None) -> torch.Tensor:

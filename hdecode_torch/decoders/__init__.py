@@ -1,4 +1,5 @@
-"""Decoders: heuristics of the literature, their registry, and DARTS calibration."""
+"""Decoders: the heuristics of the literature, the optimal decoder of any metric as a decoder, the
+decoders' registry, and DARTS calibration."""
 
 from .base import Decoder
 from .calibration import calibrate_darts
@@ -6,10 +7,10 @@ from .heuristics import (
     CRM, ArgmaxLeaf, ConfidenceThreshold, Darts, ExpectedInformation, HiE, InformationThreshold, Majority,
     Plurality, TopDown,
 )
-from .registry import OptimalDecoder, get_decoder, list_decoders
+from .registry import DECODERS, OptimalDecoder, decoder_class, get_decoder, list_decoders, register_decoder
 
 __all__ = [
-    "Decoder", "get_decoder", "list_decoders", "calibrate_darts", "OptimalDecoder",
-    "ArgmaxLeaf", "TopDown", "ConfidenceThreshold", "Majority", "Plurality", "Darts", "ExpectedInformation",
-    "InformationThreshold", "HiE", "CRM",
+    "Decoder", "DECODERS", "get_decoder", "list_decoders", "decoder_class", "register_decoder", "calibrate_darts",
+    "OptimalDecoder", "ArgmaxLeaf", "TopDown", "ConfidenceThreshold", "Majority", "Plurality", "Darts",
+    "ExpectedInformation", "InformationThreshold", "HiE", "CRM",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .._component import HierarchyComponent
+from ..core.component import HierarchyComponent
 
 __all__ = ["Decoder"]
 
@@ -10,12 +10,15 @@ __all__ = ["Decoder"]
 class Decoder(HierarchyComponent):
     """A batched decision rule from leaf probabilities to node ids.
 
-    Subclasses implement ``_decode`` on a :class:`~hdecode_torch.Posterior` (checked probabilities
-    with lazily computed node sums) and return (B,) int64 node ids.  ``decode`` accepts (B, L) or
+    Subclasses declare ``name``, ``description`` and ``PARAMS`` and implement ``_decode_cpu`` (and,
+    where the GPU plan decodes differently, ``_decode_gpu``) on a :class:`~hdecode_torch.Posterior`
+    (checked probabilities with lazily computed node sums), returning (B,) int64 node ids.  ``decode`` accepts (B, L) or
     (L,) float probabilities (or a Posterior, to share node sums between decoders), decodes large
     batches in chunks bounded by the memory budget, and returns (B,) (or ()) int64 node ids on the
     probabilities' device.
     """
+
+    component_kind = "decoder"
 
     def __call__(self, leaf_probs, **kwargs):
         return self.decode(leaf_probs, **kwargs)

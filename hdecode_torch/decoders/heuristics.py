@@ -22,10 +22,12 @@ import math
 
 import torch
 
+from ..core.params import Param
 from ..core.validation import check_nonnegative, check_unit_interval
 from ..kernels.ancestry import is_ancestor
 from ..kernels.descent import children_probs
 from ..kernels.selection import argbest, most_informative_where
+from ..metrics.lca_height import lca_height_decode, lca_height_decode_fused
 from .base import Decoder
 
 __all__ = [
@@ -54,7 +56,7 @@ class ArgmaxLeaf(Decoder):
     name = "argmax_leaf"
     description = "most probable leaf (flat top-1)"
 
-    def _decode(self, post) -> torch.Tensor:
+    def _decode_cpu(self, post) -> torch.Tensor:
         return post.probs.argmax(dim=1)  # the first of equal maxima: the smallest id, on every backend
 
 
@@ -68,7 +70,7 @@ class TopDown(Decoder):
     name = "top_down"
     description = "from the root, step to the most probable child until a leaf"
 
-    def _decode(self, post) -> torch.Tensor:
+    def _decode_cpu(self, post) -> torch.Tensor:
         h, p = post.h, post.node
         cur = torch.full((post.batch_size,), h.root, dtype=torch.long, device=p.device)
         for depth in range(h.max_depth):
@@ -89,15 +91,9 @@ class ConfidenceThreshold(Decoder):
     name = "confidence_threshold"
     description = "most informative node with p(n) > tau"
 
-    def __init__(self, hierarchy, tau: float = 0.5, *, validate: bool = True):
-        super().__init__(hierarchy, validate=validate)
-        self.tau = check_unit_interval(tau, "tau")
+    PARAMS = (Param("tau", float, 0.5, check_unit_interval, doc="probability threshold in [0, 1)"),)
 
-    @property
-    def params(self) -> dict:
-        return {"tau": self.tau}
-
-    def _decode(self, post) -> torch.Tensor:
+    def _decode_cpu(self, post) -> torch.Tensor:
         return most_informative_where(post.h, post.node > self.tau)
 
 
@@ -110,12 +106,8 @@ class Majority(ConfidenceThreshold):
     name = "majority"
     description = "deepest node with p(n) > 1/2 (confidence_threshold, tau = 1/2)"
 
-    def __init__(self, hierarchy, *, validate: bool = True):
-        super().__init__(hierarchy, 0.5, validate=validate)
-
-    @property
-    def params(self) -> dict:
-        return {}
+    PARAMS = ()
+    tau = 0.5
 
 
 class Plurality(Decoder):
@@ -130,7 +122,7 @@ class Plurality(Decoder):
     name = "plurality"
     description = "most informative node more probable than every node outside its root path"
 
-    def _decode(self, post) -> torch.Tensor:
+    def _decode_cpu(self, post) -> torch.Tensor:
         # Two qualifying nodes off each other's root paths would each beat the other, so the
         # qualifying nodes lie on one path, and each is the unique most probable child of its
         # parent: the path of a strict top-down descent.  Walk it, carrying the best probability
@@ -166,15 +158,9 @@ class Darts(Decoder):
     name = "darts"
     description = "argmax (I(n) + lam) p(n), Deng et al. 2012"
 
-    def __init__(self, hierarchy, lam: float = 0.0, *, validate: bool = True):
-        super().__init__(hierarchy, validate=validate)
-        self.lam = check_nonnegative(lam, "lam")
+    PARAMS = (Param("lam", float, 0.0, check_nonnegative, doc="weight of probability over information, >= 0"),)
 
-    @property
-    def params(self) -> dict:
-        return {"lam": self.lam}
-
-    def _decode(self, post) -> torch.Tensor:
+    def _decode_cpu(self, post) -> torch.Tensor:
         return darts_predict(post.h, post.node, self.lam)
 
 
@@ -184,12 +170,8 @@ class ExpectedInformation(Darts):
     name = "expected_information"
     description = "argmax I(n) p(n) (darts, lam = 0)"
 
-    def __init__(self, hierarchy, *, validate: bool = True):
-        super().__init__(hierarchy, 0.0, validate=validate)
-
-    @property
-    def params(self) -> dict:
-        return {}
+    PARAMS = ()
+    lam = 0.0
 
 
 class InformationThreshold(Decoder):
@@ -203,9 +185,11 @@ class InformationThreshold(Decoder):
     name = "information_threshold"
     description = "most probable node with I(n) >= threshold"
 
-    def __init__(self, hierarchy, threshold: float, *, validate: bool = True):
-        super().__init__(hierarchy, validate=validate)
-        self.threshold = check_nonnegative(threshold, "threshold")
+    PARAMS = (Param("threshold", float, check=check_nonnegative, doc="least information I(n) = log(L/|L(n)|), >= 0"),)
+
+    def __init__(self, hierarchy, *args, **kw):
+        super().__init__(hierarchy, *args, **kw)
+        threshold = self.threshold
         max_info = math.log(hierarchy.num_leaves)
         if float(hierarchy.information.max()) < self.threshold:
             raise ValueError(
@@ -213,11 +197,8 @@ class InformationThreshold(Decoder):
                 f"(L = {hierarchy.num_leaves}), but got {threshold}: no node would qualify"
             )
 
-    @property
-    def params(self) -> dict:
-        return {"threshold": self.threshold}
 
-    def _decode(self, post) -> torch.Tensor:
+    def _decode_cpu(self, post) -> torch.Tensor:
         h = post.h
         allowed = h.cached(("heuristics.info_at_least", self.threshold),
                            lambda: (h.information >= self.threshold)[:, None])
@@ -233,7 +214,7 @@ class HiE(Decoder):
     name = "hie"
     description = "leaf maximising p(parent(l)) * p(l), Jain et al. 2023"
 
-    def _decode(self, post) -> torch.Tensor:
+    def _decode_cpu(self, post) -> torch.Tensor:
         h = post.h
         leaf_parent = h.cached("heuristics.leaf_parent", lambda: torch.where(
             h.parent[: h.num_leaves] >= 0, h.parent[: h.num_leaves], torch.arange(h.num_leaves, device=h.device)))
@@ -249,7 +230,8 @@ class CRM(Decoder):
     name = "crm"
     description = "leaf minimising the expected LCA height (Karthik et al. 2021)"
 
-    def _decode(self, post):
-        from ..metrics.lca_height import lca_height_decode
-
+    def _decode_cpu(self, post):
         return lca_height_decode(post)
+
+    def _decode_gpu(self, post):
+        return lca_height_decode_fused(post)

@@ -1,33 +1,35 @@
-"""Decoder names -> classes, and the ``"optimal"`` wrapper around a metric's own decoder."""
+"""The registry of decoders: names -> classes, and the ``"optimal"`` wrapper around a metric's own decoder."""
 
 from __future__ import annotations
 
 import torch
 
-from .._component import build_component
+from ..core.params import Param
+from ..core.registry import Registry
+from ..metrics import BaseMetric, get_metric
 from .base import Decoder
 from .heuristics import (
     CRM, ArgmaxLeaf, ConfidenceThreshold, Darts, ExpectedInformation, HiE, InformationThreshold, Majority,
     Plurality, TopDown,
 )
 
-__all__ = ["DECODERS", "OptimalDecoder", "get_decoder", "list_decoders"]
+__all__ = ["DECODERS", "OptimalDecoder", "get_decoder", "list_decoders", "register_decoder", "decoder_class"]
 
 
 class OptimalDecoder(Decoder):
     """The Bayes-optimal decoder of a metric, as a :class:`Decoder`.
 
     ``decode`` returns what ``get_metric(metric, h, **params).decode`` returns: (B,) int64 node ids
-    for node and leaf metrics, (B, N) bool sets for set metrics.
+    for node and leaf metrics, (B, N) bool sets for set metrics.  ``metric``: any metric spec
+    (``"wu_palmer"``, ``"hf_beta[beta=0.5]"``, a built metric); extra keywords are its parameters.
     """
 
     name = "optimal"
     description = "Bayes-optimal decoder of a metric: get_decoder('optimal', h, metric='wu_palmer', **params)"
+    PARAMS = (Param("metric", object, "accuracy", in_key=False, doc="the metric whose Bayes-optimal decoder to use"),)
 
     def __init__(self, hierarchy, metric="accuracy", *, validate: bool = True, **metric_params):
-        super().__init__(hierarchy, validate=validate)
-        from ..metrics import get_metric
-
+        super().__init__(hierarchy, metric=metric, validate=validate)
         self.metric = get_metric(metric, hierarchy, **metric_params)
         if self.metric.hierarchy is not hierarchy and not self.metric.hierarchy.same_tree(hierarchy):
             raise ValueError(f"Expected `metric` to be defined on {hierarchy!r}, but it is on {self.metric.hierarchy!r}")
@@ -57,35 +59,51 @@ class OptimalDecoder(Decoder):
         return self.metric._decode(post)
 
 
-#: One line per decoder.
-DECODERS: dict[str, type[Decoder]] = {
-    cls.name: cls
-    for cls in (ArgmaxLeaf, TopDown, ConfidenceThreshold, Majority, Plurality, Darts, ExpectedInformation,
-                InformationThreshold, HiE, CRM, OptimalDecoder)
-}
+DECODERS = Registry("decoder", Decoder)
+for _cls in (ArgmaxLeaf, TopDown, ConfidenceThreshold, Majority, Plurality, Darts, ExpectedInformation,
+             InformationThreshold, HiE, CRM, OptimalDecoder):
+    DECODERS.register(_cls)
+
+
+def register_decoder(cls: type | None = None, *, aliases=(), replace: bool = False):
+    """Register a decoder class (a subclass of :class:`Decoder` with ``name``, ``description``,
+    ``PARAMS`` and ``_decode_cpu``) under its name; usable as a class decorator.
+
+    It can then be named everywhere a built-in decoder can: ``get_decoder``, ``DecodingHead``,
+    ``HierarchicalMetric``, the Lightning callback and ``hdecode --import MODULE``.
+    """
+    return DECODERS.register(cls, aliases=aliases, replace=replace)
 
 
 def list_decoders() -> dict[str, str]:
-    """``{name: one-line description}`` of every decoder :func:`get_decoder` builds."""
-    return {name: cls.description for name, cls in DECODERS.items()}
+    """``{name: one-line description}`` of every registered decoder."""
+    return DECODERS.describe()
 
 
-def get_decoder(name, hierarchy, **params) -> Decoder:
-    """The decoder ``name`` on ``hierarchy``, e.g. ``get_decoder("darts", h, lam=0.5)``.
+def decoder_class(name: str) -> type[Decoder]:
+    """The class of the decoder ``name``."""
+    return DECODERS.get_class(name)
 
-    Parameters: ``tau`` in [0, 1) (``confidence_threshold``, default 1/2), ``lam`` >= 0
-    (``darts``, default 0), ``threshold`` >= 0 (``information_threshold``, required), and
-    ``validate``.  ``get_decoder("optimal", h, metric="wu_palmer", **metric_params)`` wraps
-    the metric's Bayes-optimal decoder.  A :class:`Decoder` passed as ``name`` is returned
-    as is.  Unknown names or parameters and out-of-range values raise ``ValueError``.
+
+def get_decoder(spec, hierarchy, *, metric=None, validate: bool | None = None, **params) -> Decoder:
+    """The decoder a spec names, on ``hierarchy``: ``"darts"``, ``"darts[lam=0.5]"``, ``("darts",
+    {"lam": 0.5})``, or a name with keyword parameters (``tau=`` in [0, 1) for
+    ``confidence_threshold``, ``lam=`` >= 0 for ``darts``, ``threshold=`` >= 0 for
+    ``information_threshold``, and ``validate=``); a built :class:`Decoder` is returned as is.
+
+    ``"optimal"`` is the Bayes-optimal decoder of ``metric`` (a metric spec or a built metric, whose
+    parameters may follow as keywords); ``"optimal:hf_beta[beta=0.5]"`` names it in one string.
+    Unknown names (with a suggestion) or parameters and out-of-range values raise ``ValueError``; a
+    metric without an exact decoder raises ``ValueError`` here rather than at the first batch.
+    ``validate``: the decoder's default for its input check (ignored for a built decoder).
     """
-    if isinstance(name, Decoder):
-        return name
-    if not isinstance(name, str):
-        raise TypeError(f"Expected `name` to be a decoder name, but got {type(name).__name__}")
-    if name not in DECODERS:
-        raise ValueError(f"Unknown decoder {name!r}; available: {', '.join(sorted(DECODERS))}")
-    cls = DECODERS[name]
-    if cls is OptimalDecoder:  # its metric checks the metric's parameters
-        return cls(hierarchy, **params)
-    return build_component(cls, "decoder", name, hierarchy, params)
+    if isinstance(spec, Decoder):
+        return DECODERS.build(spec, hierarchy, **params)
+    if validate is not None:
+        params["validate"] = validate
+    if metric is not None:
+        if not isinstance(metric, (str, tuple, list, BaseMetric)):
+            raise TypeError(f"Expected `metric` to be a metric spec or a built metric, but got {type(metric).__name__}")
+        if isinstance(spec, str) and spec == "optimal":
+            return OptimalDecoder(hierarchy, metric, **params)
+    return DECODERS.build(spec, hierarchy, **params)

@@ -11,7 +11,8 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from ..hierarchy import Hierarchy
-from .module import clear_posterior_cache, decoder_label, has_optimal_decoder, pair_name, resolve_metric
+from ..metrics import get_metric, has_optimal_decoder
+from .module import clear_posterior_cache, decoder_label, pair_name
 from .torchmetrics import HierarchicalMetric
 
 try:
@@ -88,7 +89,7 @@ class _CallbackLogic:
         self.metrics: dict[tuple[str, str], HierarchicalMetric] = {}
         self.skipped: list[tuple[str, str]] = []
         for metric_spec in metrics:
-            metric = resolve_metric(hierarchy, metric_spec)
+            metric = get_metric(metric_spec, hierarchy)
             optimal_ok = None
             for decoder_spec in decoders:
                 if decoder_spec == "optimal":

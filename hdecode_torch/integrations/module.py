@@ -1,9 +1,9 @@
 """``DecodingHead``: an ``nn.Module`` that turns a trained model's scores into hierarchical predictions.
 
 Also home of the small helpers the torchmetrics and Lightning layers share (they import
-only torch): resolving ``metric`` / ``decoder`` specifications, and the last-batch
-:class:`~hdecode_torch.Posterior` cache that lets several metrics of one batch compute
-the node probabilities once.
+only torch): building a (metric, decoder) pair from specifications, naming it, and the
+last-batch :class:`~hdecode_torch.Posterior` cache that lets several metrics of one batch
+compute the node probabilities once.
 """
 
 from __future__ import annotations
@@ -19,59 +19,22 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from ..core.plan import MAX_LEVELS, plan_for, resolve_plan
+from ..core.posterior import Posterior
+from ..core.validation import compute_dtype, input_kind
 from ..decoders import Decoder, get_decoder
 from ..hierarchy import Hierarchy
-from ..core.posterior import Posterior
-from ..core.validation import input_kind
-from ..metrics import BaseMetric, get_metric, has_optimal_decoder, list_metrics
+from ..metrics import METRICS, BaseMetric, get_metric
 
-__all__ = [
-    "DecodingHead", "resolve_metric", "resolve_decoder", "has_optimal_decoder", "shared_posterior",
-    "clear_posterior_cache", "data_dependent_metrics", "pair_name",
-]
+__all__ = ["DecodingHead", "resolve_pair", "shared_posterior", "clear_posterior_cache", "pair_name", "decoder_label"]
 
 
 # --------------------------------------------------------------------------- specifications
-def _split_spec(spec, what: str) -> tuple[object, dict]:
-    """``"name"`` | ``("name", {params})`` | an object -> (name or object, params)."""
-    if isinstance(spec, (tuple, list)):
-        if len(spec) != 2 or not isinstance(spec[1], Mapping):
-            raise ValueError(f"Expected a {what} as a name or a (name, params dict) pair, but got {spec!r}")
-        return spec[0], dict(spec[1])
-    return spec, {}
-
-
-def resolve_metric(hierarchy: Hierarchy, metric, **params) -> BaseMetric:
-    """A metric from a name, a ``(name, params)`` pair or a built metric (returned as is)."""
-    spec, extra = _split_spec(metric, "metric")
-    if isinstance(spec, BaseMetric):
-        if params or extra:
-            raise ValueError(f"Parameters {sorted({**extra, **params})} given for an already built metric {spec!r}")
-        return spec
-    return get_metric(spec, hierarchy, **{**extra, **params})
-
-
-def resolve_decoder(hierarchy: Hierarchy, decoder, metric: BaseMetric | None = None,
-                    validate: bool = True) -> Decoder:
-    """A decoder from ``"optimal"``, a name, a ``(name, params)`` pair or a built :class:`Decoder`.
-
-    ``"optimal"`` is the Bayes-optimal decoder of ``metric``; a metric without one raises
-    ``ValueError`` here rather than ``NotImplementedError`` at the first batch.
-    """
-    spec, params = _split_spec(decoder, "decoder")
-    if isinstance(spec, Decoder):
-        if params:
-            raise ValueError(f"Parameters {sorted(params)} given for an already built decoder {spec!r}")
-        return spec
-    if spec == "optimal" and "metric" not in params:
-        if metric is None:
-            raise ValueError("decoder='optimal' needs a `metric` whose Bayes-optimal decoder to use")
-        if not has_optimal_decoder(metric):
-            raise ValueError(f"Metric `{metric.key}` has no Bayes-optimal decoder; pass a heuristic decoder "
-                             "instead, e.g. decoder='majority'")
-        return get_decoder("optimal", hierarchy, metric=metric, validate=validate)
-    params.setdefault("validate", validate)
-    return get_decoder(spec, hierarchy, **params)
+def resolve_pair(hierarchy: Hierarchy, metric, decoder, validate: bool = True, **params) -> tuple[BaseMetric, Decoder]:
+    """``(metric, decoder)`` from their specs (``get_metric`` / ``get_decoder``): ``decoder="optimal"`` is
+    the metric's own Bayes-optimal decoder (``ValueError`` for a metric without one)."""
+    m = get_metric(metric, hierarchy, **params)
+    return m, get_decoder(decoder, hierarchy, metric=m, validate=validate)
 
 
 def decoder_label(decoder: Decoder, metric: BaseMetric | None = None) -> str:
@@ -155,16 +118,9 @@ def clear_posterior_cache() -> None:
 
 
 # --------------------------------------------------------------------------- the head
-#: Optimal decoders whose intermediate sizes depend on the data (why), so no graph can hold them.
-def data_dependent_metrics() -> dict[str, str]:
-    """``{metric name: why its optimal decoder cannot be traced}`` for the registered metrics."""
-    from ..metrics.registry import METRICS
-
-    return {name: cls.data_dependent_sizes for name, cls in METRICS.items() if cls.data_dependent_sizes}
-
-
 def _fixed_size_metric(metric: BaseMetric, h: Hierarchy) -> BaseMetric:
-    """``metric``, or an exact equivalent whose decoding has no data-dependent size (for graphs).
+    """``metric``, or an exact equivalent whose decoding has no data-dependent size (for graphs), under
+    the plan of ``h``'s device.
 
     A pruned candidate list (``strategy="candidates"``, or ``"auto"`` where the CPU plan picks it)
     has as many entries as (node, sample) pairs survive the pruning; the graph scores every node
@@ -173,7 +129,7 @@ def _fixed_size_metric(metric: BaseMetric, h: Hierarchy) -> BaseMetric:
     from ..metrics.cost_matrix import CostMatrixMetric
     from ..metrics.strategies import StrategyNodeMetric
 
-    if isinstance(metric, StrategyNodeMetric) and metric.resolved_strategy(h) == "candidates":
+    if isinstance(metric, StrategyNodeMetric) and metric.resolved_strategy(resolve_plan(h, h.device), h) == "candidates":
         fixed = copy.copy(metric)
         fixed.strategy = "dense" if metric._dense_fits(h) else "structural"
         return fixed
@@ -277,7 +233,7 @@ class DecodingHead(nn.Module):
     - ``torch.export.export`` (non-strict, the default) of the head or of a model ending in it
       works for traceable heads; :meth:`export` does it with a dynamic batch size.
     - ONNX: :meth:`export_onnx` exports on the CPU plan, whose per-level tree sums are standard
-      operators (trees of up to ``CPU_MAX_LEVELS`` levels); the GPU plan's fused ``hdecode::``
+      operators (trees of up to ``MAX_LEVELS`` levels); the GPU plan's fused ``hdecode::``
       operators are unknown to ONNX.  ``from_logits="auto"`` does not convert (the exporter has
       no translation of its all-dimension minimum): export with ``True`` or ``False``.
     - ``torch.compile``: outside export, the head is excluded from compiled graphs (a graph
@@ -313,15 +269,14 @@ class DecodingHead(nn.Module):
     def _build(self, hierarchy: Hierarchy) -> None:
         metric, params = self._metric_spec
         if isinstance(metric, BaseMetric) and not _same_tree(metric.hierarchy, hierarchy):
-            if metric.name not in list_metrics():
+            if metric.name not in METRICS.names():
                 raise ValueError(f"Cannot rebuild the custom metric {metric!r} on a different tree")
             metric = (metric.name, dict(metric.params))
         dec = self._decoder_spec
         if isinstance(dec, Decoder) and not _same_tree(dec.hierarchy, hierarchy):
             raise ValueError(f"Cannot move the built decoder {dec!r} to a different tree; give the decoder by name")
         self._hierarchy = hierarchy
-        self.metric = resolve_metric(hierarchy, metric, **params)
-        self.decoder = resolve_decoder(hierarchy, self._decoder_spec, self.metric, validate=self.validate)
+        self.metric, self.decoder = resolve_pair(hierarchy, metric, self._decoder_spec, self.validate, **params)
         self._graph: _CapturedGraph | None = None
         self._unchecked_trace = False
         self._warned_cpu_graph = False
@@ -404,11 +359,8 @@ class DecodingHead(nn.Module):
 
     def _build_tables(self, h: Hierarchy, scores: torch.Tensor) -> None:
         """Build (once per tree, device, plan and dtype) every tree-only table the graph reads."""
-        from ..core.plan import planned_device_type
-        from ..core.validation import compute_dtype
-
         dtype = compute_dtype(scores.dtype)
-        key = ("graph_tables", self.decoder.key, self.metric.key, planned_device_type(h.device), dtype)
+        key = ("graph_tables", self.decoder.key, self.metric.key, resolve_plan(h, h.device).name, dtype)
 
         def build():
             with _real_tensors(scores):
@@ -442,9 +394,7 @@ class DecodingHead(nn.Module):
         scores = scores.detach()
         if self.validate:  # outside the graph: the check reads one flag on the host
             Posterior(h, scores, from_logits=self.from_logits, validate=True, name="scores")
-        from ..core.plan import planned_device_type
-
-        key = (tuple(scores.shape), scores.dtype, scores.device, planned_device_type(scores.device))
+        key = (tuple(scores.shape), scores.dtype, scores.device, resolve_plan(h, scores.device).name)
         if self._graph is None:
             self._graph = self._capture(h, scores, key)
         g = self._graph
@@ -483,8 +433,6 @@ class DecodingHead(nn.Module):
 
     @contextlib.contextmanager
     def _export_context(self, device_type: str | None):
-        from ..core.plan import plan_for
-
         was, self._unchecked_trace = self._unchecked_trace, True
         try:
             with plan_for(device_type) if device_type is not None else contextlib.nullcontext():
@@ -500,7 +448,7 @@ class DecodingHead(nn.Module):
         size is a symbolic dimension, so the program takes any B >= 1; else only the example's B.
         Non-strict tracing (Dynamo's strict mode cannot read the plan).  The program runs the plan of
         the example's device (or of an enclosing :func:`~hdecode_torch.plan_for`).  On the CPU plan it
-        holds only standard ATen operators (trees of up to ``CPU_MAX_LEVELS`` levels): a saved
+        holds only standard ATen operators (trees of up to ``MAX_LEVELS`` levels): a saved
         program loads and runs without hdecode_torch.  On the GPU plan it may hold the fused
         ``hdecode::`` operators: ``import hdecode_torch.kernels.fused`` (which registers them)
         before ``torch.export.load``.  ValueError for a decoder without fixed sizes (:attr:`traceable`).
@@ -518,19 +466,19 @@ class DecodingHead(nn.Module):
         does not check its input).  ``path``: also save the model there.  Input ``"scores"``,
         output ``"prediction"`` ((B,) int64 or (B, N) bool), batch size dynamic unless
         ``dynamic_batch=False``.  Traced on the CPU plan (per-level tree sums: ScatterND
-        additions, gathers, argmax), so trees deeper than ``CPU_MAX_LEVELS`` levels, whose sums
+        additions, gathers, argmax), so trees deeper than ``MAX_LEVELS`` levels, whose sums
         use fused ``hdecode::`` operators, cannot be exported.  Needs ``onnx`` and ``onnxscript``
         (``pip install "hdecode_torch[export]"``); ``kwargs`` go to ``torch.onnx.export``.
         """
-        from ..core.plan import CPU_MAX_LEVELS
-
         try:
             import onnxscript  # noqa: F401  (torch.onnx's exporter needs it; say so before tracing)
         except ImportError as exc:
             raise ImportError('export_onnx needs onnx and onnxscript: pip install "hdecode_torch[export]"') from exc
         h = self._hierarchy
-        if h.max_depth + 1 > CPU_MAX_LEVELS:
-            raise ValueError(f"Cannot export a tree of {h.max_depth + 1} levels to ONNX: beyond {CPU_MAX_LEVELS} "
+        with plan_for("cpu"):
+            fused_sums = resolve_plan(h, torch.device("cpu")).tree_sums != "levels"
+        if fused_sums:
+            raise ValueError(f"Cannot export a tree of {h.max_depth + 1} levels to ONNX: beyond {MAX_LEVELS} "
                              "levels the tree sums are fused hdecode:: operators, which ONNX does not know")
         x = self._example(example)
         dynamic_shapes = ({0: torch.export.Dim("batch")},) if dynamic_batch else None

@@ -8,7 +8,7 @@ from torchmetrics.utilities import dim_zero_cat
 
 from ..hierarchy import Hierarchy
 from ..core.validation import input_kind
-from .module import decoder_label, pair_name, resolve_decoder, resolve_metric, shared_posterior
+from .module import decoder_label, pair_name, resolve_pair, shared_posterior
 
 __all__ = ["HierarchicalMetric"]
 
@@ -80,8 +80,7 @@ class HierarchicalMetric(Metric):
         if not isinstance(hierarchy, Hierarchy):
             raise TypeError(f"Expected `hierarchy` to be a Hierarchy, but got {type(hierarchy).__name__}")
         self.hierarchy = hierarchy
-        self.metric = resolve_metric(hierarchy, metric, **params)
-        self.decoder = resolve_decoder(hierarchy, decoder, self.metric, validate=validate)
+        self.metric, self.decoder = resolve_pair(hierarchy, metric, decoder, validate, **params)
         input_kind(from_logits)  # checked here, not at the first batch
         self.from_logits = from_logits if from_logits == "auto" else bool(from_logits)
         self.validate = bool(validate)

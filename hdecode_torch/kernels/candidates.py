@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.plan import current_plan
 from .ancestry import top_ancestor
 from .fused.reference import trust_indices
 
@@ -163,17 +162,14 @@ def depth_order(h) -> torch.Tensor:
 def pack_mask(h, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each sample's kept nodes, left-packed in (depth, id) order.
 
-    keep: (N, B) bool.  Returns ``(ids, count)``: (B, C) int64 with padding N, C the largest count,
-    and (B,) int64.  On the batch-major plan, one host read (C): the kept nodes of a row are its C
-    largest entries of a key that ranks every node by (depth, id) (−1 where not kept), one top-C
-    selection that reads the (B, N) key once and writes only (B, C).  On the CPU plan the kept
-    pairs are listed by ``nonzero`` and packed, which is faster there (two host reads).
+    keep: (N, B) bool (any strides; a transposed view of a (B, N) table is read as is).  Returns
+    ``(ids, count)``: (B, C) int64 with padding N, C the largest count, and (B,) int64.  One host
+    read (C): the kept nodes of a row are its C largest entries of a key that ranks every node by
+    (depth, id) (−1 where not kept), one top-C selection that reads the (B, N) key once and writes
+    only (B, C).  (Where host reads cost nothing, listing pairs with :func:`candidate_pairs` and
+    :func:`pack_candidates` is faster.)
     """
     n, bsz = keep.shape
-    if not current_plan(h, keep.device).batch_major:
-        sample, node, _ = candidate_pairs(h, keep, keep)
-        ids, count, _ = pack_candidates(h, sample, node, bsz)
-        return ids, count
     kt = keep.t()
     count = kt.sum(1)
     c = int(count.max()) if bsz and n else 0  # the host read

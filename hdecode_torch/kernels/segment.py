@@ -1,17 +1,15 @@
 """Row scatter-add, the one reduction the tree kernels need, with an optional torch-scatter backend.
 
 The pure-torch path (``index_add_``) is the default and the one the tests pin down;
-``set_backend("scatter")`` routes through ``torch_scatter.scatter`` when it is
-installed (``pip install 'hdecode_torch[scatter]'``); tests check both agree.
+``backend="scatter"`` routes through ``torch_scatter.scatter`` when it is installed
+(``pip install 'hdecode_torch[scatter]'``); tests check both agree.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["index_add_rows", "set_backend", "get_backend", "scatter_available"]
-
-_BACKEND = "torch"
+__all__ = ["index_add_rows", "scatter_available"]
 
 try:  # optional dependency
     import torch_scatter as _ts  # type: ignore
@@ -24,27 +22,13 @@ def scatter_available() -> bool:
     return _ts is not None
 
 
-def set_backend(name: str) -> None:
-    """Choose ``"torch"`` (default) or ``"scatter"`` (requires torch-scatter)."""
-    global _BACKEND
-    if name not in ("torch", "scatter"):
-        raise ValueError(f"Expected `name` to be 'torch' or 'scatter', but got {name!r}")
-    if name == "scatter" and _ts is None:
-        raise ValueError("The 'scatter' backend needs torch-scatter: pip install 'hdecode_torch[scatter]'")
-    _BACKEND = name
-
-
-def get_backend() -> str:
-    """The active backend name."""
-    return _BACKEND
-
-
-def index_add_rows(out: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+def index_add_rows(out: torch.Tensor, index: torch.Tensor, src: torch.Tensor, backend: str = "torch") -> torch.Tensor:
     """In place ``out[index[j]] += src[j]`` (rows); duplicate indices accumulate.
 
-    out: (N, *); index: (K,) int64; src: (K, *) same dtype as ``out``.
+    out: (N, *); index: (K,) int64; src: (K, *) same dtype as ``out``; backend: ``"torch"``
+    (``index_add_``) or ``"scatter"`` (torch-scatter, which must be installed).
     """
-    if _BACKEND == "scatter" and out.is_floating_point():
+    if backend == "scatter" and out.is_floating_point():
         _ts.scatter(src, index, dim=0, out=out, reduce="sum")
         return out
     return out.index_add_(0, index, src)

@@ -1,7 +1,8 @@
 """Sums over subtrees and over root paths: the two tree reductions every metric is made of.
 
 Pure functions of (hierarchy tables, tensor) -> tensor, node-major in their interface: ``(N, *)``,
-the node dimension first.  Two implementations, chosen by the plan (:mod:`hdecode_torch.core.plan`):
+the node dimension first.  Two layouts, chosen by the caller's ``layout`` argument (the library's
+device plan passes its own; by default ``"levels"`` up to ``MAX_LEVELS`` levels, ``"prefix"`` beyond):
 
 - ``"levels"``: one vectorized step per tree level (a loop over depth, never over nodes or
   samples), O(N·R) work for R columns.  Each step moves whole contiguous rows of a node-major
@@ -20,11 +21,29 @@ from __future__ import annotations
 
 import torch
 
-from ..core.plan import current_plan
 from .segment import index_add_rows
 
 __all__ = ["subtree_sum", "subtree_sum_", "accumulation_dtype", "leaf_to_node_sum", "path_sum", "level_pairs",
-           "tree_ranges"]
+           "tree_ranges", "default_layout", "MAX_LEVELS", "LAYOUTS"]
+
+#: Trees of up to this many levels (depth + 1) are summed per level by default, by prefix sums beyond:
+#: each level costs a fixed overhead, which the prefix sums' larger per-entry cost outweighs only on
+#: trees with hundreds of levels (a chain of 10⁵ nodes would take 10⁵ steps).
+MAX_LEVELS = 512
+LAYOUTS = ("levels", "prefix")
+
+
+def default_layout(h) -> str:
+    """``"levels"`` for trees of at most ``MAX_LEVELS`` levels, ``"prefix"`` beyond."""
+    return "levels" if h.max_depth + 1 <= MAX_LEVELS else "prefix"
+
+
+def _layout(h, layout):
+    if layout is None:
+        return default_layout(h)
+    if layout not in LAYOUTS:
+        raise ValueError(f"Expected `layout` to be one of {LAYOUTS}, but got {layout!r}")
+    return layout
 
 
 def level_pairs(h) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -113,21 +132,22 @@ def _prefix_sums(h, values: torch.Tensor, kind: str) -> torch.Tensor:
     return out
 
 
-def subtree_sum(h, values: torch.Tensor) -> torch.Tensor:
+def subtree_sum(h, values: torch.Tensor, layout: str | None = None, backend: str = "torch") -> torch.Tensor:
     """Sum of ``values`` over every node's subtree, the node included.
 
     values: (N, *) float or int, node-major.  Returns a new (N, *) tensor, same dtype:
-    ``out[n] = Σ_{m ∈ D(n)} values[m]``.
+    ``out[n] = Σ_{m ∈ D(n)} values[m]``.  ``layout``: ``"levels"`` or ``"prefix"`` (module
+    docstring; default by depth); ``backend``: the per-level scatter-add (``"torch"`` or ``"scatter"``).
     """
-    if current_plan(h, values.device).tree_sums == "prefix":
+    if _layout(h, layout) == "prefix":
         return _prefix_sums(h, values, "subtree")
-    return subtree_sum_(h, values.clone())
+    return subtree_sum_(h, values.clone(), backend)
 
 
-def subtree_sum_(h, values: torch.Tensor) -> torch.Tensor:
+def subtree_sum_(h, values: torch.Tensor, backend: str = "torch") -> torch.Tensor:
     """In-place per-level :func:`subtree_sum` (overwrites and returns ``values``)."""
     for nodes, parents in level_pairs(h):
-        index_add_rows(values, parents, values.index_select(0, nodes))
+        index_add_rows(values, parents, values.index_select(0, nodes), backend)
     return values
 
 
@@ -137,22 +157,22 @@ def subtree_sum_(h, values: torch.Tensor) -> torch.Tensor:
 FLOAT32_MAX_FAN_IN = 1024
 
 
-def leaf_to_node_sum(h, leaf_values: torch.Tensor) -> torch.Tensor:
+def leaf_to_node_sum(h, leaf_values: torch.Tensor, layout: str | None = None, backend: str = "torch") -> torch.Tensor:
     """Push leaf values up the tree: ``out[n] = Σ_{l ∈ L(n)} leaf_values[l]``.
 
     leaf_values: (L, *) float, leaf-major.  Returns (N, *), same dtype.  With probabilities this
     is p(n) for every node.  The per-level sums accumulate float32 input in float32, except on a
     tree with a node of more than ``FLOAT32_MAX_FAN_IN`` children (then float64); the prefix sums
-    always accumulate in float64.
+    always accumulate in float64.  ``layout``, ``backend``: as in :func:`subtree_sum`.
     """
-    if current_plan(h, leaf_values.device).tree_sums == "prefix":
+    if _layout(h, layout) == "prefix":
         return _prefix_sums(h, leaf_values, "leaves")
     dtype = leaf_values.dtype
     acc = accumulation_dtype(h, dtype)
     out = torch.empty((h.num_nodes,) + tuple(leaf_values.shape[1:]), dtype=acc, device=leaf_values.device)
     out[: h.num_leaves] = leaf_values
     out[h.num_leaves:] = 0
-    return subtree_sum_(h, out).to(dtype)
+    return subtree_sum_(h, out, backend).to(dtype)
 
 
 def accumulation_dtype(h, dtype: torch.dtype) -> torch.dtype:
@@ -161,18 +181,19 @@ def accumulation_dtype(h, dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if (wide and dtype == torch.float32) else dtype
 
 
-def path_sum(h, values: torch.Tensor, include_root: bool = True) -> torch.Tensor:
+def path_sum(h, values: torch.Tensor, include_root: bool = True, layout: str | None = None,
+             backend: str = "torch") -> torch.Tensor:
     """Sum of ``values`` along every root path: ``out[n] = Σ_{a ∈ A(n)} values[a]``.
 
     values: (N, *) float or int.  With ``include_root=False`` the root's row is left out of every
-    sum.  Returns a new (N, *) tensor, same dtype.
+    sum.  Returns a new (N, *) tensor, same dtype.  ``layout``, ``backend``: as in :func:`subtree_sum`.
     """
-    if current_plan(h, values.device).tree_sums == "prefix":
+    if _layout(h, layout) == "prefix":
         return _prefix_sums(h, values, "path" if include_root else "path_below_root")
     out = values.clone()
     if not include_root:
         out[h.root] = 0
     for nodes, parents in reversed(level_pairs(h)):
         # nodes of one level are distinct and their parents are already final: one add per level
-        index_add_rows(out, nodes, out.index_select(0, parents))
+        index_add_rows(out, nodes, out.index_select(0, parents), backend)
     return out

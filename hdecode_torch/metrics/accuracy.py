@@ -44,5 +44,5 @@ class Accuracy(NodeMetric):
     def expected_table(self, post):
         return accuracy_table(post)
 
-    def _decode(self, post):
+    def _decode_cpu(self, post):
         return accuracy_decode(post)

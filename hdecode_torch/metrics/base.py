@@ -2,15 +2,20 @@
 
 A metric module (``metrics/<name>.py``) holds the metric's mathematics as plain functions and a small
 declarative class that names it, says what it scores (``kind``), which way is better, its parameters
-and whether it has an exact decoder.  The classes here turn those into the public API: argument checks,
-devices, the shared :class:`~hdecode_torch.Posterior`, chunking and unbatching.
+(``PARAMS``) and its decoding per plan.  The classes here turn those into the public API: argument
+checks, devices, the shared :class:`~hdecode_torch.Posterior`, chunking and unbatching.
+
+A metric of one's own: subclass :class:`NodeMetric` and give ``_values`` (the value of (node, leaf)
+pairs); its expected values and its exact decoder then come from the dense (N, L) matrix of values
+(O(B·N·L), for small trees), unless it also gives ``expected_table`` (structural, no N×L matrix).  Or
+subclass :class:`SetMetric`.  ``hd.register_metric`` makes it available by name everywhere.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .._component import HierarchyComponent
+from ..core.component import HierarchyComponent
 from ..core.posterior import Posterior
 from ..core.validation import (
     RangeCheck, as_node_ids, as_targets, as_tensor, check_node_sets, check_ranges,
@@ -29,7 +34,7 @@ class BaseMetric(HierarchyComponent):
     - ``m.decode(leaf_probs)`` the Bayes-optimal prediction: (B,) int64 node ids for leaf and node
       metrics, (B, N) bool ancestor-closed sets for set metrics;
     - ``m.higher_is_better``, ``m.kind`` (``"leaf"``, ``"node"`` or ``"set"``), ``m.name``, ``m.params``,
-      ``m.has_decoder`` (whether ``decode`` exists).
+      ``m.has_decoder`` (whether ``decode`` exists: every built-in metric has one).
 
     Devices: ``expected`` and ``decode`` run on the probabilities' device (the hierarchy and ``pred``
     are moved there); ``m(pred, target)`` runs on ``pred``'s device (``target`` is moved there).  Every
@@ -38,11 +43,18 @@ class BaseMetric(HierarchyComponent):
     """
 
     higher_is_better: bool = False
-    #: Whether the metric has an exact Bayes-optimal decoder (``decode``).
-    has_decoder: bool = True
+    component_kind = "metric"
+    #: Whether the metric has an exact Bayes-optimal decoder (``decode``): set per class, from whether it
+    #: declares its decoding.
+    has_decoder: bool = False
     #: Why the decoder cannot run inside a graph (torch.export, ONNX, CUDA graphs): a size inside it
     #: depends on the data.  ``None``: every size is fixed by the batch and the tree.
     data_dependent_sizes: str | None = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "has_decoder" not in cls.__dict__:  # a class may say so itself
+            cls.has_decoder = cls._decode_cpu is not HierarchyComponent._decode_cpu
 
     def _posterior_with(self, leaf_probs, pred, convert, validate):
         """``(posterior, pred)`` with ``pred`` converted by ``convert(pred, device) -> (tensor, RangeCheck|None)``
@@ -74,10 +86,11 @@ class BaseMetric(HierarchyComponent):
 class NodeMetric(BaseMetric):
     """A metric of a single predicted node (leaf metrics are node metrics too).
 
-    Subclasses give ``_values(h, pred, target)`` (float64 values of broadcast int64 ids) and
-    ``expected_table(post)`` ((N, B) expected value of predicting each node); the default decoder
-    takes the best row of that table (ties: the deepest node, then the smallest id; leaf metrics:
-    the smallest leaf id).
+    Subclasses give ``_values(h, pred, target)`` (float64 values of broadcast int64 ids) and, where
+    they can, ``expected_table(post)`` ((N, B) expected value of predicting each node, computed
+    structurally; by default the product of the dense (N, L) matrix of values with the probabilities,
+    O(B·N·L)); the default decoder takes the best row of that table (ties: the deepest node, then the
+    smallest id; leaf metrics: the smallest leaf id).
     """
 
     kind = "node"
@@ -121,7 +134,7 @@ class NodeMetric(BaseMetric):
                          for a, b in self._chunks(post, chunk_size)])
         return out[0] if post.unbatched else out
 
-    def _decode(self, post: Posterior) -> torch.Tensor:
+    def _decode_cpu(self, post: Posterior) -> torch.Tensor:
         table = self.expected_table(post)
         if self.kind == "leaf":
             return argbest(post.h, table[: post.h.num_leaves], self.higher_is_better, prefer_deep=False)
@@ -138,8 +151,12 @@ class NodeMetric(BaseMetric):
         raise NotImplementedError
 
     def expected_table(self, post: Posterior) -> torch.Tensor:
-        """(N, B) expected value of predicting each node, computed structurally (no N×L matrix)."""
-        raise NotImplementedError
+        """(N, B) expected value of predicting each node: ``dense_matrix() @ probs.T`` here (the dense
+        matrix is cached on the hierarchy); the built-in metrics compute it structurally (no N×L matrix)."""
+        h = post.h
+        matrix = h.cached((type(self).__qualname__, "values", tuple(sorted(self.params.items())), post.dtype),
+                          lambda: self.dense_matrix().to(post.dtype))
+        return matrix @ post.probs.t()
 
 
 class SetMetric(BaseMetric):
@@ -216,4 +233,4 @@ class SetMetric(BaseMetric):
         raise NotImplementedError
 
     def _expected_sets(self, post: Posterior, sets: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        raise NotImplementedError(f"{type(self).__name__} declares no expected value of a set")

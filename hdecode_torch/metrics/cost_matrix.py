@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..core.params import REQUIRED, Param
 from ..core.validation import as_tensor
 from ..kernels.candidates import PruningStatistics, candidate_mask, pruning_statistics, sampled_products
 from ..kernels.selection import argbest, argbest_pairs
@@ -30,13 +31,15 @@ class CostMatrixMetric(NodeMetric):
     description = "user-supplied (N, L) cost matrix"
 
     STRATEGIES = ("auto", "candidates", "dense")
+    PARAMS = (Param("cost", object, in_key=False, doc="(N, L) float cost (or utility) of every (node, leaf) pair"),
+              Param("higher_is_better", object, False, in_key=False, doc="whether the matrix is a utility"),
+              Param("strategy", str, "auto", choices=STRATEGIES, in_key=False,
+                    doc="auto/candidates: prune when the cost is hierarchically reasonable; dense: search every node"))
 
-    def __init__(self, hierarchy, cost, higher_is_better: bool = False, name: str | None = None,
-                 strategy: str = "auto", **kw):
-        super().__init__(hierarchy, **kw)
-        if strategy not in self.STRATEGIES:
-            raise ValueError(f"Expected `strategy` to be one of {self.STRATEGIES}, but got {strategy!r}")
-        self.strategy = strategy
+    def __init__(self, hierarchy, cost=REQUIRED, higher_is_better: bool = False, name: str | None = None,
+                 strategy: str = "auto", *, validate: bool = True):
+        given = {} if cost is REQUIRED else {"cost": cost}
+        super().__init__(hierarchy, higher_is_better=higher_is_better, strategy=strategy, validate=validate, **given)
         c = as_tensor(cost, "cost")
         if c.is_complex():
             raise TypeError(f"Expected `cost` to be a real (float) matrix, but got dtype {c.dtype}")
@@ -87,10 +90,10 @@ class CostMatrixMetric(NodeMetric):
     def _values(self, h, pred, target):
         return self.cost_on(pred.device, torch.float64)[pred, target]
 
-    def _bytes_per_sample(self, h):
+    def _bytes_per_sample(self, h, plan):
         return 8 * h.num_nodes * 2
 
-    def _decode(self, post) -> torch.Tensor:
+    def _decode_cpu(self, post) -> torch.Tensor:
         """Pruned candidates when the cost is hierarchically reasonable, else exhaustive search.
 
         ``strategy="dense"`` always takes the exhaustive (N, B) table; ``"candidates"`` and

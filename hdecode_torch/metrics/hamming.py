@@ -45,7 +45,7 @@ class Hamming(SetMetric):
     higher_is_better = False
     description = "symmetric difference |h+ xor y+| / |y+| (lower is better)"
 
-    def _decode(self, post):
+    def _decode_cpu(self, post):
         return hamming_decode(post)
 
     def _from_counts(self, inter, size, ysize):

@@ -51,11 +51,11 @@ from typing import NamedTuple
 
 import torch
 
-from ..core.plan import current_plan
+from ..core.params import Param
 from ..core.validation import check_positive
 from ..kernels.candidates import candidate_pairs, pack_candidates, pack_mask
 from ..kernels.depth_ranges import depth_masses, depth_ranges
-from ..kernels.tree_sums import path_sum
+from ..kernels.fused import hf_beta_best_k
 from .base import SetMetric
 
 __all__ = ["HFBeta", "hf_beta_from_counts", "hf_beta_expected", "hf_beta_decode", "hf_beta_bound",
@@ -86,13 +86,15 @@ def hf_beta_value_bound(h, beta: float) -> torch.Tensor:
     return h.cached(("hf_beta_value_bound", beta), build)
 
 
-def hf_beta_decode(post, beta: float) -> torch.Tensor:
+def hf_beta_decode(post, beta: float, exact: bool = False) -> torch.Tensor:
     """Optimal hF_β sets of a :class:`~hdecode_torch.Posterior`'s batch.
 
     Returns (B, N) bool, ancestor-closed.  Ties: among sets of equal expected score the smallest k
-    wins; within a k, nodes of equal Δ_k are taken shallowest first, then by smallest id.  Host
-    reads: one per stage (its candidate count), plus, on the CPU plan, the (sample, k) pairs the
-    certification has to check.
+    wins; within a k, nodes of equal Δ_k are taken shallowest first, then by smallest id.
+    ``exact=False`` (the CPU plan): prefix sets certified per k, the few k left solved by a sort;
+    host reads: one per stage (its candidate count) and the (sample, k) pairs to check.
+    ``exact=True`` (the GPU plan): every k solved exactly on packed candidates by one fused
+    operator; one host read per stage.
     """
     h, p = post.h, post.node
     dt = p.dtype
@@ -106,7 +108,7 @@ def hf_beta_decode(post, beta: float) -> torch.Tensor:
     wide = 1 - _VALUE_SLACK * torch.finfo(dt).eps
     # k̂ = E[d(y)] + 1, the size of a typical label set.
     k_ref = (post.expected_leaf_depth() + 1).round().long()
-    if current_plan(h, post.device).hf_beta == "exact":
+    if exact:
         # Masks over every node, packed by a top-C selection: one host read per stage.
         tau = hf_beta_value_bound(h, beta).to(dt)[:, None]
         keep = p >= tau * slack  # stage 1: the candidates of a perfect score
@@ -225,8 +227,6 @@ class _PrefixSolver:
         every candidate for every k, the k largest summed (B·C² work), in one fused operator
         (``hdecode::hf_beta_best_k``: a Triton program per sample on a GPU) and no host read.
         Returns (k* (B,), Δ_{k*} of the candidates (B, C))."""
-        from ..kernels.fused import hf_beta_best_k
-
         depths = self.h.cached("hf_beta_depths64", lambda: depth_ranges(self.h).depths.to(torch.float64))
         return hf_beta_best_k(cands.q, cands.count, depths, self.r)
 
@@ -282,11 +282,25 @@ def hf_beta_expected(post, sets: torch.Tensor, beta: float) -> torch.Tensor:
     sets, no (N, E, B) table.
     """
     h, dt = post.h, post.dtype
-    counts = path_sum(h, sets.t().to(dt))[: h.num_leaves]  # (L, B)
+    counts = post.path_sum(sets.t().to(dt))[: h.num_leaves]  # (L, B)
     k = sets.sum(1).to(dt)  # (B,)
     r = _recall_share(beta)
     w = 1 / (r * k[None, :] + (1 - r) * (h.leaf_depth.to(dt)[:, None] + 1))  # (L, B)
     return (post.probs.t() * counts * w).sum(0)
+
+
+#: β is squared: beyond this β² overflows float64.  (From β ≈ 1e8 on, hF_β already equals the
+#: hierarchical recall to float64 precision.)
+MAX_BETA = 1e150
+
+
+def check_beta(beta, name: str = "beta") -> float:
+    """β as a float in (0, 1e150] (β² must be finite)."""
+    b = check_positive(beta, name)
+    if b > MAX_BETA:
+        raise ValueError(f"Expected `{name}` to be a float in (0, {MAX_BETA:g}] (beta squared must be finite), but got "
+                         f"{beta}; any beta above 1e8 already gives the hierarchical recall to float precision")
+    return b
 
 
 class HFBeta(SetMetric):
@@ -296,38 +310,20 @@ class HFBeta(SetMetric):
     higher_is_better = True
     description = "hierarchical F-beta of ancestor-closed node sets"
     data_dependent_sizes = "its candidate sets and the set sizes k left to solve depend on the data"
+    PARAMS = (Param("beta", float, 1.0, check_beta, doc="weight of recall over precision, > 0"),)
 
-    def __init__(self, hierarchy, beta: float = 1.0, **kw):
-        super().__init__(hierarchy, **kw)
-        self.beta = check_beta(beta)
-
-    @property
-    def params(self):
-        return {"beta": self.beta}
-
-    def _decode(self, post):
+    def _decode_cpu(self, post):
         return hf_beta_decode(post, self.beta)
+
+    def _decode_gpu(self, post):
+        return hf_beta_decode(post, self.beta, exact=True)
 
     def _from_counts(self, inter, size, ysize):
         return hf_beta_from_counts(inter, size, ysize, self.beta)
 
-    def _bytes_per_sample(self, h):
+    def _bytes_per_sample(self, h, plan):
         # (N, B) node sums and masks, float64 prefix sums (L, B), (B, C, E) candidate tables
         return 8 * (2 * h.num_nodes + h.num_leaves) + 64 * h.num_leaf_depths * (h.max_depth + 1)
 
     def _expected_sets(self, post, sets):
         return hf_beta_expected(post, sets, self.beta)
-
-
-#: β is squared: beyond this β² overflows float64.  (From β ≈ 1e8 on, hF_β already equals the
-#: hierarchical recall to float64 precision.)
-MAX_BETA = 1e150
-
-
-def check_beta(beta) -> float:
-    """β as a float in (0, 1e150] (β² must be finite)."""
-    b = check_positive(beta, "beta")
-    if b > MAX_BETA:
-        raise ValueError(f"Expected `beta` to be a float in (0, {MAX_BETA:g}] (beta squared must be finite), but got "
-                         f"{beta}; any beta above 1e8 already gives the hierarchical recall to float precision")
-    return b

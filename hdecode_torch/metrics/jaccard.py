@@ -118,9 +118,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..core.plan import current_plan
 from ..kernels.depth_ranges import depth_masses, depth_ranges
-from ..kernels.tree_sums import path_sum
 from .base import SetMetric
 
 __all__ = ["Jaccard", "jaccard_from_counts", "jaccard_expected", "jaccard_decode", "jaccard_trace", "JaccardTrace",
@@ -135,7 +133,7 @@ def jaccard_from_counts(inter, size, ysize):
 def jaccard_expected(post, sets: torch.Tensor) -> torch.Tensor:
     """(B,) expected Jaccard index of closed sets (B, N) bool."""
     h = post.h
-    counts = path_sum(h, sets.t().to(post.dtype))[: h.num_leaves]  # (L, B)
+    counts = post.path_sum(sets.t().to(post.dtype))[: h.num_leaves]  # (L, B)
     k = sets.sum(1).to(post.dtype)
     ysize = (h.leaf_depth.to(post.dtype) + 1)[:, None]
     return (post.probs.t() * counts / (k[None, :] + ysize - counts)).sum(0)
@@ -531,7 +529,7 @@ def _solve(post, trace):
     if bsz == 0:
         return torch.zeros(0, n, dtype=torch.bool, device=dev)
     T = _tables(h)
-    batch_major = current_plan(h, dev).batch_major
+    batch_major = post.plan.batch_major
     big_d, num_e = T.max_depth, T.depths.numel()
     u = torch.finfo(dt).eps / 2
     u64 = torch.finfo(torch.float64).eps / 2
@@ -612,7 +610,7 @@ def _solve(post, trace):
         eligible = near
     else:
         contested = near & (torch.zeros(bsz, dtype=torch.long, device=dev).index_add_(0, b, near.long()) >= 2)[b]
-        if batch_major:  # every pair re-scored: no host read
+        if post.plan.gpu:  # every pair re-scored: no host read
             val64 = _values64(T, cands, b, kidx + 1, members).masked_fill(~contested, float("-inf"))
         else:  # the few contested pairs, listed (a host read costs nothing on a CPU)
             ci = contested.nonzero()[:, 0]
@@ -654,13 +652,13 @@ class Jaccard(SetMetric):
     description = "Jaccard index |h+ & y+| / |h+ | y+| of ancestor-closed sets"
     data_dependent_sizes = "its candidate sets and the (sample, set size) pairs left to solve depend on the data"
 
-    def _decode(self, post):
+    def _decode_cpu(self, post):
         return jaccard_decode(post)
 
     def _from_counts(self, inter, size, ysize):
         return jaccard_from_counts(inter, size, ysize)
 
-    def _bytes_per_sample(self, h):
+    def _bytes_per_sample(self, h, plan):
         # (N, B) node sums, threshold product and masks, float64 prefix sums (L, B), and the
         # candidates' gain and knapsack tables, C·K per sample (C, K ≲ D + 1 on the trees measured)
         return 8 * (2 * h.num_nodes + h.num_leaves) + 2 * h.num_nodes + 64 * (h.max_depth + 1) * (

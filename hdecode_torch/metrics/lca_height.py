@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import torch
 
-from ..core.plan import current_plan
 from ..kernels.ancestry import lca
-from ..kernels.selection import argbest
-from ..kernels.tree_sums import path_sum
+from ..kernels.fused import path_score_best, trust_indices
+from ..kernels.selection import argbest, tie_rank
+from ..kernels.tree_sums import tree_ranges
 from .base import NodeMetric
 
-__all__ = ["LCAHeight", "lca_height_values", "lca_height_table", "lca_height_decode", "split_sums"]
+__all__ = ["LCAHeight", "lca_height_values", "lca_height_table", "lca_height_decode", "lca_height_decode_fused",
+           "split_sums"]
 
 
 def lca_height_values(h, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -33,7 +34,7 @@ def split_sums(post) -> torch.Tensor:
     height = h.height.to(p.dtype)
     par = h.parent_or_root  # the root's own term is then 0
     # index_select: faster on CPU than advanced indexing for whole-row gathers
-    return path_sum(h, height.index_select(0, par)[:, None] * (p.index_select(0, par) - p))
+    return post.path_sum(height.index_select(0, par)[:, None] * (p.index_select(0, par) - p))
 
 
 def lca_height_table(post) -> torch.Tensor:
@@ -42,27 +43,21 @@ def lca_height_table(post) -> torch.Tensor:
 
 
 def lca_height_decode(post) -> torch.Tensor:
-    """(B,) int64 the leaf of least expected LCA height (height(leaf) = 0, so the split sums suffice).
-
-    On the batch-major plan the node sums, the root-path sums and the choice are one fused pass
-    over the leaf probabilities (``hdecode::path_score_best``, float64).
-    """
+    """(B,) int64 the leaf of least expected LCA height (height(leaf) = 0, so the split sums suffice)."""
     h = post.h
-    if current_plan(h, post.device).batch_major:
-        from ..kernels.fused import path_score_best
-
-        return path_score_best(post.probs, *_fused_args(h))
     return argbest(h, split_sums(post)[: h.num_leaves], higher_is_better=False)
+
+
+def lca_height_decode_fused(post) -> torch.Tensor:
+    """:func:`lca_height_decode` as one fused pass over the leaf probabilities: node sums, root-path
+    sums and the choice (``hdecode::path_score_best``, float64), no (N, B) table."""
+    return path_score_best(post.probs, *_fused_args(post.h))
 
 
 def _fused_args(h):
     """The arguments of ``path_score_best`` after ``x`` for the LCA height (cached on the hierarchy):
     v(a) = height(parent(a))·(p(parent(a)) − p(a)), score = S + height·p, the leaves allowed."""
     def build():
-        from ..kernels.fused.reference import trust_indices
-        from ..kernels.selection import tie_rank
-        from ..kernels.tree_sums import tree_ranges
-
         src, _, hi, lo = tree_ranges(h, "leaves")
         euler, sign, at, _ = tree_ranges(h, "path")
         parent = trust_indices(h.parent_or_root, h.num_nodes - 1)
@@ -88,5 +83,8 @@ class LCAHeight(NodeMetric):
     def expected_table(self, post):
         return lca_height_table(post)
 
-    def _decode(self, post):
+    def _decode_cpu(self, post):
         return lca_height_decode(post)
+
+    def _decode_gpu(self, post):
+        return lca_height_decode_fused(post)

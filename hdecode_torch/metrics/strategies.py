@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core.plan import current_plan
+from ..core.params import Param
 from ..kernels.candidates import PruningStatistics, candidate_mask, pruning_statistics, sampled_products
 from ..kernels.selection import argbest, argbest_pairs
 from .base import NodeMetric
@@ -47,25 +47,21 @@ class StrategyNodeMetric(NodeMetric):
     """
 
     STRATEGIES = ("auto", "structural", "dense", "candidates")
+    PARAMS = (Param("strategy", str, "auto", choices=STRATEGIES, in_key=False,
+                    doc="how the exact decoder searches: auto, structural, dense or candidates"),)
     #: Overridable per instance (tests set 0 to take the path of trees too large for the dense matrix).
     DENSE_MAX_ENTRIES = DENSE_MAX_ENTRIES
 
-    def __init__(self, hierarchy, strategy: str = "auto", **kw):
-        super().__init__(hierarchy, **kw)
-        if strategy not in self.STRATEGIES:
-            raise ValueError(f"Expected `strategy` to be one of {self.STRATEGIES}, but got {strategy!r}")
-        self.strategy = strategy
+    def resolved_strategy(self, plan, h=None) -> str:
+        """The strategy ``decode`` runs under ``plan`` on ``h`` (default: this metric's hierarchy).
 
-    def resolved_strategy(self, h=None) -> str:
-        """The strategy ``decode`` runs on ``h`` (default: this metric's hierarchy) under the current plan.
-
-        CPU plan: the metric's measured rule (``candidates_are_faster``).  CUDA plan: the dense
+        CPU plan: the metric's measured rule (``candidates_are_faster``).  GPU plan: the dense
         product while the matrix fits (one GEMM), the structural sums otherwise.
         """
         if self.strategy != "auto":
             return self.strategy
         h = self.hierarchy if h is None else h
-        if current_plan(h, h.device).node_strategy == "dense_or_structural":
+        if plan.gpu:
             return "dense" if self._dense_fits(h) else "structural"
         return "candidates" if self.candidates_are_faster(h, self._dense_fits(h)) else "structural"
 
@@ -77,8 +73,8 @@ class StrategyNodeMetric(NodeMetric):
         paths) beat the structural risks on ``h``."""
         return False
 
-    def _bytes_per_sample(self, h):
-        strategy = self.resolved_strategy(h)
+    def _bytes_per_sample(self, h, plan):
+        strategy = self.resolved_strategy(plan, h)
         if strategy == "candidates":  # node sums, mask, float64 prefix sums
             return 4 * h.num_nodes * 12 + 8 * (h.num_leaves + 1)
         if strategy == "dense":  # the (N, B) product and its reordered copy
@@ -118,11 +114,11 @@ class StrategyNodeMetric(NodeMetric):
         return self.similarity_matrix(h).clone()
 
     # ------------------------------------------------------------------ decoding
-    def _decode(self, post):
-        strategy = self.resolved_strategy(post.h)
+    def _decode_cpu(self, post):
+        strategy = self.resolved_strategy(post.plan, post.h)
         h = post.h
         if strategy == "structural":
-            return super()._decode(post)
+            return super()._decode_cpu(post)
         if strategy == "dense":
             table = self.similarity_matrix(h, post.dtype) @ post.probs.t()
             return argbest(h, table, self.higher_is_better)

@@ -13,18 +13,16 @@ nodes of equal depth; on a single-child chain the deeper node wins.  O(B·N).
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 
-from ..core.validation import check_nonnegative
+from ..core.params import Param
+from ..core.validation import check_nonnegative, warn_user
 from ..kernels.ancestry import lca_depth
-from ..core.plan import current_plan
 from ..kernels.selection import deepest_above, deepest_above_from_leaves
 from .base import NodeMetric
 
 __all__ = ["TreeDistance", "TreeDistanceC", "tree_distance_values", "tree_distance_table", "tree_distance_decode",
-           "DEFAULT_C"]
+           "DEFAULT_C", "tree_distance_decode_fused"]
 
 #: Default depth penalty of ``tree_distance_c``: the decision threshold moves from p(n) > 1/2 to
 #: p(n) > 3/4.  Any c ≥ 1 puts the threshold (1 + c)/2 at 1 or above, which no node can pass: the
@@ -45,14 +43,15 @@ def tree_distance_table(post, c: float = 0.0) -> torch.Tensor:
 
 
 def tree_distance_decode(post, c: float = 0.0) -> torch.Tensor:
-    """(B,) int64 the deepest node with p(n) > (1 + c)/2, the root if none.
-
-    On the batch-major plan the node sums and the decision are one fused pass over the leaf
-    probabilities (float64 sums); on the CPU plan the node table is the Posterior's.
-    """
-    if current_plan(post.h, post.device).batch_major:
-        return deepest_above_from_leaves(post.h, post.probs, (1 + c) / 2)
+    """(B,) int64 the deepest node with p(n) > (1 + c)/2, the root if none, from the Posterior's node
+    probabilities."""
     return deepest_above(post.h, post.node, (1 + c) / 2)
+
+
+def tree_distance_decode_fused(post, c: float = 0.0) -> torch.Tensor:
+    """:func:`tree_distance_decode` as one fused pass over the leaf probabilities (float64 node sums
+    and the decision, ``hdecode::best_ranked_above``): no (N, B) table."""
+    return deepest_above_from_leaves(post.h, post.probs, (1 + c) / 2)
 
 
 class TreeDistance(NodeMetric):
@@ -69,8 +68,11 @@ class TreeDistance(NodeMetric):
     def expected_table(self, post):
         return tree_distance_table(post, self.c)
 
-    def _decode(self, post):
+    def _decode_cpu(self, post):
         return tree_distance_decode(post, self.c)
+
+    def _decode_gpu(self, post):
+        return tree_distance_decode_fused(post, self.c)
 
 
 class TreeDistanceC(TreeDistance):
@@ -84,13 +86,10 @@ class TreeDistanceC(TreeDistance):
     name = "tree_distance_c"
     description = "tree distance + c * depth(prediction) (lower is better)"
 
-    def __init__(self, hierarchy, c: float = DEFAULT_C, **kw):
-        super().__init__(hierarchy, **kw)
-        self.c = check_nonnegative(c, "c")
-        if self.c >= 1:
-            warnings.warn(f"tree_distance_c with c = {self.c:g} >= 1: the decision threshold (1 + c)/2 is at least 1, "
-                          "so the optimal prediction is the root for every input", stacklevel=3)
+    PARAMS = (Param("c", float, DEFAULT_C, check_nonnegative, doc="cost per level of the prediction's depth, >= 0"),)
 
-    @property
-    def params(self):
-        return {"c": self.c}
+    def __init__(self, hierarchy, *args, **kw):
+        super().__init__(hierarchy, *args, **kw)
+        if self.c >= 1:
+            warn_user(f"tree_distance_c with c = {self.c:g} >= 1: the decision threshold (1 + c)/2 is at least 1, so "
+                      "the optimal prediction is the root for every input")

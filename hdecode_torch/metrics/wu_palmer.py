@@ -22,7 +22,6 @@ import torch
 from ..kernels.ancestry import lca_depth, top_ancestor
 from ..kernels.candidates import PruningStatistics
 from ..kernels.depth_ranges import depth_masses, depth_ranges
-from ..kernels.tree_sums import path_sum
 from .strategies import StrategyNodeMetric
 
 __all__ = ["WuPalmer", "wu_palmer_values", "wu_palmer_table", "path_below_root"]
@@ -37,7 +36,7 @@ def wu_palmer_table(post) -> torch.Tensor:
     """(N, B) ``Σ_e 2 / (d(h) + e) · Σ_{a ∈ A(h) \\ root} Q_e(a)``."""
     h = post.h
     q = post.by_leaf_depth()  # (N, E, B)
-    s = path_sum(h, q, include_root=False)
+    s = post.path_sum(q, include_root=False)
     e = post.leaf_depth_values().to(post.dtype)
     w = 2.0 / (h.depth.to(post.dtype)[:, None] + e[None, :])  # (N, E); d(h) + e >= 1
     return torch.einsum("neb,ne->nb", s, w)

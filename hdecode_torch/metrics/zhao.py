@@ -19,10 +19,11 @@ import math
 
 import torch
 
-from ..core.plan import current_plan
 from ..kernels.ancestry import lca, top_ancestor
 from ..kernels.candidates import PruningStatistics
-from ..kernels.tree_sums import path_sum
+from ..kernels.fused import path_score_best, trust_indices
+from ..kernels.selection import tie_rank
+from ..kernels.tree_sums import tree_ranges
 from .strategies import StrategyNodeMetric
 from .wu_palmer import path_below_root
 
@@ -49,7 +50,7 @@ def information_gain(h) -> torch.Tensor:
 def zhao_table(post) -> torch.Tensor:
     """(N, B) ``2 / (I(h) + log L) · Σ_{a ∈ A(h)} (I(a) − I(parent(a))) p(a)``."""
     h = post.h
-    s = path_sum(h, information_gain(h).to(post.dtype)[:, None] * post.node)
+    s = post.path_sum(information_gain(h).to(post.dtype)[:, None] * post.node)
     if h.num_leaves == 1:
         return torch.ones_like(s)
     den = (h.information + math.log(h.num_leaves)).to(post.dtype)[:, None]
@@ -60,10 +61,6 @@ def _fused_args(h):
     """The arguments of ``path_score_best`` after ``x`` for Zhao's similarity (cached on the hierarchy):
     v(a) = (I(a) − I(parent(a)))·p(a), score = 2·S / (I + log L), every node allowed."""
     def build():
-        from ..kernels.fused.reference import trust_indices
-        from ..kernels.selection import tie_rank
-        from ..kernels.tree_sums import tree_ranges
-
         src, _, hi, lo = tree_ranges(h, "leaves")
         euler, sign, at, _ = tree_ranges(h, "path")
         parent = trust_indices(h.parent_or_root, h.num_nodes - 1)
@@ -85,15 +82,12 @@ class Zhao(StrategyNodeMetric):
     def _values(self, h, pred, target):
         return zhao_values(h, pred, target)
 
-    def _decode(self, post):
+    def _decode_gpu(self, post):
         h = post.h
-        if (h.num_leaves > 1 and self.resolved_strategy(h) == "structural"
-                and current_plan(h, post.device).batch_major):
+        if h.num_leaves > 1 and self.resolved_strategy(post.plan, h) == "structural":
             # node sums, the root-path sum and the choice in one fused pass (float64)
-            from ..kernels.fused import path_score_best
-
             return path_score_best(post.probs, *_fused_args(h))
-        return super()._decode(post)
+        return self._decode_cpu(post)
 
     def expected_table(self, post):
         return zhao_table(post)

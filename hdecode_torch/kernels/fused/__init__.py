@@ -56,9 +56,10 @@ from __future__ import annotations
 import torch
 
 from ._ops import SCHEMAS, set_triton_enabled, triton_available, triton_enabled
+from .reference import trust_indices
 
 __all__ = ["gathered_prefix", "best_ranked_above", "row_sum_min", "hf_beta_best_k", "path_score_best",
-           "triton_available", "triton_enabled", "set_triton_enabled", "SCHEMAS"]
+           "triton_available", "triton_enabled", "set_triton_enabled", "SCHEMAS", "trust_indices"]
 
 
 def gathered_prefix(x: torch.Tensor, src: torch.Tensor, weight: torch.Tensor | None, hi: torch.Tensor,

@@ -1,0 +1,118 @@
+"""What metrics and decoders share: the hierarchy, declared parameters, a key, and one ``decode`` template."""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from ..hierarchy import Hierarchy
+from .chunking import chunk_ranges
+from .params import Param, bind_params, format_value
+from .posterior import Posterior
+
+__all__ = ["HierarchyComponent"]
+
+
+def _chunk_size(chunk_size):
+    """``None`` or a positive int (numpy integers accepted); the range is checked by ``chunk_ranges``."""
+    if isinstance(chunk_size, numbers.Integral) and not isinstance(chunk_size, bool):
+        return int(chunk_size)
+    if chunk_size is not None and not isinstance(chunk_size, (int, float)):
+        raise TypeError(f"Expected `chunk_size` to be a positive int or None, but got {type(chunk_size).__name__}")
+    return chunk_size
+
+
+class HierarchyComponent:
+    """A checked :class:`~hdecode_torch.Hierarchy`, declared parameters, a key, and batched decoding.
+
+    Subclasses set ``name``, ``description``, ``kind`` (``"leaf"``, ``"node"`` or ``"set"``: what
+    ``decode`` returns) and ``PARAMS`` (their parameters as :class:`~hdecode_torch.core.params.Param` s:
+    the constructor checks them and stores each as an attribute), and declare their decoding per plan:
+    ``_decode_cpu(post)`` and, where the GPU plan decodes differently, ``_decode_gpu(post)``, both on a
+    :class:`~hdecode_torch.Posterior` whose ``plan`` says which applies.  ``decode`` is the same
+    everywhere: check the input, build (or reuse) the batch's Posterior, split it into chunks bounded by
+    the plan's memory budget, decode each, and unbatch a 1-D input.
+    """
+
+    name: str = ""
+    description: str = ""
+    kind: str = "node"
+    #: What the registry calls this kind of component ("metric" or "decoder"), for messages.
+    component_kind: str = "component"
+    PARAMS: tuple[Param, ...] = ()
+
+    def __init__(self, hierarchy, *args, validate: bool = True, **params):
+        if not isinstance(hierarchy, Hierarchy):
+            raise TypeError(f"Expected `hierarchy` to be a Hierarchy, but got {type(hierarchy).__name__}")
+        if len(args) > len(self.PARAMS):
+            raise TypeError(f"{type(self).__name__} takes at most {len(self.PARAMS)} positional parameter(s) after the "
+                            f"hierarchy ({', '.join(p.name for p in self.PARAMS) or 'none'}), but got {len(args)}")
+        for p, value in zip(self.PARAMS, args):
+            if p.name in params:
+                raise TypeError(f"{type(self).__name__} got parameter `{p.name}` twice")
+            params[p.name] = value
+        self.hierarchy = hierarchy
+        self.validate = validate
+        for key, value in bind_params(self.PARAMS, params, f"{self.component_kind} {self.name!r}").items():
+            setattr(self, key, value)
+
+    @property
+    def params(self) -> dict:
+        """The parameters that define the answer (those in the key), ``{name: value}``."""
+        return {p.name: getattr(self, p.name) for p in self.PARAMS if p.in_key}
+
+    @property
+    def key(self) -> str:
+        """``name[param=value,...]``, the label used in tables, logs and JSON (and a valid spec)."""
+        if not self.params:
+            return self.name
+        return f"{self.name}[{','.join(f'{k}={format_value(v)}' for k, v in self.params.items())}]"
+
+    def __repr__(self) -> str:
+        args = "".join(f", {k}={v!r}" for k, v in self.params.items())
+        return f"{type(self).__name__}({self.hierarchy!r}{args})"
+
+    # ------------------------------------------------------------------ decoding
+    def _validate(self, validate) -> bool:
+        return bool(self.validate if validate is None else validate)
+
+    def _posterior(self, leaf_probs, validate):
+        return Posterior.of(self.hierarchy, leaf_probs, validate=self._validate(validate))
+
+    def _bytes_per_sample(self, h, plan) -> int:
+        """Bytes of temporaries per sample of a decode under ``plan``, used to choose chunk sizes."""
+        return 8 * h.num_nodes * 4
+
+    def _chunks(self, post, chunk_size=None):
+        return chunk_ranges(post.batch_size, self._bytes_per_sample(post.h, post.plan), post.plan.budget,
+                            _chunk_size(chunk_size))
+
+    def decode(self, leaf_probs, *, validate: bool | None = None, chunk_size: int | None = None) -> torch.Tensor:
+        """Decode a batch.
+
+        leaf_probs: (B, L) or (L,) float probabilities (or a :class:`~hdecode_torch.Posterior`, to share
+        its node sums with other decoders).  Returns (B,) int64 node ids, or (B, N) bool ancestor-closed
+        node sets for set metrics; a 1-D input gives an unbatched output.  Large batches are decoded in
+        chunks bounded by the memory budget (``chunk_size`` overrides it); ``validate=False`` skips the
+        input check (one host sync).
+        """
+        if isinstance(leaf_probs, torch.Tensor):
+            leaf_probs = leaf_probs.detach()  # a decision has no gradient; none is recorded
+        post = self._posterior(leaf_probs, validate)
+        chunks = self._chunks(post, chunk_size)
+        if len(chunks) == 1:
+            out = self._decode(post)
+        else:
+            out = torch.cat([self._decode(post.chunk(a, b)) for a, b in chunks])
+        return out[0] if post.unbatched else out
+
+    def _decode(self, post) -> torch.Tensor:
+        """The decoding of one chunk under its plan (``post.plan``)."""
+        return self._decode_gpu(post) if post.plan.gpu else self._decode_cpu(post)
+
+    def _decode_cpu(self, post) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} declares no decoding")
+
+    def _decode_gpu(self, post) -> torch.Tensor:
+        return self._decode_cpu(post)
