@@ -1,0 +1,117 @@
+"""A metric and a decoder of the user's own, registered by name, work everywhere a built-in one does."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import hdecode_torch as hd
+from hdecode_torch.core.params import Param
+from hdecode_torch.core.validation import check_nonnegative
+from harness import bundled, model_like
+
+
+class DepthGap(hd.metrics.NodeMetric):
+    """|d(h) − d(y)| + penalty when h is not an ancestor of y (lower is better): values only, so its
+    expected values and its exact decoder come from the dense matrix."""
+
+    name = "depth_gap"
+    description = "|d(h) - d(y)| + penalty off the target's root path"
+    higher_is_better = False
+    PARAMS = (Param("penalty", float, 2.0, check_nonnegative, doc="cost of leaving the target's root path"),)
+
+    def _values(self, h, pred, target):
+        from hdecode_torch.kernels.ancestry import is_ancestor
+
+        gap = (h.depth[pred] - h.depth[target]).abs().to(torch.float64)
+        return gap + self.penalty * (~is_ancestor(h, pred, target)).to(torch.float64)
+
+
+class SecondLeaf(hd.decoders.Decoder):
+    """The second most probable leaf (a decoder of the user's own)."""
+
+    name = "second_leaf"
+    description = "second most probable leaf"
+
+    def _decode_cpu(self, post):
+        return post.probs.topk(2, dim=1).indices[:, 1]
+
+
+@pytest.fixture
+def registered():
+    hd.register_metric(DepthGap)
+    hd.register_decoder(SecondLeaf)
+    yield
+    hd.metrics.METRICS.unregister("depth_gap")
+    hd.decoders.DECODERS.unregister("second_leaf")
+
+
+def _oracle(h, probs, penalty):
+    """Brute force: the expected value of every node, the best (deepest, then smallest id on ties)."""
+    n, l = h.num_nodes, h.num_leaves
+    depth = h.depth.numpy()
+    anc = h.ancestors.numpy()
+    cost = np.zeros((n, l))
+    for v in range(n):
+        for y in range(l):
+            on_path = v in set(anc[y][anc[y] < n].tolist())
+            cost[v, y] = abs(depth[v] - depth[y]) + (0 if on_path else penalty)
+    risk = probs @ cost.T  # (B, N)
+    best = risk.min(1, keepdims=True)
+    tied = np.isclose(risk, best, rtol=0, atol=1e-12)
+    key = np.where(tied, depth[None, :] * n + (n - 1 - np.arange(n))[None, :], -1)
+    return key.argmax(1), risk
+
+
+def test_registered_metric_and_decoder_by_name(registered):
+    h, _ = bundled("inat19")
+    rng = np.random.default_rng(0)
+    probs = np.concatenate([model_like(rng, h, 8, k) for k in ("peaked", "diffuse", "confused")])
+    x = torch.as_tensor(probs)
+    m = hd.get_metric("depth_gap[penalty=3]", h)
+    assert m.key == "depth_gap[penalty=3]" and "depth_gap" in hd.list_metrics()
+    assert hd.has_optimal_decoder("depth_gap")
+    want, risk = _oracle(h, probs, 3.0)
+    got = m.decode(x)
+    assert np.array_equal(got.numpy(), want)
+    np.testing.assert_allclose(m.expected(x, got).numpy(), risk[np.arange(len(want)), want], rtol=1e-12)
+    with hd.plan_for("cuda"):
+        assert torch.equal(m.decode(x), got)
+    # the decoder, by name and in a spec
+    second = hd.get_decoder("second_leaf", h).decode(x)
+    assert torch.equal(second, x.topk(2, dim=1).indices[:, 1])
+    # the head
+    head = hd.DecodingHead(h, "depth_gap", penalty=3.0)
+    assert torch.equal(head(x), got)
+    assert torch.equal(hd.DecodingHead(h, "depth_gap", decoder="second_leaf")(x), second)
+    # the torchmetrics metric: the mean of the metric's values of the decoder's predictions
+    target = torch.as_tensor(rng.integers(0, h.num_leaves, x.shape[0]))
+    tm = hd.HierarchicalMetric(h, ("depth_gap", {"penalty": 3.0}), "optimal")
+    tm.update(x, target)
+    assert tm.name == "depth_gap3_optimal"
+    np.testing.assert_allclose(float(tm.compute()), float(m(got, target).mean()), rtol=1e-12)
+
+
+def test_registered_names_in_the_lightning_callback(registered):
+    pytest.importorskip("lightning")
+    from hdecode_torch.integrations import HierarchicalMetricsCallback
+
+    h, _ = bundled("inat19")
+    cb = HierarchicalMetricsCallback(h, metrics=["depth_gap", "accuracy"], decoders=["optimal", "second_leaf"],
+                                     output_key="probs")
+    assert {("depth_gap[penalty=2]", "optimal"), ("depth_gap[penalty=2]", "second_leaf"),
+            ("accuracy", "second_leaf")} <= set(cb.metrics)
+
+
+def test_registration_errors(registered):
+    with pytest.raises(ValueError, match="taken"):
+        hd.register_metric(type("Other", (DepthGap,), {"name": "depth_gap"}))
+    with pytest.raises(TypeError, match="subclass of BaseMetric"):
+        hd.register_metric(SecondLeaf)
+    with pytest.raises(ValueError, match="identifier"):
+        hd.register_decoder(type("Bad", (SecondLeaf,), {"name": "bad name"}))
+    with pytest.raises(ValueError, match=r"did you mean 'depth_gap'"):
+        hd.get_metric("depth_gp", bundled("inat19")[0])
+    replaced = hd.register_metric(type("Again", (DepthGap,), {"name": "depth_gap"}), replace=True)
+    assert hd.metrics.metric_class("depth_gap") is replaced
