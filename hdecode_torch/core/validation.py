@@ -50,8 +50,8 @@ def row_sum_tolerance(dtype: torch.dtype, num_classes: int = 1) -> float:
     ``ROW_SUM_TOLERANCE[dtype] + eps_acc · √L · log₂ L``: the first term covers rounding each entry to
     ``dtype``, the second the accumulation error of the softmax that produced the row (its sum is
     accumulated in float32 for float32 and half inputs, in float64 for float64; eps_acc is that
-    dtype's epsilon).  A float32 softmax over L = 10⁷ classes on a CPU sums to 1 ± 2.4e-3; this
-    allows 8.9e-3 there, 2.1e-3 at L = 7·10⁵ and 1.4e-4 at L = 1,000, so a row off by 2% is always
+    dtype's epsilon).  That is 1.4e-4 at L = 1,000, 2.1e-3 at L = 7·10⁵ and 8.9e-3 at L = 10⁷ for
+    float32, above the error of a float32 softmax's row sum and below a row off by 2%, which is always
     rejected.
     """
     acc = torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
@@ -149,8 +149,7 @@ def row_sums(x: torch.Tensor) -> torch.Tensor:
     """(B,) float64 row sums of a (B, L) float table, accurate whatever L.
 
     torch reduces a float32/half row by cascade (CPU) or tree (CUDA) summation, accumulating in
-    float32: the rounding error grows like eps·log L, not eps·L (under 2e-7 for L up to 10⁷),
-    far below any row-sum tolerance, so the sums are taken in the input's precision and only the
+    float32: the rounding error grows like eps·log L, not eps·L, far below any row-sum tolerance, so the sums are taken in the input's precision and only the
     (B,) result is converted; converting every entry to float64 first costs several times more.
     """
     return x.sum(dim=1).to(torch.float64)

@@ -72,7 +72,7 @@ def depth_prefix_sums(h, leaf_values: torch.Tensor) -> torch.Tensor:
     order = depth_ranges(h).leaf_order
     out = torch.empty(h.num_leaves + 1, leaf_values.shape[1], dtype=torch.float64, device=leaf_values.device)
     out[0] = 0
-    # Converting first and then summing in place is 1.4x faster than cumsum(dtype=float64) on CPU.
+    # Converting first and then summing in place beats cumsum(dtype=float64) on a CPU.
     torch.cumsum(leaf_values.index_select(0, order).to(torch.float64), dim=0, out=out[1:])
     return out
 
@@ -95,7 +95,7 @@ def depth_masses(h, prefix: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor)
     """
     ranges = depth_ranges(h)
     m, e = ids.numel(), ranges.depths.numel()
-    # One flat index_select for both ends (advanced indexing with a 2-D index is 3x slower on CPU),
+    # One flat index_select for both ends (advanced indexing with a 2-D index is slower on a CPU),
     # on the table's own storage whichever way it is laid out.
     ends = torch.stack([ranges.hi.index_select(0, ids), ranges.lo.index_select(0, ids)]).long()
     flat, s0, s1 = _flat(prefix)

@@ -2,8 +2,8 @@
 
 Rules that walk from the root (``top_down``, ``plurality``) only ever look at the children of
 B current nodes, never at all N.  A step at depth d reads a (B, K_d) window of the children
-CSR, K_d the widest node at depth d, so a whole descent reads B·Σ_d K_d entries (tieredImageNet-H:
-102 per sample against N = 843) with no host sync.
+CSR, K_d the widest node at depth d, so a whole descent reads B·Σ_d K_d entries, far fewer than
+B·N on the trees classifiers use, with no host sync.
 """
 
 from __future__ import annotations

@@ -99,8 +99,8 @@ tie decisions are float64.
 8. Cost.  O(B·N) for the node screen (plus the Posterior's O(B·(N + L)) node and prefix sums),
 O(M·E·K) for the gains of the M (sample, candidate) entries (C per sample; C ≤ 1 + Σ_{d=1..D}
 (2d + D + 1)/((d + 1)·LB) as the candidates of one level are disjoint subtrees, LB ≥ 1/(D + 1);
-about 11 on tieredImageNet-H), O(R·C·k) for the knapsacks of the R pairs (sample, size) left
-(about 1.5 per sample).  Python loops: over the candidate positions of the knapsack and of the
+far fewer on model outputs), O(R·C·k) for the knapsacks of the R pairs (sample, size) left
+(a few per sample).  Python loops: over the candidate positions of the knapsack and of the
 walk back (C steps each, all pairs at once) and ⌈log₂ D⌉ pointer-doubling steps; none over
 samples, nodes or tree levels.  Memory: one (N, B) mask and threshold, (M, K) gains and (C, R, K)
 knapsack tables; no N×L and no N×B×K tensor.  The gain tables grow as C² per sample, so trees
@@ -660,7 +660,7 @@ class Jaccard(SetMetric):
 
     def _bytes_per_sample(self, h, plan):
         # (N, B) node sums, threshold product and masks, float64 prefix sums (L, B), and the
-        # candidates' gain and knapsack tables, C·K per sample (C, K ≲ D + 1 on the trees measured)
+        # candidates' gain and knapsack tables, C·K per sample (C, K ≲ D + 1 on model outputs)
         return 8 * (2 * h.num_nodes + h.num_leaves) + 2 * h.num_nodes + 64 * (h.max_depth + 1) * (
             h.num_leaf_depths + h.max_depth + 1)
 

@@ -55,9 +55,10 @@ class WuPalmer(StrategyNodeMetric):
     description = "Wu-Palmer similarity 2 d(LCA) / (d(h) + d(y))"
 
     def candidates_are_faster(self, h, small: bool) -> bool:
-        # Measured rule (benchmarks/README.md): structural risks cost ≈ 3.8 ns per node × leaf depth ×
-        # sample, pruned candidates with sampled dense products ≈ (4 + 0.005 L) ns per node × sample; on
-        # trees too large for the dense matrix the candidates win as soon as leaves sit at several depths.
+        # A rule fitted to CPU timings (benchmarks/README.md, "Device plans"): structural risks cost a
+        # constant per node × leaf depth × sample, pruned candidates scored by sampled dense products a
+        # cost per node × sample that grows with L; on trees too large for the dense matrix the
+        # candidates win as soon as leaves sit at several depths.
         if small:
             return 4 + 0.005 * h.num_leaves < 3.8 * h.num_leaf_depths
         # Candidates read their root paths from the ancestors-by-depth table.
