@@ -58,7 +58,7 @@ from ..kernels.depth_ranges import depth_masses, depth_ranges
 from ..kernels.fused import hf_beta_best_k
 from .base import SetMetric
 
-__all__ = ["HFBeta", "hf_beta_from_counts", "hf_beta_expected", "hf_beta_decode", "hf_beta_bound",
+__all__ = ["HFBeta", "hf_beta_from_counts", "hf_beta_expected", "hf_beta_decode", "hf_beta_decode_exact", "hf_beta_bound",
            "hf_beta_value_bound"]
 
 
@@ -86,15 +86,14 @@ def hf_beta_value_bound(h, beta: float) -> torch.Tensor:
     return h.cached(("hf_beta_value_bound", beta), build)
 
 
-def hf_beta_decode(post, beta: float, exact: bool = False) -> torch.Tensor:
-    """Optimal hF_β sets of a :class:`~hdecode_torch.Posterior`'s batch.
+def hf_beta_decode(post, beta: float) -> torch.Tensor:
+    """Optimal hF_β sets of a :class:`~hdecode_torch.Posterior`'s batch, by certified prefix sets.
 
     Returns (B, N) bool, ancestor-closed.  Ties: among sets of equal expected score the smallest k
-    wins; within a k, nodes of equal Δ_k are taken shallowest first, then by smallest id.
-    ``exact=False`` (the CPU plan): prefix sets certified per k, the few k left solved by a sort;
-    host reads: one per stage (its candidate count) and the (sample, k) pairs to check.
-    ``exact=True`` (the GPU plan): every k solved exactly on packed candidates by one fused
-    operator; one host read per stage.
+    wins; within a k, nodes of equal Δ_k are taken shallowest first, then by smallest id.  Prefix
+    sets certified per k, the few k left solved by a sort (fewest operations, where a host read
+    costs nothing): host reads, one per stage (its candidate count) and the (sample, k) pairs to
+    check.
     """
     h, p = post.h, post.node
     dt = p.dtype
@@ -108,37 +107,101 @@ def hf_beta_decode(post, beta: float, exact: bool = False) -> torch.Tensor:
     wide = 1 - _VALUE_SLACK * torch.finfo(dt).eps
     # k̂ = E[d(y)] + 1, the size of a typical label set.
     k_ref = (post.expected_leaf_depth() + 1).round().long()
-    if exact:
-        # Masks over every node, packed by a top-C selection: one host read per stage.
-        tau = hf_beta_value_bound(h, beta).to(dt)[:, None]
-        keep = p >= tau * slack  # stage 1: the candidates of a perfect score
-        keep[h.root] = True
-        lower, k_ref = solver.solve(solver.from_mask(keep), k_ref)[:2]
-        keep = p >= tau * (lower * wide)[None, :]  # stage 2: p(n) ≥ τ(n)·LB, every optimal set
-        keep[h.root] = True
-        cands = solver.from_mask(keep)
-        best_k, delta = solver.exact(cands)
-    else:
-        # The pairs above the fixed bound are listed once; both stages filter that list.
-        keep = p >= hf_beta_bound(h, beta).to(dt)[:, None] * slack
-        keep[h.root] = True
-        sample, node, value = candidate_pairs(h, keep, p)
-        tau = hf_beta_value_bound(h, beta).to(dt)[node]
-        is_root = node == h.root
-        first = (value >= tau * slack) | is_root
-        lower, k_ref = solver.solve(solver.from_pairs(sample[first], node[first]), k_ref)[:2]
-        second = (value >= tau * lower[sample] * wide) | is_root
-        cands = solver.from_pairs(sample[second], node[second])
-        best_k, delta = solver.certified(cands, k_ref)
-    ids = cands.ids
-    # The best set: the best k* nodes by Δ_{k*}; a stable sort keeps (depth, id) order among ties.
+    # The pairs above the fixed bound are listed once; both stages filter that list.
+    keep = p >= hf_beta_bound(h, beta).to(dt)[:, None] * slack
+    keep[h.root] = True
+    sample, node, value = candidate_pairs(h, keep, p)
+    tau = hf_beta_value_bound(h, beta).to(dt)[node]
+    is_root = node == h.root
+    first = (value >= tau * slack) | is_root
+    lower, k_ref = solver.solve(solver.from_pairs(sample[first], node[first]), k_ref)[:2]
+    second = (value >= tau * lower[sample] * wide) | is_root
+    cands = solver.from_pairs(sample[second], node[second])
+    best_k, delta = solver.certified(cands, k_ref)
+    return _best_sets(h, cands.ids, best_k, delta)
+
+
+def _best_sets(h, ids: torch.Tensor, best_k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """(B, N) bool: the best k* candidates ``ids`` (B, C) by Δ_{k*} ``delta`` (B, C); a stable sort keeps
+    the candidates' (depth, id) order among ties, so ancestors come first."""
+    bsz, c = ids.shape
     delta = delta.masked_fill(ids == h.num_nodes, float("-inf"))
     rank = torch.sort(delta, dim=1, descending=True, stable=True).indices
-    take = torch.arange(ids.shape[1], device=p.device)[None, :] < best_k[:, None]
-    chosen = torch.where(take, ids.gather(1, rank), torch.full_like(ids, h.num_nodes))
-    out = torch.zeros(bsz, h.num_nodes + 1, dtype=torch.bool, device=p.device)
+    take = torch.arange(c, device=ids.device)[None, :] < best_k[:, None]
+    chosen = torch.where(take, ids.gather(1, rank), h.num_nodes)
+    out = torch.zeros(bsz, h.num_nodes + 1, dtype=torch.bool, device=ids.device)
     out.scatter_(1, chosen, True)
     return out[:, : h.num_nodes]
+
+
+def hf_beta_decode_exact(post, beta: float) -> torch.Tensor:
+    """Optimal hF_β sets of a batch with every set size solved exactly on packed candidates: a fixed
+    number of operators whatever the tree and the batch, and one host read (the candidate count).
+
+    1. A lower bound LB on the optimum without a host read: the best closed prefix set
+       {a_0, ..., a_{k−1}} of the root path of each sample's most probable leaf (an achieved value).
+       On trees whose ancestors-by-depth table is too large, the value of {root}.
+    2. The candidates p(n) ≥ τ(n)·LB (module docstring; a closed set holding every optimal set),
+       packed by a top-C selection in (depth, id) order: the host read is C.
+    3. Their per-leaf-depth masses from the depth-first prefix sums, and the exact per-k solver
+       (``hdecode::hf_beta_best_k``).  Returns (B, N) bool, ancestor-closed; ties as in
+       :func:`hf_beta_decode`.  O(B·(N + L) + B·C²·E) work.
+    """
+    h, p = post.h, post.node
+    dt = p.dtype
+    bsz = p.shape[1]
+    if bsz == 0:
+        return torch.zeros(0, h.num_nodes, dtype=torch.bool, device=p.device)
+    r = _recall_share(beta)
+    prefix = post.depth_prefix().t()  # (B, L + 1) float64, batch-major
+    wide = 1 - _VALUE_SLACK * torch.finfo(dt).eps
+    tables = _exact_tables(h, beta, dt)
+    if tables.chain_weights is not None:
+        chain = h.ancestors.index_select(0, post.probs.argmax(1))  # (B, D + 1), N past the leaf
+        q = _masses_bm(h, prefix, chain).to(dt)  # (B, D + 1, E)
+        # Past the leaf the cumulated masses stop growing while the weights fall with k: those
+        # entries are below the leaf's own prefix and never the maximum, so they need no mask.
+        lower = (q.cumsum(1) * tables.chain_weights).sum(2).amax(1)
+    else:
+        lower = post.probs @ tables.root_weights
+    # τ(root) is 0 in the table: the root is always kept.
+    keep = p.t() >= torch.outer(lower * wide, tables.tau)  # (B, N)
+    ids, count = pack_mask(h, keep.t())
+    best_k, delta = hf_beta_best_k(_masses_bm(h, prefix, ids).to(dt), count, tables.depths, r)
+    return _best_sets(h, ids, best_k, delta)
+
+
+class _ExactTables(NamedTuple):
+    """Tree-only tables of :func:`hf_beta_decode_exact`, per β and dtype (cached on the hierarchy)."""
+
+    tau: torch.Tensor  # (N,) τ(n), 0 at the root
+    chain_weights: torch.Tensor | None  # (D + 1, E) w_e(k) for the chain prefixes of size k = 1..D+1
+    root_weights: torch.Tensor  # (L,) 1/(r + a(d(l))), the value of {root} per unit of p(l)
+    depths: torch.Tensor  # (E,) float64 leaf depths
+
+
+def _exact_tables(h, beta: float, dt: torch.dtype) -> _ExactTables:
+    def build():
+        r = _recall_share(beta)
+        tau = hf_beta_value_bound(h, beta).clone()
+        tau[h.root] = 0
+        depths = depth_ranges(h).depths.to(torch.float64)
+        chain = None
+        if h.ancestor_table_fits:
+            k = torch.arange(1, h.max_depth + 2, device=h.device, dtype=torch.float64)[:, None]
+            chain = (1 / (r * k + (1 - r) * (depths + 1))).to(dt)
+        root = (1 / (r + (1 - r) * (h.leaf_depth.to(torch.float64) + 1))).to(dt)
+        return _ExactTables(tau.to(dt), chain, root, depths)
+    return h.cached(("hf_beta_exact_tables", beta, dt), build)
+
+
+def _masses_bm(h, prefix: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """(B, C, E) float64 per-leaf-depth masses of the nodes ``ids`` (B, C) (``N``: zero masses), read
+    from the batch-major depth-first prefix sums ``prefix`` (B, L + 1): one gather of both ends."""
+    ends = h.cached("depth_range_ends", lambda: torch.cat([depth_ranges(h).hi, depth_ranges(h).lo], 1).long())
+    bsz, c = ids.shape
+    got = prefix.gather(1, ends.index_select(0, ids.reshape(-1)).view(bsz, -1)).view(bsz, c, 2, -1)
+    return got[:, :, 0] - got[:, :, 1]
 
 
 #: Relative slack, in ulps, of comparisons between rounded set values (sums of up to C·E terms):
@@ -167,19 +230,6 @@ class _PrefixSolver:
     def weights(self, k: torch.Tensor) -> torch.Tensor:
         """(*k.shape, E) w_e(k) = 1/(rk + a(d_e)) = (1+β²)/(k + β²(d_e+1))."""
         return 1 / (self.r * k.to(self.dt)[..., None] + self.a)
-
-    def from_mask(self, keep: torch.Tensor) -> "_Candidates":
-        """The candidates of a (N, B) bool mask, packed by a top-C selection, and their masses."""
-        ids, count = pack_mask(self.h, keep)
-        h = self.h
-        bsz, c = ids.shape
-        if self.prefix is None:  # one leaf depth: the masses are p
-            got = self.p.t().gather(1, ids.clamp(max=h.num_nodes - 1))
-            q = torch.where(ids < h.num_nodes, got, torch.zeros_like(got))[:, :, None]
-        else:
-            rows = torch.arange(bsz, device=ids.device).repeat_interleave(c)
-            q = depth_masses(h, self.prefix, rows, ids.reshape(-1)).view(bsz, c, -1).to(self.dt)
-        return _Candidates(ids, count, q)
 
     def from_pairs(self, sample: torch.Tensor, node: torch.Tensor) -> "_Candidates":
         """The candidates of sample-major (sample, node) pairs (M,), packed, and their masses (read for
@@ -221,14 +271,6 @@ class _PrefixSolver:
         if self.depths.numel() > 1:  # with one leaf depth the order never moves: PV(k) = V(k)
             value, best_k = self._check(value, best_k, q0, q, d_ref, k_ref, count)
         return best_k, (q0 * self.weights(best_k)[:, None, :]).sum(2)
-
-    def exact(self, cands: "_Candidates"):
-        """The optimal k of each sample over its candidates with every V(k) computed exactly: Δ_k of
-        every candidate for every k, the k largest summed (B·C² work), in one fused operator
-        (``hdecode::hf_beta_best_k``: a Triton program per sample on a GPU) and no host read.
-        Returns (k* (B,), Δ_{k*} of the candidates (B, C))."""
-        depths = self.h.cached("hf_beta_depths64", lambda: depth_ranges(self.h).depths.to(torch.float64))
-        return hf_beta_best_k(cands.q, cands.count, depths, self.r)
 
     def _check(self, value, best_k, q0, q, d_ref, k_ref, count):
         """Certify (value, best_k) from :meth:`solve`, solving exactly the k it cannot exclude."""
@@ -316,7 +358,7 @@ class HFBeta(SetMetric):
         return hf_beta_decode(post, self.beta)
 
     def _decode_gpu(self, post):
-        return hf_beta_decode(post, self.beta, exact=True)
+        return hf_beta_decode_exact(post, self.beta)
 
     def _from_counts(self, inter, size, ysize):
         return hf_beta_from_counts(inter, size, ysize, self.beta)
