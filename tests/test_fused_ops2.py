@@ -1,6 +1,6 @@
 """The fused decoder ops ``hdecode::hf_beta_best_k`` and ``hdecode::path_score_best``.
 
-- ``hf_beta_best_k`` against the hF_β metric's own exact solver (``_PrefixSolver.exact``) on the
+- ``hf_beta_best_k`` against the hF_β metric's own exact solver (the GPU plan's call of the op) on the
   candidates the GPU plan packs on both bundled trees, against a float64 numpy brute force, and
   wired into the decoder (the GPU plan with the op gives the CPU plan's sets);
 - ``path_score_best`` against the library's Zhao (structural) and LCA-height decoders on the bundled
@@ -23,6 +23,8 @@ import json
 import math
 import textwrap
 import time
+
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -77,29 +79,23 @@ def lca_height_call(h, leaf_probs):
     return F.path_score_best(leaf_probs, *path_score_args(h, "lca_height"))
 
 
-def hf_beta_op_exact(self, cands):
-    """``_PrefixSolver.exact`` through the op: the call the GPU plan's solver makes."""
-    depths = depth_ranges(self.h).depths.to(torch.float64)
-    return F.hf_beta_best_k(cands.q, cands.count, depths, self.r)
-
-
 # -- helpers ----------------------------------------------------------------------------------------------
 
 def solver_cases(h, probs, beta):
     """The (candidates, (best_k, delta), r) the GPU plan's exact solver sees when decoding ``probs``."""
     seen = []
-    original = HF._PrefixSolver.exact
+    original = HF.hf_beta_best_k
 
-    def spy(self, cands):
-        out = original(self, cands)
-        seen.append((cands, out, self.r))
+    def spy(q, count, depths, r):
+        out = original(q, count, depths, r)
+        seen.append((SimpleNamespace(q=q, count=count), out, r))
         return out
-    HF._PrefixSolver.exact = spy
+    HF.hf_beta_best_k = spy
     try:
         with hd.plan_for("cuda"):
             hd.get_metric("hf_beta", h, beta=beta).decode(probs)
     finally:
-        HF._PrefixSolver.exact = original
+        HF.hf_beta_best_k = original
     assert len(seen) == 1
     return seen[0]
 
@@ -216,9 +212,9 @@ def test_hf_beta_best_k_is_the_exact_solver(tree, dtype):
         probs = torch.softmax(scale * torch.randn(256, h.num_leaves, generator=g, dtype=torch.float64), 1).to(dtype)
         cands, (ref_k, ref_delta), r = solver_cases(h, probs, beta)
         best_k, delta = F.hf_beta_best_k(cands.q, cands.count, depths, r)
-        assert best_k.dtype == torch.int64 and delta.dtype == dtype and delta.shape == cands.ids.shape
+        assert best_k.dtype == torch.int64 and delta.dtype == dtype and delta.shape == cands.q.shape[:2]
         assert torch.equal(best_k, ref_k), (beta, torch.nonzero(best_k != ref_k)[:5])
-        real = cands.ids < h.num_nodes
+        real = torch.arange(cands.q.shape[1]) < cands.count[:, None]
         atol = 1e-12 if dtype == torch.float64 else 0.0
         rtol = 0.0 if dtype == torch.float64 else 2.0 ** -23
         torch.testing.assert_close(delta[real], ref_delta[real], atol=atol, rtol=rtol)
@@ -238,8 +234,7 @@ def test_hf_beta_decoder_with_the_op_gives_the_cpu_plans_sets(tree, monkeypatch)
         for beta in [1.0, 3.0]:
             metric = hd.get_metric("hf_beta", h, beta=beta)
             cpu = metric.decode(x)
-            with monkeypatch.context() as m, hd.plan_for("cuda"):
-                m.setattr(HF._PrefixSolver, "exact", hf_beta_op_exact)
+            with hd.plan_for("cuda"):
                 gpu = metric.decode(x)
             # the certified and the exact solver share their tie rules: the same sets, not just equal values
             assert torch.equal(gpu, cpu), (h.num_nodes, beta, torch.nonzero((gpu != cpu).any(1))[:5, 0])

@@ -78,7 +78,8 @@ class HierarchyComponent:
         return bool(self.validate if validate is None else validate)
 
     def _posterior(self, leaf_probs, validate):
-        return Posterior.of(self.hierarchy, leaf_probs, validate=self._validate(validate))
+        """The batch's Posterior; a new one's input check is deferred to the decoder's one host read."""
+        return Posterior.of(self.hierarchy, leaf_probs, validate=self._validate(validate), defer_check=True)
 
     def _bytes_per_sample(self, h, plan) -> int:
         """Bytes of temporaries per sample of a decode under ``plan``, used to choose chunk sizes."""
@@ -101,10 +102,15 @@ class HierarchyComponent:
             leaf_probs = leaf_probs.detach()  # a decision has no gradient; none is recorded
         post = self._posterior(leaf_probs, validate)
         chunks = self._chunks(post, chunk_size)
-        if len(chunks) == 1:
-            out = self._decode(post)
-        else:
-            out = torch.cat([self._decode(post.chunk(a, b)) for a, b in chunks])
+        try:
+            if len(chunks) == 1:
+                out = self._decode(post)
+            else:
+                out = torch.cat([self._decode(post.chunk(a, b)) for a, b in chunks])
+        except Exception:
+            post.settle()  # bad input explains a failure better than the failure itself
+            raise
+        post.settle()  # decoders that read nothing from the host: the check's one read
         return out[0] if post.unbatched else out
 
     def _decode(self, post) -> torch.Tensor:

@@ -43,20 +43,22 @@ class Posterior:
     """
 
     def __init__(self, h, leaf_probs, *, from_logits: bool | str = False, normalize: bool = False,
-                 validate: bool = True, name: str = "leaf_probs", extra_checks=()):
+                 validate: bool = True, name: str = "leaf_probs", extra_checks=(), defer_check: bool = False):
         if not isinstance(h, Hierarchy):
             raise TypeError(f"Expected `hierarchy` to be a Hierarchy, but got {type(h).__name__}")
         if isinstance(leaf_probs, Posterior):
             raise TypeError(f"`{name}` is already a Posterior: pass it directly to decode/expected, or use Posterior.of")
         x = as_tensor(leaf_probs, name)
         plan = resolve_plan(h, x.device)
-        probs, unbatched = prepare_leaf_probs(x, h.num_leaves, name=name, from_logits=from_logits,
-                                              normalize=normalize, validate=validate, extra_checks=extra_checks,
-                                              fused_check=plan.gpu)
+        probs, unbatched, check = prepare_leaf_probs(x, h.num_leaves, name=name, from_logits=from_logits,
+                                                     normalize=normalize, validate=validate,
+                                                     extra_checks=extra_checks, fused_check=plan.gpu,
+                                                     defer=defer_check)
         self.h = h.to(probs.device)
         self.probs = probs
         self.unbatched = unbatched
         self.plan: Plan = plan
+        self._check = check
         self._memo: dict[Hashable, torch.Tensor] = {}
 
     @classmethod
@@ -85,8 +87,29 @@ class Posterior:
             return self
         new = object.__new__(Posterior)
         new.h, new.probs, new.unbatched, new.plan = self.h, self.probs[start:stop], False, self.plan
+        new._check = self._check  # settled once, by whichever chunk reads first
         new._memo = {k: v[..., start:stop] for k, v in self._memo.items()}
         return new
+
+    # ------------------------------------------------------------------ host reads
+    def read(self, *values: torch.Tensor) -> list:
+        """The host values of 0-d integer tensors ``values``, read together with this batch's input check
+        if it is still pending (built with ``defer_check=True``): one host read for both.  Raises the
+        check's error, if any, before returning."""
+        check = self._check
+        pending = check is not None and not check.done
+        parts = [v.reshape(1).to(torch.int64) for v in values]
+        if pending:
+            parts.append(torch.stack(check.flags).to(torch.int64))
+        got = torch.cat(parts).tolist() if parts else []  # the one host read
+        if pending:
+            check.settle(got[len(values):])
+        return got[: len(values)]
+
+    def settle(self) -> None:
+        """Read this batch's input check now if it is still pending (one host read), raising its error."""
+        if self._check is not None:
+            self._check.settle()
 
     @property
     def batch_size(self) -> int:

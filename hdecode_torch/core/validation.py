@@ -166,41 +166,30 @@ def input_kind(from_logits) -> str:
                      f"{from_logits!r}")
 
 
-def prepare_leaf_probs(
-    leaf_probs,
-    num_leaves: int,
-    *,
-    name: str = "leaf_probs",
-    normalize: bool = False,
-    from_logits: bool | str = False,
-    validate: bool = True,
-    device: torch.device | None = None,
-    extra_checks=(),
-    fused_check: bool = False,
-) -> tuple[torch.Tensor, bool]:
-    """Check and convert leaf probabilities to a ``(B, L)`` tensor in the compute dtype.
+class Check:
+    """A deferred input check: 0-d bool flags on the device, and what to do with their host values.
 
-    leaf_probs: (B, L) or (L,) float.  Returns ``(probs, unbatched)`` where ``probs`` is (B, L)
-    float32 (float64 kept) and ``unbatched`` tells whether the input was 1-D.
-
-    What the input holds, ``from_logits``:
-
-    - ``False`` (the default everywhere): probabilities, each row non-negative and summing to 1
-      within :func:`row_sum_tolerance` (``normalize=True`` divides each row by its sum instead);
-    - ``True``: logits, turned into probabilities by a softmax (``-inf`` is allowed: probability 0,
-      as long as each row has a finite entry).  Input that looks like probabilities (non-negative
-      rows summing to 1) is almost surely not logits: it gets a warning, since a softmax of
-      probabilities is a silently wrong answer;
-    - ``"auto"``: probabilities if every row is a distribution, else logits.  Non-negative rows that
-      do not sum to 1 but have no entry above 1 are ambiguous (unnormalised probabilities?) and an
-      error.  Decided on the device: no extra host read.
-
-    ``extra_checks``: :class:`RangeCheck` s (e.g. predictions or targets on the same device) checked
-    in the same fused reduction, so that a whole call syncs with the host once.  With
-    ``validate=False`` nothing is checked and nothing syncs.  ``fused_check``: take the row sums and
-    the minimum in one fused pass (``hdecode::row_sum_min``; what the GPU plan does).
+    The flags are computed with the data; :meth:`settle` reads them (one host read, or none when the
+    caller reads them with other values it needs, see ``Posterior.read``) and raises the error, or
+    warns, that a false flag stands for.  Settled once.
     """
-    kind = input_kind(from_logits)
+
+    def __init__(self, flags: list[torch.Tensor], act):
+        self.flags, self.act = flags, act
+        self.done = not flags
+
+    def settle(self, values: list | None = None) -> None:
+        """Act on the flags' values (read here when ``values`` is None)."""
+        if self.done:
+            return
+        if values is None:
+            values = torch.stack(self.flags).tolist()  # the one host read
+        self.done = True
+        self.act([bool(v) for v in values])
+
+
+def _input_array(leaf_probs, num_leaves: int, name: str, device) -> tuple[torch.Tensor, bool]:
+    """(B, L) floating-point tensor and whether the input was 1-D; type and shape errors name ``name``."""
     x = as_tensor(leaf_probs, name)
     if not x.is_floating_point():
         what = "complex" if x.is_complex() else ("bool" if x.dtype == torch.bool else "integer")
@@ -223,57 +212,152 @@ def prepare_leaf_probs(
         )
     if device is not None and x.device != device:
         x = x.to(device)
+    return x, unbatched
+
+
+#: How far outside [0, 1] an entry must lie for ``from_logits="auto"`` to read its batch as logits.
+AUTO_MARGIN = 1e-3
+
+
+def prepare_leaf_probs(
+    leaf_probs,
+    num_leaves: int,
+    *,
+    name: str = "leaf_probs",
+    normalize: bool = False,
+    from_logits: bool | str = False,
+    validate: bool = True,
+    device: torch.device | None = None,
+    extra_checks=(),
+    fused_check: bool = False,
+    defer: bool = False,
+) -> tuple[torch.Tensor, bool, Check | None]:
+    """Check and convert leaf probabilities to a ``(B, L)`` tensor in the compute dtype.
+
+    leaf_probs: (B, L) or (L,) float.  Returns ``(probs, unbatched, check)``: ``probs`` is (B, L)
+    float32 (float64 kept), ``unbatched`` tells whether the input was 1-D, and ``check`` is the
+    :class:`Check` still to settle (``None`` once settled, or with ``validate=False``).
+
+    What the input holds, ``from_logits``:
+
+    - ``False`` (the default everywhere): probabilities, each row non-negative and summing to 1
+      within :func:`row_sum_tolerance` (``normalize=True`` divides each row by its sum instead);
+    - ``True``: logits, turned into probabilities by a softmax (``-inf`` is allowed: probability 0,
+      as long as each row has a finite entry).  Input that looks like probabilities (non-negative
+      rows summing to 1) is almost surely not logits: it gets a warning, since a softmax of
+      probabilities is a silently wrong answer;
+    - ``"auto"``: decided for the whole batch.  Probabilities if every row is a distribution (with
+      ``normalize=True``: if no entry is negative); logits if some entry lies more than
+      ``AUTO_MARGIN`` outside [0, 1].  Anything else cannot be decided and is an error that says why
+      (e.g. entries in [0, 1] whose rows do not sum to 1, or probabilities with tiny negative
+      entries), as is ``normalize=True`` on a batch with negative entries.  Decided on the device.
+
+    ``extra_checks``: :class:`RangeCheck` s (e.g. predictions or targets on the same device) checked
+    in the same reduction, so that a whole call reads the host once.  ``defer=True`` returns the
+    check unsettled, for the caller to read with other values it needs (one host read per call in
+    all).  With ``validate=False`` nothing is checked and nothing is read.  ``fused_check``: take the
+    row sums and the minimum in one fused pass (``hdecode::row_sum_min``; what the GPU plan does).
+    """
+    kind = input_kind(from_logits)
+    x, unbatched = _input_array(leaf_probs, num_leaves, name, device)
     in_dtype = x.dtype
     x = x.to(compute_dtype(in_dtype))
     checks = [c for c in extra_checks if c is not None] if validate else []
     tol = row_sum_tolerance(in_dtype, num_leaves)
     if kind == "probs":
-        return _checked_probs(x, checks, name, tol, normalize, in_dtype, validate, fused_check), unbatched
-    if not x.numel():
-        check_ranges(checks, validate)
-        return x, unbatched
-    # One pass for the shared statistics: float64 row sums (NaN and +inf make them non-finite), the
-    # row maxima (NaN or +inf if a row holds one, -inf if every entry is -inf) and the minimum.
+        probs, check = _checked_probs(x, checks, name, tol, normalize, in_dtype, validate, fused_check)
+    elif not x.numel():
+        probs, check = x, (_range_check(checks, x.device) if validate else None)
+    else:
+        probs, check = _checked_logits(x, checks, name, tol, normalize, kind, validate, num_leaves)
+    if check is not None and not defer:
+        check.settle()
+        check = None
+    return probs, unbatched, check
+
+
+def _range_check(checks, device) -> Check:
+    flags = range_flags(checks, device)
+    return Check(flags, lambda oks: raise_first_range_error(checks, oks))
+
+
+def _checked_logits(x, checks, name, tol, normalize, kind, validate, num_leaves):
+    # The shared statistics: float64 row sums (NaN and +inf make them non-finite), the row maxima
+    # (NaN or +inf if a row holds one, -inf if every entry is -inf) and the extremes of the batch.
     sums = row_sums(x)
     row_max = x.amax(dim=1)
-    is_dist = (x.amin() >= 0) & ((sums - 1).abs() <= tol).all()
+    lowest, highest = x.amin(), row_max.amax()
+    nonneg = lowest >= 0
     if kind == "auto":
-        if validate:
-            finite = ((row_max > float("-inf")) & (row_max < float("inf"))).all()  # logits may hold -inf
-            ambiguous = ~is_dist & (x.amin() >= 0) & (row_max.amax() <= 1)
-            oks = torch.stack([finite, ~ambiguous] + range_flags(checks, x.device)).tolist()  # the one host sync
+        if normalize:
+            probs_like = nonneg
+            out = torch.where(probs_like, x / sums.clamp(min=torch.finfo(torch.float64).tiny)[:, None].to(x.dtype),
+                              torch.softmax(x, dim=1))
+        else:
+            probs_like = nonneg & ((sums - 1).abs() <= tol).all()
+            out = torch.where(probs_like, x, torch.softmax(x, dim=1))
+        if not validate:
+            return out, None
+        finite = ((row_max > float("-inf")) & (row_max < float("inf"))).all()  # logits may hold -inf
+        clearly_logits = (lowest < -AUTO_MARGIN) | (highest > 1 + AUTO_MARGIN)
+        decided = probs_like | clearly_logits
+        ok_normalize = nonneg | ~torch.tensor(normalize, device=x.device)
+        sums_ok = ((sums > 0) & torch.isfinite(sums)).all() | ~probs_like | ~torch.tensor(normalize, device=x.device)
+
+        def act(oks):
             if not oks[0]:
                 _raise_logits_error(x, name)
             if not oks[1]:
-                raise ValueError(f"Cannot tell whether `{name}` holds probabilities or logits: its entries are in "
-                                 "[0, 1] but some rows do not sum to 1. Pass normalize=True for unnormalised "
-                                 "probabilities, or from_logits=True for logits")
-            raise_first_range_error(checks, oks[2:])
-        return torch.where(is_dist, x, torch.softmax(x, dim=1)), unbatched
-    if validate:
-        ok = ((row_max > float("-inf")) & (row_max < float("inf"))).all()
-        oks = torch.stack([ok, is_dist] + range_flags(checks, x.device)).tolist()  # the one host sync
+                raise ValueError(f"normalize=True is for unnormalised probabilities, but `{name}` has negative "
+                                 f"entries (smallest {float(lowest):.4g}): pass from_logits=True for logits")
+            if not oks[2]:
+                _raise_probs_error(x, sums, (True, True), name, tol, True, x.dtype)
+            if not oks[3]:
+                _raise_undecided(x, sums, name, tol)
+            raise_first_range_error(checks, oks[4:])
+        return out, Check([finite, ok_normalize, sums_ok, decided] + range_flags(checks, x.device), act)
+    out = torch.softmax(x, dim=1)
+    if not validate:
+        return out, None
+    finite = ((row_max > float("-inf")) & (row_max < float("inf"))).all()
+    is_dist = nonneg & ((sums - 1).abs() <= tol).all()
+
+    def act(oks):
         if not oks[0]:
             _raise_logits_error(x, name)
         raise_first_range_error(checks, oks[2:])
         if oks[1] and num_leaves > 1:
-            warnings.warn(f"`{name}` looks like probabilities (non-negative rows summing to 1), but from_logits=True "
-                          "applies a softmax to it, which is then wrong: pass from_logits=False for probabilities "
-                          "(or from_logits='auto')", UserWarning, stacklevel=3)
-    return torch.softmax(x, dim=1), unbatched
+            warn_user(f"`{name}` looks like probabilities (non-negative rows summing to 1), but from_logits=True "
+                      "applies a softmax to it, which is then wrong: pass from_logits=False for probabilities "
+                      "(or from_logits='auto')")
+    return out, Check([finite, is_dist] + range_flags(checks, x.device), act)
+
+
+def _raise_undecided(x, sums, name, tol):
+    """Why ``from_logits="auto"`` cannot tell probabilities from logits for this batch."""
+    lowest, highest = float(x.amin()), float(x.amax())
+    if lowest < 0:
+        row = int((x < 0).any(1).nonzero()[0])
+        raise ValueError(f"Cannot tell whether `{name}` holds probabilities or logits: row {row} has a negative "
+                         f"entry ({float(x[row].min()):.4g}) too small for logits to be likely, and rows sum to "
+                         f"{float(sums.min()):.6g}..{float(sums.max()):.6g}. Pass from_logits=False for "
+                         "probabilities (clamp the negative entries first) or from_logits=True for logits")
+    bad = ((sums - 1).abs() > tol).nonzero()
+    row = int(bad[0]) if bad.numel() else 0
+    raise ValueError(f"Cannot tell whether `{name}` holds probabilities or logits: its entries are in "
+                     f"[{lowest:.4g}, {highest:.4g}] but row {row} sums to {float(sums[row]):.6g}. Pass "
+                     "normalize=True for unnormalised probabilities, or from_logits=True for logits")
 
 
 def _checked_probs(x, checks, name, tol, normalize, in_dtype, validate, fused_check):
     if not validate:
-        return x / x.sum(dim=1, keepdim=True) if normalize else x
+        return (x / x.sum(dim=1, keepdim=True) if normalize else x), None
     if x.numel() == 0:
-        check_ranges(checks)
-        return x
-    # Two passes over the data (a float64 sum and a min), one host sync.  NaN and +inf make a row sum
-    # non-finite and NaN makes the min NaN, so the one flag covers finiteness too; the error path then
-    # finds out exactly what is wrong.
+        return x, _range_check(checks, x.device)
+    # Two passes over the data (a float64 sum and a min), or one fused pass; no host read here.  NaN
+    # and +inf make a row sum non-finite and NaN makes the min NaN, so the one flag covers finiteness
+    # too; the error path then finds out exactly what is wrong.
     if fused_check:
-        # One fused pass (hdecode::row_sum_min) instead of a sum, a conversion and a min over the table.
         from ..kernels.fused import row_sum_min
 
         stats = row_sum_min(x)
@@ -283,21 +367,32 @@ def _checked_probs(x, checks, name, tol, normalize, in_dtype, validate, fused_ch
         nonneg = x.amin() >= 0
     if normalize:
         ok = nonneg & ((sums > 0) & torch.isfinite(sums)).all()
+        # divided in float64: a float32 row may sum past float32's range
+        out = (x / sums.clamp(min=torch.finfo(torch.float64).tiny)[:, None]).to(x.dtype)
     else:
         ok = nonneg & ((sums - 1).abs() <= tol).all()
-    oks = torch.stack([ok] + range_flags(checks, x.device)).tolist()  # the one host sync
-    if not oks[0]:
-        finite, nonneg = bool(torch.isfinite(x).all()), bool((x >= 0).all())
-        if normalize and finite and nonneg and not bool((sums <= 0).any()):
-            # Finite entries whose float32 sum overflows: rescale each row by its maximum first.
-            x = x / x.amax(dim=1, keepdim=True)
-            sums = row_sums(x)
-        else:
-            _raise_probs_error(x, sums, (finite, nonneg), name, tol, normalize, in_dtype)
-    raise_first_range_error(checks, oks[1:])
+        out = x
+
+    overflow = []
+
+    def act(oks):
+        if not oks[0]:
+            finite, nonneg_ = bool(torch.isfinite(x).all()), bool((x >= 0).all())
+            if normalize and finite and nonneg_ and not bool((sums <= 0).any()):
+                overflow.append(True)  # finite entries whose float32 sum overflows
+            else:
+                _raise_probs_error(x, sums, (finite, nonneg_), name, tol, normalize, in_dtype)
+        raise_first_range_error(checks, oks[1:])
+    check = Check([ok] + range_flags(checks, x.device), act)
     if normalize:
-        x = (x / sums[:, None]).to(x.dtype)  # divided in float64: a float32 row may sum past float32's range
-    return x
+        # Settled here (the output depends on it): rows whose sum overflowed are rescaled by their
+        # maximum first.
+        check.settle()
+        if overflow:
+            scaled = x / x.amax(dim=1, keepdim=True)
+            out = (scaled / row_sums(scaled)[:, None]).to(x.dtype)
+        return out, None
+    return out, check
 
 
 def _raise_logits_error(x, name):

@@ -26,10 +26,9 @@ from dataclasses import dataclass
 import torch
 
 from .ancestry import top_ancestor
-from .fused.reference import trust_indices
 
 __all__ = ["PruningStatistics", "pruning_statistics", "candidate_mask", "sampled_products", "candidate_pairs",
-           "pack_candidates", "pack_mask", "depth_order"]
+           "pack_candidates", "pack_rows", "depth_rank", "depth_order"]
 
 
 @dataclass(frozen=True)
@@ -159,24 +158,22 @@ def depth_order(h) -> torch.Tensor:
         h.depth * h.num_nodes + torch.arange(h.num_nodes, device=h.depth.device)).indices)
 
 
-def pack_mask(h, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each sample's kept nodes, left-packed in (depth, id) order.
+def pack_rows(keep: torch.Tensor, rank: torch.Tensor, width: int) -> torch.Tensor:
+    """Each row's kept nodes, left-packed in the order of ``rank``.
 
-    keep: (N, B) bool (any strides; a transposed view of a (B, N) table is read as is).  Returns
-    ``(ids, count)``: (B, C) int64 with padding N, C the largest count, and (B,) int64.  One host
-    read (C): the kept nodes of a row are its C largest entries of a key that ranks every node by
-    (depth, id) (−1 where not kept), one top-C selection that reads the (B, N) key once and writes
-    only (B, C).  (Where host reads cost nothing, listing pairs with :func:`candidate_pairs` and
-    :func:`pack_candidates` is faster.)
+    keep: (B, N) bool; rank: (N,) int32, distinct and non-negative (larger first); width: at least
+    the largest number of kept nodes in a row (read by the caller).  Returns (B, width) int64 node
+    ids, the kept ones first; the columns past a row's count hold other nodes, to be ignored.  One
+    top-``width`` selection that reads a (B, N) key once and writes only (B, width); no host read.
     """
-    n, bsz = keep.shape
-    kt = keep.t()
-    count = kt.sum(1)
-    c = int(count.max()) if bsz and n else 0  # the host read
-    key = torch.where(kt, _pack_rank(h), -1)
-    top = torch.topk(key, c, dim=1, largest=True, sorted=True)
-    trust_indices(count, c)  # 0 <= count <= C = its maximum, by construction
-    return torch.where(top.values >= 0, top.indices, torch.full_like(top.indices, h.num_nodes)), count
+    key = torch.where(keep, rank, -1)
+    return torch.topk(key, width, dim=1, largest=True, sorted=True).indices
+
+
+def depth_rank(h) -> torch.Tensor:
+    """(N,) int32 N − 1 − (position in (depth, id) order): :func:`pack_rows` packs shallower nodes
+    first, then smaller ids (cached)."""
+    return _pack_rank(h)
 
 
 def _pack_rank(h) -> torch.Tensor:

@@ -53,9 +53,9 @@ import torch
 
 from ..core.params import Param
 from ..core.validation import check_positive
-from ..kernels.candidates import candidate_pairs, pack_candidates, pack_mask
+from ..kernels.candidates import candidate_pairs, depth_rank, pack_candidates, pack_rows
 from ..kernels.depth_ranges import depth_masses, depth_ranges
-from ..kernels.fused import hf_beta_best_k
+from ..kernels.fused import hf_beta_best_k, trust_indices
 from .base import SetMetric
 
 __all__ = ["HFBeta", "hf_beta_from_counts", "hf_beta_expected", "hf_beta_decode", "hf_beta_decode_exact", "hf_beta_bound",
@@ -118,16 +118,17 @@ def hf_beta_decode(post, beta: float) -> torch.Tensor:
     second = (value >= tau * lower[sample] * wide) | is_root
     cands = solver.from_pairs(sample[second], node[second])
     best_k, delta = solver.certified(cands, k_ref)
-    return _best_sets(h, cands.ids, best_k, delta)
+    return _best_sets(h, cands.ids, cands.count, best_k, delta)
 
 
-def _best_sets(h, ids: torch.Tensor, best_k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-    """(B, N) bool: the best k* candidates ``ids`` (B, C) by Δ_{k*} ``delta`` (B, C); a stable sort keeps
-    the candidates' (depth, id) order among ties, so ancestors come first."""
+def _best_sets(h, ids: torch.Tensor, count: torch.Tensor, best_k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """(B, N) bool: the best k* of the first ``count`` candidates ``ids`` (B, C) by Δ_{k*} ``delta``
+    (B, C); a stable sort keeps the candidates' (depth, id) order among ties, so ancestors come first."""
     bsz, c = ids.shape
-    delta = delta.masked_fill(ids == h.num_nodes, float("-inf"))
+    cols = torch.arange(c, device=ids.device)
+    delta = delta.masked_fill(cols >= count[:, None], float("-inf"))
     rank = torch.sort(delta, dim=1, descending=True, stable=True).indices
-    take = torch.arange(c, device=ids.device)[None, :] < best_k[:, None]
+    take = cols < best_k[:, None]
     chosen = torch.where(take, ids.gather(1, rank), h.num_nodes)
     out = torch.zeros(bsz, h.num_nodes + 1, dtype=torch.bool, device=ids.device)
     out.scatter_(1, chosen, True)
@@ -166,9 +167,12 @@ def hf_beta_decode_exact(post, beta: float) -> torch.Tensor:
         lower = post.probs @ tables.root_weights
     # τ(root) is 0 in the table: the root is always kept.
     keep = p.t() >= torch.outer(lower * wide, tables.tau)  # (B, N)
-    ids, count = pack_mask(h, keep.t())
+    count = keep.sum(1)
+    (width,) = post.read(count.max())  # the host read, with the input check's flags
+    ids = pack_rows(keep, depth_rank(h), width)
+    trust_indices(count, width)  # 0 <= count <= width by construction: the solver need not read it
     best_k, delta = hf_beta_best_k(_masses_bm(h, prefix, ids).to(dt), count, tables.depths, r)
-    return _best_sets(h, ids, best_k, delta)
+    return _best_sets(h, ids, count, best_k, delta)
 
 
 class _ExactTables(NamedTuple):
