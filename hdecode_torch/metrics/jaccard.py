@@ -118,10 +118,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..kernels.candidates import pack_rows
 from ..kernels.depth_ranges import depth_masses, depth_ranges
+from ..kernels.fused import trust_indices
 from .base import SetMetric
 
-__all__ = ["Jaccard", "jaccard_from_counts", "jaccard_expected", "jaccard_decode", "jaccard_trace", "JaccardTrace",
+__all__ = ["Jaccard", "jaccard_from_counts", "jaccard_expected", "jaccard_decode", "jaccard_decode_packed",
+           "jaccard_packed_sets", "jaccard_trace", "JaccardTrace",
            "jaccard_value_bound", "jaccard_size_bound"]
 
 
@@ -644,6 +647,152 @@ def _solve(post, trace):
                         upper=ub, sets=out)
 
 
+# --------------------------------------------------------------------------- the GPU plan: packed, fixed cost
+#: Trees whose (D + 1)² · E chain-gain table has at most this many entries score every root-path
+#: prefix of the most probable leaf for the first lower bound; deeper ones use {root}.
+_CHAIN_TABLE_MAX = 1 << 22
+
+
+def _chain_weights(h, T):
+    """(D + 1, E, D + 1) float64 W[i, e, k − 1]: the gain of the chain node at depth i per unit of its
+    depth-e mass in a set of size k, 0 where i ≥ k (cached): E[J(A(a))] = Σ_{i,e} Q_e(a_i) W[i, e, k − 1]
+    with k = d(a) + 1."""
+    def build():
+        dp1 = T.max_depth + 1
+        i = torch.arange(dp1, device=T.depths.device, dtype=torch.float64)[:, None, None]
+        k = torch.arange(1, dp1 + 1, device=T.depths.device, dtype=torch.float64)[None, None, :]
+        x = (k - i) + T.depths[None, :, None]  # m + d_e, m = k − i
+        w = 1 / x + i / (x * (x + 1))
+        return torch.where(k > i, w, 0.0)
+    return h.cached("jaccard_chain_weights", build)
+
+
+def jaccard_decode_packed(post) -> torch.Tensor:
+    """Bayes-optimal Jaccard sets with a fixed number of operators and at most two host reads (the GPU
+    plan's decoder; same sets as :func:`jaccard_decode` up to float32 rounding, ties as §6).
+
+    The steps of the module docstring on packed per-sample tables: (i) LB₀ from every root-path
+    prefix of the most probable leaf (one product with a tree-only table; {root} on trees too deep
+    for it), no host read; (ii) the candidates p(n) ≥ τ(n)·LB₀, packed in preorder by one top-C
+    selection (the first host read: C, with the input check's flags); (iii) their masses from the
+    depth-first prefix sums; (iv)–(vii) per-size node bounds, gains, the size screen, the knapsack of
+    the (sample, size) pairs left (the second host read: their number) and the choice of the best
+    size, all in float64.  Returns (B, N) bool.
+    """
+    h, p = post.h, post.node
+    n, bsz = p.shape
+    dev = p.device
+    if bsz == 0:
+        return torch.zeros(0, n, dtype=torch.bool, device=dev)
+    T = _tables(h)
+    u64 = torch.finfo(torch.float64).eps / 2
+    num_e = T.depths.numel()
+    mass_abs = 4 * num_e * h.num_leaves * 2 * u64  # absolute error of a mass: a difference of prefix sums
+    prefix = post.depth_prefix().t()  # (B, L + 1) float64
+    # (i) LB₀, a value certainly at most that of an achieved set.
+    if (T.max_depth + 1) ** 2 * num_e <= _CHAIN_TABLE_MAX and h.ancestor_table_fits:
+        chain = h.ancestors.index_select(0, post.probs.argmax(1))  # (B, D + 1), N past the leaf
+        q = _masses_packed(h, prefix, chain)  # (B, D + 1, E)
+        # Past the leaf the masses are 0 and the other gains only fall with k: never the maximum.
+        values = torch.tensordot(q, _chain_weights(h, T), dims=([1, 2], [0, 1])).amax(1)
+        k = T.max_depth + 1
+    else:
+        values = (post.probs.double() @ (1 / (h.leaf_depth.double() + 1)))  # E[J({root})]
+        k = 1
+    lb0 = values * (1 - (num_e + k + 16) * u64) - 2 * k * mass_abs
+    # A row without mass scores 0 with every set: 2 (above any value) keeps only its root.
+    lb0 = torch.where(p[h.root] > 0, lb0, 2.0)
+    # (ii) p's own summation error, as in the CPU path, folded into the threshold.
+    u = torch.finfo(p.dtype).eps / 2
+    thr = lb0 * (1 - (T.sum_fan + 8) * u) - 4 * h.num_leaves * 2 * u64 / T.tau_min
+    keep = p.t() >= torch.outer(thr.to(p.dtype), T.tau.to(p.dtype))  # (B, N); τ(root) = 0: always kept
+    count = keep.sum(1)
+    (width,) = post.read(count.max())
+    ids = pack_rows(keep, _preorder_rank(h, T), width)  # (B, C), root first, preorder
+    trust_indices(count, width)
+    q64 = _masses_packed(h, prefix, ids)  # (B, C, E)
+    members = jaccard_packed_sets(T, q64, ids, count, lb0, (post.expected_leaf_depth() + 1).round().long(),
+                                  mass_abs)
+    chosen = torch.where(members, ids, n)
+    out = torch.zeros(bsz, n + 1, dtype=torch.bool, device=dev)
+    out.scatter_(1, chosen, True)
+    out[:, h.root] = True
+    return out[:, :n]
+
+
+def _preorder_rank(h, T) -> torch.Tensor:
+    """(N,) int32 N − 1 − preorder position: packs candidates in preorder (cached)."""
+    return h.cached("jaccard_preorder_rank", lambda: (h.num_nodes - 1 - T.pre[:-1]).to(torch.int32))
+
+
+def _masses_packed(h, prefix: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """(B, C, E) float64 per-leaf-depth masses of the nodes ``ids`` (B, C) (``N``: 0), from the
+    batch-major depth-first prefix sums ``prefix`` (B, L + 1): one gather of both ends."""
+    ends = h.cached("depth_range_ends", lambda: torch.cat([depth_ranges(h).hi, depth_ranges(h).lo], 1).long())
+    bsz, c = ids.shape
+    got = prefix.gather(1, ends.index_select(0, ids.reshape(-1)).view(bsz, -1)).view(bsz, c, 2, -1)
+    return got[:, :, 0] - got[:, :, 1]
+
+
+def jaccard_packed_sets(T, q64, ids, count, lb, k_ref, mass_abs):
+    """The best set of each sample over its packed candidates, as a (B, C) bool mask of the columns.
+
+    q64: (B, C, E) float64 masses of the candidates ``ids`` (B, C), the first ``count[b]`` real and in
+    preorder (root first), the other columns ignored; lb: (B,) float64 a value certainly at most the
+    optimum; k_ref: (B,) int64 a typical set size.  Steps (iv)–(vii) of the module docstring in
+    float64: the nodes allowed at each size (p(n) ≥ τ_k(n)·lb), the gains, the sizes whose bound
+    reaches lb, the knapsack of those (sample, size) pairs (one host read: their number and the
+    per-position counts), and the smallest size whose value is within float64 rounding of the best.
+    """
+    bsz, c, num_e = q64.shape
+    dev = q64.device
+    u64 = torch.finfo(torch.float64).eps / 2
+    cols = torch.arange(c, device=dev)
+    real = cols[None, :] < count[:, None]
+    depth = torch.where(real, T.depth[ids], _PAD_DEPTH)
+    pre = torch.where(real, T.pre[ids], T.pre.numel())  # increasing along each row, padding last
+    nxt = torch.searchsorted(pre, torch.where(real, T.end[ids], T.pre.numel()))
+    pv = q64.sum(2)
+    kmax = c
+    g = _gains(T, q64.view(-1, num_e), depth.view(-1), kmax).view(bsz, c, kmax)
+    # (iv) the nodes allowed at each size: τ_k depends on d_min(n) and k only.
+    kf = torch.arange(1, kmax + 1, device=dev, dtype=torch.float64)
+    dmin1 = torch.arange(T.max_depth + 2, device=dev, dtype=torch.float64)[:, None]
+    tau_k = (torch.maximum(kf, dmin1) / (2 * kf + T.max_depth - 1))[torch.where(real, T.dmin1[ids], 0).long()]
+    allowed = ((pv + mass_abs)[:, :, None] >= tau_k * lb[:, None, None]) | (cols == 0)[None, :, None]
+    g = g.masked_fill(~(allowed & real[:, :, None]), float("-inf"))
+    # (v) the sizes whose bound reaches lb: min(the Lagrangian top-k bound, G(k)).
+    col = (k_ref.clamp(min=1, max=kmax) - 1)
+    order = torch.sort(g.gather(2, col[:, None, None].expand(bsz, c, 1))[:, :, 0], dim=1, descending=True).indices
+    lam = g.gather(1, order[:, :, None].expand(bsz, c, kmax)).diagonal(dim1=1, dim2=2).clamp(min=0).nan_to_num(nan=0.0)
+    ub = (g - lam[:, None, :]).clamp(min=0).sum(1) + lam * kf
+    cover = torch.minimum(kf[:, None], T.depths + 1) / torch.maximum(kf[:, None], T.depths + 1)
+    ub = torch.minimum(ub, q64[:, 0, :] @ cover.t())  # the root's masses
+    slack_v = 2 * (num_e + kmax + 16) * u64
+    spread = slack_v * (T.max_depth + 1) / kf + 4 * kmax * mass_abs
+    want = (ub * (1 + slack_v) + spread >= lb[:, None]) & (kf[None, :] <= count[:, None])
+    # (vi) the pairs, samples with more candidates first (a prefix of them works at each position).
+    by_count = torch.sort(count, descending=True, stable=True).indices
+    per = torch.zeros(kmax + 1, dtype=torch.long, device=dev).index_add_(0, count, want.sum(1))
+    sizes = torch.cat([per.flip(0).cumsum(0).flip(0), per.new_zeros(1)]).tolist()  # [i]: count ≥ i
+    b, kidx = torch.nonzero_static(want[by_count], size=sizes[0]).unbind(1)
+    b = by_count[b]
+    nx = nxt[b]
+    gp = g[b, :, kidx] if b.numel() else g.new_zeros(0, c)
+    val, dec = _knapsack(gp, nx, kidx, kmax, sizes[1:])
+    members = _walk(dec, nx, kidx)  # (R, C)
+    # (vii) the smallest size within float64 rounding of the best value.
+    best = torch.full((bsz,), float("-inf"), dtype=torch.float64, device=dev).scatter_reduce(0, b, val, "amax")
+    eligible = val >= best[b] * (1 - slack_v) - 4 * kmax * mass_abs
+    kbest = torch.full((bsz,), kmax, dtype=torch.long, device=dev).scatter_reduce(
+        0, b, torch.where(eligible, kidx, kmax), "amin")
+    first = eligible & (kidx == kbest[b])
+    r = b.numel()
+    pick = torch.full((bsz,), r, dtype=torch.long, device=dev).scatter_reduce(
+        0, b, torch.where(first, torch.arange(r, device=dev), r), "amin")
+    return torch.cat([members, members.new_zeros(1, c)])[pick]  # row R: no pair (a row without mass)
+
+
 class Jaccard(SetMetric):
     """Jaccard index |h⁺ ∩ y⁺| / |h⁺ ∪ y⁺|; its exact decoder is :func:`jaccard_decode`."""
 
@@ -654,6 +803,9 @@ class Jaccard(SetMetric):
 
     def _decode_cpu(self, post):
         return jaccard_decode(post)
+
+    def _decode_gpu(self, post):
+        return jaccard_decode_packed(post)
 
     def _from_counts(self, inter, size, ysize):
         return jaccard_from_counts(inter, size, ysize)
