@@ -140,7 +140,7 @@ class Posterior:
             if current_plan(h, self.device).batch_major:
                 from ..kernels.fused import gathered_prefix
 
-                from ..kernels.fused.reference import trust_indices
+                from ..kernels.fused import trust_indices
 
                 src, positions = h.cached("depth_prefix_positions", lambda: (
                     trust_indices(depth_ranges(h).leaf_order, h.num_leaves - 1),
@@ -163,7 +163,7 @@ def _depth_mass_ranges(h):
     """(src, hi, lo) of the per-leaf-depth masses as E·N ranges, e-major (cached on the hierarchy)."""
     def build():
         r = depth_ranges(h)
-        from ..kernels.fused.reference import trust_indices
+        from ..kernels.fused import trust_indices
 
         n, j = h.num_nodes, h.num_leaves
         return (trust_indices(r.leaf_order, j - 1), trust_indices(r.hi[:n].t().reshape(-1).long(), j),

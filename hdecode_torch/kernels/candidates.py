@@ -27,7 +27,7 @@ import torch
 
 from ..core.plan import current_plan
 from .ancestry import top_ancestor
-from .fused.reference import trust_indices
+from .fused import trust_indices
 
 __all__ = ["PruningStatistics", "pruning_statistics", "candidate_mask", "sampled_products", "candidate_pairs",
            "pack_candidates", "pack_mask", "depth_order"]

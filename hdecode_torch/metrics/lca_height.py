@@ -59,7 +59,7 @@ def _fused_args(h):
     """The arguments of ``path_score_best`` after ``x`` for the LCA height (cached on the hierarchy):
     v(a) = height(parent(a))·(p(parent(a)) − p(a)), score = S + height·p, the leaves allowed."""
     def build():
-        from ..kernels.fused.reference import trust_indices
+        from ..kernels.fused import trust_indices
         from ..kernels.selection import tie_rank
         from ..kernels.tree_sums import tree_ranges
 

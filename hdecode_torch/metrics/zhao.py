@@ -60,7 +60,7 @@ def _fused_args(h):
     """The arguments of ``path_score_best`` after ``x`` for Zhao's similarity (cached on the hierarchy):
     v(a) = (I(a) − I(parent(a)))·p(a), score = 2·S / (I + log L), every node allowed."""
     def build():
-        from ..kernels.fused.reference import trust_indices
+        from ..kernels.fused import trust_indices
         from ..kernels.selection import tie_rank
         from ..kernels.tree_sums import tree_ranges
 
