@@ -81,7 +81,10 @@ def range_sums(x: torch.Tensor, src: torch.Tensor, weight: torch.Tensor | None, 
     table = x.new_empty((b, 2 * j + 1 if one_entry else j + 1), dtype=torch.float64)
     table[:, 0] = 0
     g = table[:, j + 1:] if one_entry else table[:, 1:]
-    g.copy_(x.index_select(1, src))
+    if x.dtype == torch.float64:
+        torch.index_select(x, 1, src, out=g)
+    else:
+        g.copy_(x.index_select(1, src))
     if weight is not None:
         g.mul_(weight)
     if one_entry:

@@ -114,8 +114,9 @@ def path_score_best_torch(x: torch.Tensor, src: torch.Tensor, hi: torch.Tensor, 
         return torch.full((b,), -1, dtype=torch.int64, device=x.device)
     o = _preference_order(hi, lo, parent, alpha, beta, euler_src, at, gamma, delta, allowed, rank)
     p = range_sums(x, src, None, o["hi"], o["lo"])  # (B, N) node sums, nodes in preference order
-    v = o["alpha"] * torch.gather(p, 1, o["parent"].expand(b, -1)) + o["beta"] * p
-    score = o["gamma"] * range_sums(v, o["euler_src"], sign, o["at"], None) + o["delta"] * p
+    # in place where the order of operations allows it: (B, N) temporaries dominate the memory
+    v = torch.gather(p, 1, o["parent"].expand(b, -1)).mul_(o["alpha"]).add_(p * o["beta"])
+    score = range_sums(v, o["euler_src"], sign, o["at"], None).mul_(o["gamma"]).add_(p * o["delta"])
     worst = float("-inf") if higher_is_better else float("inf")
     score.nan_to_num_(nan=worst, posinf=float("inf"), neginf=float("-inf")).masked_fill_(o["excluded"], worst)
     best, first = score.max(1) if higher_is_better else score.min(1)  # the first best column
