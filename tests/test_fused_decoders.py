@@ -739,7 +739,8 @@ def test_triton_kernels_compile_for_sm90():
                "GAMMA": "*fp64", "DELTA": "*fp64", "ALLOWED": "*u8", "RANK": "*i64", "OUT": "*i64",
                "SCRATCH": "*fp64", "J": "i32", "N": "i32", "T": "i32", "HIGHER": "constexpr", "IN_REGS": "constexpr",
                "JP": "constexpr", "NP": "constexpr", "TP": "constexpr"}
-        for xt, higher, regs, n, warps in [("fp32", True, True, 1024, 8), ("bf16", False, True, T.MAX_REGISTER_ROW // 2, 16),
+        for xt, higher, regs, n, warps in [("fp32", True, True, 1024, 8),
+                                           ("bf16", False, True, T.MAX_REGISTER_ROW // 2, 16),
                                            ("fp16", True, False, T.SCAN_BLOCK, T.num_warps(T.SCAN_BLOCK))]:
             tp = 2 * n if regs else n
             k = build(ps._path_score_best_kernel, dict(sig, X="*" + xt),

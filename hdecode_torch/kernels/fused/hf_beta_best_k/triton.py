@@ -11,11 +11,10 @@ Work per row O(C²·E + C³) in registers, no memory traffic but q.
 Why ranks and not ``tl.sort`` of each (BK, C) tile: per entry, a bitonic sort takes
 log C (log C + 1)/2 compare-and-swap rounds, each exchanging data between threads, the ranks C
 comparisons against a broadcast chunk; and a sort needs the whole row in one tile, ranks any C.
-At the C the hF_β decoder packs (tens: 21 on tieredImageNet-H at B = 4096) both are small next to
-launching and reading q, and neither was timed on a GPU.  Under Triton's CPU interpreter, which
-the tests use, the sort took about 1.4 s per row at C = 32 against 0.1 s for the ranks.  The
-weights w_e(k) come in a (C, E) table computed by torch with the torch implementation's
-operations, so both use the same bits of w.
+At the C the hF_β decoder packs on the bundled trees (tens) both are small next to launching and
+reading q, and neither was timed on a GPU; under Triton's CPU interpreter, which the tests use,
+the sort was an order of magnitude slower.  The weights w_e(k) come in a (C, E) table computed by
+torch with the torch implementation's operations, so both use the same bits of w.
 """
 
 from __future__ import annotations
