@@ -31,7 +31,7 @@ import torch  # noqa: E402
 import hdecode_torch as hd  # noqa: E402
 import hdecode_torch.kernels.fused as F  # noqa: E402
 from hdecode_torch.kernels.depth_ranges import depth_ranges  # noqa: E402
-from hdecode_torch.kernels.fused.reference import trust_indices  # noqa: E402
+from hdecode_torch.kernels.fused import trust_indices  # noqa: E402
 from hdecode_torch.kernels.selection import tie_rank  # noqa: E402
 from hdecode_torch.kernels.tree_sums import tree_ranges  # noqa: E402
 from hdecode_torch.metrics import hf_beta as HF  # noqa: E402

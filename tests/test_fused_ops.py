@@ -1,13 +1,15 @@
 """The fused ``hdecode::`` ops (hdecode_torch.kernels.fused).
 
-- the torch kernels against naive float64 numpy sums for every documented use (node probabilities,
-  masses per leaf depth, weighted sums, subtree sums, root-path sums through an Euler tour) on random
-  trees with single-child chains and unbalanced depths and on the bundled trees; the fused decision
-  against a numpy decision; input dtypes, empty shapes, strided inputs, errors, determinism;
+- the torch implementations against naive float64 numpy sums for every documented use (node
+  probabilities, masses per leaf depth, weighted sums, subtree sums, root-path sums through an Euler
+  tour) on random trees with single-child chains and unbalanced depths and on the bundled trees; the
+  fused decision against a numpy decision; wide batches and long rows against a NumPy scan (bit for
+  bit); one-entry ranges exact; input dtypes, empty shapes, strided inputs, errors, determinism;
 - torch.compile(fullgraph=True), torch.export and torch.library.opcheck;
 - the Triton kernels under Triton's CPU interpreter, in a subprocess with TRITON_INTERPRET=1 (the
-  interpreter is chosen when the kernels are defined, so it needs a fresh process), and compiled
-  ahead of time for sm_90 (no GPU needed);
+  interpreter is chosen when the kernels are defined, so it needs a fresh process), in both row
+  layouts and on rows longer than one register tile, and compiled ahead of time for sm_90 (no GPU
+  needed);
 - the package imported and used with Triton unimportable, and its import pulling in neither Triton
   nor torch._dynamo / torch._inductor.
 
@@ -25,7 +27,10 @@ import torch
 
 import hdecode_torch as hd
 import hdecode_torch.kernels.fused as F
-from hdecode_torch.kernels.fused import reference as R
+from hdecode_torch.kernels.fused._registry import OPS
+from hdecode_torch.kernels.fused.best_ranked_above import best_ranked_above_torch
+from hdecode_torch.kernels.fused.gathered_prefix import gathered_prefix_torch
+from hdecode_torch.kernels.fused.row_sum_min import row_sum_min_torch
 
 from triton_testing import ROOT, check_compiles_for_sm90, interpreter_results, needs_triton, run_python  # noqa: E402
 
@@ -359,15 +364,74 @@ def test_empty_shapes_and_strided_inputs():
         assert torch.equal(d, F.best_ranked_above(view.contiguous(), src, hi, lo, rank, 0.5, -1))
 
 
-def test_row_chunks_do_not_change_results(monkeypatch):
-    t = bundled_indices("tieredimagenet-h")
-    _, src, _, hi, lo = uses(t)["node_probabilities"]
-    x = torch.rand(37, len(src), dtype=torch.float32)
-    rank = torch.as_tensor(rank_depth(t))
-    whole = F.gathered_prefix(x, src, None, hi, lo), F.best_ranked_above(x, src, hi, lo, rank, 0.3, -1)
-    monkeypatch.setattr(R, "CHUNK_BYTES", 8 * 3000)  # a couple of rows per chunk
-    assert torch.equal(F.gathered_prefix(x, src, None, hi, lo), whole[0])
-    assert torch.equal(F.best_ranked_above(x, src, hi, lo, rank, 0.3, -1), whole[1])
+def numpy_range_sums(x, src, weight, hi, lo) -> np.ndarray:
+    """The range sums by their definition with a sequential float64 scan (NumPy), one-entry ranges read
+    directly: what the torch implementation computes, bit for bit."""
+    g = np.asarray(x, dtype=np.float64)[:, src]
+    if weight is not None:
+        g = g * weight
+    c = np.zeros((g.shape[0], g.shape[1] + 1))
+    np.cumsum(g, axis=1, out=c[:, 1:])
+    if lo is None:
+        return c[:, hi]
+    out = c[:, hi] - c[:, lo]
+    one = hi - lo == 1
+    out[:, one] = g[:, lo[one]]
+    return out
+
+
+@pytest.mark.parametrize("case", ["tiered_wide", "long_rows"])
+def test_torch_implementation_on_wide_batches_is_the_numpy_scan(case):
+    """All rows in one go, whatever B and J: the same bits as a sequential NumPy scan."""
+    rng = np.random.default_rng(13)
+    if case == "tiered_wide":  # 3,000 rows of every use on tieredImageNet-H
+        t = bundled_indices("tieredimagenet-h")
+        xl, xn = inputs(rng, t, 3000, torch.float32, m=int(t["is_leaf"].sum()))
+        cases = [(xl if kind == "leaf" else xn, src, weight, hi, lo)
+                 for kind, src, weight, hi, lo in uses(t).values()]
+    else:  # 40 rows of 40,000 gathered entries (J beyond the old 16,384 cap), a third of the ranges one entry
+        m = 40_000
+        ends, single = rng.integers(0, m + 1, (2, 2000)), rng.integers(0, m, 1000)
+        lo = torch.as_tensor(np.concatenate([ends.min(0), single]))
+        hi = torch.as_tensor(np.concatenate([ends.max(0), single + 1]))
+        x = torch.as_tensor(rng.standard_normal((40, m)))
+        src, weight = torch.as_tensor(rng.integers(0, m, m)), torch.as_tensor(rng.standard_normal(m))
+        cases = [(x, src, weight, hi, lo), (x.float(), src, None, hi, lo), (x, src, weight, hi, None)]
+    for x, src, weight, hi, lo in cases:
+        want = numpy_range_sums(x.double().numpy(), src.numpy(), None if weight is None else weight.numpy(),
+                                hi.numpy(), None if lo is None else lo.numpy())
+        got = F.gathered_prefix(x, src, weight, hi, lo, torch.float64)
+        assert np.array_equal(got.numpy(), want)
+        assert torch.equal(F.gathered_prefix(x, src, weight, hi, lo, torch.float32), got.float())
+        if weight is None:  # the decision reads the same sums
+            rank = torch.as_tensor(rng.permutation(hi.shape[0]))
+            for thr in [0.0, 0.5]:
+                got = F.best_ranked_above(x, src, hi, lo, rank, thr, -1).numpy()
+                assert np.array_equal(got, numpy_decision(want, rank.numpy(), thr, -1))
+
+
+def test_one_entry_ranges_are_the_entry():
+    """A range of one entry is weight·x[src[lo]] exactly, where a difference of running sums rounds (1
+    after 1e16 is lost); so a node with one leaf below it holds that leaf's probability exactly."""
+    x = torch.tensor([[1e16, 1.0, 3.0, -1e16, 0.5], [0.25, -0.0, 1e-300, 7.0, 2.0]], dtype=torch.float64)
+    src, w = torch.tensor([0, 1, 2, 3, 4]), torch.tensor([1.0, 3.0, 0.1, 1.0, -2.0], dtype=torch.float64)
+    hi, lo = torch.tensor([2, 3, 5, 4, 1]), torch.tensor([1, 2, 4, 0, 0])
+    got = F.gathered_prefix(x, src, None, hi, lo)
+    assert torch.equal(got[:, :3], x[:, [1, 2, 4]]) and got[0, 0] == 1.0
+    assert torch.equal(F.gathered_prefix(x, src, w, hi, lo)[:, :3], (x * w)[:, [1, 2, 4]])
+    assert torch.equal(F.gathered_prefix(x, src, w, hi, lo, torch.float32)[:, :3], (x * w)[:, [1, 2, 4]].float())
+    # the decision compares the same sums: p = 1 in range 0 is above 0.5 (a difference would give 0)
+    assert F.best_ranked_above(x, src, hi, lo, torch.tensor([5, 0, 0, 0, 0]), 0.5, -1).tolist() == [0, 2]
+    # every leaf and single-leaf chain of a tree, through the library's node probabilities
+    h = hd.Hierarchy.from_parents(random_parent(np.random.default_rng(14), 300))
+    t = tree_indices(h.parent.numpy())
+    probs = torch.softmax(torch.randn(8, h.num_leaves, generator=torch.Generator().manual_seed(4)) * 5, 1)
+    with hd.plan_for("cuda"):
+        p = hd.node_probabilities(h, probs)
+    single = np.flatnonzero(t["leaf_count"] == 1)
+    leaf_of = t["leaves"][t["leaf_lo"][single]]
+    assert len(single) > h.num_leaves  # single-child chains above some leaves
+    assert torch.equal(p[:, single], probs[:, leaf_of])
 
 
 def test_deterministic():
@@ -478,14 +542,18 @@ def test_registered_schemas():
 # -- Triton ---------------------------------------------------------------------------------------------
 
 def interpreter_checks() -> dict:
-    """Triton kernels (interpreted) against the torch kernels; name -> {ok, bitwise, detail}.
+    """Triton kernels (interpreted) against the torch implementations; name -> {ok, bitwise, detail}.
 
-    Needs TRITON_INTERPRET=1 before hdecode_torch.kernels.fused.triton_kernels is imported.
+    Needs TRITON_INTERPRET=1 before Triton is imported.  The range sums run with rows in registers
+    and again through the scratch row in tiles of 16 (``layout/``); rows longer than one register
+    tile (``long/``) run as they would on a GPU.
     """
-    from hdecode_torch.kernels.fused import _ops
-    from hdecode_torch.kernels.fused import triton_kernels as tk
+    from hdecode_torch.kernels.fused import _triton as T
+    from hdecode_torch.kernels.fused.best_ranked_above import triton as bra
+    from hdecode_torch.kernels.fused.gathered_prefix import triton as gp
+    from hdecode_torch.kernels.fused.row_sum_min import triton as rsm
 
-    assert tk.interpreted(), "set TRITON_INTERPRET=1 before importing the kernels"
+    assert T.interpreted(), "set TRITON_INTERPRET=1 before importing the kernels"
     torch.set_num_threads(1)
     results = {}
 
@@ -501,6 +569,15 @@ def interpreter_checks() -> dict:
         record(name, got.shape == ref.shape and got.dtype == ref.dtype and bool((err <= tol).all()), bitwise,
                f"max err {err.max() if err.size else 0:.3g}")
 
+    def both_ops(prefix, x, src, weight, hi, lo, rank, thresholds, j):
+        for out_dtype in [torch.float64, torch.float32]:
+            compare(f"{prefix}/values/{out_dtype}", gp.launch(x, src, weight, hi, lo, out_dtype),
+                    gathered_prefix_torch(x, src, weight, hi, lo, out_dtype), j, scale(x, src, weight))
+        for thr in thresholds:
+            got = bra.launch(x, src, hi, lo, rank, thr, -1)
+            ref = best_ranked_above_torch(x, src, hi, lo, rank, thr, -1)
+            record(f"{prefix}/decision/{thr}", torch.equal(got, ref), None, f"{got.tolist()} vs {ref.tolist()}")
+
     rng = np.random.default_rng(10)
     trees = [("random", t) for t in random_trees(10, 3)] + [("tiered", bundled_indices("tieredimagenet-h"))]
     for label, t in trees:
@@ -513,8 +590,8 @@ def interpreter_checks() -> dict:
                     continue
                 x = xl if kind == "leaf" else xn
                 for out_dtype in [torch.float64, torch.float32]:
-                    got = tk.gathered_prefix_triton(x, src, weight, hi, lo, out_dtype)
-                    ref = R.gathered_prefix_torch(x, src, weight, hi, lo, out_dtype)
+                    got = gp.launch(x, src, weight, hi, lo, out_dtype)
+                    ref = gathered_prefix_torch(x, src, weight, hi, lo, out_dtype)
                     compare(f"gathered_prefix/{label}{t['n']}/{name}/{dtype}/{out_dtype}", got, ref, len(src),
                             scale(x, src, weight))
         x = dyadic_probs(rng, 6, t, m, torch.float32)
@@ -526,10 +603,61 @@ def interpreter_checks() -> dict:
                                      ("none", rank_depth(t), 2.0)]:
             for xname, xx in [("dyadic", x), ("softmax", xs)]:
                 rank_t = torch.as_tensor(rank)
-                got = tk.best_ranked_above_triton(xx, src, hi, lo, rank_t, thr, -5)
-                ref = R.best_ranked_above_torch(xx, src, hi, lo, rank_t, thr, -5)
+                got = bra.launch(xx, src, hi, lo, rank_t, thr, -5)
+                ref = best_ranked_above_torch(xx, src, hi, lo, rank_t, thr, -5)
                 record(f"best_ranked_above/{label}{t['n']}/{rank_name}/{thr}/{xname}", torch.equal(got, ref), None,
                        f"{got.tolist()} vs {ref.tolist()}")
+    # the scratch layout (any row length) in tiles of 16, several tiles per row: every use on the
+    # random trees, node probabilities and decisions on tieredImageNet-H
+    saved = T.MAX_REGISTER_ROW, T.SCAN_BLOCK
+    T.MAX_REGISTER_ROW, T.SCAN_BLOCK = 0, 16
+    try:
+        for label, t in trees:
+            m = t["n"] if label == "random" else int(t["is_leaf"].sum())
+            xl, xn = inputs(rng, t, 3, torch.float32, m=m)
+            for name, (kind, src, weight, hi, lo) in uses(t).items():
+                if label == "tiered" and name != "node_probabilities":
+                    continue
+                x = xl if kind == "leaf" else xn
+                rank = torch.as_tensor(rng.permutation(len(hi)))
+                both_ops(f"layout/{label}{t['n']}/{name}", x, src, weight, hi, lo, rank,
+                         [0.5, 0.9] if kind == "leaf" else [0.0], len(src))
+    finally:
+        T.MAX_REGISTER_ROW, T.SCAN_BLOCK = saved
+    # rows longer than one register tile (J > MAX_REGISTER_ROW = the old limit of the kernels):
+    # a leaf order over M = 20,000 columns, random ranges (a third of them one entry long)
+    m = T.MAX_REGISTER_ROW + 3616
+    src = torch.as_tensor(rng.permutation(m))
+    ends, single = rng.integers(0, m + 1, (2, 400)), rng.integers(0, m, 200)
+    lo = torch.as_tensor(np.concatenate([ends.min(0), single]))
+    hi = torch.as_tensor(np.concatenate([ends.max(0), single + 1]))
+    weight = torch.as_tensor(rng.standard_normal(m))
+    x = torch.as_tensor(rng.dirichlet(np.full(m, 0.5), size=2)).float()
+    rank = torch.as_tensor(rng.permutation(600))
+    assert not T.row_layout(m, x.device)
+    both_ops("long/unweighted", x, src, None, hi, lo, rank, [0.05, 0.5], m)
+    both_ops("long/weighted_no_lo", x, src, weight, hi, None, rank, [0.0], m)
+    compare("long/weighted", gp.launch(x, src, weight, hi, lo, torch.float64),
+            gathered_prefix_torch(x, src, weight, hi, lo, torch.float64), m, scale(x, src, weight))
+    # one-entry ranges are the entry itself, in both layouts: 1 after 1e16 is lost in a running sum
+    xo = torch.tensor([[1e16, 1.0, 3.0, -1e16, 0.5], [0.25, -0.0, 1e-300, 7.0, 2.0]], dtype=torch.float64)
+    so, wo = torch.tensor([0, 1, 2, 3, 4]), torch.tensor([1.0, 3.0, 0.1, 1.0, -2.0], dtype=torch.float64)
+    ho, lw = torch.tensor([2, 3, 5, 4, 1]), torch.tensor([1, 2, 4, 0, 0])
+    want = (xo * wo)[:, [1, 2, 4]]
+    for regs in [True, False]:
+        T.MAX_REGISTER_ROW = saved[0] if regs else 0
+        try:
+            for w in [None, wo]:
+                got = gp.launch(xo, so, w, ho, lw, torch.float64)
+                expect = want if w is not None else xo[:, [1, 2, 4]]
+                record(f"one_entry/regs={regs}/weighted={w is not None}",
+                       torch.equal(got[:, :3], expect) and torch.equal(got, gathered_prefix_torch(xo, so, w, ho, lw,
+                                                                                                  torch.float64)),
+                       None, got.tolist())
+            got32 = gp.launch(xo, so, wo, ho, lw, torch.float32)
+            record(f"one_entry/regs={regs}/float32", torch.equal(got32[:, :3], want.float()), None, got32.tolist())
+        finally:
+            T.MAX_REGISTER_ROW = saved[0]
     # several K tiles per program: the per-depth masses of tieredImageNet-H (K = N·E > MAX_BLOCK_K), and
     # tiny tiles with ties across tiles
     t = bundled_indices("tieredimagenet-h")
@@ -537,51 +665,49 @@ def interpreter_checks() -> dict:
     x = torch.softmax(torch.as_tensor(rng.standard_normal((3, len(src))) * 3), 1)
     rank = torch.as_tensor(rng.permutation(len(hi)))
     for thr in [0.05, 0.3]:
-        got = tk.best_ranked_above_triton(x, src, hi, lo, rank, thr, -1)
-        record(f"tiles/depth_masses/{thr}", torch.equal(got, R.best_ranked_above_torch(x, src, hi, lo, rank, thr, -1)))
-    compare("tiles/depth_masses/values", tk.gathered_prefix_triton(x, src, None, hi, lo, torch.float64),
-            R.gathered_prefix_torch(x, src, None, hi, lo, torch.float64), len(src), scale(x, src, None))
-    saved = tk.MAX_BLOCK_K
-    tk.MAX_BLOCK_K = 16
+        got = bra.launch(x, src, hi, lo, rank, thr, -1)
+        record(f"tiles/depth_masses/{thr}", torch.equal(got, best_ranked_above_torch(x, src, hi, lo, rank, thr, -1)))
+    compare("tiles/depth_masses/values", gp.launch(x, src, None, hi, lo, torch.float64),
+            gathered_prefix_torch(x, src, None, hi, lo, torch.float64), len(src), scale(x, src, None))
+    saved_k = gp.MAX_BLOCK_K, bra.MAX_BLOCK_K
+    gp.MAX_BLOCK_K = bra.MAX_BLOCK_K = 16
     try:
         _, src, _, hi, lo = uses(t)["node_probabilities"]
         x = torch.softmax(torch.as_tensor(rng.standard_normal((4, len(src))) * 3), 1)
         for rname, rank in [("ties", torch.zeros(len(hi), dtype=torch.int64)),
                             ("depth", torch.as_tensor(rank_depth(t))),
                             ("lowest", torch.full((len(hi),), torch.iinfo(torch.int64).min))]:
-            got = tk.best_ranked_above_triton(x, src, hi, lo, rank, 0.01, -1)
-            record(f"tiles16/{rname}", torch.equal(got, R.best_ranked_above_torch(x, src, hi, lo, rank, 0.01, -1)),
+            got = bra.launch(x, src, hi, lo, rank, 0.01, -1)
+            record(f"tiles16/{rname}", torch.equal(got, best_ranked_above_torch(x, src, hi, lo, rank, 0.01, -1)),
                    None, got.tolist())
-        compare("tiles16/values", tk.gathered_prefix_triton(x, src, None, hi, lo, torch.float64),
-                R.gathered_prefix_torch(x, src, None, hi, lo, torch.float64), len(src), scale(x, src, None))
+        compare("tiles16/values", gp.launch(x, src, None, hi, lo, torch.float64),
+                gathered_prefix_torch(x, src, None, hi, lo, torch.float64), len(src), scale(x, src, None))
     finally:
-        tk.MAX_BLOCK_K = saved
+        gp.MAX_BLOCK_K, bra.MAX_BLOCK_K = saved_k
     # edge shapes, strides, determinism
     t = random_trees(11, 1)[-1]
     _, src, _, hi, lo = uses(t)["node_probabilities"]
     rank = torch.as_tensor(rank_depth(t))
     x = torch.rand(5, t["n"], dtype=torch.float64)
     empty, zeros = torch.empty(0, dtype=torch.int64), torch.zeros(3, dtype=torch.int64)
-    record("edge/B=0", tk.gathered_prefix_triton(x[:0], src, None, hi, lo, torch.float64).shape == (0, len(hi))
-           and tk.best_ranked_above_triton(x[:0], src, hi, lo, rank, 0.5, -1).shape == (0,)
-           and tk.row_sum_min_triton(x[:0]).shape == (0, 2))
-    record("edge/K=0", tk.gathered_prefix_triton(x, src, None, hi[:0], lo[:0], torch.float64).shape == (5, 0)
-           and tk.best_ranked_above_triton(x, src, hi[:0], lo[:0], rank[:0], 0.5, -2).tolist() == [-2] * 5)
-    record("edge/J=0", torch.equal(tk.gathered_prefix_triton(x, empty, None, zeros, zeros, torch.float64),
+    record("edge/B=0", gp.launch(x[:0], src, None, hi, lo, torch.float64).shape == (0, len(hi))
+           and bra.launch(x[:0], src, hi, lo, rank, 0.5, -1).shape == (0,)
+           and rsm.launch(x[:0]).shape == (0, 2))
+    record("edge/K=0", gp.launch(x, src, None, hi[:0], lo[:0], torch.float64).shape == (5, 0)
+           and bra.launch(x, src, hi[:0], lo[:0], rank[:0], 0.5, -2).tolist() == [-2] * 5)
+    record("edge/J=0", torch.equal(gp.launch(x, empty, None, zeros, zeros, torch.float64),
                                    torch.zeros(5, 3, dtype=torch.float64))
-           and tk.best_ranked_above_triton(x, empty, zeros, None, torch.arange(3), -1.0, 9).tolist() == [2] * 5)
+           and bra.launch(x, empty, zeros, None, torch.arange(3), -1.0, 9).tolist() == [2] * 5)
     for vname, view in [("transposed", torch.rand(t["n"], 6).t()), ("sliced", torch.rand(4, 2 * t["n"])[:, 1::2]),
                         ("broadcast", torch.rand(1, t["n"]).expand(5, -1))]:
-        record(f"strided/{vname}", torch.equal(tk.gathered_prefix_triton(view, src, None, hi, lo, torch.float64),
-                                               tk.gathered_prefix_triton(view.contiguous(), src, None, hi, lo,
-                                                                         torch.float64))
-               and torch.equal(tk.best_ranked_above_triton(view, src, hi, lo, rank, 0.4, -1),
-                               R.best_ranked_above_torch(view, src, hi, lo, rank, 0.4, -1)))
+        record(f"strided/{vname}", torch.equal(gp.launch(view, src, None, hi, lo, torch.float64),
+                                               gp.launch(view.contiguous(), src, None, hi, lo, torch.float64))
+               and torch.equal(bra.launch(view, src, hi, lo, rank, 0.4, -1),
+                               best_ranked_above_torch(view, src, hi, lo, rank, 0.4, -1)))
     xe = torch.as_tensor(rng.standard_normal((4, 2500)))
-    a, b = (tk.gathered_prefix_triton(xe, torch.arange(2500), None, torch.arange(2501), None, torch.float64)
-            for _ in range(2))
+    a, b = (gp.launch(xe, torch.arange(2500), None, torch.arange(2501), None, torch.float64) for _ in range(2))
     record("deterministic/gathered_prefix", torch.equal(a, b))
-    a, b = tk.row_sum_min_triton(xe), tk.row_sum_min_triton(xe)
+    a, b = rsm.launch(xe), rsm.launch(xe)
     record("deterministic/row_sum_min", torch.equal(a, b))
     # row_sum_min: several blocks per row, special values, dtypes, strides
     for dtype in [torch.float16, torch.bfloat16, torch.float32, torch.float64]:
@@ -592,43 +718,42 @@ def interpreter_checks() -> dict:
                 y[2, 0] = float("inf")
                 y[3, m - 1] = float("-inf")
             for vname, v in [("contiguous", y), ("transposed", y.t().contiguous().t())]:
-                got, ref = tk.row_sum_min_triton(v), R.row_sum_min_torch(v)
+                got, ref = rsm.launch(v), row_sum_min_torch(v)
                 same_nan = torch.equal(got.isnan(), ref.isnan())
                 got0, ref0 = got.nan_to_num(), ref.nan_to_num()
                 tol = 4 * max(m, 1) * EPS * v.double().abs().nan_to_num(0, 0, 0).sum(1)
                 ok = same_nan and torch.equal(got0[:, 1], ref0[:, 1]) and bool(
                     ((got0[:, 0] - ref0[:, 0]).abs() <= tol).all())
                 record(f"row_sum_min/{dtype}/{m}/{vname}", ok, torch.equal(got0, ref0), got.tolist())
-    # the CUDA dispatch, run on CPU tensors: Triton when it fits, torch otherwise
+    # the CUDA dispatch, run on CPU tensors: Triton at any row length, torch when disabled
     calls = []
-    for fn in ["gathered_prefix_triton", "best_ranked_above_triton", "row_sum_min_triton"]:
-        orig = getattr(tk, fn)
-        setattr(tk, fn, lambda *a, _orig=orig, _fn=fn: calls.append(_fn) or _orig(*a))
+    for name, module in [("gathered_prefix", gp), ("best_ranked_above", bra), ("row_sum_min", rsm)]:
+        module.launch = lambda *a, _orig=module.launch, _name=name: calls.append(_name) or _orig(*a)
     t = random_trees(12, 1)[-1]
     _, src, _, hi, lo = uses(t)["node_probabilities"]
     x = torch.rand(3, t["n"])
-    ref = R.gathered_prefix_torch(x, src, None, hi, lo, torch.float64)
-    out = _ops._gathered_prefix_cuda(x, src, None, hi, lo, torch.float64)
-    _ops._best_ranked_above_cuda(x, src, hi, lo, torch.as_tensor(rank_depth(t)), 0.5, -1)
-    _ops._row_sum_min_cuda(x)
-    record("dispatch/triton", calls == ["gathered_prefix_triton", "best_ranked_above_triton", "row_sum_min_triton"]
-           and torch.allclose(out, ref, rtol=0, atol=1e-14), None, calls)
+    ref = gathered_prefix_torch(x, src, None, hi, lo, torch.float64)
+    out = OPS["gathered_prefix"].cuda(x, src, None, hi, lo, torch.float64)
+    OPS["best_ranked_above"].cuda(x, src, hi, lo, torch.as_tensor(rank_depth(t)), 0.5, -1)
+    OPS["row_sum_min"].cuda(x)
+    record("dispatch/triton", calls == ["gathered_prefix", "best_ranked_above", "row_sum_min"]
+           and torch.equal(out, ref), None, calls)
     calls.clear()
-    saved = tk.MAX_J
-    tk.MAX_J = len(src) - 1
+    T.MAX_REGISTER_ROW = len(src) - 1
     try:
-        out = _ops._gathered_prefix_cuda(x, src, None, hi, lo, torch.float64)
-        record("dispatch/too_long_rows_use_torch", calls == [] and torch.equal(out, ref), None, calls)
+        out = OPS["gathered_prefix"].cuda(x, src, None, hi, lo, torch.float64)
+        record("dispatch/long_rows_use_triton", calls == ["gathered_prefix"] and torch.equal(out, ref), None, calls)
     finally:
-        tk.MAX_J = saved
+        T.MAX_REGISTER_ROW = saved[0]
+    calls.clear()
     F.set_triton_enabled(False)
     try:
-        out = _ops._gathered_prefix_cuda(x, src, None, hi, lo, torch.float64)
+        out = OPS["gathered_prefix"].cuda(x, src, None, hi, lo, torch.float64)
         record("dispatch/disabled_uses_torch", calls == [] and torch.equal(out, ref), None, calls)
     finally:
         F.set_triton_enabled(True)
     try:
-        _ops._gathered_prefix_cuda(x, src, None, hi + 1, lo, torch.float64)
+        OPS["gathered_prefix"].cuda(x, src, None, hi + 1, lo, torch.float64)
         record("dispatch/indices_checked", False)
     except ValueError as err:
         record("dispatch/indices_checked", calls == [] and "`hi`" in str(err), None, err)
@@ -639,36 +764,50 @@ def interpreter_checks() -> dict:
 def test_triton_interpreter_matches_torch():
     results = interpreter_results("test_fused_ops")
     groups = {k.split("/")[0] for k in results}
-    assert groups == {"gathered_prefix", "best_ranked_above", "tiles", "tiles16", "edge", "strided", "deterministic",
-                      "row_sum_min", "dispatch"}, groups
+    assert groups == {"gathered_prefix", "best_ranked_above", "layout", "long", "one_entry", "tiles", "tiles16",
+                      "edge", "strided", "deterministic", "row_sum_min", "dispatch"}, groups
     failed = {k: v for k, v in results.items() if not v["ok"]}
     assert not failed, failed
-    # the interpreter scans sequentially like torch on the CPU, so the range sums agree bit for bit
-    # here; on a GPU tl.cumsum is a tree and they agree to a few ulps (the tolerance checked above)
-    not_bitwise = [k for k, v in results.items() if k.startswith("gathered_prefix/") and not v["bitwise"]]
+    # the interpreter scans sequentially like torch on the CPU, and a tile's scan starts from the
+    # running sum, so the range sums agree bit for bit here in both layouts; on a GPU tl.cumsum is
+    # a tree and they agree to a few ulps (the tolerance checked above)
+    not_bitwise = [k for k, v in results.items() if k.split("/")[0] in ("gathered_prefix", "layout", "long")
+                   and v["bitwise"] is False]
     assert not not_bitwise, not_bitwise
 
 
 @needs_triton
 def test_triton_kernels_compile_for_sm90():
-    """The real compiler (not the interpreter) accepts every kernel variant: TTIR -> PTX -> cubin."""
+    """The real compiler (not the interpreter) accepts every kernel variant, in both row layouts:
+    TTIR -> PTX -> cubin.  The register layout at its largest row stays within the shared memory its
+    layout rule assumes."""
     check_compiles_for_sm90("""
-        gp = lambda x, o, w, l: ({"X": "*" + x, "stride_xb": "i64", "stride_xm": "i32", "SRC": "*i64",
-                                  "W": "*fp64" if w else "constexpr", "HI": "*i64", "LO": "*i64" if l else "constexpr",
-                                  "OUT": "*" + o, "J": "i32", "K": "i32", "HAS_W": "constexpr", "HAS_LO": "constexpr",
-                                  "JP": "constexpr", "BLOCK_K": "constexpr"},
-                                 dict({"HAS_W": w, "HAS_LO": l, "JP": 1024, "BLOCK_K": 2048},
-                                      **({} if w else {"W": None}), **({} if l else {"LO": None})))
+        from hdecode_torch.kernels.fused import _triton as T
+        from hdecode_torch.kernels.fused.best_ranked_above import triton as bra
+        from hdecode_torch.kernels.fused.gathered_prefix import triton as gp
+        from hdecode_torch.kernels.fused.row_sum_min import triton as rsm
+        def gp_sig(x, o, w, l):
+            sig = {"X": "*" + x, "stride_xb": "i64", "stride_xm": "i32", "SRC": "*i64",
+                   "W": "*fp64" if w else "constexpr", "HI": "*i64", "LO": "*i64" if l else "constexpr",
+                   "OUT": "*" + o, "SCRATCH": "*fp64", "J": "i32", "K": "i32", "HAS_W": "constexpr",
+                   "HAS_LO": "constexpr", "IN_REGS": "constexpr", "BLOCK_J": "constexpr", "BLOCK_K": "constexpr"}
+            return sig, dict({"HAS_W": w, "HAS_LO": l}, **({} if w else {"W": None}), **({} if l else {"LO": None}))
         for x, o, w, l in [("bf16", "fp32", True, True), ("fp16", "fp64", False, False), ("fp64", "fp64", True, False)]:
-            sig, c = gp(x, o, w, l)
-            build(tk._gathered_prefix_kernel, sig, c, 4)
+            sig, c = gp_sig(x, o, w, l)
+            build(gp._gathered_prefix_kernel, sig, dict(c, IN_REGS=True, BLOCK_J=1024, BLOCK_K=2048), 4)
+            build(gp._gathered_prefix_kernel, sig, dict(c, IN_REGS=False, BLOCK_J=T.SCAN_BLOCK, BLOCK_K=2048),
+                  T.num_warps(T.SCAN_BLOCK))
         bsig = {"X": "*fp32", "stride_xb": "i32", "stride_xm": "i32", "SRC": "*i64", "HI": "*i64", "LO": "*i64",
-                "RANK": "*i64", "OUT": "*i64", "threshold": "fp64", "fallback": "i64", "J": "i32", "K": "i32",
-                "HAS_LO": "constexpr", "JP": "constexpr", "BLOCK_K": "constexpr"}
-        k = build(tk._best_ranked_above_kernel, bsig, {"HAS_LO": True, "JP": tk.MAX_J, "BLOCK_K": 16}, 16)
-        assert k.metadata.shared <= 8 * tk.MAX_J + 4096, k.metadata.shared
-        build(tk._row_sum_min_kernel, {"X": "*bf16", "stride_xb": "i64", "stride_xm": "i64", "OUT": "*fp64",
-                                       "M": "i32", "BLOCK": "constexpr"}, {"BLOCK": tk.ROW_BLOCK}, 4)
+                "RANK": "*i64", "OUT": "*i64", "SCRATCH": "*fp64", "threshold": "fp64", "fallback": "i64", "J": "i32",
+                "K": "i32", "HAS_LO": "constexpr", "IN_REGS": "constexpr", "BLOCK_J": "constexpr",
+                "BLOCK_K": "constexpr"}
+        k = build(bra._best_ranked_above_kernel, bsig,
+                  {"HAS_LO": True, "IN_REGS": True, "BLOCK_J": T.MAX_REGISTER_ROW, "BLOCK_K": 16}, 16)
+        assert k.metadata.shared <= 8 * T.MAX_REGISTER_ROW + 4096, k.metadata.shared
+        build(bra._best_ranked_above_kernel, bsig,
+              {"HAS_LO": True, "IN_REGS": False, "BLOCK_J": T.SCAN_BLOCK, "BLOCK_K": 2048}, 8)
+        build(rsm._row_sum_min_kernel, {"X": "*bf16", "stride_xb": "i64", "stride_xm": "i64", "OUT": "*fp64",
+                                        "M": "i32", "BLOCK": "constexpr"}, {"BLOCK": rsm.ROW_BLOCK}, 4)
     """)
 
 
@@ -709,15 +848,15 @@ def test_works_without_triton():
     code = BLOCK_IMPORTS.format(blocked=("triton",)) + textwrap.dedent("""
         import torch
         import hdecode_torch.kernels.fused as F
-        from hdecode_torch.kernels.fused import _ops
+        from hdecode_torch.kernels.fused._registry import OPS
         x = torch.tensor([[0.25, 0.5, 0.25], [0.5, 0.125, 0.375]])
         src, hi, lo = torch.tensor([2, 0, 1]), torch.tensor([3, 2]), torch.tensor([0, 1])
         print(F.triton_available())
         print(F.gathered_prefix(x, src, None, hi, lo).tolist(), F.row_sum_min(x).tolist())
         # the CUDA kernel's fallback path, run on CPU tensors
-        print(_ops._gathered_prefix_cuda(x, src, None, hi, lo, torch.float64).tolist(),
-              _ops._best_ranked_above_cuda(x, src, hi, lo, torch.tensor([0, 1]), 0.4, -1).tolist(),
-              _ops._row_sum_min_cuda(x).tolist())
+        print(OPS["gathered_prefix"].cuda(x, src, None, hi, lo, torch.float64).tolist(),
+              OPS["best_ranked_above"].cuda(x, src, hi, lo, torch.tensor([0, 1]), 0.4, -1).tolist(),
+              OPS["row_sum_min"].cuda(x).tolist())
         print("triton" in sys.modules)
     """)
     proc = run_python(code)

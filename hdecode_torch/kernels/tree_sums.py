@@ -88,22 +88,13 @@ def tree_ranges(h, kind: str):
 
 def _trusted(src, weight, hi, lo, width):
     """Index arrays derived from a validated tree: in range by construction (no check, no host read)."""
-    from .fused.reference import trust_indices
+    from .fused import trust_indices
 
     trust_indices(src, width - 1)
     trust_indices(hi, src.shape[0])
     if lo is not None:
         trust_indices(lo, src.shape[0])
     return src, weight, hi, lo
-
-
-def single_leaf_nodes(h) -> tuple[torch.Tensor, torch.Tensor]:
-    """(nodes with exactly one leaf below them, that leaf), cached: the leaves and single-child chains
-    ending at a leaf, whose node sums must be exactly the leaf's value."""
-    def build():
-        nodes = torch.nonzero(h.leaf_count == 1)[:, 0]
-        return nodes, h.dfs_leaves[h.leaf_start[nodes]]
-    return h.cached("single_leaf_nodes", build)
 
 
 def _prefix_sums(h, values: torch.Tensor, kind: str) -> torch.Tensor:
@@ -123,13 +114,7 @@ def _prefix_sums(h, values: torch.Tensor, kind: str) -> torch.Tensor:
     out_dtype = dtype if dtype in (torch.float32, torch.float64) else torch.float64
     out = gathered_prefix(x, src, weight, hi, lo, out_dtype)  # (R, N)
     out = out.reshape(rest + (h.num_nodes,)).movedim(-1, 0)
-    out = out if out.dtype == dtype else out.to(dtype)
-    if kind == "leaves":
-        # A difference of prefix sums rounds; a node with a single leaf must hold that leaf's value
-        # exactly (leaves equal the input, single-child chains tie exactly with their leaf).
-        nodes, leaves = single_leaf_nodes(h)
-        out.index_copy_(0, nodes, values.index_select(0, leaves).to(dtype))
-    return out
+    return out if out.dtype == dtype else out.to(dtype)
 
 
 def subtree_sum(h, values: torch.Tensor, layout: str | None = None, backend: str = "torch") -> torch.Tensor:

@@ -6,15 +6,16 @@
 - ``path_score_best`` against the library's Zhao (structural) and LCA-height decoders on the bundled
   trees and random trees, and against a numpy evaluation of its definition (exact on dyadic inputs,
   so that ties and the rank rule are checked exactly);
-- edge cases, errors, determinism, row chunks, torch.compile(fullgraph=True), torch.export, opcheck;
-- the Triton kernels under Triton's CPU interpreter (one subprocess with TRITON_INTERPRET=1), and
-  compiled ahead of time for sm_90;
+- wide batches against a numpy evaluation of the definitions; edge cases, errors, determinism,
+  torch.compile(fullgraph=True), torch.export, opcheck;
+- the Triton kernels under Triton's CPU interpreter (one subprocess with TRITON_INTERPRET=1), in both
+  row layouts, with more candidates and nodes than one tile holds, and compiled ahead of time for sm_90;
 - both ops used with Triton unimportable.
 
 ``zhao_call`` and ``lca_height_call`` below build the op's arguments from a hierarchy: they are
 the calls the structural decoders make.
 
-Run ``python tests/test_fused_ops2.py`` to print the interpreter checks as JSON.
+Run ``python tests/test_fused_decoders.py`` to print the interpreter checks as JSON.
 """
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ import torch
 import hdecode_torch as hd
 import hdecode_torch.kernels.fused as F
 from hdecode_torch.kernels.depth_ranges import depth_ranges
-from hdecode_torch.kernels.fused import reference as R
-from hdecode_torch.kernels.fused.reference import trust_indices
+from hdecode_torch.kernels.fused import trust_indices
+from hdecode_torch.kernels.fused._registry import OPS
+from hdecode_torch.kernels.fused.hf_beta_best_k import hf_beta_best_k_torch, hf_beta_weights
+from hdecode_torch.kernels.fused.path_score_best import path_score_best_torch
 from hdecode_torch.kernels.selection import tie_rank
 from hdecode_torch.kernels.tree_sums import tree_ranges
 from hdecode_torch.metrics import hf_beta as HF
@@ -247,7 +250,7 @@ def test_hf_beta_best_k_random_and_edge_cases():
         for r in [1 / 2, 1 / 17, 1.0, 1e-300]:
             best_k, delta = F.hf_beta_best_k(q, count, depths, r)
             assert not check_best_k(best_k, numpy_values(q, count, depths, r), count, 1e-12)
-            w = R.hf_beta_weights(best_k, depths, r, q.dtype)
+            w = hf_beta_weights(best_k, depths, r, q.dtype)
             torch.testing.assert_close(delta, torch.einsum("bce,be->bc", q, w), rtol=1e-14, atol=1e-16)
     q, count, depths = random_q(rng, 9, 12, 3)
     best_k, delta = F.hf_beta_best_k(q, count, depths, 0.4)
@@ -397,7 +400,7 @@ def test_path_score_best_ties_nan_and_nothing_allowed():
         assert F.path_score_best(xp, *args[:11], only5, args[12], higher).tolist() == [-1, -1]
 
 
-def test_path_score_best_inputs_strides_chunks_and_determinism(monkeypatch):
+def test_path_score_best_inputs_strides_and_determinism():
     h = hd.load_hierarchy("tieredimagenet-h")
     rng = np.random.default_rng(11)
     x = torch.as_tensor(harness.model_like(rng, h, 40, "peaked"))
@@ -410,7 +413,6 @@ def test_path_score_best_inputs_strides_chunks_and_determinism(monkeypatch):
     for dtype in [torch.float16, torch.bfloat16, torch.float32]:
         xh = x.to(dtype)
         assert torch.equal(F.path_score_best(xh, *args), F.path_score_best(xh.double(), *args))
-    monkeypatch.setattr(R, "CHUNK_BYTES", 8 * 20000)  # a few rows per chunk
     assert torch.equal(F.path_score_best(x, *args), want)
     assert F.path_score_best(x[:0], *args).shape == (0,)
 
@@ -514,17 +516,20 @@ def test_registered_schemas():
 # -- Triton ---------------------------------------------------------------------------------------------
 
 def interpreter_checks() -> dict:
-    """Triton kernels (interpreted) against the torch kernels; name -> {ok, detail}.
+    """Triton kernels (interpreted) against the torch implementations; name -> {ok, detail}.
 
-    Needs TRITON_INTERPRET=1 before hdecode_torch.kernels.fused.triton_kernels is imported.  The
-    interpreter runs one program after the other with a large per-operation cost, so the bulk of
-    the hF_β checks runs with one large tile per row (fewer, larger numpy calls), and a few rows
-    with the tile the GPU uses.
+    Needs TRITON_INTERPRET=1 before Triton is imported.  The interpreter runs one program after the
+    other with a large per-operation cost, so the bulk of the hF_β checks runs with one large tile
+    per row (fewer, larger numpy calls), and a few rows with the tile the GPU uses.  The
+    path_score_best checks run with rows in registers and again through the scratch row in tiles
+    of 16 (``path_layout/``); ``large/`` has more candidates (C > 256) and nodes (N > 16,384) than
+    one tile holds, as on a GPU.
     """
-    from hdecode_torch.kernels.fused import _ops
-    from hdecode_torch.kernels.fused import triton_kernels as tk
+    from hdecode_torch.kernels.fused import _triton as T
+    from hdecode_torch.kernels.fused.hf_beta_best_k import triton as hb
+    from hdecode_torch.kernels.fused.path_score_best import triton as ps
 
-    assert tk.interpreted(), "set TRITON_INTERPRET=1 before importing the kernels"
+    assert T.interpreted(), "set TRITON_INTERPRET=1 before importing the kernels"
     torch.set_num_threads(1)
     results = {}
 
@@ -533,9 +538,9 @@ def interpreter_checks() -> dict:
 
     def best_k_case(name, q, count, depths, r):
         start = time.perf_counter()
-        got_k, got_d = tk.hf_beta_best_k_triton(q, count, depths, r)
+        got_k, got_d = hb.launch(q, count, depths, r)
         seconds = time.perf_counter() - start
-        ref_k, ref_d = R.hf_beta_best_k_torch(q, count, depths, r)
+        ref_k, ref_d = hf_beta_best_k_torch(q, count, depths, r)
         rtol = 1e-12 if q.dtype == torch.float64 else 1e-5
         bad = check_best_k(got_k, numpy_values(q, count, depths, r), count, rtol)
         scale = q.double().sum(2).amax(1, keepdim=True).clamp(min=1e-300)
@@ -546,8 +551,8 @@ def interpreter_checks() -> dict:
                f"rows {bad}, delta err {err:.3g}, same k {torch.equal(got_k, ref_k)}, {seconds:.2f} s")
 
     rng = np.random.default_rng(12)
-    saved = tk._RANK_TILE
-    tk._RANK_TILE = 1 << 20
+    saved_tile = hb._RANK_TILE
+    hb._RANK_TILE = 1 << 20
     try:
         for tree in BUNDLED:
             h = hd.load_hierarchy(tree)
@@ -566,102 +571,133 @@ def interpreter_checks() -> dict:
         same = torch.full((3, 5, 1), 0.125, dtype=torch.float64)
         best_k_case("ties/r1", same, torch.tensor([5, 2, 0]), torch.tensor([1.0], dtype=torch.float64), 1.0)
         best_k_case("ties/r0.5", same, torch.tensor([5, 2, 0]), torch.tensor([1.0], dtype=torch.float64), 0.5)
-        got = tk.hf_beta_best_k_triton(same[:, :0], torch.zeros(3, dtype=torch.int64),
+        got = hb.launch(same[:, :0], torch.zeros(3, dtype=torch.int64),
                                        torch.tensor([1.0], dtype=torch.float64), 0.5)
-        got0 = tk.hf_beta_best_k_triton(same[:0], torch.zeros(0, dtype=torch.int64),
+        got0 = hb.launch(same[:0], torch.zeros(0, dtype=torch.int64),
                                         torch.tensor([1.0], dtype=torch.float64), 0.5)
         record("hf_beta_best_k/edge/C0_B0", got[0].tolist() == [1, 1, 1] and got[1].shape == (3, 0)
                and got0[0].shape == (0,) and got0[1].shape == (0, 5))
-        a = tk.hf_beta_best_k_triton(q, count, depths, 0.7)
-        b = tk.hf_beta_best_k_triton(q, count, depths, 0.7)
+        a = hb.launch(q, count, depths, 0.7)
+        b = hb.launch(q, count, depths, 0.7)
         record("hf_beta_best_k/deterministic", torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]))
     finally:
-        tk._RANK_TILE = saved
+        hb._RANK_TILE = saved_tile
     # the GPU's tile: several k blocks and candidate chunks per row
     for c, e in [(40, 3)]:  # 5 blocks of 8 k, 3 chunks of 16 candidates
         q, count, depths = random_q(rng, 2, c, e)
         best_k_case(f"gpu_tile/C{c}/E{e}", q, count, depths, 0.5)
 
-    # path_score_best
+    # path_score_best, in both row layouts
     def path_case(name, x, args):
         start = time.perf_counter()
-        got = tk.path_score_best_triton(x, *args)
+        got = ps.launch(x, *args)
         seconds = time.perf_counter() - start
-        ref = R.path_score_best_torch(x, *args)
-        record(f"path_score_best/{name}", torch.equal(got, ref), f"{got.tolist()[:8]} vs {ref.tolist()[:8]}, "
-                                                                   f"{seconds:.2f} s")
+        ref = path_score_best_torch(x, *args)
+        record(name, torch.equal(got, ref), f"{got.tolist()[:8]} vs {ref.tolist()[:8]}, {seconds:.2f} s")
 
     trees = [("tiered", hd.load_hierarchy("tieredimagenet-h"))]
     trees += [(f"random{i}", t) for i, (t, _) in enumerate(harness.random_trees(15, 3, num_nodes_max=40))]
-    for label, h in trees:
-        x = torch.as_tensor(harness.batch(rng, 6, h.num_leaves))
-        for kind in ["zhao", "lca_height"]:
-            args = path_score_args(h, kind)
-            for dtype in [torch.float64, torch.float32, torch.bfloat16]:
-                path_case(f"{label}/{kind}/{dtype}", x.to(dtype), args)
-            path_case(f"{label}/{kind}/dyadic", dyadic_rows(rng, 6, h.num_leaves), args)
-        n = h.num_nodes
-        src, hi, lo, parent, *_ = path_score_args(h, "zhao")
-        euler_src, sign, at = path_score_args(h, "zhao")[6:9]
-        coef = [torch.as_tensor(rng.integers(-2, 3, n).astype(np.float64)) for _ in range(4)]
-        allowed = torch.as_tensor(rng.random(n) < 0.6)
-        rank = torch.as_tensor(rng.integers(0, 3, n))
-        for higher in [True, False]:
-            args = (src, hi, lo, parent, coef[0], coef[1], euler_src, sign, at, coef[2], coef[3], allowed, rank, higher)
-            path_case(f"{label}/ties/{higher}", dyadic_rows(rng, 6, h.num_leaves), args)
-    h = trees[1][1]
-    args = list(path_score_args(h, "lca_height"))
-    x = torch.as_tensor(harness.batch(rng, 4, h.num_leaves))
-    xn = x.clone()
-    xn[0, 0] = float("nan")
-    xn[1] = float("nan")
-    path_case("nan", xn, args)
-    path_case("strided", torch.cat([x, x], 1)[:, 1::2], args)
-    inf_args = list(path_score_args(h, "zhao"))
-    zeros = torch.zeros(h.num_nodes, dtype=torch.float64)
-    inf_args[4], inf_args[5], inf_args[9] = zeros, zeros, zeros
-    inf_args[10] = torch.where(torch.arange(h.num_nodes) % 3 == 0, float("inf"), float("-inf")).double()
-    for higher in [True, False]:
-        inf_args[13] = higher
-        path_case(f"infinities/{higher}", x, inf_args)
-    path_case("broadcast", x[:1].expand(3, -1), args)
-    record("path_score_best/B0", tk.path_score_best_triton(x[:0], *args).shape == (0,))
-    args[11] = torch.zeros(h.num_nodes, dtype=torch.bool)
-    path_case("nothing_allowed", x, args)
+    saved = T.MAX_REGISTER_ROW, T.SCAN_BLOCK
+    for group, small_tiles in [("path_score_best", False), ("path_layout", True)]:
+        if small_tiles:
+            T.MAX_REGISTER_ROW, T.SCAN_BLOCK = 0, 16
+        try:
+            for label, h in trees[1:] if small_tiles else trees:
+                x = torch.as_tensor(harness.batch(rng, 6, h.num_leaves))
+                for kind in ["zhao", "lca_height"]:
+                    args = path_score_args(h, kind)
+                    for dtype in [torch.float64, torch.float32, torch.bfloat16]:
+                        path_case(f"{group}/{label}/{kind}/{dtype}", x.to(dtype), args)
+                    path_case(f"{group}/{label}/{kind}/dyadic", dyadic_rows(rng, 6, h.num_leaves), args)
+                n = h.num_nodes
+                src, hi, lo, parent, *_ = path_score_args(h, "zhao")
+                euler_src, sign, at = path_score_args(h, "zhao")[6:9]
+                coef = [torch.as_tensor(rng.integers(-2, 3, n).astype(np.float64)) for _ in range(4)]
+                allowed = torch.as_tensor(rng.random(n) < 0.6)
+                rank = torch.as_tensor(rng.integers(0, 3, n))
+                for higher in [True, False]:
+                    args = (src, hi, lo, parent, coef[0], coef[1], euler_src, sign, at, coef[2], coef[3], allowed,
+                            rank, higher)
+                    path_case(f"{group}/{label}/ties/{higher}", dyadic_rows(rng, 6, h.num_leaves), args)
+            h = trees[1][1]
+            args = list(path_score_args(h, "lca_height"))
+            x = torch.as_tensor(harness.batch(rng, 4, h.num_leaves))
+            xn = x.clone()
+            xn[0, 0] = float("nan")
+            xn[1] = float("nan")
+            path_case(f"{group}/nan", xn, args)
+            path_case(f"{group}/strided", torch.cat([x, x], 1)[:, 1::2], args)
+            inf_args = list(path_score_args(h, "zhao"))
+            zeros = torch.zeros(h.num_nodes, dtype=torch.float64)
+            inf_args[4], inf_args[5], inf_args[9] = zeros, zeros, zeros
+            inf_args[10] = torch.where(torch.arange(h.num_nodes) % 3 == 0, float("inf"), float("-inf")).double()
+            for higher in [True, False]:
+                inf_args[13] = higher
+                path_case(f"{group}/infinities/{higher}", x, inf_args)
+            path_case(f"{group}/broadcast", x[:1].expand(3, -1), args)
+            record(f"{group}/B0", ps.launch(x[:0], *args).shape == (0,))
+            args[11] = torch.zeros(h.num_nodes, dtype=torch.bool)
+            path_case(f"{group}/nothing_allowed", x, args)
+        finally:
+            T.MAX_REGISTER_ROW, T.SCAN_BLOCK = saved
 
-    # the CUDA dispatch, run on CPU tensors: Triton when it fits, torch otherwise
+    # beyond one tile, as on a GPU: more candidates than the old cap (MAX_C = 256) and than one ranking
+    # tile; more nodes, leaves and tour entries than a register row (the old cap was MAX_N = 4096)
+    hb._RANK_TILE = 1 << 20
+    try:
+        q, count, depths = random_q(rng, 2, 300, 2)
+        best_k_case("large/C300", q, count, depths, 0.4)
+    finally:
+        hb._RANK_TILE = saved_tile
+    saved_columns = hb.MAX_RANK_COLUMNS
+    hb.MAX_RANK_COLUMNS = 16
+    try:
+        q, count, depths = random_q(rng, 2, 40, 3)  # 3 column tiles of 16
+        best_k_case("large/column_tiles", q, count, depths, 0.6)
+    finally:
+        hb.MAX_RANK_COLUMNS = saved_columns
+    parent = np.full(T.MAX_REGISTER_ROW + 700, -1)
+    parent[1:] = [int(rng.integers(max(0, v - 30), v)) for v in range(1, len(parent))]
+    big = hd.Hierarchy.from_parents(parent)
+    assert not T.row_layout(big.num_nodes, torch.device("cpu")) and big.num_nodes > 4096
+    x = torch.as_tensor(harness.batch(rng, 3, big.num_leaves))
+    for kind in ["zhao", "lca_height"]:
+        path_case(f"large/{big.num_nodes}_nodes/{kind}", x, path_score_args(big, kind))
+        path_case(f"large/{big.num_nodes}_nodes/{kind}/float32", x.float(), path_score_args(big, kind))
+
+    # the CUDA dispatch, run on CPU tensors: Triton at any size, torch when disabled
     calls = []
-    for fn in ["hf_beta_best_k_triton", "path_score_best_triton"]:
-        orig = getattr(tk, fn)
-        setattr(tk, fn, lambda *a, _orig=orig, _fn=fn: calls.append(_fn) or _orig(*a))
+    for name, module in [("hf_beta_best_k", hb), ("path_score_best", ps)]:
+        module.launch = lambda *a, _orig=module.launch, _name=name: calls.append(_name) or _orig(*a)
     q, count, depths = random_q(rng, 3, 9, 2)
     h = trees[1][1]
     x = torch.as_tensor(harness.batch(rng, 3, h.num_leaves))
     args = path_score_args(h, "zhao")
-    k_ref = R.hf_beta_best_k_torch(q, count, depths, 0.5)[0]
-    p_ref = R.path_score_best_torch(x, *args)
-    k = _ops._hf_beta_best_k_cuda(q, count, depths, 0.5)[0]
-    p = _ops._path_score_best_cuda(x, *args)
-    record("dispatch/triton", calls == ["hf_beta_best_k_triton", "path_score_best_triton"]
+    k_ref = hf_beta_best_k_torch(q, count, depths, 0.5)[0]
+    p_ref = path_score_best_torch(x, *args)
+    k = OPS["hf_beta_best_k"].cuda(q, count, depths, 0.5)[0]
+    p = OPS["path_score_best"].cuda(x, *args)
+    record("dispatch/triton", calls == ["hf_beta_best_k", "path_score_best"]
            and torch.equal(k, k_ref) and torch.equal(p, p_ref), calls)
     calls.clear()
-    saved = tk.MAX_C, tk.MAX_N
-    tk.MAX_C, tk.MAX_N = 8, h.num_nodes - 1
+    hb.MAX_RANK_COLUMNS, T.MAX_REGISTER_ROW = 4, h.num_nodes - 1
     try:
-        k = _ops._hf_beta_best_k_cuda(q, count, depths, 0.5)[0]
-        p = _ops._path_score_best_cuda(x, *args)
-        record("dispatch/too_large_uses_torch", calls == [] and torch.equal(k, k_ref) and torch.equal(p, p_ref), calls)
+        k = OPS["hf_beta_best_k"].cuda(q, count, depths, 0.5)[0]
+        p = OPS["path_score_best"].cuda(x, *args)
+        record("dispatch/large_uses_triton", calls == ["hf_beta_best_k", "path_score_best"]
+               and torch.equal(k, k_ref) and torch.equal(p, p_ref), calls)
     finally:
-        tk.MAX_C, tk.MAX_N = saved
+        hb.MAX_RANK_COLUMNS, T.MAX_REGISTER_ROW = saved_columns, saved[0]
+    calls.clear()
     F.set_triton_enabled(False)
     try:
-        k = _ops._hf_beta_best_k_cuda(q, count, depths, 0.5)[0]
-        p = _ops._path_score_best_cuda(x, *args)
+        k = OPS["hf_beta_best_k"].cuda(q, count, depths, 0.5)[0]
+        p = OPS["path_score_best"].cuda(x, *args)
         record("dispatch/disabled_uses_torch", calls == [] and torch.equal(k, k_ref) and torch.equal(p, p_ref), calls)
     finally:
         F.set_triton_enabled(True)
-    for name, fn in [("count", lambda: _ops._hf_beta_best_k_cuda(q, count + 10, depths, 0.5)),
-                     ("parent", lambda: _ops._path_score_best_cuda(x, *args[:3], args[3] + h.num_nodes, *args[4:]))]:
+    for name, fn in [("count", lambda: OPS["hf_beta_best_k"].cuda(q, count + 10, depths, 0.5)),
+                     ("parent", lambda: OPS["path_score_best"].cuda(x, *args[:3], args[3] + h.num_nodes, *args[4:]))]:
         try:
             fn()
             record(f"dispatch/checked/{name}", False)
@@ -672,31 +708,40 @@ def interpreter_checks() -> dict:
 
 @needs_triton
 def test_triton_interpreter_matches_torch():
-    results = interpreter_results("test_fused_ops2")
+    results = interpreter_results("test_fused_decoders")
     groups = {k.split("/")[0] for k in results}
-    assert groups == {"hf_beta_best_k", "path_score_best", "dispatch"}, groups
-    assert len(results) > 60
+    assert groups == {"hf_beta_best_k", "path_score_best", "path_layout", "large", "dispatch"}, groups
+    assert len(results) > 100
     failed = {k: v for k, v in results.items() if not v["ok"]}
     assert not failed, failed
 
 
 @needs_triton
 def test_triton_kernels_compile_for_sm90():
-    """The real compiler (not the interpreter) accepts both kernels at their size limits."""
+    """The real compiler (not the interpreter) accepts both kernels, path_score_best in both row
+    layouts; the register layout at its largest row within the shared memory its rule assumes."""
     check_compiles_for_sm90("""
-        for dt, cp, bk in [("fp64", 16, 16), ("fp32", tk.MAX_C, 2)]:
+        from hdecode_torch.kernels.fused import _triton as T
+        from hdecode_torch.kernels.fused.hf_beta_best_k import triton as hb
+        from hdecode_torch.kernels.fused.path_score_best import triton as ps
+        for dt, cb, bk in [("fp64", 16, 16), ("fp32", hb.MAX_RANK_COLUMNS, 2)]:
             sig = {"Q": "*" + dt, "stride_qb": "i64", "stride_qc": "i64", "stride_qe": "i64", "COUNT": "*i64",
-                   "W": "*" + dt, "KOUT": "*i64", "DOUT": "*" + dt, "C": "i32", "E": "i32", "CP": "constexpr",
+                   "W": "*" + dt, "KOUT": "*i64", "DOUT": "*" + dt, "C": "i32", "E": "i32", "CB": "constexpr",
                    "BK": "constexpr", "CC": "constexpr"}
-            build(tk._hf_beta_best_k_kernel, sig, {"CP": cp, "BK": bk, "CC": 16}, 4 if cp <= 32 else 8)
-        for xt, higher, n, warps in [("fp32", True, 1024, 8), ("bf16", False, tk.MAX_N, 16)]:
-            sig = {"X": "*" + xt, "stride_xb": "i64", "stride_xm": "i64", "SRC": "*i64", "HI": "*i64", "LO": "*i64",
-                   "PARENT": "*i64", "ALPHA": "*fp64", "BETA": "*fp64", "ESRC": "*i64", "SIGN": "*fp64", "AT": "*i64",
-                   "GAMMA": "*fp64", "DELTA": "*fp64", "ALLOWED": "*u8", "RANK": "*i64", "OUT": "*i64", "J": "i32",
-                   "N": "i32", "T": "i32", "HIGHER": "constexpr", "JP": "constexpr", "NP": "constexpr",
-                   "TP": "constexpr"}
-            k = build(tk._path_score_best_kernel, sig, {"HIGHER": higher, "JP": n, "NP": n, "TP": 2 * n}, warps)
-            assert k.metadata.shared <= 8 * 2 * n + 4096, k.metadata.shared
+            build(hb._hf_beta_best_k_kernel, sig, {"CB": cb, "BK": bk, "CC": 16}, 4 if cb <= 32 else 8)
+        sig = {"X": "*fp32", "stride_xb": "i64", "stride_xm": "i64", "SRC": "*i64", "HI": "*i64", "LO": "*i64",
+               "PARENT": "*i64", "ALPHA": "*fp64", "BETA": "*fp64", "ESRC": "*i64", "SIGN": "*fp64", "AT": "*i64",
+               "GAMMA": "*fp64", "DELTA": "*fp64", "ALLOWED": "*u8", "RANK": "*i64", "OUT": "*i64",
+               "SCRATCH": "*fp64", "J": "i32", "N": "i32", "T": "i32", "HIGHER": "constexpr", "IN_REGS": "constexpr",
+               "JP": "constexpr", "NP": "constexpr", "TP": "constexpr"}
+        for xt, higher, regs, n, warps in [("fp32", True, True, 1024, 8),
+                                           ("bf16", False, True, T.MAX_REGISTER_ROW // 2, 16),
+                                           ("fp16", True, False, T.SCAN_BLOCK, T.num_warps(T.SCAN_BLOCK))]:
+            tp = 2 * n if regs else n
+            k = build(ps._path_score_best_kernel, dict(sig, X="*" + xt),
+                      {"HIGHER": higher, "IN_REGS": regs, "JP": n, "NP": n, "TP": tp}, warps)
+            if regs:
+                assert k.metadata.shared <= 8 * tp + 4096, k.metadata.shared
     """)
 
 
@@ -718,7 +763,7 @@ def test_works_without_triton_and_imports_neither_triton_nor_dynamo():
             mod.__path__ = [os.path.join(ROOT, *name.split("."))]
             sys.modules[name] = mod
         import hdecode_torch.kernels.fused as F
-        from hdecode_torch.kernels.fused import _ops
+        from hdecode_torch.kernels.fused._registry import OPS
         T = lambda *v: torch.tensor(v)
         D = lambda *v: torch.tensor(v, dtype=torch.float64)
         height = D(0, 0, 0, 1, 2)
@@ -730,8 +775,9 @@ def test_works_without_triton_and_imports_neither_triton_nor_dynamo():
         q = torch.tensor([[[0.5], [0.3], [0.2]], [[1.0], [0.0], [0.0]]], dtype=torch.float64)
         count, depths = T(3, 1), D(0)
         print(F.triton_available())
-        print(F.path_score_best(x, *args).tolist(), _ops._path_score_best_cuda(x, *args).tolist(),
-              F.hf_beta_best_k(q, count, depths, 0.5)[0].tolist(), _ops._hf_beta_best_k_cuda(q, count, depths, 0.5)[0].tolist())
+        print(F.path_score_best(x, *args).tolist(), OPS["path_score_best"].cuda(x, *args).tolist(),
+              F.hf_beta_best_k(q, count, depths, 0.5)[0].tolist(),
+              OPS["hf_beta_best_k"].cuda(q, count, depths, 0.5)[0].tolist())
         print(sorted(m for m in sys.modules
                      if m.split(".")[0] == "triton" or m.startswith(("torch._dynamo", "torch._inductor"))))
     """).replace("ROOT", repr(ROOT))

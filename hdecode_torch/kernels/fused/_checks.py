@@ -1,0 +1,154 @@
+"""What the fused ops share besides their registration: argument checks, index checks read once per
+index tensor (:func:`trust_indices`), and index tables derived once per index tensor (:func:`derived`).
+
+Checks raise ValueError / TypeError naming the argument.  Shape, dtype and device checks read no
+value (the fake kernels run them too); index checks read each index tensor once (a host sync on
+the CPU, a device-side assert on CUDA) and remember it until the tensor changes.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Callable
+
+import torch
+
+__all__ = ["FLOAT_INPUTS", "OUT_DTYPES", "check_float_tensor", "check_vector", "check_ranges", "check_index_values",
+           "check_bounds", "trust_indices", "derived"]
+
+FLOAT_INPUTS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+OUT_DTYPES = (torch.float32, torch.float64)
+
+
+def check_float_tensor(x, name: str, shape: str = "(B, M)", dtypes=FLOAT_INPUTS,
+                       dtype_names: str = "float16, bfloat16, float32 or float64") -> None:
+    """``x`` is a tensor of ``shape`` (its number of dimensions) and one of ``dtypes``."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"Expected `{name}` to be a Tensor, but got {type(x).__name__}")
+    dims = shape.count(",") + 1
+    if x.dim() != dims:
+        raise ValueError(f"Expected `{name}` to be a {dims}-D {shape} tensor, but got shape {tuple(x.shape)}")
+    if x.dtype not in dtypes:
+        raise TypeError(f"Expected `{name}` to be {dtype_names}, but got {x.dtype}")
+
+
+def check_vector(t, name: str, dtype: torch.dtype, device: torch.device, size: int | None = None) -> None:
+    """``t`` is a 1-D tensor of ``dtype`` on ``device`` (with ``size`` entries when given)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"Expected `{name}` to be a Tensor, but got {type(t).__name__}")
+    if t.dim() != 1:
+        raise ValueError(f"Expected `{name}` to be 1-D, but got shape {tuple(t.shape)}")
+    if t.dtype != dtype:
+        raise TypeError(f"Expected `{name}` to be {dtype}, but got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"Expected `{name}` on the device of `x` ({device}), but got {t.device}")
+    if size is not None and t.shape[0] != size:
+        raise ValueError(f"Expected `{name}` to have {size} entries, but got {t.shape[0]}")
+
+
+def check_ranges(x, src, weight, hi, lo) -> None:
+    """Shapes, dtypes and devices of the range-sum arguments ``x, src, weight, hi, lo`` (no value is read)."""
+    check_float_tensor(x, "x")
+    check_vector(src, "src", torch.int64, x.device)
+    if weight is not None:
+        check_vector(weight, "weight", torch.float64, x.device, src.shape[0])
+    check_vector(hi, "hi", torch.int64, x.device)
+    if lo is not None:
+        check_vector(lo, "lo", torch.int64, x.device, hi.shape[0])
+
+
+#: Index tensors already checked against a bound, by id: (weak reference, version counter, bound).
+#: The library passes the same cached tree tables on every call, so each is read once, not per call
+#: (a read is a host sync); an in-place change bumps the version and triggers a new check.
+_VERIFIED: dict[int, tuple] = {}
+
+
+def _already_verified(t: torch.Tensor, top: int) -> bool:
+    entry = _VERIFIED.get(id(t))
+    try:
+        return entry is not None and entry[0]() is t and entry[1] == t._version and entry[2] == top
+    except RuntimeError:  # inference tensors have no version counter: always check them
+        return False
+
+
+def trust_indices(t: torch.Tensor, top: int) -> torch.Tensor:
+    """Mark an index tensor built correct by construction (``0 <= t <= top``) as checked; returns it.
+
+    For tables the library derives from a validated tree: their first use then needs no host read.
+    """
+    _remember(t, top)
+    return t
+
+
+def _remember(t: torch.Tensor, top: int) -> None:
+    try:
+        version = t._version
+    except RuntimeError:
+        return
+    key = id(t)
+    _VERIFIED[key] = (weakref.ref(t, lambda _, key=key: _VERIFIED.pop(key, None)), version, top)
+
+
+def check_index_values(x, src, hi, lo) -> None:
+    """Every index in range: ``0 <= src < M``, ``0 <= hi, lo <= J``.
+
+    An index tensor that passed against the same bound and was not modified since is not read
+    again.  On CPU a violation raises ValueError.  On CUDA the check is queued with ``torch._assert_async``
+    (a device-side assert, like an out-of-range ``index_select`` on CUDA): no host sync, so the ops
+    stay asynchronous and CUDA-graph capturable, and the failed assert stops the stream before the
+    Triton kernel queued after it can read out of bounds.
+    """
+    m, j = x.shape[1], src.shape[0]
+    checks = [(src, m - 1, "src", "M - 1 = x.shape[1] - 1"), (hi, j, "hi", "J = len(src)")]
+    if lo is not None:
+        checks.append((lo, j, "lo", "J = len(src)"))
+    check_bounds(checks)
+
+
+def check_bounds(checks, remember: bool = True, trusted_ok: bool = False) -> None:
+    """``0 <= t <= top`` for every ``(t, top, name, what)`` of ``checks`` (see :func:`check_index_values`).
+
+    ``remember=False`` for data tensors (e.g. per-batch counts) that are checked on every call, unless
+    ``trusted_ok`` and their producer marked them with :func:`trust_indices`.
+    """
+    for t, top, name, what in checks:
+        if t.numel() == 0:
+            continue
+        if t.device.type == "meta" or ((remember or trusted_ok) and _already_verified(t, top)):
+            continue
+        if t.device.type == "cuda":
+            lo_v, hi_v = torch.aminmax(t)
+            torch._assert_async((lo_v >= 0) & (hi_v <= top), f"`{name}` out of range [0, {what}]")
+            continue
+        lo_v, hi_v = (int(v) for v in torch.aminmax(t))
+        if lo_v < 0 or hi_v > top:
+            bad = lo_v if lo_v < 0 else hi_v
+            raise ValueError(f"Expected every entry of `{name}` in [0, {what}] = [0, {top}], but got {bad}")
+        if remember:
+            _remember(t, top)
+
+
+#: Tables derived from index tensors, by (tag, ids of the sources): (weak references, versions, value).
+_DERIVED: dict[tuple, tuple] = {}
+
+
+def derived(tag: str, sources: tuple, build: Callable[[], object]):
+    """``build()``, computed once per set of ``sources`` tensors and reused while none of them changes.
+
+    For index tables an op derives from its index arguments (reordered ranges, remapped endpoints):
+    the library passes the same cached tree tables on every call, so the derivation runs once per
+    tree rather than once per call.  ``tag`` names the derivation and holds every non-tensor input
+    of ``build``.  Inference tensors (no version counter) are never cached.
+    """
+    try:
+        versions = tuple(t._version for t in sources)
+    except RuntimeError:
+        return build()
+    key = (tag,) + tuple(id(t) for t in sources)
+    entry = _DERIVED.get(key)
+    if entry is not None and entry[1] == versions and all(ref() is t for ref, t in zip(entry[0], sources)):
+        return entry[2]
+    value = build()
+    refs = tuple(weakref.ref(t, lambda _, key=key: _DERIVED.pop(key, None)) for t in sources)
+    _DERIVED[key] = (refs, versions, value)
+    return value

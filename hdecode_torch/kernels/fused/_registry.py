@@ -1,0 +1,125 @@
+"""Registration of an ``hdecode::`` op from its parts, and the CUDA dispatch every op shares.
+
+Registered with ``torch.library.Library`` + ``define``/``impl``/``register_fake`` rather than
+``torch.library.custom_op`` or ``triton_op``:
+
+- ``custom_op`` wraps every device kernel in ``torch._disable_dynamo``, which imports
+  ``torch._dynamo`` (seconds) on the first call of the op even when nothing is compiled;
+- ``triton_op`` needs the Triton kernels (hence ``import triton``) when the op is defined, and has no
+  path for machines without Triton.
+
+Both ``torch.compile`` and ``torch.export`` see the ops as opaque nodes through their fake kernels.
+
+Dispatch: an op's torch implementation is registered for every backend (CompositeExplicitAutograd).
+CUDA has its own kernel: it imports the op's Triton module on first use and, when Triton imports
+and is enabled (:func:`set_triton_enabled`), checks the arguments and index values and calls the
+module's ``launch``; otherwise it runs the torch implementation on the GPU.  Every launcher takes
+any size, so which kernel runs never depends on the shapes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+__all__ = ["SCHEMAS", "OPS", "Op", "register", "triton_available", "triton_enabled", "set_triton_enabled"]
+
+#: name -> schema of every registered op (as passed to ``torch.library``, without the namespace).
+SCHEMAS: dict[str, str] = {}
+
+_LIB = torch.library.Library("hdecode", "FRAGMENT")
+
+_state = {"enabled": True}
+#: module name -> the imported Triton module, or None when it cannot be imported.
+_MODULES: dict[str, object] = {}
+
+
+@dataclass(frozen=True)
+class Op:
+    """The parts of one registered op (``cuda`` is the dispatch registered for the CUDA backend)."""
+
+    name: str
+    schema: str
+    torch_impl: Callable
+    cuda: Callable
+    fake: Callable
+
+
+#: name -> :class:`Op`.
+OPS: dict[str, Op] = {}
+
+
+def _import(module: str):
+    """``module`` imported on first use; None when it (or Triton) cannot be imported."""
+    if module not in _MODULES:
+        try:
+            _MODULES[module] = importlib.import_module(module)
+        except ImportError:  # Triton not installed: the torch implementations serve every device
+            _MODULES[module] = None
+        except Exception as err:  # installed but broken: say so once rather than hide it
+            _MODULES[module] = None
+            warnings.warn(f"hdecode fused ops: {module} failed to import ({type(err).__name__}: {err}); "
+                          "CUDA calls use the torch implementations", RuntimeWarning, stacklevel=3)
+    return _MODULES[module]
+
+
+def triton_available() -> bool:
+    """Whether the Triton kernels can be imported (imports Triton on the first call)."""
+    return _import(__name__.rpartition(".")[0] + "._triton") is not None
+
+
+def triton_enabled() -> bool:
+    """Whether CUDA calls may use the Triton kernels (see :func:`set_triton_enabled`)."""
+    return _state["enabled"]
+
+
+def set_triton_enabled(enabled: bool) -> None:
+    """Allow (default) or forbid the Triton kernels on CUDA; forbidden, CUDA runs the torch implementations."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"Expected `enabled` to be a bool, but got {type(enabled).__name__}")
+    _state["enabled"] = enabled
+
+
+def _register_fake(name: str, fn) -> None:
+    qualname = f"hdecode::{name}"
+    register_fake = getattr(torch.library, "register_fake", None) or getattr(torch.library, "impl_abstract", None)
+    if register_fake is not None:
+        register_fake(qualname, fn, lib=_LIB)
+    else:  # torch < 2.2: a Meta kernel is what fake tensors fall back to
+        _LIB.impl(name, fn, "Meta")
+
+
+def register(name: str, schema: str, torch_impl: Callable, fake: Callable, check: Callable, triton_module: str,
+             autograd: tuple[Callable, Callable] | None = None) -> Op:
+    """Define ``hdecode::<name>`` and register its kernels.
+
+    Args:
+        name: the op's name; ``schema`` starts with it (``"name(Tensor x, ...) -> Tensor"``).
+        torch_impl: the implementation for every backend; it checks its own arguments.
+        fake: shapes only (for ``torch.compile`` / ``torch.export``); checks shapes, reads no value.
+        check: the argument and index-value checks run before a Triton launch.
+        triton_module: the importable name of the module holding ``launch`` (same arguments as the
+            op); imported on the first CUDA call.
+        autograd: ``(backward, setup_context)`` for ``torch.library.register_autograd``, if any.
+    """
+    def cuda(*args):
+        module = _import(triton_module) if _state["enabled"] else None
+        if module is None:
+            return torch_impl(*args)
+        check(*args)
+        return module.launch(*args)
+
+    _LIB.define(schema)
+    _LIB.impl(name, torch_impl, "CompositeExplicitAutograd")
+    _LIB.impl(name, cuda, "CUDA")
+    _register_fake(name, fake)
+    if autograd is not None:
+        backward, setup_context = autograd
+        torch.library.register_autograd(f"hdecode::{name}", backward, setup_context=setup_context, lib=_LIB)
+    SCHEMAS[name] = schema
+    OPS[name] = Op(name, schema, torch_impl, cuda, fake)
+    return OPS[name]

@@ -1,0 +1,147 @@
+"""``hdecode::gathered_prefix``: range sums of a gathered, weighted prefix accumulated in float64.
+
+Also the torch range sums the other range-sum ops are built on (:func:`range_sums`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._checks import OUT_DTYPES, check_index_values, check_ranges, derived
+from .._registry import register
+
+__all__ = ["gathered_prefix", "gathered_prefix_torch", "range_sums", "SCHEMA"]
+
+SCHEMA = ("gathered_prefix(Tensor x, Tensor src, Tensor? weight, Tensor hi, Tensor? lo, "
+          "ScalarType out_dtype) -> Tensor")
+
+
+def gathered_prefix(x: torch.Tensor, src: torch.Tensor, weight: torch.Tensor | None, hi: torch.Tensor,
+                    lo: torch.Tensor | None = None, out_dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Range sums of a gathered, weighted prefix accumulated in float64 (``hdecode::gathered_prefix``).
+
+    ``C_b[0] = 0``, ``C_b[j+1] = C_b[j] + weight[j]·x[b, src[j]]`` in float64 whatever the input
+    dtype; ``out[b, k] = C_b[hi[k]] - C_b[lo[k]]`` cast to ``out_dtype``, except that a range of
+    exactly one entry (``hi[k] = lo[k] + 1``) is that entry, ``weight[lo[k]]·x[b, src[lo[k]]]``,
+    exactly (a difference of two running sums would round it).
+
+    Args:
+        x: (B, M) float16/bfloat16/float32/float64, any strides.
+        src: (J,) int64 in [0, M), on x's device.
+        weight: (J,) float64, or None for all ones.
+        hi: (K,) int64 in [0, J].
+        lo: (K,) int64 in [0, J], or None for all zeros.
+        out_dtype: torch.float32 or torch.float64.
+    Returns:
+        (B, K) ``out_dtype``.  Deterministic (same bits on every call).  O(B·(J + K)), any J and K.
+        The torch implementation holds a (B, 2J + 1) float64 table at once: callers bound B.
+    Raises:
+        ValueError / TypeError naming the argument for a wrong shape, dtype, device or index.
+    """
+    return torch.ops.hdecode.gathered_prefix(x, src, weight, hi, lo, out_dtype)
+
+
+def check_args(x, src, weight, hi, lo, out_dtype) -> None:
+    """Shapes, dtypes and devices of the arguments (no value is read)."""
+    check_ranges(x, src, weight, hi, lo)
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"Expected `out_dtype` to be torch.float32 or torch.float64, but got {out_dtype}")
+
+
+def check(x, src, weight, hi, lo, out_dtype) -> None:
+    """:func:`check_args` and every index in range."""
+    check_args(x, src, weight, hi, lo, out_dtype)
+    check_index_values(x, src, hi, lo)
+
+
+def _endpoints(hi: torch.Tensor, lo: torch.Tensor | None, j: int):
+    """(hi', lo') into the table ``[C | g]`` of :func:`range_sums`: a one-entry range reads ``g[lo] − C[0]``.
+
+    Without ``lo`` every range starts at 0, and ``C[1] − C[0] = g[0]`` exactly already.
+    """
+    if lo is None:
+        return hi, None
+
+    def build():
+        one = hi - lo == 1
+        return torch.where(one, lo + (j + 1), hi), torch.where(one, 0, lo)
+    return derived(f"endpoints/{j}", (hi, lo), build)
+
+
+def range_sums(x: torch.Tensor, src: torch.Tensor, weight: torch.Tensor | None, hi: torch.Tensor,
+               lo: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, K) float64 range sums of :func:`gathered_prefix` (in ``out`` if given); arguments unchecked.
+
+    All rows at once: the gathered values ``g`` (B, J) and their exclusive prefix ``C`` (B, J + 1)
+    side by side in one float64 table, so that every range, one-entry ranges included, is one
+    difference of two gathered entries.  Sequential scans: the same bits on every call.
+    """
+    b, j = x.shape[0], src.shape[0]
+    one_entry = lo is not None
+    table = x.new_empty((b, 2 * j + 1 if one_entry else j + 1), dtype=torch.float64)
+    table[:, 0] = 0
+    g = table[:, j + 1:] if one_entry else table[:, 1:]
+    if x.dtype == torch.float64:
+        torch.index_select(x, 1, src, out=g)
+    else:
+        g.copy_(x.index_select(1, src))
+    if weight is not None:
+        g.mul_(weight)
+    if one_entry:
+        torch.cumsum(g, dim=1, out=table[:, 1:j + 1])
+    else:
+        g.cumsum_(dim=1)
+    hi, lo = _endpoints(hi, lo, j)
+    # gather with stride-0 indices: faster on the CPU than index_select along dim 1, and no (B, K) index table
+    v = torch.gather(table, 1, hi.expand(b, -1), out=out)
+    if lo is not None:
+        v.sub_(torch.gather(table, 1, lo.expand(b, -1)))
+    return v
+
+
+def gathered_prefix_torch(x: torch.Tensor, src: torch.Tensor, weight: torch.Tensor | None, hi: torch.Tensor,
+                          lo: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+    """The torch implementation of :func:`gathered_prefix` (every device): all rows at once."""
+    check(x, src, weight, hi, lo, out_dtype)
+    b, k = x.shape[0], hi.shape[0]
+    out = x.new_empty((b, k), dtype=out_dtype)
+    if b == 0 or k == 0:
+        return out
+    if out_dtype == torch.float64:
+        return range_sums(x, src, weight, hi, lo, out=out)
+    return out.copy_(range_sums(x, src, weight, hi, lo))
+
+
+def _fake(x, src, weight, hi, lo, out_dtype):
+    check_args(x, src, weight, hi, lo, out_dtype)
+    return x.new_empty((x.shape[0], hi.shape[0]), dtype=out_dtype)
+
+
+# -- autograd: range sums are linear in x ------------------------------------------------------------
+# ∂out[b, k] / ∂(w_j x[b, src_j]) = [j < hi_k] − [j < lo_k] (a one-entry range is the same linear
+# map): the gradient of position j is the sum of the output gradients of the ranges that cover it,
+# a suffix sum of the gradients dropped at each hi (and removed at each lo).
+
+def _setup_context(ctx, inputs, output):
+    x, src, weight, hi, lo, _ = inputs
+    ctx.save_for_backward(src, weight, hi, lo)
+    ctx.x_shape, ctx.x_dtype = tuple(x.shape), x.dtype
+
+
+def _backward(ctx, grad):
+    src, weight, hi, lo = ctx.saved_tensors
+    b, m = ctx.x_shape
+    g = grad.to(torch.float64)
+    drop = g.new_zeros((b, src.shape[0] + 1))
+    drop.index_add_(1, hi, g)
+    if lo is not None:
+        drop.index_add_(1, lo, -g)
+    covered = drop.flip(1).cumsum(1).flip(1)[:, 1:]  # Σ_{i > j} drop[i], for every position j
+    if weight is not None:
+        covered = covered * weight
+    gx = g.new_zeros((b, m)).index_add_(1, src, covered).to(ctx.x_dtype)
+    return gx, None, None, None, None, None
+
+
+register("gathered_prefix", SCHEMA, gathered_prefix_torch, _fake, check, __name__ + ".triton",
+         autograd=(_backward, _setup_context))
