@@ -790,3 +790,58 @@ def test_works_without_triton_and_imports_neither_triton_nor_dynamo():
 
 if __name__ == "__main__":
     print(json.dumps(interpreter_checks(), indent=1))
+
+
+# -- jaccard_sets ------------------------------------------------------------------------------------------
+
+def _jaccard_case(tree="tieredimagenet-h", b=24, seed=3):
+    """The arguments of the GPU plan's jaccard_sets call while decoding ``b`` model-like rows."""
+    import sys
+    J = sys.modules["hdecode_torch.metrics.jaccard"]
+    h = hd.load_hierarchy(tree)
+    rng = np.random.default_rng(seed)
+    x = torch.as_tensor(np.concatenate([harness.model_like(rng, h, b // 2, k) for k in ("peaked", "confused")]))
+    seen = []
+    original = J.jaccard_sets
+
+    def spy(*args):
+        seen.append(args)
+        return original(*args)
+    J.jaccard_sets = spy
+    try:
+        with hd.plan_for("cuda"):
+            sets = hd.get_metric("jaccard", h).decode(x)
+    finally:
+        J.jaccard_sets = original
+    assert len(seen) == 1
+    return h, x, sets, seen[0]
+
+
+def test_jaccard_sets_is_the_decoder_and_passes_opcheck():
+    h, x, sets, args = _jaccard_case()
+    members = F.jaccard_sets(*args)
+    ids = args[1]
+    got = torch.zeros(x.shape[0], h.num_nodes + 1, dtype=torch.bool).scatter_(
+        1, torch.where(members, ids, h.num_nodes), True)[:, : h.num_nodes]
+    got[:, h.root] = True
+    assert torch.equal(got, sets)
+    assert torch.equal(got, hd.get_metric("jaccard", h).decode(x))  # the CPU plan's sets
+    if hasattr(torch.library, "opcheck"):
+        result = torch.library.opcheck(torch.ops.hdecode.jaccard_sets.default, args)
+        assert set(result.values()) == {"SUCCESS"}, result
+
+
+def test_jaccard_sets_empty_rows_and_argument_errors():
+    h, x, _, args = _jaccard_case(b=4)
+    q, ids, count, lb, k_ref, *rest = args
+    # no candidate column at all, and no row
+    assert F.jaccard_sets(q[:, :0], ids[:, :0], torch.zeros_like(count), lb, k_ref, *rest).shape == (4, 0)
+    assert F.jaccard_sets(q[:0], ids[:0], count[:0], lb[:0], k_ref[:0], *rest).shape == (0, ids.shape[1])
+    # a bound above every value rules every size out: no set
+    assert not F.jaccard_sets(q, ids, count, torch.full_like(lb, 2.0), k_ref, *rest).any()
+    with pytest.raises(TypeError, match="`q`"):
+        F.jaccard_sets(q.float(), ids, count, lb, k_ref, *rest)
+    with pytest.raises(ValueError, match="`ids`"):
+        F.jaccard_sets(q, ids[:, 1:], count, lb, k_ref, *rest)
+    with pytest.raises(TypeError, match="`lb`"):
+        F.jaccard_sets(q, ids, count, lb.float(), k_ref, *rest)

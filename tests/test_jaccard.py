@@ -208,7 +208,7 @@ def test_gains_match_definition_and_decompose_expected_jaccard():
         nodes = torch.arange(info.N)
         q = depth_masses(h, post.depth_prefix(), torch.zeros_like(nodes), nodes)
         kmax = info.N
-        g = J._gains(T, q, T.depth[nodes], kmax).numpy()  # (N, K)
+        g = J.gains(q, T.depth[nodes], T.depths, kmax).numpy()  # (N, K)
         for k in range(1, kmax + 1):
             want = gains_by_definition(info, p, k)
             feasible = info.depth < k

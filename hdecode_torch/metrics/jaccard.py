@@ -120,11 +120,13 @@ import torch
 
 from ..kernels.candidates import pack_rows
 from ..kernels.depth_ranges import depth_masses, depth_ranges
-from ..kernels.fused import trust_indices
+from ..kernels.fused import jaccard_sets, trust_indices
+from ..kernels.fused.jaccard_sets import PAD_DEPTH as _PAD_DEPTH
+from ..kernels.fused.jaccard_sets import gains, knapsack as _knapsack, walk as _walk
 from .base import SetMetric
 
 __all__ = ["Jaccard", "jaccard_from_counts", "jaccard_expected", "jaccard_decode", "jaccard_decode_packed",
-           "jaccard_packed_sets", "jaccard_trace", "JaccardTrace",
+           "jaccard_trace", "JaccardTrace",
            "jaccard_value_bound", "jaccard_size_bound"]
 
 
@@ -143,7 +145,6 @@ def jaccard_expected(post, sets: torch.Tensor) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- tree-only tables
-_PAD_DEPTH = 1 << 20  # depth of the padding row: above every size k
 
 
 @dataclass(frozen=True)
@@ -328,26 +329,6 @@ def _screen(h, T, p, thr, batch_major):
     return sample[order], node[order], count, c
 
 
-def _weights(T, kmax, dt):
-    """(2K, E): 1/x and 1/(x(x+1)) for x = m + d_e, m = 1..kmax."""
-    m = torch.arange(1, kmax + 1, device=T.depths.device, dtype=torch.float64)
-    x = m[:, None] + T.depths[None, :]
-    return torch.cat([1 / x, 1 / (x * (x + 1))]).to(dt)
-
-
-def _gains(T, q, depth, kmax):
-    """(M, K) g_k(n) for k = 1..kmax: masses q (M, E), depths (M,); -inf where k ≤ d(n)."""
-    rows, dt = q.shape[0], q.dtype
-    s = q @ _weights(T, kmax, dt).t()  # (M, 2K): S1(m), S2(m) at m = 1..K
-    d = depth.clamp(max=kmax)
-    # t[r, K + m − 1] = S1 + d·S2 at m, and -inf in the first K columns (m < 1): row r reads the
-    # window t[r, K − d(r) : 2K − d(r)], one strided row copy instead of K index computations.
-    t = torch.empty(rows, 2 * kmax, dtype=dt, device=q.device)
-    t[:, :kmax] = float("-inf")
-    torch.addcmul(s[:, :kmax], d.to(dt)[:, None], s[:, kmax:], out=t[:, kmax:])
-    return t.unfold(1, kmax, 1)[torch.arange(rows, device=q.device), kmax - d]
-
-
 def _gains_at(T, q, depth, ks, kmax):
     """(M, J) g_k(n) at per-entry sizes ks (M, J) int64 in 1..kmax; -inf where k ≤ d(n)."""
     dt, dev = q.dtype, q.device
@@ -392,7 +373,7 @@ def _chain_lower_bound(h, T, masses, top_leaf, k_ref, dt):
     rows = torch.arange(bsz, device=dev)[:, None].expand(bsz, dp1).reshape(-1)
     q = masses(rows, flat).to(dt)
     if dp1 <= _FULL_CHAIN:
-        g = _gains(T, q, T.depth[flat], dp1).view(bsz, dp1, dp1)  # [b, node at depth i, size k]
+        g = gains(q, T.depth[flat], T.depths, dp1).view(bsz, dp1, dp1)  # [b, node at depth i, size k]
         ks = torch.arange(1, dp1 + 1, device=dev).expand(bsz, dp1)
     else:
         leaf_size = T.depth[top_leaf] + 1
@@ -424,53 +405,6 @@ def _prefix_lower_bound(T, cands, g, ks, col):
     vals = torch.zeros(bsz, j, dtype=g.dtype, device=g.device).index_add_(0, cands.sample, g.masked_fill(~inside, 0))
     vals = vals.masked_fill(ks > cands.count[:, None], float("-inf")).nan_to_num(nan=float("-inf"))
     return vals.max(1).values
-
-
-def _knapsack(gp, nx, kidx, jmax, active):
-    """Preorder knapsack of R pairs: gains gp (R, C) (-inf: not allowed), nxt columns nx (R, C).
-
-    active[i]: the pairs with a candidate at position i are rows 0..active[i] − 1.  Returns
-    (V (R,) the best value with kidx + 1 nodes, dec (C, R, jmax + 1) bool: take position i
-    with j nodes left to choose from positions ≥ i).
-    """
-    r, c = gp.shape
-    dev, dt = gp.device, gp.dtype
-    hist = torch.full((c + 1, r, jmax + 1), float("-inf"), dtype=dt, device=dev)
-    hist[:, :, 0] = 0  # choosing no node is always possible
-    dec = torch.zeros(c, r, jmax + 1, dtype=torch.bool, device=dev)
-    rows = torch.arange(r, device=dev)
-    flat = hist.view((c + 1) * r, jmax + 1)
-    # Row of F(nxt(i), ·) of every pair and position, laid out position-major for contiguous slices.
-    skip_rows = (nx * r + rows[:, None]).t().contiguous()  # (C, R)
-    gcols = gp.t().contiguous()  # (C, R)
-    for i in range(c - 1, 0, -1):
-        a = active[i]  # the rows past it keep F(i, ·) = F(C, ·)
-        take = hist[i + 1, :a, :-1] + gcols[i, :a, None]  # j ≥ 1 nodes with v_i among them
-        skip = flat.index_select(0, skip_rows[i, :a])[:, 1:]
-        torch.ge(take, skip, out=dec[i, :a, 1:])
-        torch.where(dec[i, :a, 1:], take, skip, out=hist[i, :a, 1:])
-    return gp[:, 0] + hist[1][rows, kidx], dec
-
-
-def _walk(dec, nx, kidx):
-    """(R, C) bool the set of each pair, by following its decisions forward from the root."""
-    r, c = nx.shape
-    dev = nx.device
-    # Per pair: the entry of dec[i] for its row and the nodes j left to take (j = 0 is never
-    # taken: dec[:, :, 0] is False), and the position it has reached.
-    at = torch.arange(r, device=dev) * dec.shape[2] + kidx
-    pos = torch.ones(r, dtype=torch.long, device=dev)
-    members = torch.zeros(c, r, dtype=torch.bool, device=dev)
-    members[0] = True
-    flat = dec.view(c, -1)
-    nxt = nx.t().contiguous()  # (C, R)
-    for i in range(1, c):
-        # A pair at position i takes v_i as decided, else skips v_i's subtree.
-        here = pos == i
-        t = torch.logical_and(flat[i].index_select(0, at), here, out=members[i])
-        at.add_(t, alpha=-1)
-        pos = torch.where(here, torch.where(t, i + 1, nxt[i]), pos)
-    return members.t()
 
 
 def _values64(T, cands, b, k, members):
@@ -564,7 +498,7 @@ def _solve(post, trace):
     # (iv) the candidates, their gains and the allowed nodes of each size.
     cands = wide.subset(T, at_least(wide.pv, T.tau[wide.node] * lb[wide.sample]) | (wide.slot == 0), dt)
     kmax = cands.c
-    g = _gains(T, cands.q, cands.depth, kmax)  # (M, K)
+    g = gains(cands.q, cands.depth, T.depths, kmax)  # (M, K)
     kf = torch.arange(1, kmax + 1, device=dev, dtype=torch.float64)
     # τ_k(n) depends on d_min(n) and k only: one row of a (D + 2, K) table per candidate.
     dmin1 = torch.arange(big_d + 2, device=dev, dtype=torch.float64)[:, None]
@@ -688,31 +622,39 @@ def jaccard_decode_packed(post) -> torch.Tensor:
     u64 = torch.finfo(torch.float64).eps / 2
     num_e = T.depths.numel()
     mass_abs = 4 * num_e * h.num_leaves * 2 * u64  # absolute error of a mass: a difference of prefix sums
-    prefix = post.depth_prefix().t()  # (B, L + 1) float64
+    u = torch.finfo(p.dtype).eps / 2
+    mass_rel = 0.0 if num_e > 1 else (T.sum_fan + 2) * u  # one leaf depth: the masses are p, summed in p's dtype
+    # Masses from the float64 depth-first prefix sums, or with one leaf depth p(n) itself (as on the CPU
+    # plan: a node with one leaf holds its value exactly, so symmetric nodes get equal masses).
+    if num_e > 1:
+        prefix = post.depth_prefix().t()  # (B, L + 1) float64
+        masses = lambda ids: _masses_packed(h, prefix, ids)  # noqa: E731
+    else:
+        p_pad = torch.cat([p.t(), p.new_zeros(bsz, 1)], 1).double()  # (B, N + 1), column N: padding
+        masses = lambda ids: p_pad.gather(1, ids)[:, :, None]  # noqa: E731
     # (i) LB₀, a value certainly at most that of an achieved set.
     if (T.max_depth + 1) ** 2 * num_e <= _CHAIN_TABLE_MAX and h.ancestor_table_fits:
         chain = h.ancestors.index_select(0, post.probs.argmax(1))  # (B, D + 1), N past the leaf
-        q = _masses_packed(h, prefix, chain)  # (B, D + 1, E)
+        q = masses(chain)  # (B, D + 1, E)
         # Past the leaf the masses are 0 and the other gains only fall with k: never the maximum.
         values = torch.tensordot(q, _chain_weights(h, T), dims=([1, 2], [0, 1])).amax(1)
         k = T.max_depth + 1
     else:
         values = (post.probs.double() @ (1 / (h.leaf_depth.double() + 1)))  # E[J({root})]
         k = 1
-    lb0 = values * (1 - (num_e + k + 16) * u64) - 2 * k * mass_abs
+    lb0 = values * (1 - (num_e + k + 16) * u64 - mass_rel) - 2 * k * mass_abs
     # A row without mass scores 0 with every set: 2 (above any value) keeps only its root.
     lb0 = torch.where(p[h.root] > 0, lb0, 2.0)
     # (ii) p's own summation error, as in the CPU path, folded into the threshold.
-    u = torch.finfo(p.dtype).eps / 2
     thr = lb0 * (1 - (T.sum_fan + 8) * u) - 4 * h.num_leaves * 2 * u64 / T.tau_min
     keep = p.t() >= torch.outer(thr.to(p.dtype), T.tau.to(p.dtype))  # (B, N); τ(root) = 0: always kept
     count = keep.sum(1)
     (width,) = post.read(count.max())
     ids = pack_rows(keep, _preorder_rank(h, T), width)  # (B, C), root first, preorder
     trust_indices(count, width)
-    q64 = _masses_packed(h, prefix, ids)  # (B, C, E)
-    members = jaccard_packed_sets(T, q64, ids, count, lb0, (post.expected_leaf_depth() + 1).round().long(),
-                                  mass_abs)
+    members = jaccard_sets(masses(ids), ids, count, lb0,
+                           (post.expected_leaf_depth() + 1).round().long(), T.pre, T.end, T.depth, T.dmin1,
+                           T.depths, T.max_depth, mass_rel, mass_abs)
     chosen = torch.where(members, ids, n)
     out = torch.zeros(bsz, n + 1, dtype=torch.bool, device=dev)
     out.scatter_(1, chosen, True)
@@ -732,65 +674,6 @@ def _masses_packed(h, prefix: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     bsz, c = ids.shape
     got = prefix.gather(1, ends.index_select(0, ids.reshape(-1)).view(bsz, -1)).view(bsz, c, 2, -1)
     return got[:, :, 0] - got[:, :, 1]
-
-
-def jaccard_packed_sets(T, q64, ids, count, lb, k_ref, mass_abs):
-    """The best set of each sample over its packed candidates, as a (B, C) bool mask of the columns.
-
-    q64: (B, C, E) float64 masses of the candidates ``ids`` (B, C), the first ``count[b]`` real and in
-    preorder (root first), the other columns ignored; lb: (B,) float64 a value certainly at most the
-    optimum; k_ref: (B,) int64 a typical set size.  Steps (iv)–(vii) of the module docstring in
-    float64: the nodes allowed at each size (p(n) ≥ τ_k(n)·lb), the gains, the sizes whose bound
-    reaches lb, the knapsack of those (sample, size) pairs (one host read: their number and the
-    per-position counts), and the smallest size whose value is within float64 rounding of the best.
-    """
-    bsz, c, num_e = q64.shape
-    dev = q64.device
-    u64 = torch.finfo(torch.float64).eps / 2
-    cols = torch.arange(c, device=dev)
-    real = cols[None, :] < count[:, None]
-    depth = torch.where(real, T.depth[ids], _PAD_DEPTH)
-    pre = torch.where(real, T.pre[ids], T.pre.numel())  # increasing along each row, padding last
-    nxt = torch.searchsorted(pre, torch.where(real, T.end[ids], T.pre.numel()))
-    pv = q64.sum(2)
-    kmax = c
-    g = _gains(T, q64.view(-1, num_e), depth.view(-1), kmax).view(bsz, c, kmax)
-    # (iv) the nodes allowed at each size: τ_k depends on d_min(n) and k only.
-    kf = torch.arange(1, kmax + 1, device=dev, dtype=torch.float64)
-    dmin1 = torch.arange(T.max_depth + 2, device=dev, dtype=torch.float64)[:, None]
-    tau_k = (torch.maximum(kf, dmin1) / (2 * kf + T.max_depth - 1))[torch.where(real, T.dmin1[ids], 0).long()]
-    allowed = ((pv + mass_abs)[:, :, None] >= tau_k * lb[:, None, None]) | (cols == 0)[None, :, None]
-    g = g.masked_fill(~(allowed & real[:, :, None]), float("-inf"))
-    # (v) the sizes whose bound reaches lb: min(the Lagrangian top-k bound, G(k)).
-    col = (k_ref.clamp(min=1, max=kmax) - 1)
-    order = torch.sort(g.gather(2, col[:, None, None].expand(bsz, c, 1))[:, :, 0], dim=1, descending=True).indices
-    lam = g.gather(1, order[:, :, None].expand(bsz, c, kmax)).diagonal(dim1=1, dim2=2).clamp(min=0).nan_to_num(nan=0.0)
-    ub = (g - lam[:, None, :]).clamp(min=0).sum(1) + lam * kf
-    cover = torch.minimum(kf[:, None], T.depths + 1) / torch.maximum(kf[:, None], T.depths + 1)
-    ub = torch.minimum(ub, q64[:, 0, :] @ cover.t())  # the root's masses
-    slack_v = 2 * (num_e + kmax + 16) * u64
-    spread = slack_v * (T.max_depth + 1) / kf + 4 * kmax * mass_abs
-    want = (ub * (1 + slack_v) + spread >= lb[:, None]) & (kf[None, :] <= count[:, None])
-    # (vi) the pairs, samples with more candidates first (a prefix of them works at each position).
-    by_count = torch.sort(count, descending=True, stable=True).indices
-    per = torch.zeros(kmax + 1, dtype=torch.long, device=dev).index_add_(0, count, want.sum(1))
-    sizes = torch.cat([per.flip(0).cumsum(0).flip(0), per.new_zeros(1)]).tolist()  # [i]: count ≥ i
-    b, kidx = torch.nonzero_static(want[by_count], size=sizes[0]).unbind(1)
-    b = by_count[b]
-    nx = nxt[b]
-    gp = g[b, :, kidx] if b.numel() else g.new_zeros(0, c)
-    val, dec = _knapsack(gp, nx, kidx, kmax, sizes[1:])
-    members = _walk(dec, nx, kidx)  # (R, C)
-    # (vii) the smallest size within float64 rounding of the best value.
-    best = torch.full((bsz,), float("-inf"), dtype=torch.float64, device=dev).scatter_reduce(0, b, val, "amax")
-    eligible = val >= best[b] * (1 - slack_v) - 4 * kmax * mass_abs
-    kbest = torch.full((bsz,), kmax, dtype=torch.long, device=dev).scatter_reduce(
-        0, b, torch.where(eligible, kidx, kmax), "amin")
-    first = eligible & (kidx == kbest[b])
-    r = b.numel()
-    pick = torch.full((bsz,), r, dtype=torch.long, device=dev).scatter_reduce(
-        0, b, torch.where(first, torch.arange(r, device=dev), r), "amin")
-    return torch.cat([members, members.new_zeros(1, c)])[pick]  # row R: no pair (a row without mass)
 
 
 class Jaccard(SetMetric):

@@ -1,10 +1,10 @@
 """Fused row kernels: gathered float64 prefix sums, a fused ranked-threshold decision, a row check,
-the exact hF_β solver over packed candidates and a fused root-path-score decoder.
+the exact hF_β and Jaccard solvers over packed candidates and a fused root-path-score decoder.
 
-Five torch ops in the ``hdecode`` namespace, batch-major (rows are samples; every scan runs along
+Six torch ops in the ``hdecode`` namespace, batch-major (rows are samples; every scan runs along
 the last, contiguous dimension), each with a torch implementation (CPU, and CUDA when Triton is
-missing or disabled) and a Triton kernel on CUDA (one program per row; any row length: a long row
-is scanned in tiles carrying its running float64 sum).  Importing this package registers the ops;
+missing or disabled) and, but for ``jaccard_sets``, a Triton kernel on CUDA (one program per row;
+any row length: a long row is scanned in tiles carrying its running float64 sum).  Importing this package registers the ops;
 it does not import Triton, ``torch._dynamo`` or ``torch._inductor`` (Triton is imported on the
 first CUDA call).  Everything is deterministic: no atomics, fixed summation orders.  The torch
 implementations process the rows they are given in one go; callers bound the batch by their
@@ -37,7 +37,9 @@ tour, and ``score(n) = gamma[n]·S(n) + delta[n]·p(n)``, then picks the best al
 structural decoders of Zhao's similarity and of the LCA height (Karthik et al.'s CRM).
 ``hf_beta_best_k`` is the exact per-sample hF_β solver over packed candidates (Plaud et al. 2025,
 §4.2): for every set size k the sum V(k) of the k largest ``Δ_k(c) = Σ_e q[c, e] / (r·k + (1−r)(d_e+1))``,
-and the smallest k maximising it.
+and the smallest k maximising it.  ``jaccard_sets`` is the exact Jaccard solver over packed
+candidates: per-size node bounds, gains, a size screen and the tree knapsack of the (sample, size)
+pairs left (its torch implementation steps over candidate positions, all pairs at once).
 
 Only ``gathered_prefix`` has an autograd formula: the others serve decoding and checks, not training.
 
@@ -65,6 +67,9 @@ Ops (schemas as registered)::
     hdecode::path_score_best(Tensor x, Tensor src, Tensor hi, Tensor lo, Tensor parent, Tensor alpha,
                              Tensor beta, Tensor euler_src, Tensor sign, Tensor at, Tensor gamma,
                              Tensor delta, Tensor allowed, Tensor rank, bool higher_is_better) -> Tensor
+    hdecode::jaccard_sets(Tensor q, Tensor ids, Tensor count, Tensor lb, Tensor k_ref, Tensor pre,
+                          Tensor end, Tensor depth, Tensor dmin1, Tensor depths, int max_depth,
+                          float mass_abs) -> Tensor
 
 Each op's folder shares its name with the op's public function, which the package exports in its
 place: ``from hdecode_torch.kernels.fused import gathered_prefix`` is the function, its parts are
@@ -80,6 +85,7 @@ from .best_ranked_above import best_ranked_above
 from .row_sum_min import row_sum_min
 from .hf_beta_best_k import hf_beta_best_k
 from .path_score_best import path_score_best
+from .jaccard_sets import jaccard_sets
 
-__all__ = ["gathered_prefix", "best_ranked_above", "row_sum_min", "hf_beta_best_k", "path_score_best",
+__all__ = ["gathered_prefix", "best_ranked_above", "row_sum_min", "hf_beta_best_k", "path_score_best", "jaccard_sets",
            "trust_indices", "triton_available", "triton_enabled", "set_triton_enabled", "SCHEMAS"]

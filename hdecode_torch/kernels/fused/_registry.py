@@ -93,7 +93,7 @@ def _register_fake(name: str, fn) -> None:
         _LIB.impl(name, fn, "Meta")
 
 
-def register(name: str, schema: str, torch_impl: Callable, fake: Callable, check: Callable, triton_module: str,
+def register(name: str, schema: str, torch_impl: Callable, fake: Callable, check: Callable, triton_module: str | None,
              autograd: tuple[Callable, Callable] | None = None) -> Op:
     """Define ``hdecode::<name>`` and register its kernels.
 
@@ -103,11 +103,11 @@ def register(name: str, schema: str, torch_impl: Callable, fake: Callable, check
         fake: shapes only (for ``torch.compile`` / ``torch.export``); checks shapes, reads no value.
         check: the argument and index-value checks run before a Triton launch.
         triton_module: the importable name of the module holding ``launch`` (same arguments as the
-            op); imported on the first CUDA call.
+            op); imported on the first CUDA call.  None: the torch implementation serves every device.
         autograd: ``(backward, setup_context)`` for ``torch.library.register_autograd``, if any.
     """
     def cuda(*args):
-        module = _import(triton_module) if _state["enabled"] else None
+        module = _import(triton_module) if _state["enabled"] and triton_module is not None else None
         if module is None:
             return torch_impl(*args)
         check(*args)

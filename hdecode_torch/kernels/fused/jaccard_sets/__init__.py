@@ -1,0 +1,208 @@
+"""``hdecode::jaccard_sets``: the best Jaccard set of each row's packed candidates (the exact solver).
+
+For an ancestor-closed set S of size k the expected Jaccard index is additive over its nodes,
+E[J(S)] = Σ_{a ∈ S} g_k(a) with g_k(a) = Σ_e Q_e(a) [1/(m + d_e) + d(a)/((m + d_e)(m + d_e + 1))],
+m = k − d(a) ≥ 1 (Q_e(a) the mass of a's leaves at the e-th leaf depth d_e), so the best set of each
+size is a maximum-weight rooted subtree of k nodes, a tree knapsack, and the optimum is the best size
+(the proofs, bounds and tie rules are in ``hdecode_torch.metrics.jaccard``).  This op runs that
+solver on packed candidate tables: the nodes allowed at each size by the proved bound
+p(n) ≥ τ_k(n)·lb, the sizes whose upper bound reaches lb, the knapsack of every (row, size) pair
+left, and the smallest size whose value is within float64 rounding of the best.  All in float64.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._checks import check_float_tensor, check_vector
+from .._registry import register
+
+__all__ = ["jaccard_sets", "jaccard_sets_torch", "gains", "gain_weights", "knapsack", "walk", "SCHEMA"]
+
+SCHEMA = ("jaccard_sets(Tensor q, Tensor ids, Tensor count, Tensor lb, Tensor k_ref, Tensor pre, Tensor end, "
+          "Tensor depth, Tensor dmin1, Tensor depths, int max_depth, float mass_rel, float mass_abs) -> Tensor")
+
+#: Depth given to padding columns: above every size k.
+PAD_DEPTH = 1 << 20
+
+
+def jaccard_sets(q: torch.Tensor, ids: torch.Tensor, count: torch.Tensor, lb: torch.Tensor, k_ref: torch.Tensor,
+                 pre: torch.Tensor, end: torch.Tensor, depth: torch.Tensor, dmin1: torch.Tensor,
+                 depths: torch.Tensor, max_depth: int, mass_rel: float, mass_abs: float) -> torch.Tensor:
+    """The best Jaccard set of each row over its packed candidates (``hdecode::jaccard_sets``).
+
+    Args:
+        q: (B, C, E) float64 per-leaf-depth masses of the candidates ``ids``.
+        ids: (B, C) int64 node ids, the first ``count[b]`` of row b real, ancestor-closed and in
+            preorder (root first); the other columns are ignored.
+        count: (B,) int64 in [1, C] (or 0 for a row without candidates).
+        lb: (B,) float64, certainly at most each row's optimum.
+        k_ref: (B,) int64 a typical set size (orders the size screen; any value is correct).
+        pre, end: (N + 1,) int64 each node's preorder position and the position after its subtree.
+        depth: (N + 1,) int64 node depths; dmin1: (N + 1,) float64 the depth of the shallowest leaf
+            under each node, plus one.
+        depths: (E,) float64 the leaf depth of each column of q; max_depth: D, the deepest leaf.
+        mass_rel, mass_abs: the relative and absolute errors of an entry of q (a difference of float64
+            prefix sums: 0 and a few ulps of 1; node probabilities: their summation's relative error).
+    Returns:
+        (B, C) bool: the columns of each row's best set (all False for a row whose bound rules every
+        size out, i.e. a row without mass).  O(B·C·K·E) for the gains, O(R·C·K) for the knapsacks of
+        the R (row, size) pairs the bounds leave; one host read (R and the per-position counts).
+    Raises:
+        ValueError / TypeError naming the argument for a wrong shape, dtype or device.
+    """
+    return torch.ops.hdecode.jaccard_sets(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths,
+                                          int(max_depth), float(mass_rel), float(mass_abs))
+
+
+def check_args(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs) -> None:
+    """Shapes, dtypes and devices (no tensor value is read)."""
+    check_float_tensor(q, "q", "(B, C, E)", (torch.float64,), "float64")
+    b, c, e = q.shape
+    dev = q.device
+    if ids.shape != (b, c) or ids.dtype != torch.int64 or ids.device != dev:
+        raise ValueError(f"Expected `ids` to be (B, C) = {(b, c)} int64 on {dev}, but got {tuple(ids.shape)} "
+                         f"{ids.dtype} on {ids.device}")
+    check_vector(count, "count", torch.int64, dev, b)
+    check_vector(lb, "lb", torch.float64, dev, b)
+    check_vector(k_ref, "k_ref", torch.int64, dev, b)
+    n1 = pre.shape[0] if pre.dim() == 1 else -1
+    for t, name, dtype in ((pre, "pre", torch.int64), (end, "end", torch.int64), (depth, "depth", torch.int64),
+                           (dmin1, "dmin1", torch.float64)):
+        check_vector(t, name, dtype, dev, n1)
+    check_vector(depths, "depths", torch.float64, dev, e)
+
+
+def gain_weights(depths: torch.Tensor, kmax: int, dtype: torch.dtype) -> torch.Tensor:
+    """(2K, E): 1/x and 1/(x(x+1)) for x = m + d_e, m = 1..kmax."""
+    m = torch.arange(1, kmax + 1, device=depths.device, dtype=torch.float64)
+    x = m[:, None] + depths[None, :]
+    return torch.cat([1 / x, 1 / (x * (x + 1))]).to(dtype)
+
+
+def gains(q: torch.Tensor, depth: torch.Tensor, depths: torch.Tensor, kmax: int) -> torch.Tensor:
+    """(M, K) g_k(n) for k = 1..kmax: masses q (M, E), node depths (M,); -inf where k ≤ d(n)."""
+    rows, dt = q.shape[0], q.dtype
+    s = q @ gain_weights(depths, kmax, dt).t()  # (M, 2K): S1(m), S2(m) at m = 1..K
+    d = depth.clamp(max=kmax)
+    # t[r, K + m − 1] = S1 + d·S2 at m, and -inf in the first K columns (m < 1): row r reads the
+    # window t[r, K − d(r) : 2K − d(r)], one strided row copy instead of K index computations.
+    t = torch.empty(rows, 2 * kmax, dtype=dt, device=q.device)
+    t[:, :kmax] = float("-inf")
+    torch.addcmul(s[:, :kmax], d.to(dt)[:, None], s[:, kmax:], out=t[:, kmax:])
+    return t.unfold(1, kmax, 1)[torch.arange(rows, device=q.device), kmax - d]
+
+
+def knapsack(gp, nx, kidx, jmax, active):
+    """Preorder knapsack of R pairs: gains gp (R, C) (-inf: not allowed), nxt columns nx (R, C).
+
+    active[i]: the pairs with a candidate at position i are rows 0..active[i] − 1.  Returns
+    (V (R,) the best value with kidx + 1 nodes, dec (C, R, jmax + 1) bool: take position i
+    with j nodes left to choose from positions ≥ i).
+    """
+    r, c = gp.shape
+    dev, dt = gp.device, gp.dtype
+    hist = torch.full((c + 1, r, jmax + 1), float("-inf"), dtype=dt, device=dev)
+    hist[:, :, 0] = 0  # choosing no node is always possible
+    dec = torch.zeros(c, r, jmax + 1, dtype=torch.bool, device=dev)
+    rows = torch.arange(r, device=dev)
+    flat = hist.view((c + 1) * r, jmax + 1)
+    # Row of F(nxt(i), ·) of every pair and position, laid out position-major for contiguous slices.
+    skip_rows = (nx * r + rows[:, None]).t().contiguous()  # (C, R)
+    gcols = gp.t().contiguous()  # (C, R)
+    for i in range(c - 1, 0, -1):
+        a = active[i]  # the rows past it keep F(i, ·) = F(C, ·)
+        take = hist[i + 1, :a, :-1] + gcols[i, :a, None]  # j ≥ 1 nodes with v_i among them
+        skip = flat.index_select(0, skip_rows[i, :a])[:, 1:]
+        torch.ge(take, skip, out=dec[i, :a, 1:])
+        torch.where(dec[i, :a, 1:], take, skip, out=hist[i, :a, 1:])
+    return gp[:, 0] + hist[1][rows, kidx], dec
+
+
+def walk(dec, nx, kidx):
+    """(R, C) bool the set of each pair, by following its decisions forward from the root."""
+    r, c = nx.shape
+    dev = nx.device
+    # Per pair: the entry of dec[i] for its row and the nodes j left to take (j = 0 is never
+    # taken: dec[:, :, 0] is False), and the position it has reached.
+    at = torch.arange(r, device=dev) * dec.shape[2] + kidx
+    pos = torch.ones(r, dtype=torch.long, device=dev)
+    members = torch.zeros(c, r, dtype=torch.bool, device=dev)
+    members[0] = True
+    flat = dec.view(c, -1)
+    nxt = nx.t().contiguous()  # (C, R)
+    for i in range(1, c):
+        # A pair at position i takes v_i as decided, else skips v_i's subtree.
+        here = pos == i
+        t = torch.logical_and(flat[i].index_select(0, at), here, out=members[i])
+        at.add_(t, alpha=-1)
+        pos = torch.where(here, torch.where(t, i + 1, nxt[i]), pos)
+    return members.t()
+
+
+
+
+def jaccard_sets_torch(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs):
+    """The torch implementation of :func:`jaccard_sets` (every device)."""
+    check_args(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs)
+    bsz, c, num_e = q.shape
+    dev = q.device
+    if c == 0 or bsz == 0:
+        return torch.zeros(bsz, c, dtype=torch.bool, device=dev)
+    u64 = torch.finfo(torch.float64).eps / 2
+    cols = torch.arange(c, device=dev)
+    real = cols[None, :] < count[:, None]
+    safe_ids = torch.where(real, ids, pre.shape[0] - 1)  # the padding row of the tables
+    node_depth = torch.where(real, depth[safe_ids], PAD_DEPTH)
+    position = torch.where(real, pre[safe_ids], pre.shape[0])  # increasing along each row, padding last
+    nxt = torch.searchsorted(position, torch.where(real, end[safe_ids], pre.shape[0]))
+    pv = q.sum(2)
+    kmax = c
+    g = gains(q.reshape(-1, num_e), node_depth.view(-1), depths, kmax).view(bsz, c, kmax)
+    # The nodes allowed at each size: τ_k(n) depends on d_min(n) and k only.
+    kf = torch.arange(1, kmax + 1, device=dev, dtype=torch.float64)
+    dmin_rows = torch.arange(max_depth + 2, device=dev, dtype=torch.float64)[:, None]
+    tau_k = (torch.maximum(kf, dmin_rows) / (2 * kf + max_depth - 1))[dmin1[safe_ids].long().clamp(max=max_depth + 1)]
+    allowed = ((pv + mass_abs)[:, :, None] >= tau_k * (lb * (1 - mass_rel))[:, None, None]) | (cols == 0)[None, :, None]
+    g = g.masked_fill(~(allowed & real[:, :, None]), float("-inf"))
+    # The sizes whose bound reaches lb: min(the Lagrangian top-k bound, G(k)), λ_k the gain at k of the
+    # candidate ranked k-th by its gain at the typical size.
+    col = (k_ref.clamp(min=1, max=kmax) - 1)
+    order = torch.sort(g.gather(2, col[:, None, None].expand(bsz, c, 1))[:, :, 0], dim=1, descending=True).indices
+    lam = g.gather(1, order[:, :, None].expand(bsz, c, kmax)).diagonal(dim1=1, dim2=2)
+    lam = lam.clamp(min=0).nan_to_num(nan=0.0)
+    ub = (g - lam[:, None, :]).clamp(min=0).sum(1) + lam * kf
+    cover = torch.minimum(kf[:, None], depths + 1) / torch.maximum(kf[:, None], depths + 1)
+    ub = torch.minimum(ub, q[:, 0, :] @ cover.t())  # the root's masses
+    slack_v = 2 * ((num_e + kmax + 16) * u64 + mass_rel)
+    spread = slack_v * (max_depth + 1) / kf + 4 * kmax * mass_abs
+    want = (ub * (1 + slack_v) + spread >= lb[:, None]) & (kf[None, :] <= count[:, None])
+    # The pairs, rows with more candidates first (a prefix of them works at each position): one host
+    # read, their number and, for each position, the size of that prefix.
+    by_count = torch.sort(count, descending=True, stable=True).indices
+    per = torch.zeros(kmax + 1, dtype=torch.long, device=dev).index_add_(0, count, want.sum(1))
+    sizes = torch.cat([per.flip(0).cumsum(0).flip(0), per.new_zeros(1)]).tolist()  # [i]: count ≥ i
+    b, kidx = torch.nonzero_static(want[by_count], size=sizes[0]).unbind(1)
+    b = by_count[b]
+    nx = nxt[b]
+    gp = g[b, :, kidx]
+    val, dec = knapsack(gp, nx, kidx, kmax, sizes[1:])
+    members = walk(dec, nx, kidx)  # (R, C)
+    # The smallest size within float64 rounding of the best value, its first set.
+    best = torch.full((bsz,), float("-inf"), dtype=torch.float64, device=dev).scatter_reduce(0, b, val, "amax")
+    eligible = val >= best[b] * (1 - slack_v) - 4 * kmax * mass_abs
+    kbest = torch.full((bsz,), kmax, dtype=torch.long, device=dev).scatter_reduce(
+        0, b, torch.where(eligible, kidx, kmax), "amin")
+    first = eligible & (kidx == kbest[b])
+    r = b.numel()
+    pick = torch.full((bsz,), r, dtype=torch.long, device=dev).scatter_reduce(
+        0, b, torch.where(first, torch.arange(r, device=dev), r), "amin")
+    return torch.cat([members, members.new_zeros(1, c)])[pick]  # row R: no pair
+
+
+def _fake(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs):
+    check_args(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs)
+    return q.new_empty(ids.shape, dtype=torch.bool)
+
+
+register("jaccard_sets", SCHEMA, jaccard_sets_torch, _fake, check_args, None)
