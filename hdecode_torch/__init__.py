@@ -4,34 +4,82 @@ A model gives p(leaf | x); each hierarchical metric has its own best prediction.
 ``get_metric(name, hierarchy).decode(leaf_probs)`` returns it for a whole batch.
 """
 
-from .core import ROW_SUM_TOLERANCE, Posterior, get_memory_budget, plan_for, row_sum_tolerance, set_memory_budget
-from .hierarchy import Hierarchy, list_hierarchies, load_hierarchy
-from .kernels import node_probabilities
-from .metrics import CostMatrixMetric, get_metric, has_optimal_decoder, list_metrics
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
+# The public names load on first use (PEP 562): `import hdecode_torch` costs nothing, so that the
+# `hdecode` command (hdecode_torch.cli) answers --help, --version and a bad command line before
+# torch is imported (about two seconds).  `hd.X`, `from hdecode_torch import X` and `import *`
+# load the module of X then.
+_LAZY = {
+    "ROW_SUM_TOLERANCE": ".core", "Posterior": ".core", "get_memory_budget": ".core", "plan_for": ".core",
+    "row_sum_tolerance": ".core", "set_memory_budget": ".core",
+    "Hierarchy": ".hierarchy", "list_hierarchies": ".hierarchy", "load_hierarchy": ".hierarchy",
+    "node_probabilities": ".kernels",
+    "CostMatrixMetric": ".metrics", "get_metric": ".metrics", "has_optimal_decoder": ".metrics",
+    "list_metrics": ".metrics",
+    "calibrate_darts": ".decoders", "get_decoder": ".decoders", "list_decoders": ".decoders",
+    "DecodingHead": ".integrations.module", "TemperatureScaler": ".integrations.temperature",
+    # torchmetrics and Lightning load with these only.
+    "HierarchicalMetric": ".integrations", "HierarchicalMetricsCallback": ".integrations",
+}
+_SUBMODULES = {"cli", "core", "decoders", "hierarchy", "integrations", "kernels", "metrics", "synthetic"}
+
+# HierarchicalMetricsCallback stays out of __all__: a star import must not need Lightning.
 __all__ = [
     "Hierarchy", "load_hierarchy", "list_hierarchies", "node_probabilities",
     "get_metric", "list_metrics", "has_optimal_decoder", "CostMatrixMetric", "Posterior", "ROW_SUM_TOLERANCE",
     "row_sum_tolerance", "get_memory_budget", "set_memory_budget", "plan_for", "__version__",
+    "get_decoder", "list_decoders", "calibrate_darts",
+    "DecodingHead", "TemperatureScaler", "HierarchicalMetric",
 ]
 
-from .decoders import calibrate_darts, get_decoder, list_decoders  # noqa: E402
 
-__all__ += ["get_decoder", "list_decoders", "calibrate_darts"]
+class _CoreBeforeKernels:
+    """Imports ``hdecode_torch.core`` before the first ``hdecode_torch.kernels`` module.
 
-from .integrations.module import DecodingHead  # noqa: E402
-from .integrations.temperature import TemperatureScaler  # noqa: E402
+    kernels/tree_sums.py and kernels/probabilities.py import from core, whose ``__init__`` imports
+    kernels back: the cycle resolves only when core starts it, which the eager imports of this
+    package used to ensure.  With them lazy, ``import hdecode_torch.kernels.fused`` (or
+    ``hdecode_torch.synthetic``) first would fail half-way; this finder keeps the old order.  It
+    finds nothing itself (a meta path finder by its ``find_spec``; importlib.abc costs 10 ms to import),
+    and has nothing to do once kernels stop importing core.
+    """
 
-# HierarchicalMetricsCallback stays out of __all__: a star import must not need Lightning.
-__all__ += ["DecodingHead", "TemperatureScaler", "HierarchicalMetric"]
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.startswith(f"{__name__}.kernels") and f"{__name__}.core" not in sys.modules:
+            importlib.import_module(f"{__name__}.core")
+        return None
 
 
-def __getattr__(name):
-    # torchmetrics and Lightning load on first use, so `import hdecode_torch` stays fast.
-    if name in ("HierarchicalMetric", "HierarchicalMetricsCallback"):
-        from . import integrations
+sys.meta_path.insert(0, _CoreBeforeKernels())
 
-        return getattr(integrations, name)
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value  # later lookups do not come back here
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY) | _SUBMODULES)
+
+
+if TYPE_CHECKING:  # what static analysis sees: the same names, imported eagerly
+    from .core import ROW_SUM_TOLERANCE, Posterior, get_memory_budget, plan_for, row_sum_tolerance, set_memory_budget
+    from .decoders import calibrate_darts, get_decoder, list_decoders
+    from .hierarchy import Hierarchy, list_hierarchies, load_hierarchy
+    from .integrations import HierarchicalMetric, HierarchicalMetricsCallback
+    from .integrations.module import DecodingHead
+    from .integrations.temperature import TemperatureScaler
+    from .kernels import node_probabilities
+    from .metrics import CostMatrixMetric, get_metric, has_optimal_decoder, list_metrics

@@ -6,6 +6,7 @@ import csv
 import json
 import math
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -108,12 +109,36 @@ def test_info(tmp_path, capsys):
     assert stats["num_single_child_nodes"] == 77 and stats["longest_single_child_chain"] >= 1
 
 
-def test_info_positional_tree_is_a_deprecated_alias(capsys):
-    code, out, err = run_cli(["info", "inat19", "--json"], capsys)
-    assert code == 0 and json.loads(out)["results"]["num_nodes"] == 1190
-    assert err.strip() == "hdecode info: warning: the positional TREE is deprecated: use --hierarchy inat19"
-    code, _, err = run_cli(["info", "inat19", "--hierarchy", "inat19"], capsys)
-    assert code == 2 and "give the tree once" in err
+def test_info_prints_the_leaves_in_column_order(tmp_path, capsys, tiered):
+    """Column j of --probs is the j-th leaf listed: sorted names for an edge list, --leaf-order's order
+    when given (text and --json); a bundled tree lists its first and last leaves, --json all of them."""
+    tree = small_tree_csv(tmp_path)
+    code, out, _ = run_cli(["info", "--hierarchy", tree], capsys)
+    lines = out.splitlines()
+    at = [i for i, ln in enumerate(lines) if ln.startswith("leaves in column order")]
+    assert code == 0 and len(at) == 1 and lines[at[0] + 1].split() == ["0", "a", "1", "b", "2", "c", "3", "d", "4", "e"]
+    (tmp_path / "order.txt").write_text("e\nd\nc\nb\na\n")
+    code, out, _ = run_cli(["info", "--hierarchy", tree, "--leaf-order", tmp_path / "order.txt", "--json"], capsys)
+    doc = json.loads(out)
+    assert code == 0 and doc["results"]["leaf_order"] == ["e", "d", "c", "b", "a"]
+    assert doc["metadata"]["setting"]["leaf_order"] == str(tmp_path / "order.txt")
+    # ... and it is the order decode reads the columns in: all the mass on column 0 is leaf e.
+    np.save(tmp_path / "p.npy", np.eye(5)[:1])
+    code, out, _ = run_cli(["decode", "--hierarchy", tree, "--leaf-order", tmp_path / "order.txt", "--probs",
+                            tmp_path / "p.npy", "--metric", "accuracy", "--names"], capsys)
+    assert code == 0 and out.split() == ["e"]
+    code, out, _ = run_cli(["info", "--hierarchy", "tieredimagenet-h", "--json"], capsys)
+    res = json.loads(out)["results"]
+    assert res["leaf_order"] == [tiered.name(j) for j in range(608)]
+    assert res["leaf_labels"][0] == tiered.label(0) == "tench" and res["leaf_order"][0] == "n01440764"
+    code, out, _ = run_cli(["info"], capsys)
+    assert "0 n01440764 (tench)" in out and "... 508 more (--json lists every leaf)" in out
+    assert f"607 {tiered.name(607)}" in out
+
+
+def test_info_positional_tree_is_gone(capsys):
+    code, _, err = run_cli(["info", "inat19"], capsys)
+    assert code == 2 and "unrecognized arguments: inat19" in err
 
 
 def test_module_entry_point():
@@ -181,17 +206,74 @@ def test_compare_json_matches_library(compare_json, tiered):
                                                                           abs=1e-9)
 
 
+def table_blocks(text: str, corner: str) -> list[tuple[list[str], dict[str, list[str]]]]:
+    """The blocks of a printed table: (column names, {row label: cells}).  Column names are read back
+    from their right-aligned header lines (a long name is broken over several); in a row, the label
+    and the cells are separated by two spaces or more."""
+    lines = text.splitlines()
+    blocks = []
+    for i, ln in enumerate(lines):
+        if not ln.startswith(corner + " "):
+            continue
+        top = i
+        while top > 0 and lines[top - 1].strip():
+            top -= 1
+        ends = [m.end() for m in re.finditer(r"\S+(?: \S+)*", ln)][1:]  # right edges, after the corner
+        starts = [len(corner)] + ends[:-1]
+        names = ["".join(h[a:b].strip() for h in lines[top:i + 1]) for a, b in zip(starts, ends)]
+        rows = {}
+        for row in lines[i + 2:]:
+            if not row.strip():
+                break
+            if row.startswith("-"):  # the rule above a footer row
+                continue
+            label, *cells = re.split(r"\s{2,}", row.strip())
+            rows[label] = cells
+        blocks.append((names, rows))
+    return blocks
+
+
 def test_compare_prints_one_table(capsys):
     assert main(["compare", "--num-samples", "500", "--metrics", "tree_distance,hf_beta", "--betas", "1",
                  "--decoders", "argmax_leaf", "majority", "--no-progress"]) == 0
     out = capsys.readouterr().out
-    lines = out.splitlines()
-    header = [ln for ln in lines if ln.startswith("decoder ")]
-    assert len(header) == 1 and "tree_dist" in header[0] and "hF1" in header[0]
-    rows = {ln.split()[0]: ln for ln in lines if ln.split() and ln.split()[0] in ("optimal", "argmax_leaf", "majority")}
-    assert set(rows) == {"optimal", "argmax_leaf", "majority"}
-    assert "±" in rows["optimal"] and "*" in rows["optimal"]
-    assert "gain of optimal" in out
+    ((names, rows),) = table_blocks(out, "metric")
+    assert names == ["optimal", "gain", "argmax_leaf", "majority"]
+    assert list(rows) == ["tree_distance ↓", "hf_beta[beta=1] ↑"]
+    td = rows["tree_distance ↓"]
+    assert "±" in td[0] and td[0].endswith("*") and td[3].endswith("*")  # majority is tree distance's rule
+    assert td[1] == "+0.00%"
+    assert "gain: relative improvement of optimal" in " ".join(out.split())
+
+
+def test_compare_table_names_are_the_json_keys_and_fit_100_columns(tmp_path, capsys):
+    """Piped to a file, the default table is at most 100 characters wide, in blocks of similar size
+    (none left with a single decoder), and names its rows and columns as --json does."""
+    js = tmp_path / "r.json"
+    assert main(["compare", "--num-samples", "300", "--json", str(js), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert max(len(ln) for ln in out.splitlines()) <= 100
+    blocks = table_blocks(out, "metric")
+    assert len(blocks) == 3 and min(len(names) for names, _ in blocks) >= 3
+    results = json.loads(js.read_text())["results"]
+    decoders = [k for k in results["metrics"]["jaccard"] if k != "higher_is_better"]
+    assert [n for names, _ in blocks for n in names] == decoders[:1] + ["gain"] + decoders[1:]
+    for _, rows in blocks:
+        assert [label.rsplit(" ", 1)[0] for label in rows] == ALL_METRIC_KEYS
+        for label in rows:
+            key, arrow = label.rsplit(" ", 1)
+            assert arrow == ("↑" if results["metrics"][key]["higher_is_better"] else "↓")
+    # The values are the JSON's, at the printed precision.
+    printed = blocks[0][1]["wu_palmer ↑"][0].split("±")[0]
+    digits = len(printed.split(".")[1])
+    assert float(printed) == pytest.approx(results["metrics"]["wu_palmer"]["optimal"], abs=0.51 * 10 ** -digits)
+    # --transpose: a row per decoder, a column per metric, the same names; --width wraps it.
+    assert main(["compare", "--num-samples", "300", "--no-progress", "--transpose", "--width", "120"]) == 0
+    out = capsys.readouterr().out
+    assert max(len(ln) for ln in out.splitlines()) <= 120
+    blocks = table_blocks(out, "decoder")
+    assert [n.rsplit(" ", 1)[0] for names, _ in blocks for n in names] == ALL_METRIC_KEYS
+    assert all(list(rows) == decoders + ["gain of optimal vs best heuristic"] for _, rows in blocks)
 
 
 def test_compare_files_match_library(tmp_path, capsys):
@@ -231,13 +313,29 @@ def test_render_table_wraps_to_width(compare_json, tiered):
                hd.get_metric("hf_beta", tiered, beta=2.0)]
     decoders = [hd.get_decoder("argmax_leaf", tiered), hd.get_decoder("plurality", tiered)]
     ev = evaluate(tiered, probs, y, metrics, decoders, batch_size=100)
-    wide = render_table(ev)
-    narrow = render_table(ev, width=60)
-    assert "n/a" not in wide  # jaccard's optimal decoder fills its cell
-    assert max(len(ln) for ln in narrow.splitlines()) <= 60
-    assert narrow.count("decoder ") == 3 and wide.count("decoder ") == 1
+    for transpose, corner in ((False, "metric"), (True, "decoder")):
+        wide = render_table(ev, transpose=transpose)
+        narrow = render_table(ev, width=60, transpose=transpose)
+        assert "n/a" not in wide  # jaccard's optimal decoder fills its cell
+        assert max(len(ln) for ln in narrow.splitlines()) <= 60
+        assert len(table_blocks(narrow, corner)) >= 2 and len(table_blocks(wide, corner)) == 1
     colored = render_table(ev, color=True)
     assert "\033[1m" in colored
+
+
+def test_table_blocks_are_balanced():
+    """Wrapped, the columns fill as few blocks as possible, of similar widths: 5 columns that need
+    two blocks are split 3 + 2, not 4 + 1 (the last block holding only jaccard)."""
+    from hdecode_torch.cli.compare import _blocks, _header_lines
+
+    assert _blocks([20] * 5, 80) == [[0, 1, 2], [3, 4]]
+    assert _blocks([16] * 11, 64) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10]]
+    assert _blocks([10, 200, 10], 50) == [[0], [1], [2]]  # a column wider than the room stands alone
+    assert _blocks([10, 10], 100) == [[0, 1]]
+    for name in ("information_threshold[threshold=3.21]", "confidence_threshold[tau=0.8]", "tree_distance ↓"):
+        lines = _header_lines(name, 14)
+        assert "".join(lines) == name and max(len(x) for x in lines) <= max(16, *(len(p) for p in
+                                                                                    re.split(r"(?<=_)|(?=\[)", name)))
 
 
 def test_evaluate_batching_is_exact(tiered):
@@ -899,10 +997,10 @@ def test_plot_gain_seeds_is_a_deprecated_alias(tmp_path, capsys):
 def test_progress_starts_before_the_data(capsys, monkeypatch):
     """On a terminal the bar is up before the synthetic data are drawn (the slow first step)."""
     pytest.importorskip("tqdm")
-    import hdecode_torch.cli.common as common
     import hdecode_torch.cli.compare as compare_mod
+    import hdecode_torch.cli.progress as progress_mod
 
-    monkeypatch.setattr(common, "_stderr_is_tty", lambda: True)
+    monkeypatch.setattr(progress_mod, "_stderr_is_tty", lambda: True)
     shown = []
     real = compare_mod.synthetic_outputs
 
