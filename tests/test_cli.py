@@ -1118,3 +1118,94 @@ def test_failed_json_and_image_writes_keep_the_old_file(tmp_path, capsys, monkey
     code, _, err = run_cli(argv, capsys)
     assert code == 1 and "No space left on device" in _error_line(err)
     assert out.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == [out.name]
+
+
+# =========================================================================== start-up (issue 26)
+_STARTUP = r"""
+import contextlib, io, sys
+from hdecode_torch.cli.main import main
+
+out = []
+for argv in [["--help"], ["--version"], ["compare", "--help"], ["decode", "--help"], ["plot", "gain", "--help"],
+             ["info", "--help"], ["compare", "--bogus"], ["decode", "--probs", "p.npy"],
+             ["compare", "--targets", "y.npy"], ["decode", "--probs", "p.npy", "--metric", "zhao", "--seed", "1"],
+             ["compare", "--probs", "p.npy", "--targets", "y.npy", "--calibrate", "--from-logits", "auto"]]:
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = exc.code
+    out.append((" ".join(argv), code, "torch" in sys.modules, err.getvalue().strip().splitlines()[-1:]))
+for row in out:
+    print(row)
+"""
+
+
+def test_help_version_and_bad_command_lines_answer_before_torch_loads():
+    """`hdecode --help`, `--version`, and an error in the options alone (argparse's or a combination)
+    are answered without importing torch (~2 s): in one process, torch is still not loaded after all."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, "-c", _STARTUP], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [eval(ln) for ln in proc.stdout.splitlines()]  # noqa: S307 - our own repr of tuples
+    assert [r[1] for r in rows] == [0] * 6 + [2] * 5
+    assert not any(r[2] for r in rows), rows
+    assert "--targets needs --probs" in rows[8][3][0] and "--seed applies to --calibrate" in rows[9][3][0]
+    assert "not --from-logits auto" in rows[10][3][0]
+
+
+def test_static_name_tables_are_the_library_registries():
+    """The help texts list names from static tables (no torch); they must be the registries."""
+    from hdecode_torch import synthetic
+    from hdecode_torch.cli import options
+
+    assert list(options.METRIC_NAMES) == list(hd.list_metrics())
+    assert list(options.HEURISTIC_NAMES) == [n for n in hd.list_decoders() if n != "optimal"]
+    assert list(options.HIERARCHY_NAMES) == list(hd.list_hierarchies())
+    assert options.SYNTHETIC_NOISE == synthetic.DEFAULT_NOISE
+
+
+# =========================================================================== --from-logits auto (issue 24)
+def test_from_logits_auto_and_warnings_in_cli_terms(tmp_path, capsys):
+    tree, h, probs, y = _tiny(tmp_path, rows=20)
+    z = 2.0 * probs.log() - 1.0
+    np.save(tmp_path / "z.npy", z.numpy())
+    zhao = hd.get_metric("zhao", h)
+    cases = [("p.npy", ["--from-logits", "auto"], zhao.decode(probs)), ("z.npy", ["--from-logits", "auto"],
+             zhao.decode(torch.softmax(z, 1))), ("p.npy", ["--from-logits", "false"], zhao.decode(probs)),
+             ("z.npy", ["--from-logits", "true"], zhao.decode(torch.softmax(z, 1)))]
+    for name, flags, want in cases:
+        code, out, err = run_cli(["decode", "--hierarchy", tree, "--probs", tmp_path / name, *flags, "--metric",
+                                  "zhao", "--no-progress"], capsys)
+        assert code == 0 and err == "" and [int(x) for x in out.split()] == want.tolist(), (name, flags, err)
+    js = tmp_path / "r.json"
+    assert run_cli(["compare", "--hierarchy", tree, "--probs", tmp_path / "z.npy", "--targets", tmp_path / "y.npy",
+                    "--from-logits", "auto", "--metrics", "zhao", "--decoders", "majority", "--json", js,
+                    "--no-progress"], capsys)[0] == 0
+    doc = json.loads(js.read_text())
+    assert doc["metadata"]["setting"]["from_logits"] == "auto"
+    assert doc["results"]["metrics"]["zhao"]["optimal"] == pytest.approx(
+        float(zhao(zhao.decode(torch.softmax(z, 1)), y).mean()), abs=1e-9)
+    # Probabilities passed as logits: the warning names the command line's options, not API keywords.
+    code, _, err = run_cli(["decode", "--hierarchy", tree, "--probs", tmp_path / "p.npy", "--from-logits",
+                            "--metric", "zhao", "--no-progress"], capsys)
+    warn = [ln for ln in err.splitlines() if "warning:" in ln]
+    assert code == 0 and len(warn) == 1, err
+    assert "leave out --from-logits for probabilities (or --from-logits auto)" in warn[0] and "from_logits" not in warn[0]
+    code, _, err = run_cli(["decode", "--hierarchy", tree, "--probs", tmp_path / "p.npy", "--from-logits", "maybe",
+                            "--metric", "zhao"], capsys)
+    assert code == 2 and "argument --from-logits: expected auto, true or false, got 'maybe'" in err
+
+
+@pytest.mark.parametrize("api, cli", [
+    ("pass from_logits=False for probabilities (or from_logits='auto')",
+     "leave out --from-logits for probabilities (or --from-logits auto)"),
+    ('use from_logits="auto" or normalize=True', "use --from-logits auto or --normalize"),
+    ("with from_logits=False, `probs` must sum to 1", "with no --from-logits, --probs must sum to 1"),
+    ("or from_logits=True for logits", "or --from-logits for logits"),
+])
+def test_cli_wording(api, cli):
+    from hdecode_torch.cli.main import cli_wording
+
+    assert cli_wording(api) == cli

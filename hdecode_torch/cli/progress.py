@@ -7,6 +7,7 @@ chunk, which builds the tree's tables) shows its time running instead of a froze
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -19,6 +20,13 @@ TICK_S = 0.5
 
 def _stderr_is_tty() -> bool:
     return sys.stderr is not None and sys.stderr.isatty()
+
+
+def _terminal_columns() -> int:
+    try:
+        return os.get_terminal_size(sys.stderr.fileno()).columns
+    except (OSError, ValueError, AttributeError):
+        return 0
 
 
 class Progress:
@@ -41,10 +49,19 @@ class Progress:
         if not self.enabled:
             return
         try:
+            self._start_drawing()
+        except BaseException:  # Ctrl-C right after the first draw: take the line down again
+            self.close()
+            raise
+
+    def _start_drawing(self) -> None:
+        try:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total, desc=desc, unit=unit, leave=False, file=sys.stderr, mininterval=0.2,
-                             dynamic_ncols=True, bar_format=self._format(total))
+            # A terminal that reports no size (a bare pseudo-terminal) would get no bar from tqdm at all.
+            width = {"dynamic_ncols": True} if _terminal_columns() > 0 else {"ncols": 80, "nrows": 24}
+            self._bar = tqdm(total=self.total, desc=self.desc, unit=self.unit, leave=False, file=sys.stderr,
+                             mininterval=0.2, bar_format=self._format(self.total), **width)
         except ImportError:
             self._draw(force=True)
         self._ticker = threading.Thread(target=self._tick, name="hdecode-progress", daemon=True)
