@@ -1209,3 +1209,14 @@ def test_cli_wording(api, cli):
     from hdecode_torch.cli.main import cli_wording
 
     assert cli_wording(api) == cli
+
+
+def test_calibrate_refuses_probabilities(tmp_path, capsys):
+    """`--calibrate` on probabilities (given --from-logits) fitted a meaningless T in silence."""
+    tree, h, probs, y = _tiny(tmp_path, rows=40)
+    for cmd in (["compare", "--targets", tmp_path / "y.npy"], ["decode", "--metric", "zhao", "--targets",
+                                                                 tmp_path / "y.npy"]):
+        code, _, err = run_cli([*cmd, "--hierarchy", tree, "--probs", tmp_path / "p.npy", "--from-logits",
+                                "--calibrate", "--no-progress"], capsys)
+        line = _error_line(err)
+        assert code == 2 and "Expected --probs to hold logits, but every row is non-negative and sums to 1" in line
