@@ -1238,3 +1238,58 @@ def test_compare_shows_no_sparse_invariant_warning(capsys, monkeypatch):
     code, _, err = run_cli(["compare", "--num-samples", "50", "--metrics", "zhao", "--decoders", "majority",
                             "--no-progress"], capsys)
     assert code == 0 and err == ""
+
+
+_FIRST_LINE = r"""
+import sys
+import hdecode_torch.cli.progress as progress
+
+progress._stderr_is_tty = lambda: True
+torch_loaded = []
+start = progress.Progress._start_drawing
+
+
+def record(self):
+    torch_loaded.append("torch" in sys.modules)
+    start(self)
+
+
+progress.Progress._start_drawing = record
+from hdecode_torch.cli.main import main
+
+code = main(["info", "--hierarchy", "inat19", "--json"])
+print(code, torch_loaded, "torch" in sys.modules, file=sys.__stdout__)
+"""
+
+
+def test_a_run_shows_its_progress_line_before_torch_loads():
+    """The first progress line of a run is drawn before torch is imported (~2 s of silence before)."""
+    pytest.importorskip("tqdm")
+    proc = subprocess.run([sys.executable, "-c", _FIRST_LINE], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[-1] == "0 [False] True"
+    assert "info: loading" in proc.stderr
+
+
+@pytest.mark.parametrize("tqdm_installed", [True, False])
+def test_the_progress_line_keeps_time_while_a_stage_runs(capsys, monkeypatch, tqdm_installed):
+    """A stage of unknown length (loading, drawing data) is redrawn with its time running, not frozen."""
+    import builtins
+    import time
+
+    import hdecode_torch.cli.progress as progress_mod
+
+    if tqdm_installed:
+        pytest.importorskip("tqdm")
+    else:
+        real_import = builtins.__import__
+        monkeypatch.setattr(builtins, "__import__", lambda name, *a, **k: (_ for _ in ()).throw(ImportError(name))
+                            if name == "tqdm" else real_import(name, *a, **k))
+    monkeypatch.setattr(progress_mod, "_stderr_is_tty", lambda: True)
+    monkeypatch.setattr(progress_mod, "TICK_S", 0.05)
+    bar = progress_mod.Progress("x: loading")
+    time.sleep(0.5)
+    bar.close()
+    err = capsys.readouterr().err
+    assert err.count("x: loading") >= 4, err  # the first draw and the ticker's redraws
+    assert not bar._ticker.is_alive()
