@@ -1293,3 +1293,23 @@ def test_the_progress_line_keeps_time_while_a_stage_runs(capsys, monkeypatch, tq
     err = capsys.readouterr().err
     assert err.count("x: loading") >= 4, err  # the first draw and the ticker's redraws
     assert not bar._ticker.is_alive()
+
+
+def test_ctrl_c_while_the_progress_line_starts_takes_it_down(capsys, monkeypatch):
+    """Ctrl-C can land anywhere in Progress() (it is drawn as torch starts loading): the interrupt goes
+    through, the line is cleared, nothing else is raised."""
+    import hdecode_torch.cli.progress as progress_mod
+
+    real_start = progress_mod.threading.Thread.start
+
+    def interrupted(self):
+        if self.name != "hdecode-progress":  # tqdm's own monitor thread starts normally
+            return real_start(self)
+        raise KeyboardInterrupt  # as if Ctrl-C landed while the redrawing thread was being started
+
+    monkeypatch.setattr(progress_mod, "_stderr_is_tty", lambda: True)
+    monkeypatch.setattr(progress_mod.threading.Thread, "start", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        progress_mod.Progress("x: loading")
+    err = capsys.readouterr().err
+    assert "x: loading" in err and err.endswith("\r"), repr(err)  # drawn, then overwritten by blanks

@@ -64,8 +64,11 @@ class Progress:
                              mininterval=0.2, bar_format=self._format(self.total), **width)
         except ImportError:
             self._draw(force=True)
-        self._ticker = threading.Thread(target=self._tick, name="hdecode-progress", daemon=True)
-        self._ticker.start()
+        # Known to close() once started only: a Ctrl-C inside start() leaves a thread that stops at its
+        # first tick (_stop is set), never one that close() would join before it started.
+        ticker = threading.Thread(target=self._tick, name="hdecode-progress", daemon=True)
+        ticker.start()
+        self._ticker = ticker
 
     @staticmethod
     def _format(total):
@@ -131,7 +134,7 @@ class Progress:
 
     def close(self) -> None:
         self._stop.set()
-        if self._ticker is not None and self._ticker is not threading.current_thread():
+        if self._ticker is not None and self._ticker.is_alive() and self._ticker is not threading.current_thread():
             self._ticker.join()
         with self._lock:
             if not self.enabled:
