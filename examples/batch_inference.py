@@ -4,7 +4,8 @@ The probabilities live in host memory (a ``.npy`` file, memory-mapped, or a synt
 array); each chunk is copied to the device once, checked once, and its node sums
 (a :class:`~hdecode_torch.Posterior`) are shared by every metric's optimal decoder.
 Node predictions come back as int64 ids, set predictions as bit-packed (B, ceil(N/8))
-uint8 rows.  Timings per metric and the overall throughput are printed.
+uint8 rows.  Timings per metric and the overall throughput are printed; progress (each
+chunk, each metric) goes to standard error as the work runs.
 
     python examples/batch_inference.py                               # 100k synthetic rows, auto device
     python examples/batch_inference.py --samples 5000 --chunk-size 1024
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 import numpy as np
@@ -42,6 +44,15 @@ def synthetic_probabilities(num_leaves: int, samples: int, temperature: float, s
         z = np.exp(z - z.max(1, keepdims=True))
         out[a:a + len(z)] = z / z.sum(1, keepdims=True)
     return out
+
+
+def status(text: str, line: bool = False) -> None:
+    """Progress on standard error: rewritten in place on a terminal; elsewhere only the lines (``line``)."""
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\033[K" + text + ("\n" if line else ""))
+    elif line:
+        sys.stderr.write(text + "\n")
+    sys.stderr.flush()
 
 
 def _sync(device: torch.device) -> None:
@@ -72,6 +83,7 @@ def main(argv=None) -> dict:
     if args.input:
         probs = np.load(args.input, mmap_mode="r")
     else:
+        status(f"drawing {args.samples:,} synthetic rows of {h.num_leaves} leaves", line=True)
         probs = synthetic_probabilities(h.num_leaves, args.samples, args.temperature, args.seed)
     n = probs.shape[0]
     metrics = {}
@@ -83,14 +95,17 @@ def main(argv=None) -> dict:
                for key, m in metrics.items()}
     timing = {"copy+check": 0.0, "node sums": 0.0, **{key: 0.0 for key in metrics}}
     # Warm-up on one row: per-tree tables are built and cached once, outside the timings.
+    status("warm-up on one row: building the tree's tables for each metric", line=True)
     warm = hd.Posterior(h, torch.as_tensor(np.asarray(probs[:1])).to(device))
     for m in metrics.values():
         m.decode(warm)
     pin = device.type == "cuda"
     _sync(device)
     start = time.perf_counter()
-    for a in range(0, n, args.chunk_size):
+    chunks = -(-n // args.chunk_size)
+    for k, a in enumerate(range(0, n, args.chunk_size), start=1):
         b = min(n, a + args.chunk_size)
+        status(f"chunk {k}/{chunks} (rows {a:,}..{b - 1:,}): copy and check")
         t = time.perf_counter()
         host = torch.from_numpy(np.ascontiguousarray(probs[a:b]))
         chunk = (host.pin_memory() if pin else host).to(device, non_blocking=pin)
@@ -102,11 +117,13 @@ def main(argv=None) -> dict:
         _sync(device)
         timing["node sums"] += time.perf_counter() - t
         for key, m in metrics.items():
+            status(f"chunk {k}/{chunks} (rows {a:,}..{b - 1:,}): {key}")
             t = time.perf_counter()
             pred = m.decode(post)
             pred = pred.cpu().numpy()  # the copy back synchronizes
             timing[key] += time.perf_counter() - t
             outputs[key][a:b] = np.packbits(pred, axis=1) if pred.dtype == np.bool_ else pred
+        status(f"chunk {k}/{chunks} done: {b:,} of {n:,} rows in {time.perf_counter() - start:.1f}s", line=True)
     total = time.perf_counter() - start
 
     print(f"{n} rows x {h.num_leaves} leaves on {device} in chunks of {args.chunk_size}: {total:.2f}s, "

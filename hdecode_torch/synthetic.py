@@ -24,6 +24,7 @@ whatever ``noise`` is, so the entropy of every row grows with ``noise``.
 from __future__ import annotations
 
 import numbers
+import warnings
 
 import torch
 
@@ -74,11 +75,16 @@ def synthetic_outputs(hierarchy, num_samples: int, noise: float = DEFAULT_NOISE,
     # |A(l) ∩ A(c)| = d(LCA(c, l)) + 1 and the path sums of the offsets are both one sparse
     # product with the (L, N) leaf-ancestor incidence: no L x L distance matrix, no loop.
     # (The root's offset shifts every logit of a row equally, so it drops out of the softmax.)
-    incidence = h.leaf_ancestor_incidence(torch.float64)
-    shared = torch.sparse.mm(incidence, ancestor_mask(h, centre).t().to(torch.float64))
+    with warnings.catch_warnings():
+        # torch (2.11 at least) says "Sparse invariant checks are implicitly disabled" from these sparse
+        # ops, through `hdecode compare` too; the incidence is built valid (coalesced, in range).
+        warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
+        incidence = h.leaf_ancestor_incidence(torch.float64)
+        shared = torch.sparse.mm(incidence, ancestor_mask(h, centre).t().to(torch.float64))
+        offset_sums = torch.sparse.mm(incidence, offsets)
     depth = h.depth.to(torch.float64)
     dist = depth[centre][None, :] + depth[:L, None] - 2.0 * (shared - 1.0)
-    score = torch.sparse.mm(incidence, offsets) - dist
+    score = offset_sums - dist
     probs = torch.softmax(score.t() / float(noise), dim=1)
     # Inverse-CDF sampling with one uniform per row: vectorized, and exactly y ~ probs.
     cdf = probs.cumsum(1)

@@ -6,6 +6,7 @@ import csv
 import json
 import math
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -108,12 +109,36 @@ def test_info(tmp_path, capsys):
     assert stats["num_single_child_nodes"] == 77 and stats["longest_single_child_chain"] >= 1
 
 
-def test_info_positional_tree_is_a_deprecated_alias(capsys):
-    code, out, err = run_cli(["info", "inat19", "--json"], capsys)
-    assert code == 0 and json.loads(out)["results"]["num_nodes"] == 1190
-    assert err.strip() == "hdecode info: warning: the positional TREE is deprecated: use --hierarchy inat19"
-    code, _, err = run_cli(["info", "inat19", "--hierarchy", "inat19"], capsys)
-    assert code == 2 and "give the tree once" in err
+def test_info_prints_the_leaves_in_column_order(tmp_path, capsys, tiered):
+    """Column j of --probs is the j-th leaf listed: sorted names for an edge list, --leaf-order's order
+    when given (text and --json); a bundled tree lists its first and last leaves, --json all of them."""
+    tree = small_tree_csv(tmp_path)
+    code, out, _ = run_cli(["info", "--hierarchy", tree], capsys)
+    lines = out.splitlines()
+    at = [i for i, ln in enumerate(lines) if ln.startswith("leaves in column order")]
+    assert code == 0 and len(at) == 1 and lines[at[0] + 1].split() == ["0", "a", "1", "b", "2", "c", "3", "d", "4", "e"]
+    (tmp_path / "order.txt").write_text("e\nd\nc\nb\na\n")
+    code, out, _ = run_cli(["info", "--hierarchy", tree, "--leaf-order", tmp_path / "order.txt", "--json"], capsys)
+    doc = json.loads(out)
+    assert code == 0 and doc["results"]["leaf_order"] == ["e", "d", "c", "b", "a"]
+    assert doc["metadata"]["setting"]["leaf_order"] == str(tmp_path / "order.txt")
+    # ... and it is the order decode reads the columns in: all the mass on column 0 is leaf e.
+    np.save(tmp_path / "p.npy", np.eye(5)[:1])
+    code, out, _ = run_cli(["decode", "--hierarchy", tree, "--leaf-order", tmp_path / "order.txt", "--probs",
+                            tmp_path / "p.npy", "--metric", "accuracy", "--names"], capsys)
+    assert code == 0 and out.split() == ["e"]
+    code, out, _ = run_cli(["info", "--hierarchy", "tieredimagenet-h", "--json"], capsys)
+    res = json.loads(out)["results"]
+    assert res["leaf_order"] == [tiered.name(j) for j in range(608)]
+    assert res["leaf_labels"][0] == tiered.label(0) == "tench" and res["leaf_order"][0] == "n01440764"
+    code, out, _ = run_cli(["info"], capsys)
+    assert "0 n01440764 (tench)" in out and "... 508 more (--json lists every leaf)" in out
+    assert f"607 {tiered.name(607)}" in out
+
+
+def test_info_positional_tree_is_gone(capsys):
+    code, _, err = run_cli(["info", "inat19"], capsys)
+    assert code == 2 and "unrecognized arguments: inat19" in err
 
 
 def test_module_entry_point():
@@ -181,17 +206,74 @@ def test_compare_json_matches_library(compare_json, tiered):
                                                                           abs=1e-9)
 
 
+def table_blocks(text: str, corner: str) -> list[tuple[list[str], dict[str, list[str]]]]:
+    """The blocks of a printed table: (column names, {row label: cells}).  Column names are read back
+    from their right-aligned header lines (a long name is broken over several); in a row, the label
+    and the cells are separated by two spaces or more."""
+    lines = text.splitlines()
+    blocks = []
+    for i, ln in enumerate(lines):
+        if not ln.startswith(corner + " "):
+            continue
+        top = i
+        while top > 0 and lines[top - 1].strip():
+            top -= 1
+        ends = [m.end() for m in re.finditer(r"\S+(?: \S+)*", ln)][1:]  # right edges, after the corner
+        starts = [len(corner)] + ends[:-1]
+        names = ["".join(h[a:b].strip() for h in lines[top:i + 1]) for a, b in zip(starts, ends)]
+        rows = {}
+        for row in lines[i + 2:]:
+            if not row.strip():
+                break
+            if row.startswith("-"):  # the rule above a footer row
+                continue
+            label, *cells = re.split(r"\s{2,}", row.strip())
+            rows[label] = cells
+        blocks.append((names, rows))
+    return blocks
+
+
 def test_compare_prints_one_table(capsys):
     assert main(["compare", "--num-samples", "500", "--metrics", "tree_distance,hf_beta", "--betas", "1",
                  "--decoders", "argmax_leaf", "majority", "--no-progress"]) == 0
     out = capsys.readouterr().out
-    lines = out.splitlines()
-    header = [ln for ln in lines if ln.startswith("decoder ")]
-    assert len(header) == 1 and "tree_dist" in header[0] and "hF1" in header[0]
-    rows = {ln.split()[0]: ln for ln in lines if ln.split() and ln.split()[0] in ("optimal", "argmax_leaf", "majority")}
-    assert set(rows) == {"optimal", "argmax_leaf", "majority"}
-    assert "±" in rows["optimal"] and "*" in rows["optimal"]
-    assert "gain of optimal" in out
+    ((names, rows),) = table_blocks(out, "metric")
+    assert names == ["optimal", "gain", "argmax_leaf", "majority"]
+    assert list(rows) == ["tree_distance ↓", "hf_beta[beta=1] ↑"]
+    td = rows["tree_distance ↓"]
+    assert "±" in td[0] and td[0].endswith("*") and td[3].endswith("*")  # majority is tree distance's rule
+    assert td[1] == "+0.00%"
+    assert "gain: relative improvement of optimal" in " ".join(out.split())
+
+
+def test_compare_table_names_are_the_json_keys_and_fit_100_columns(tmp_path, capsys):
+    """Piped to a file, the default table is at most 100 characters wide, in blocks of similar size
+    (none left with a single decoder), and names its rows and columns as --json does."""
+    js = tmp_path / "r.json"
+    assert main(["compare", "--num-samples", "300", "--json", str(js), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert max(len(ln) for ln in out.splitlines()) <= 100
+    blocks = table_blocks(out, "metric")
+    assert len(blocks) == 3 and min(len(names) for names, _ in blocks) >= 3
+    results = json.loads(js.read_text())["results"]
+    decoders = [k for k in results["metrics"]["jaccard"] if k != "higher_is_better"]
+    assert [n for names, _ in blocks for n in names] == decoders[:1] + ["gain"] + decoders[1:]
+    for _, rows in blocks:
+        assert [label.rsplit(" ", 1)[0] for label in rows] == ALL_METRIC_KEYS
+        for label in rows:
+            key, arrow = label.rsplit(" ", 1)
+            assert arrow == ("↑" if results["metrics"][key]["higher_is_better"] else "↓")
+    # The values are the JSON's, at the printed precision.
+    printed = blocks[0][1]["wu_palmer ↑"][0].split("±")[0]
+    digits = len(printed.split(".")[1])
+    assert float(printed) == pytest.approx(results["metrics"]["wu_palmer"]["optimal"], abs=0.51 * 10 ** -digits)
+    # --transpose: a row per decoder, a column per metric, the same names; --width wraps it.
+    assert main(["compare", "--num-samples", "300", "--no-progress", "--transpose", "--width", "120"]) == 0
+    out = capsys.readouterr().out
+    assert max(len(ln) for ln in out.splitlines()) <= 120
+    blocks = table_blocks(out, "decoder")
+    assert [n.rsplit(" ", 1)[0] for names, _ in blocks for n in names] == ALL_METRIC_KEYS
+    assert all(list(rows) == decoders + ["gain of optimal vs best heuristic"] for _, rows in blocks)
 
 
 def test_compare_files_match_library(tmp_path, capsys):
@@ -231,13 +313,29 @@ def test_render_table_wraps_to_width(compare_json, tiered):
                hd.get_metric("hf_beta", tiered, beta=2.0)]
     decoders = [hd.get_decoder("argmax_leaf", tiered), hd.get_decoder("plurality", tiered)]
     ev = evaluate(tiered, probs, y, metrics, decoders, batch_size=100)
-    wide = render_table(ev)
-    narrow = render_table(ev, width=60)
-    assert "n/a" not in wide  # jaccard's optimal decoder fills its cell
-    assert max(len(ln) for ln in narrow.splitlines()) <= 60
-    assert narrow.count("decoder ") == 3 and wide.count("decoder ") == 1
+    for transpose, corner in ((False, "metric"), (True, "decoder")):
+        wide = render_table(ev, transpose=transpose)
+        narrow = render_table(ev, width=60, transpose=transpose)
+        assert "n/a" not in wide  # jaccard's optimal decoder fills its cell
+        assert max(len(ln) for ln in narrow.splitlines()) <= 60
+        assert len(table_blocks(narrow, corner)) >= 2 and len(table_blocks(wide, corner)) == 1
     colored = render_table(ev, color=True)
     assert "\033[1m" in colored
+
+
+def test_table_blocks_are_balanced():
+    """Wrapped, the columns fill as few blocks as possible, of similar widths: 5 columns that need
+    two blocks are split 3 + 2, not 4 + 1 (the last block holding only jaccard)."""
+    from hdecode_torch.cli.compare import _blocks, _header_lines
+
+    assert _blocks([20] * 5, 80) == [[0, 1, 2], [3, 4]]
+    assert _blocks([16] * 11, 64) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10]]
+    assert _blocks([10, 200, 10], 50) == [[0], [1], [2]]  # a column wider than the room stands alone
+    assert _blocks([10, 10], 100) == [[0, 1]]
+    for name in ("information_threshold[threshold=3.21]", "confidence_threshold[tau=0.8]", "tree_distance ↓"):
+        lines = _header_lines(name, 14)
+        assert "".join(lines) == name and max(len(x) for x in lines) <= max(16, *(len(p) for p in
+                                                                                    re.split(r"(?<=_)|(?=\[)", name)))
 
 
 def test_evaluate_batching_is_exact(tiered):
@@ -899,10 +997,10 @@ def test_plot_gain_seeds_is_a_deprecated_alias(tmp_path, capsys):
 def test_progress_starts_before_the_data(capsys, monkeypatch):
     """On a terminal the bar is up before the synthetic data are drawn (the slow first step)."""
     pytest.importorskip("tqdm")
-    import hdecode_torch.cli.common as common
     import hdecode_torch.cli.compare as compare_mod
+    import hdecode_torch.cli.progress as progress_mod
 
-    monkeypatch.setattr(common, "_stderr_is_tty", lambda: True)
+    monkeypatch.setattr(progress_mod, "_stderr_is_tty", lambda: True)
     shown = []
     real = compare_mod.synthetic_outputs
 
@@ -1020,3 +1118,198 @@ def test_failed_json_and_image_writes_keep_the_old_file(tmp_path, capsys, monkey
     code, _, err = run_cli(argv, capsys)
     assert code == 1 and "No space left on device" in _error_line(err)
     assert out.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == [out.name]
+
+
+# =========================================================================== start-up (issue 26)
+_STARTUP = r"""
+import contextlib, io, sys
+from hdecode_torch.cli.main import main
+
+out = []
+for argv in [["--help"], ["--version"], ["compare", "--help"], ["decode", "--help"], ["plot", "gain", "--help"],
+             ["info", "--help"], ["compare", "--bogus"], ["decode", "--probs", "p.npy"],
+             ["compare", "--targets", "y.npy"], ["decode", "--probs", "p.npy", "--metric", "zhao", "--seed", "1"],
+             ["compare", "--probs", "p.npy", "--targets", "y.npy", "--calibrate", "--from-logits", "auto"]]:
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = exc.code
+    out.append((" ".join(argv), code, "torch" in sys.modules, err.getvalue().strip().splitlines()[-1:]))
+for row in out:
+    print(row)
+"""
+
+
+def test_help_version_and_bad_command_lines_answer_before_torch_loads():
+    """`hdecode --help`, `--version`, and an error in the options alone (argparse's or a combination)
+    are answered without importing torch (~2 s): in one process, torch is still not loaded after all."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, "-c", _STARTUP], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [eval(ln) for ln in proc.stdout.splitlines()]  # noqa: S307 - our own repr of tuples
+    assert [r[1] for r in rows] == [0] * 6 + [2] * 5
+    assert not any(r[2] for r in rows), rows
+    assert "--targets needs --probs" in rows[8][3][0] and "--seed applies to --calibrate" in rows[9][3][0]
+    assert "not --from-logits auto" in rows[10][3][0]
+
+
+def test_static_name_tables_are_the_library_registries():
+    """The help texts list names from static tables (no torch); they must be the registries."""
+    from hdecode_torch import synthetic
+    from hdecode_torch.cli import options
+
+    assert list(options.METRIC_NAMES) == list(hd.list_metrics())
+    assert list(options.HEURISTIC_NAMES) == [n for n in hd.list_decoders() if n != "optimal"]
+    assert list(options.HIERARCHY_NAMES) == list(hd.list_hierarchies())
+    assert options.SYNTHETIC_NOISE == synthetic.DEFAULT_NOISE
+
+
+# =========================================================================== --from-logits auto (issue 24)
+def test_from_logits_auto_and_warnings_in_cli_terms(tmp_path, capsys):
+    tree, h, probs, y = _tiny(tmp_path, rows=20)
+    z = 2.0 * probs.log() - 1.0
+    np.save(tmp_path / "z.npy", z.numpy())
+    zhao = hd.get_metric("zhao", h)
+    cases = [("p.npy", ["--from-logits", "auto"], zhao.decode(probs)), ("z.npy", ["--from-logits", "auto"],
+             zhao.decode(torch.softmax(z, 1))), ("p.npy", ["--from-logits", "false"], zhao.decode(probs)),
+             ("z.npy", ["--from-logits", "true"], zhao.decode(torch.softmax(z, 1)))]
+    for name, flags, want in cases:
+        code, out, err = run_cli(["decode", "--hierarchy", tree, "--probs", tmp_path / name, *flags, "--metric",
+                                  "zhao", "--no-progress"], capsys)
+        assert code == 0 and err == "" and [int(x) for x in out.split()] == want.tolist(), (name, flags, err)
+    js = tmp_path / "r.json"
+    assert run_cli(["compare", "--hierarchy", tree, "--probs", tmp_path / "z.npy", "--targets", tmp_path / "y.npy",
+                    "--from-logits", "auto", "--metrics", "zhao", "--decoders", "majority", "--json", js,
+                    "--no-progress"], capsys)[0] == 0
+    doc = json.loads(js.read_text())
+    assert doc["metadata"]["setting"]["from_logits"] == "auto"
+    assert doc["results"]["metrics"]["zhao"]["optimal"] == pytest.approx(
+        float(zhao(zhao.decode(torch.softmax(z, 1)), y).mean()), abs=1e-9)
+    # Probabilities passed as logits: the warning names the command line's options, not API keywords.
+    code, _, err = run_cli(["decode", "--hierarchy", tree, "--probs", tmp_path / "p.npy", "--from-logits",
+                            "--metric", "zhao", "--no-progress"], capsys)
+    warn = [ln for ln in err.splitlines() if "warning:" in ln]
+    assert code == 0 and len(warn) == 1, err
+    assert "leave out --from-logits for probabilities (or --from-logits auto)" in warn[0] and "from_logits" not in warn[0]
+    code, _, err = run_cli(["decode", "--hierarchy", tree, "--probs", tmp_path / "p.npy", "--from-logits", "maybe",
+                            "--metric", "zhao"], capsys)
+    assert code == 2 and "argument --from-logits: expected auto, true or false, got 'maybe'" in err
+
+
+@pytest.mark.parametrize("api, cli", [
+    ("pass from_logits=False for probabilities (or from_logits='auto')",
+     "leave out --from-logits for probabilities (or --from-logits auto)"),
+    ('use from_logits="auto" or normalize=True', "use --from-logits auto or --normalize"),
+    ("with from_logits=False, `probs` must sum to 1", "with no --from-logits, --probs must sum to 1"),
+    ("or from_logits=True for logits", "or --from-logits for logits"),
+])
+def test_cli_wording(api, cli):
+    from hdecode_torch.cli.main import cli_wording
+
+    assert cli_wording(api) == cli
+
+
+def test_calibrate_refuses_probabilities(tmp_path, capsys):
+    """`--calibrate` on probabilities (given --from-logits) fitted a meaningless T in silence."""
+    tree, h, probs, y = _tiny(tmp_path, rows=40)
+    for cmd in (["compare", "--targets", tmp_path / "y.npy"], ["decode", "--metric", "zhao", "--targets",
+                                                                 tmp_path / "y.npy"]):
+        code, _, err = run_cli([*cmd, "--hierarchy", tree, "--probs", tmp_path / "p.npy", "--from-logits",
+                                "--calibrate", "--no-progress"], capsys)
+        line = _error_line(err)
+        assert code == 2 and "Expected --probs to hold logits, but every row is non-negative and sums to 1" in line
+
+
+def test_compare_shows_no_sparse_invariant_warning(capsys, monkeypatch):
+    """torch 2.11 says "Sparse invariant checks are implicitly disabled" from the synthetic outputs'
+    sparse products (seen in `hdecode compare --device cuda`): silenced where they are made."""
+    real = torch.sparse.mm
+
+    def mm(*args, **kwargs):
+        import warnings
+
+        warnings.warn("Sparse invariant checks are implicitly disabled. Memory errors (e.g. SEGFAULT) will occur",
+                      UserWarning)  # what torch 2.11's C++ check raises through Python's warnings
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.sparse, "mm", mm)
+    code, _, err = run_cli(["compare", "--num-samples", "50", "--metrics", "zhao", "--decoders", "majority",
+                            "--no-progress"], capsys)
+    assert code == 0 and err == ""
+
+
+_FIRST_LINE = r"""
+import sys
+import hdecode_torch.cli.progress as progress
+
+progress._stderr_is_tty = lambda: True
+torch_loaded = []
+start = progress.Progress._start_drawing
+
+
+def record(self):
+    torch_loaded.append("torch" in sys.modules)
+    start(self)
+
+
+progress.Progress._start_drawing = record
+from hdecode_torch.cli.main import main
+
+code = main(["info", "--hierarchy", "inat19", "--json"])
+print(code, torch_loaded, "torch" in sys.modules, file=sys.__stdout__)
+"""
+
+
+def test_a_run_shows_its_progress_line_before_torch_loads():
+    """The first progress line of a run is drawn before torch is imported (~2 s of silence before)."""
+    pytest.importorskip("tqdm")
+    proc = subprocess.run([sys.executable, "-c", _FIRST_LINE], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.splitlines()[-1] == "0 [False] True"
+    assert "info: loading" in proc.stderr
+
+
+@pytest.mark.parametrize("tqdm_installed", [True, False])
+def test_the_progress_line_keeps_time_while_a_stage_runs(capsys, monkeypatch, tqdm_installed):
+    """A stage of unknown length (loading, drawing data) is redrawn with its time running, not frozen."""
+    import builtins
+    import time
+
+    import hdecode_torch.cli.progress as progress_mod
+
+    if tqdm_installed:
+        pytest.importorskip("tqdm")
+    else:
+        real_import = builtins.__import__
+        monkeypatch.setattr(builtins, "__import__", lambda name, *a, **k: (_ for _ in ()).throw(ImportError(name))
+                            if name == "tqdm" else real_import(name, *a, **k))
+    monkeypatch.setattr(progress_mod, "_stderr_is_tty", lambda: True)
+    monkeypatch.setattr(progress_mod, "TICK_S", 0.05)
+    bar = progress_mod.Progress("x: loading")
+    time.sleep(0.5)
+    bar.close()
+    err = capsys.readouterr().err
+    assert err.count("x: loading") >= 4, err  # the first draw and the ticker's redraws
+    assert not bar._ticker.is_alive()
+
+
+def test_ctrl_c_while_the_progress_line_starts_takes_it_down(capsys, monkeypatch):
+    """Ctrl-C can land anywhere in Progress() (it is drawn as torch starts loading): the interrupt goes
+    through, the line is cleared, nothing else is raised."""
+    import hdecode_torch.cli.progress as progress_mod
+
+    real_start = progress_mod.threading.Thread.start
+
+    def interrupted(self):
+        if self.name != "hdecode-progress":  # tqdm's own monitor thread starts normally
+            return real_start(self)
+        raise KeyboardInterrupt  # as if Ctrl-C landed while the redrawing thread was being started
+
+    monkeypatch.setattr(progress_mod, "_stderr_is_tty", lambda: True)
+    monkeypatch.setattr(progress_mod.threading.Thread, "start", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        progress_mod.Progress("x: loading")
+    err = capsys.readouterr().err
+    assert "x: loading" in err and err.endswith("\r"), repr(err)  # drawn, then overwritten by blanks

@@ -10,6 +10,7 @@ file-size limit, a real SIGINT.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
 import os
@@ -460,3 +461,190 @@ def test_real_process_conditions(work, tmp_path):
         assert (tmp_path / "interrupted.npy").read_bytes() == b"old"
     assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".*.tmp"))
     assert "Traceback" not in proc.stderr
+
+
+# --------------------------------------------------------------------------- issue 24: inputs and outputs
+def _decode_lines(argv) -> tuple[int, list[str], str]:
+    code, out, err = run_main(["decode", *map(str, argv), "--no-progress"])
+    return code, out.splitlines(), err
+
+
+@pytest.mark.parametrize("first", [0, 1], ids=["0..L-1", "1..L"])
+@pytest.mark.parametrize("kind", ["probabilities", "logits", "counts"])
+def test_a_numeric_csv_header_is_not_a_sample(work, tmp_path, kind, first):
+    """pandas' to_csv(index=False) and np.savetxt(header=...) write the column numbers as the first
+    line: it is a header, with --from-logits and --normalize too, never one more (shifted) sample."""
+    folder, paths, h, probs = work
+    data, flags, kw = {"probabilities": (probs, [], {}), "logits": (2 * probs.log() - 1, ["--from-logits"],
+                                                                      {"from_logits": True}),
+                       "counts": (3 * probs, ["--normalize"], {"normalize": True})}[kind]
+    path = tmp_path / "p.csv"
+    np.savetxt(path, data.numpy(), delimiter=",", fmt="%.17g", comments="",
+               header=",".join(str(j + first) for j in range(h.num_leaves)))
+    code, lines, err = _decode_lines(["--hierarchy", paths["tree.csv"], "--probs", path, *flags, "--metric", "zhao"])
+    post = hd.Posterior(h, data, **kw)
+    assert code == 0, err
+    assert [int(x) for x in lines] == hd.get_metric("zhao", h).decode(post).tolist()  # 12 rows, none shifted
+
+
+def test_a_numeric_first_line_that_could_be_a_sample_is_refused(work, tmp_path):
+    """Where the column numbers could be a row of the data, the reader refuses instead of guessing."""
+    folder, paths, h, probs = work
+    (tmp_path / "two.csv").write_text("r,a\nr,b\n")
+    cases = [
+        ("two_columns.csv", "0,1\n0.25,0.75\n0.5,0.5\n", "two.csv", "with two columns it is also a probability row"),
+        ("integers.csv", "0,1,2,3,4\n" + "0,0,1,0,0\n" * 3, "tree.csv", "every other line holds integers too"),
+        ("alone.csv", "0,1,2,3,4\n", "tree.csv", "it is the only line"),
+    ]
+    for name, text, tree, why in cases:
+        (tmp_path / name).write_text(text)
+        tree_path = tmp_path / tree if tree == "two.csv" else paths[tree]
+        code, _, err = _decode_lines(["--hierarchy", tree_path, "--probs", tmp_path / name, "--metric", "zhao"])
+        assert_clean_failure(code, err, name)
+        assert "is the column numbers, a header or a sample?" in err and why in err, err
+    # A first row of other numbers is data, as before (here: a bad row, reported as such).
+    (tmp_path / "data.csv").write_text("0,1,2,3,5\n" + "0.2,0.2,0.2,0.2,0.2\n")
+    code, _, err = _decode_lines(["--hierarchy", paths["tree.csv"], "--probs", tmp_path / "data.csv", "--metric",
+                                  "zhao"])
+    assert_clean_failure(code, err, "data.csv")
+    assert "row 0" in err
+    # Targets with a numeric header line: one target too many, and the message says why.
+    (tmp_path / "y.csv").write_text("0\n" + "\n".join(["1"] * 12) + "\n")
+    code, _, err = run_main(["compare", "--hierarchy", paths["tree.csv"], "--probs", paths["good.npy"], "--targets",
+                             str(tmp_path / "y.csv"), "--metrics", "zhao", "--decoders", "majority", "--no-progress"])
+    assert_clean_failure(code, err, "y.csv")
+    assert "has 13 targets but the probabilities have 12 rows; is its first line a header of numbers?" in err
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_pt_files_without_data_are_clear_errors(work, tmp_path):
+    folder, paths, *_ = work
+    torch.save(torch.empty(3, 5, device="meta"), tmp_path / "meta.pt")
+    torch.save(torch.nested.nested_tensor([torch.zeros(5), torch.zeros(5)]), tmp_path / "nested.pt")
+    for name, message in (("meta.pt", "holds a tensor on the meta device: a shape (3, 5) without values"),
+                          ("nested.pt", "holds a nested tensor")):
+        code, _, err = _decode_lines(["--hierarchy", paths["tree.csv"], "--probs", tmp_path / name, "--metric",
+                                      "zhao"])
+        assert_clean_failure(code, err, name)
+        assert message in err, err
+
+
+def test_device_and_pipe_outputs_are_written_in_place(work, tmp_path):
+    """`-o /dev/null` (timing a run, discarding its output) and a named pipe are accepted; a device or a
+    pipe without a format extension gets the lines of standard output."""
+    import threading
+
+    folder, paths, h, probs = work
+    base = ["--hierarchy", paths["tree.csv"], "--probs", paths["good.npy"], "--metric", "hf_beta"]
+    code, stdout_lines, _ = _decode_lines(base)
+    assert code == 0 and len(stdout_lines) == 12
+    for out in ("/dev/null", "/dev/null.npy"[:-4]):
+        code, lines, err = _decode_lines(base + ["--output", out])
+        assert code == 0 and lines == [] and "12 predictions written to /dev/null" in err, err
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()))
+    reader.start()
+    code, _, err = _decode_lines(base + ["--output", fifo])
+    reader.join(timeout=30)
+    assert code == 0, err
+    assert got == ["\n".join(stdout_lines) + "\n"]
+    code, _, err = run_main(["compare", "--hierarchy", paths["tree.csv"], "--num-samples", "5", "--metrics", "zhao",
+                             "--decoders", "majority", "--json", "/dev/null", "--no-progress"])
+    assert code == 0, err
+    if importlib.util.find_spec("matplotlib") is not None:
+        code, out, err = run_main(["plot", "agreement", "--resolution", "4", "--output", "/dev/null"])
+        assert code == 0 and out.strip() == "wrote /dev/null", err
+    assert sorted(os.listdir(tmp_path)) == ["fifo"]
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_sigterm_during_a_write_leaves_no_fragment_and_stale_ones_are_swept(work, tmp_path, monkeypatch):
+    """SIGTERM while the output is being written: exit 143 with one line, the old file intact, no
+    temporary left.  A temporary left by a killed run (SIGKILL: nothing can clean up) is removed by the
+    next run writing that output; one of a live process, or of another output, is not."""
+    import signal
+
+    import hdecode_torch.cli.io as cli_io
+
+    folder, paths, *_ = work
+    out = tmp_path / "pred.npy"
+    out.write_bytes(b"old predictions")
+    dead, live = _dead_pid(), os.getpid()
+    stale = tmp_path / f".pred.npy.hdecode-{dead}-k3j8x2.tmp"
+    running = tmp_path / f".pred.npy.hdecode-{live}-a1b2c3.tmp"
+    other = tmp_path / f".other.npy.hdecode-{dead}-q9w8e7.tmp"
+    for p in (stale, running, other):
+        p.write_bytes(b"fragment")
+
+    class Terminated:
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, data):
+            self.f.write(bytes(data[: max(1, len(data) // 2)]))
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler of main() runs at the next bytecode
+            return self.f.write(bytes(data[len(data) // 2:]))
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+    monkeypatch.setattr(cli_io, "_PlainWrites", Terminated)
+    before = signal.getsignal(signal.SIGTERM)
+    code, _, err = _decode_lines(["--hierarchy", paths["tree.csv"], "--probs", paths["good.npy"], "--metric", "zhao",
+                                  "--output", out])
+    assert code == 143 and err.strip() == "hdecode decode: terminated", err
+    assert signal.getsignal(signal.SIGTERM) == before  # main() restores the handler
+    assert out.read_bytes() == b"old predictions"
+    # No fragment of this run; the stale one was swept when it began to write.
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (out, running, other))
+    monkeypatch.undo()
+    stale.write_bytes(b"fragment")  # as a SIGKILL would leave it
+    code, _, err = _decode_lines(["--hierarchy", paths["tree.csv"], "--probs", paths["good.npy"], "--metric", "zhao",
+                                  "--output", out])
+    assert code == 0, err
+    assert np.load(out).shape == (12,)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (out, running, other))
+
+
+def test_ctrl_c_while_torch_loads_is_one_line(tmp_path):
+    """On a terminal the progress line is up at once, before torch loads (~2 s): Ctrl-C right then
+    exits 130 with one line, not a traceback from inside torch's import."""
+    import pty
+    import re
+    import signal
+    import time
+
+    master, slave = pty.openpty()
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.Popen([sys.executable, "-m", "hdecode_torch", "compare", "--num-samples", "100", "--json",
+                             str(tmp_path / "r.json")], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=slave, env=env)
+    os.close(slave)
+    seen, deadline = b"", time.monotonic() + 60
+    while b"loading" not in seen and time.monotonic() < deadline:
+        seen += os.read(master, 4096)
+    proc.send_signal(signal.SIGINT)
+    code = proc.wait(timeout=120)
+    proc.stdout.close()
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO: the child is gone
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", seen.decode(errors="replace")).replace("\r", "\n")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    assert b"loading" in seen and code == 130, seen
+    assert "Traceback" not in text and lines[-1] == "hdecode compare: interrupted", seen
+    assert [ln for ln in lines if "compare: loading" not in ln] == ["hdecode compare: interrupted"], text
+    assert not (tmp_path / "r.json").exists()

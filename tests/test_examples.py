@@ -30,13 +30,13 @@ def _run(name, *args, timeout=120):
     proc = subprocess.run([sys.executable, str(EXAMPLES / f"{name}.py"), "--threads", "1", *map(str, args)],
                           capture_output=True, text=True, timeout=timeout, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout
+    return proc.stdout, proc.stderr
 
 
 def test_decoding_head_example(tmp_path):
     out = tmp_path / "head.json"
-    stdout = _run("decoding_head", "--samples", 1500, "--test-samples", 200, "--epochs", 2, "--show", 3,
-                  "--json", out)
+    stdout, _ = _run("decoding_head", "--samples", 1500, "--test-samples", 200, "--epochs", 2, "--show", 3,
+                     "--json", out)
     res = json.loads(out.read_text())
     assert set(res["results"]) == {"accuracy", "tree_distance", "wu_palmer", "zhao", "hf_beta[beta=0.5]", "hamming"}
     for key, r in res["results"].items():
@@ -49,16 +49,28 @@ def test_decoding_head_example(tmp_path):
     td = res["results"]["tree_distance"]
     assert td["expected_optimal"] < td["expected_argmax_leaf"]  # an uncertain model: internal nodes pay off
     assert "least confident" in stdout and "hf_beta[beta=0.5]" in stdout
+    # Training says what it does as it goes: one line per epoch, with its loss, before the results.
+    epochs = [ln for ln in stdout.splitlines() if ln.strip().startswith("epoch ")]
+    assert [ln.split(":")[0].strip() for ln in epochs] == ["epoch 1/2", "epoch 2/2"]
+    losses = [float(ln.split("training loss ")[1].split()[0]) for ln in epochs]
+    assert losses[1] < losses[0]
+    assert stdout.index("epoch 2/2") < stdout.index("decoding the 200 test samples") < stdout.index("least confident")
 
 
 def test_batch_inference_example(tmp_path):
     preds, timings = tmp_path / "preds.npz", tmp_path / "t.json"
-    stdout = _run("batch_inference", "--samples", 2500, "--chunk-size", 1000, "--device", "cpu",
-                  "--metrics", "tree_distance", "wu_palmer", "hf_beta:0.5", "--output", preds, "--json", timings)
+    stdout, stderr = _run("batch_inference", "--samples", 2500, "--chunk-size", 1000, "--device", "cpu",
+                          "--metrics", "tree_distance", "wu_palmer", "hf_beta:0.5", "--output", preds, "--json",
+                          timings)
     info = json.loads(timings.read_text())
     assert info["rows"] == 2500 and info["device"] == "cpu" and info["rows_per_second"] > 0
     assert set(info["timing"]) == {"copy+check", "node sums", "tree_distance", "wu_palmer", "hf_beta[beta=0.5]"}
     assert "rows/s" in stdout
+    # Progress on standard error, stage by stage and chunk by chunk (the default run was silent for 54 s).
+    lines = stderr.splitlines()
+    assert lines[0] == "drawing 2,500 synthetic rows of 608 leaves" and lines[1].startswith("warm-up on one row")
+    assert [ln.split(":")[0] for ln in lines[2:]] == ["chunk 1/3 done", "chunk 2/3 done", "chunk 3/3 done"]
+    assert lines[-1].startswith("chunk 3/3 done: 2,500 of 2,500 rows in ")
     # Chunked predictions equal one whole-array decode of the same synthetic probabilities.
     h = hd.load_hierarchy("tieredimagenet-h")
     probs = torch.from_numpy(_load("batch_inference").synthetic_probabilities(h.num_leaves, 2500, 0.25, 0))

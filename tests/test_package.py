@@ -92,3 +92,39 @@ def test_lightning_error_names_the_extra_that_installs_it():
     assert 'pip install "hdecode_torch[lightning]"' in message
     (package,) = _names(meta["optional-dependencies"]["lightning"])
     assert f"`{package}`" in message
+
+
+def test_import_is_lazy_and_every_public_name_loads():
+    """`import hdecode_torch` loads no torch (the `hdecode` command answers --help before it); the
+    version is readable then; `hd.X`, `from hdecode_torch import X`, dir() and `import *` still work."""
+    proc = _python(
+        "import sys, hdecode_torch as hd\n"
+        "print('torch' in sys.modules, hd.__version__)\n"
+        "print(sorted(set(hd.__all__) - set(dir(hd))))\n"
+        "from hdecode_torch import get_metric, TemperatureScaler\n"
+        "print('torch' in sys.modules, get_metric is hd.get_metric)\n"
+        "ns = {}\n"
+        "exec('from hdecode_torch import *', ns)\n"
+        "print(sorted(set(hd.__all__) ^ {k for k in ns if k != '__builtins__'}))\n"
+        "print(hd.kernels.__name__, hd.Hierarchy.__module__)\n"
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"False {hd.__version__}"
+    assert lines[1] == "[]"  # dir() lists every public name before it is loaded
+    assert lines[2] == "True True"
+    assert lines[3] == "[]"  # a star import gives __all__, HierarchicalMetricsCallback not in it
+    assert lines[4] == "hdecode_torch.kernels hdecode_torch.hierarchy.hierarchy"
+    assert "HierarchicalMetricsCallback" not in hd.__all__ and hd.HierarchicalMetricsCallback.__name__ == \
+        "HierarchicalMetricsCallback"
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        hd.nope  # noqa: B018
+
+
+@pytest.mark.parametrize("module", ["kernels", "kernels.fused", "synthetic", "metrics", "cli.compare"])
+def test_any_submodule_can_be_imported_first(module):
+    """With the package lazy, a submodule may be the first thing imported (kernels and core import each
+    other: the cycle must still resolve, as it did when the package imported core first)."""
+    proc = _python(f"import hdecode_torch.{module}\nimport hdecode_torch as hd\nprint(hd.get_metric.__name__)")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "get_metric"

@@ -126,3 +126,54 @@ def test_fit_errors(logits, targets, kwargs, exc, match):
 def test_bad_initial_temperature(t):
     with pytest.raises(ValueError, match="`temperature` to be a finite float > 0"):
         hd.TemperatureScaler(temperature=t)
+
+
+# --------------------------------------------------------------------------- issue 24
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_probabilities_are_refused(calibrated, dtype):
+    """softmax(p / T) models the labels at no T: fitting it gave T = 0.059 or 1.19e7 in silence."""
+    _, logp, y = calibrated
+    probs = logp[:300].exp().to(dtype)
+    for fit in (lambda: hd.TemperatureScaler().fit(probs, y[:300]),
+                lambda: hd.TemperatureScaler().negative_log_likelihood(probs, y[:300])):
+        with pytest.raises(ValueError, match="every row is non-negative and sums to 1: these are probabilities"):
+            fit()
+    # Their log is what to pass: T = 1 on these calibrated probabilities, up to sampling noise.
+    assert 0.85 < hd.TemperatureScaler().fit(probs.log(), y[:300]).temperature < 1.15
+
+
+@pytest.mark.parametrize("scale", [1e-12, 1e-8, 1e-4, 1e4, 1e8])
+def test_the_fit_is_the_same_at_every_scale(calibrated, scale):
+    """T(s·z) = s·T(z): logits of scale 1e-8 used to return T = 1 (the optimiser did not move); logits on
+    a scale no calibrated model has get T and a warning that says so."""
+    _, logp, y = calibrated
+    z = 2.0 * logp[:1000]
+    base = hd.TemperatureScaler().fit(z, y[:1000]).temperature
+    with pytest.warns(UserWarning, match=f"times too {'small' if scale < 1 else 'large'} for calibrated ones"):
+        scaled = hd.TemperatureScaler().fit(scale * z, y[:1000]).temperature
+    assert scaled == pytest.approx(scale * base, rel=1e-6)
+    assert 1.8 < base < 2.2
+
+
+def test_constant_rows_warn_and_keep_the_temperature():
+    z = torch.full((8, 4), 3.0)
+    z[:, 3] = float("-inf")  # a masked class does not make a row informative
+    with pytest.warns(UserWarning, match="constant within every row"):
+        scaler = hd.TemperatureScaler(temperature=2.0).fit(z, torch.arange(8) % 3)
+    assert scaler.temperature == pytest.approx(2.0)
+
+
+def test_fit_under_inference_mode(calibrated):
+    """Inside torch.inference_mode() the fit used to fail: "element 0 of tensors does not require grad"."""
+    _, logp, y = calibrated
+    z, t = 3.0 * logp[:500], y[:500]
+    want = hd.TemperatureScaler().fit(z, t).temperature
+    with torch.inference_mode():
+        assert hd.TemperatureScaler().fit(z, t).temperature == want
+        z_inf = 3.0 * logp[:500]  # an inference tensor
+        made_inside = hd.TemperatureScaler()
+    assert z_inf.is_inference() and made_inside.log_temperature.is_inference()
+    assert hd.TemperatureScaler().fit(z_inf, t).temperature == want
+    assert made_inside.fit(z, t).temperature == want  # a parameter made under inference_mode
+    with torch.inference_mode():
+        assert made_inside.fit(z_inf, t).temperature == pytest.approx(want, rel=1e-6)  # from T = want

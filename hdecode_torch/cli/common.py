@@ -1,18 +1,14 @@
-"""Options, defaults and helpers shared by the subcommands.
+"""Helpers of the subcommands that need torch: trees, arrays, metrics and decoders, calibration, JSON.
 
-Every option that several subcommands take is defined here once, with one default, so that
-``--tau``, ``--batch-size``, ... mean the same everywhere.  Parameters of a metric or decoder
-(``--beta``, ``--c``, ``--tau``, ``--lam``, ``--info-threshold``) default to ``None`` on the
-command line: giving one for a metric or decoder that is not selected is an error, not ignored.
+The options themselves, their defaults and the names the help texts list are in :mod:`.options`
+(without torch), re-exported here.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import platform
-import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -21,6 +17,12 @@ import torch
 
 from ..hierarchy import Hierarchy, list_hierarchies, load_hierarchy
 from .io import STDIN, CLIError, describe, load_array, one_line, read_input_text
+from .options import (  # noqa: F401 - re-exported for the subcommands
+    DEFAULT_BATCH_SIZE, DEFAULT_BETA, DEFAULT_BETAS, DEFAULT_C, DEFAULT_CALIBRATION_SPLIT, DEFAULT_DPI,
+    DEFAULT_HIERARCHY, DEFAULT_LAM, DEFAULT_METRICS, DEFAULT_SEED, DEFAULT_TAU, DEFAULT_THREADS, MAX_FIGURE_PIXELS,
+    finite_float, int_in,
+)
+from .progress import Progress  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
     from ..integrations.temperature import TemperatureScaler
@@ -30,131 +32,11 @@ __all__ = [
     "resolve_device", "DEFAULT_METRICS", "DEFAULT_BETA", "DEFAULT_BETAS", "DEFAULT_C", "DEFAULT_TAU", "DEFAULT_LAM",
     "DEFAULT_BATCH_SIZE", "DEFAULT_THREADS", "DEFAULT_DPI", "DEFAULT_SEED", "DEFAULT_CALIBRATION_SPLIT",
     "default_info_threshold", "build_metrics", "build_heuristics", "heuristic_names", "split_names", "Progress",
-    "add_hierarchy_args", "add_decoder_param_args", "check_applicable", "json_document", "json_safe",
-    "int_in", "finite_float", "set_threads", "add_calibration_args", "calibration_split", "fit_calibration",
-    "calibration_report",
+    "check_applicable", "json_document", "json_safe", "int_in", "finite_float", "set_threads", "calibration_split",
+    "fit_calibration", "calibration_report",
 ]
 
-# ---------------------------------------------------------------------------- defaults (one place)
-DEFAULT_HIERARCHY = "tieredimagenet-h"
-# Every metric, one entry each; hf_beta is expanded over --betas.
-DEFAULT_METRICS = ["accuracy", "lca_height", "tree_distance", "tree_distance_c", "wu_palmer", "zhao",
-                   "hf_beta", "hamming", "jaccard"]
-DEFAULT_BETA = 1.0  # decode, plot agreement: one hf_beta
-DEFAULT_BETAS = (0.5, 1.0, 2.0)  # compare, plot gain: hf_beta at each
-# tree_distance_c's rule is "deepest node with p(n) > (1 + c)/2": c = 1/2 moves the threshold from
-# 1/2 to 3/4, a visible change, while any c >= 1 puts it at >= 1, which only the root reaches.
-DEFAULT_C = 0.5
-# confidence_threshold: tau = 1/2 is `majority`, already a decoder of its own; 0.8 is a distinct,
-# more cautious rule.
-DEFAULT_TAU = 0.8
-DEFAULT_LAM = 1.0  # darts; lam = 0 is `expected_information`, a decoder of its own
-DEFAULT_BATCH_SIZE = 1024
-DEFAULT_THREADS = 1
-DEFAULT_DPI = 120
-DEFAULT_SEED = 0
-DEFAULT_CALIBRATION_SPLIT = 0.5
-MAX_SEED = 2 ** 63 - 1
-MAX_DPI = 1200
-MAX_FIGURE_PIXELS = 60_000_000  # ~240 MB of RGBA while drawing
-
-C_HELP = (f"tree_distance_c: cost c >= 0 per level of the prediction's depth (default: {DEFAULT_C}). Its optimal "
-          "rule predicts the deepest node with p(n) > (1+c)/2, so any c >= 1 makes that threshold >= 1 and the "
-          "root the answer for every sample")
-
 SCHEMA_VERSION = 1
-
-
-# ---------------------------------------------------------------------------- argument types
-def int_in(lo: int, hi: int):
-    """An argparse type: an int in ``lo..hi`` (the message names the range; argparse adds the flag)."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if not lo <= value <= hi:
-            top = "2^63-1" if hi == MAX_SEED else str(hi)
-            raise argparse.ArgumentTypeError(f"expected an integer in {lo}..{top}, got {text}")
-        return value
-    parse.__name__ = "int"
-    return parse
-
-
-def finite_float(lo: float | None = None, *, lo_open: bool = False, hi: float | None = None, hi_open: bool = False):
-    """An argparse type: a finite float, optionally bounded."""
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        bad = not math.isfinite(value)
-        bad |= lo is not None and (value <= lo if lo_open else value < lo)
-        bad |= hi is not None and (value >= hi if hi_open else value > hi)
-        if bad:
-            parts = []
-            if lo is not None:
-                parts.append(f"{'>' if lo_open else '>='} {lo:g}")
-            if hi is not None:
-                parts.append(f"{'<' if hi_open else '<='} {hi:g}")
-            raise argparse.ArgumentTypeError(f"expected a finite number{' ' + ' and '.join(parts) if parts else ''}, "
-                                             f"got {text}")
-        return value
-    parse.__name__ = "float"
-    return parse
-
-
-positive_float = finite_float(0.0, lo_open=True)
-
-
-# ---------------------------------------------------------------------------- shared options
-def add_hierarchy_args(p, default: str | None = DEFAULT_HIERARCHY) -> None:
-    p.add_argument("--hierarchy", default=default, metavar="NAME|FILE",
-                   help=f"bundled tree ({', '.join(list_hierarchies())}), a JSON tree file (parents/ids, as written "
-                        "by Hierarchy.to_json), or a parent,child edge list (CSV/TSV); '-' reads standard input"
-                        + (f" (default: {default})" if default else ""))
-    p.add_argument("--leaf-order", metavar="FILE",
-                   help="for an edge list: the leaves' names in the model's column order, one per line ('-': "
-                        "standard input). Default: the names sorted, by numeric value when every leaf name is a "
-                        "number (2 before 10)")
-
-
-def add_metric_params(p, *, multi: bool) -> None:
-    if multi:
-        p.add_argument("--betas", "--beta", dest="betas", type=positive_float, nargs="+", default=None,
-                       metavar="BETA", help="hf_beta: its betas > 0, one metric column each (default: "
-                                            f"{' '.join(f'{b:g}' for b in DEFAULT_BETAS)})")
-    else:
-        p.add_argument("--beta", "--betas", dest="beta", type=positive_float, default=None,
-                       help=f"hf_beta: beta > 0 (default: {DEFAULT_BETA:g})")
-    p.add_argument("--c", type=finite_float(0.0), default=None, help=C_HELP)
-
-
-def add_decoder_param_args(p) -> None:
-    p.add_argument("--tau", type=finite_float(), default=None,
-                   help=f"confidence_threshold: the most informative node with p(n) > tau, 0 <= tau < 1 "
-                        f"(default: {DEFAULT_TAU})")
-    p.add_argument("--lam", type=finite_float(), default=None,
-                   help=f"darts: argmax (I(n) + lam) p(n) (default: {DEFAULT_LAM:g})")
-    p.add_argument("--info-threshold", type=finite_float(), default=None, metavar="T",
-                   help="information_threshold: the most probable node with I(n) >= T (default: ½·log L rounded, "
-                        "i.e. nodes with at most about √L leaves)")
-
-
-def add_run_args(p, *, batch: bool = True, threads: bool = True, device: bool = True, progress: bool = True) -> None:
-    if device:
-        p.add_argument("--device", default="auto",
-                       help="cpu, cuda, cuda:1, ... (default: auto = cuda if available, else cpu)")
-    if batch:
-        p.add_argument("--batch-size", type=int_in(1, 10 ** 9), default=DEFAULT_BATCH_SIZE,
-                       help=f"samples per chunk (default: {DEFAULT_BATCH_SIZE})")
-    if threads:
-        p.add_argument("--threads", type=int_in(1, 4096), default=DEFAULT_THREADS,
-                       help=f"CPU threads for torch (default: {DEFAULT_THREADS}: the kernels are many small per-level "
-                            "operations, for which extra threads mostly add overhead, and thrash on a busy machine)")
-    if progress:
-        p.add_argument("--no-progress", action="store_true",
-                       help="no progress bar (it is shown on a terminal only, on standard error)")
 
 
 # ---------------------------------------------------------------------------- hierarchies
@@ -202,8 +84,9 @@ def hierarchy_description(spec: str, h: Hierarchy) -> str:
 
 # ---------------------------------------------------------------------------- arrays
 def load_probs(path: str, h: Hierarchy, what: str = "--probs") -> torch.Tensor:
-    """(B, L) float from a file; integer tables become float64."""
-    x = load_array(path, what)
+    """(B, L) float from a file; integer tables become float64.  A text table's first row that is the
+    column numbers is a header, or an error where it could be a sample (see ``io.load_array``)."""
+    x = load_array(path, what, index_header=True)
     src = describe(path)
     if x.dtype == torch.bool or x.is_complex() or not (x.is_floating_point() or x.dtype in (torch.int32, torch.int64)):
         raise CLIError(f"{what}: expected a float (B, {h.num_leaves}) array, but {src} has dtype {x.dtype}")
@@ -237,7 +120,10 @@ def load_targets(path: str, h: Hierarchy, batch: int, what: str = "--targets") -
             raise CLIError(f"{what}: leaf ids must be in 0..{h.num_leaves - 1}, but {src} contains {bad:g}")
     y = y.to(torch.long)
     if y.shape[0] != batch:
-        raise CLIError(f"{what}: {src} has {y.shape[0]} targets but the probabilities have {batch} rows")
+        text = path == STDIN or os.path.splitext(path)[1].lower() in (".csv", ".tsv", ".txt")
+        hint = ("; is its first line a header of numbers? Remove it (a header of names is skipped)"
+                if text and y.shape[0] == batch + 1 else "")
+        raise CLIError(f"{what}: {src} has {y.shape[0]} targets but the probabilities have {batch} rows{hint}")
     if y.numel() and (int(y.min()) < 0 or int(y.max()) >= h.num_leaves):
         bad = int(y.min()) if int(y.min()) < 0 else int(y.max())
         raise CLIError(f"{what}: leaf ids must be in 0..{h.num_leaves - 1}, but {src} contains {bad}")
@@ -377,21 +263,6 @@ def check_applicable(args, metrics=(), decoders=(), *, metric_flag="--metrics", 
 
 
 # ---------------------------------------------------------------------------- calibration
-def add_calibration_args(p, *, decode: bool) -> None:
-    what = ("fit the temperature on a held-out split of the rows (--calibration-split, needs --targets), then "
-            "decode every row with logits / T" if decode else
-            "fit the temperature on a held-out split of the rows (--calibration-split) and score the other rows "
-            "only")
-    where = "printed on standard error" if decode else "shown above the table and in --json"
-    p.add_argument("--calibrate", action="store_true",
-                   help=f"temperature scaling of the logits (needs --from-logits): {what}; T and the NLL before/after "
-                        f"are {where}")
-    p.add_argument("--calibration-split", type=finite_float(0.0, lo_open=True, hi=1.0, hi_open=not decode),
-                   default=None, metavar="FRACTION",
-                   help=f"--calibrate: the fraction of the rows, drawn at random (--seed), used to fit T "
-                        f"(default: {DEFAULT_CALIBRATION_SPLIT})")
-
-
 def calibration_split(num_rows: int, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(fit rows, other rows)``, each sorted (B,) int64: ``round(fraction * num_rows)`` rows drawn
     at random with ``seed`` (the same rows for the same arguments, on every machine), and the rest."""
@@ -461,95 +332,3 @@ def json_document(command: str, metadata: dict, results: dict) -> dict:
 
     return json_safe({"schema_version": SCHEMA_VERSION, "hdecode_torch_version": __version__, "command": command,
                       "metadata": {**metadata, "versions": versions()}, "results": results})
-
-
-# ---------------------------------------------------------------------------- progress
-def _stderr_is_tty() -> bool:
-    return sys.stderr is not None and sys.stderr.isatty()
-
-
-class Progress:
-    """A progress bar on standard error, from the start of the run: tqdm when installed, else a plain
-    counter.  Silent unless standard error is a terminal, so that logs and pipes stay clean.
-
-    ``stage(desc, total)`` starts the next phase (drawing data, decoding, ...).
-    """
-
-    def __init__(self, desc: str, total: int | None = None, enabled: bool = True, unit: str = "sample"):
-        self.enabled = enabled and _stderr_is_tty()
-        self.desc, self.total, self.done, self.unit = desc, total, 0, unit
-        self._bar = None
-        self._last = 0.0
-        if not self.enabled:
-            return
-        try:
-            from tqdm import tqdm
-
-            self._bar = tqdm(total=total, desc=desc, unit=unit, leave=False, file=sys.stderr, mininterval=0.2,
-                             dynamic_ncols=True, bar_format=self._format(total))
-        except ImportError:
-            self._draw(force=True)
-
-    @staticmethod
-    def _format(total):
-        # A phase of unknown length (loading, drawing data) shows its name and the time spent.
-        return None if total else "{desc}{elapsed}"
-
-    def stage(self, desc: str, total: int | None = None, unit: str | None = None) -> None:
-        self.desc, self.total, self.done = desc, total, 0
-        self.unit = unit or self.unit
-        if not self.enabled:
-            return
-        if self._bar is not None:
-            self._bar.bar_format = self._format(total)
-            self._bar.unit = self.unit
-            self._bar.set_description(desc, refresh=False)
-            self._bar.reset(total=total)
-        else:
-            self._draw(force=True)
-
-    def update(self, n: int) -> None:
-        self.done += n
-        if not self.enabled:
-            return
-        if self._bar is not None:
-            self._bar.update(n)
-        else:
-            self._draw()
-
-    def write(self, text: str) -> None:
-        """A line on standard error that does not garble the bar."""
-        if self._bar is not None and self.enabled:
-            self._bar.write(text, file=sys.stderr)
-        else:
-            if self.enabled:
-                sys.stderr.write("\r" + " " * 70 + "\r")
-            print(text, file=sys.stderr)
-            if self.enabled:
-                self._draw(force=True)
-
-    def _draw(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._last < 0.5:
-            return
-        self._last = now
-        count = f"{self.done}/{self.total} {self.unit}s ({100 * self.done / max(self.total, 1):.0f}%)" \
-            if self.total else "..."
-        sys.stderr.write(f"\r{self.desc}: {count}".ljust(70)[:100])
-        sys.stderr.flush()
-
-    def close(self) -> None:
-        if not self.enabled:
-            return
-        if self._bar is not None:
-            self._bar.close()
-        else:
-            sys.stderr.write("\r" + " " * 70 + "\r")
-            sys.stderr.flush()
-        self.enabled = False
-
-    def __enter__(self) -> "Progress":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()

@@ -6,86 +6,27 @@ import argparse
 import json
 import math
 import os
+import re
 import shutil
 import sys
+import textwrap
 import time
 
 import torch
 
-from ..synthetic import DEFAULT_NOISE, synthetic_outputs
+from ..synthetic import synthetic_outputs
 from .common import (
-    DEFAULT_BETAS, DEFAULT_C, DEFAULT_CALIBRATION_SPLIT, DEFAULT_METRICS, DEFAULT_SEED, MAX_SEED,
-    CLIError, Progress, add_calibration_args, add_decoder_param_args, add_hierarchy_args, add_metric_params,
-    add_run_args, build_heuristics, build_metrics, calibration_report, calibration_split, check_applicable,
-    finite_float, fit_calibration, heuristic_names, heuristic_selection, hierarchy_description, int_in,
-    json_document, load_any_hierarchy, load_probs, load_targets, resolve_device, set_threads, split_names,
+    DEFAULT_BETAS, DEFAULT_C, DEFAULT_CALIBRATION_SPLIT, DEFAULT_METRICS, DEFAULT_SEED, CLIError, Progress,
+    build_heuristics, build_metrics, calibration_report, calibration_split, check_applicable, fit_calibration,
+    heuristic_selection, hierarchy_description, json_document, load_any_hierarchy, load_probs, load_targets,
+    resolve_device, set_threads, split_names,
 )
 from .evaluation import Evaluation, evaluate
-from .io import STDIN, StagedWrites, check_distinct_inputs, check_output_path, require_stdout
+from .io import STDIN, StagedWrites
+from .options import DEFAULT_NUM_SAMPLES, DEFAULT_TABLE_WIDTH, SYNTHETIC_NOISE
 
-# About 10 s on a loaded 2-core CPU (single thread); the standard error of a [0, 1] metric is then ~0.003
-# and that of a paired difference between decoders usually below 0.001.
-DEFAULT_NUM_SAMPLES = 20_000
-
-SHORT_METRIC = {"accuracy": "accuracy", "lca_height": "lca_height", "tree_distance": "tree_dist",
-                "tree_distance_c": "tree_dist_c", "wu_palmer": "wu_palmer", "zhao": "zhao", "hf_beta": "hF",
-                "hamming": "hamming", "jaccard": "jaccard"}
-
-
-def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "compare", help="score every decoder on every metric (synthetic calibrated outputs or your own)",
-        allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=(
-            "Score the Bayes-optimal decoder of each metric and every heuristic decoder on every metric,\n"
-            "and print one table with standard errors.\n\n"
-            "Without --probs: synthetic outputs on the hierarchy, calibrated by construction (the labels\n"
-            "are drawn from the probabilities), so the optimal decoder of each metric must be the best of\n"
-            "its column up to sampling noise.  With --probs/--targets: your model's outputs ('-' reads\n"
-            "one of them from standard input: .npy/.pt bytes or a text table).\n\n"
-            "Set metrics (hf_beta, hamming, jaccard) score a heuristic's node as the set of its\n"
-            "ancestors.\n\n"
-            "--calibrate (with --from-logits) fits a temperature on a random part of the rows and scores\n"
-            "the others with logits / T: over-confident models then get better optimal decisions."),
-        epilog=("examples:\n"
-                "  hdecode compare\n"
-                "  hdecode compare --noise 1.5 --num-samples 50000 --json results.json\n"
-                "  hdecode compare --hierarchy inat19 --probs val_logits.npy --targets val_labels.npy --from-logits\n"
-                "  hdecode compare --probs val_logits.npy --targets val_labels.npy --from-logits --calibrate\n"
-                "  hdecode compare --metrics tree_distance,hf_beta --betas 1 --decoders argmax_leaf,majority"))
-    p.set_defaults(func=run, _parser=p)
-    add_hierarchy_args(p)
-    src = p.add_argument_group("model outputs")
-    src.add_argument("--probs", metavar="FILE", help="(B, L) probabilities (or logits with --from-logits): "
-                     ".npy, .pt, .csv, .tsv or .txt; column j is leaf j of the hierarchy; '-' reads standard input")
-    src.add_argument("--targets", metavar="FILE", help="(B,) true leaf ids: .npy, .pt, .csv or .txt (one per line); "
-                     "'-' reads standard input")
-    src.add_argument("--from-logits", action="store_true", help="--probs holds logits: apply a softmax")
-    src.add_argument("--normalize", action="store_true", help="renormalize rows of --probs that do not sum to 1")
-    add_calibration_args(src, decode=False)
-    src.add_argument("--num-samples", type=int_in(1, 10 ** 8), default=None, metavar="B",
-                     help=f"synthetic outputs: number of samples (default: {DEFAULT_NUM_SAMPLES})")
-    src.add_argument("--noise", type=finite_float(0.0, lo_open=True), default=None,
-                     help=f"synthetic outputs: temperature of the logit model, larger = more underdetermined "
-                          f"(default: {DEFAULT_NOISE}; the argmax leaf is then right about half the time)")
-    src.add_argument("--seed", type=int_in(0, MAX_SEED), default=None,
-                     help=f"random seed of the synthetic outputs, or of the --calibrate split "
-                          f"(default: {DEFAULT_SEED})")
-    sel = p.add_argument_group("metrics and decoders")
-    sel.add_argument("--metrics", "--metric", dest="metrics", nargs="+", metavar="NAME",
-                     help=f"metric names, comma or space separated (default: all: {', '.join(DEFAULT_METRICS)})")
-    add_metric_params(sel, multi=True)
-    sel.add_argument("--decoders", "--decoder", dest="decoders", nargs="+", metavar="NAME",
-                     help="heuristic decoder names, comma or space separated, or all (default: all: "
-                          f"{', '.join(heuristic_names())}); the optimal decoder is always included")
-    add_decoder_param_args(sel)
-    run_ = p.add_argument_group("run")
-    add_run_args(run_)
-    run_.add_argument("--json", metavar="PATH", help="also write the results as JSON (schema_version 1: metadata "
-                      "with the setting, timings and versions, apart from the results)")
-    run_.add_argument("--width", type=int_in(20, 100_000), default=None,
-                      help="wrap the table to this many characters (default: the terminal width; no wrapping "
-                           "when the output is not a terminal)")
+GAIN_LABEL = "gain of optimal vs best heuristic"
+HEADER_MIN_WIDTH = 16  # a column header this long is never broken
 
 
 # --------------------------------------------------------------------------- formatting
@@ -96,10 +37,9 @@ def _decimals(se: list[float]) -> int:
     return int(min(5, max(2, math.ceil(-math.log10(max(finite))) + 1)))
 
 
-def _header(metric) -> str:
-    base = SHORT_METRIC.get(metric.name, metric.name)
-    params = "".join(f"{v:g}" for v in metric.params.values())
-    return f"{base}{params} {'↑' if metric.higher_is_better else '↓'}"
+def metric_label(metric) -> str:
+    """The metric's key (as in --json) and whether higher (↑) or lower (↓) is better."""
+    return f"{metric.key} {'↑' if metric.higher_is_better else '↓'}"
 
 
 def relative_gain(metric, optimal: float, other: float) -> float:
@@ -110,64 +50,131 @@ def relative_gain(metric, optimal: float, other: float) -> float:
     return 100.0 * diff / abs(other)
 
 
-def render_table(ev: Evaluation, *, color: bool = False, width: int | None = None) -> str:
-    """Rows = decoders, columns = metrics; '*' best of the column, '~' within 2 paired standard errors of it."""
+def metric_cells(ev: Evaluation, m: int) -> tuple[list[tuple[str, bool]], str]:
+    """The cells of metric ``m`` for every decoder, ``(text, is_best)`` with ``value±se`` and a mark
+    (``*`` best, ``~`` within 2 paired standard errors of the best), and the gain of optimal over the
+    best heuristic (``+0.73%``, or ``n/a``)."""
     D = len(ev.decoders)
+    metric = ev.metrics[m]
+    dec = _decimals([float(ev.stderr[m, d]) for d in range(D) if ev.available[m, d]])
+    best = ev.best(m)
+    tied = ev.tied_with_best(m)
+    cells = []
+    for d in range(D):
+        if not ev.available[m, d]:
+            cells.append(("n/a", False))
+            continue
+        top = d == best or abs(float(ev.mean[m, d]) - float(ev.mean[m, best])) <= 1e-12
+        mark = "*" if top else ("~" if tied[d] else " ")
+        cells.append((f"{float(ev.mean[m, d]):.{dec}f}±{float(ev.stderr[m, d]):.{dec}f}{mark}", top))
+    gain = "n/a"
+    if ev.available[m, 0] and D > 1:
+        sign = 1.0 if metric.higher_is_better else -1.0
+        best_h = max(range(1, D), key=lambda d: sign * float(ev.mean[m, d]))
+        g = relative_gain(metric, float(ev.mean[m, 0]), float(ev.mean[m, best_h]))
+        gain = f"{g:+.2f}%" if math.isfinite(g) else "n/a"
+    return cells, gain
+
+
+def _header_lines(header: str, width: int) -> list[str]:
+    """A column header on as few lines as keep the column as narrow as its values (``width``), broken
+    only before a ``[`` or after a ``_``, so that the lines read in order are the name itself
+    (``confidence_`` / ``threshold`` / ``[tau=0.8]``).  A header a little wider than the values
+    (``tree_distance ↓``) stays whole."""
+    width = max(width, HEADER_MIN_WIDTH)
+    if len(header) <= width:
+        return [header]
+    pieces = [p for p in re.split(r"(?<=_)|(?=\[)", header) if p]
+    lines = [""]
+    for piece in pieces:
+        if lines[-1] and len(lines[-1]) + len(piece) > width:
+            lines.append("")
+        lines[-1] += piece
+    return lines
+
+
+def _blocks(widths: list[int], room: int) -> list[list[int]]:
+    """Columns in consecutive blocks each at most ``room`` wide (a column wider than ``room`` alone):
+    as few blocks as possible, and of those the split whose widest block is narrowest, so that the
+    last block is not left with a single column."""
+    n = len(widths)
+    count, used = 1, 0
+    for w in widths:  # the fewest blocks: greedy
+        if used and used + w > room:
+            count, used = count + 1, 0
+        used += w
+    # best[k][i]: the narrowest widest block splitting columns i.. into k blocks (linear partition).
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(count + 1)]
+    cut = [[n] * (n + 1) for _ in range(count + 1)]
+    best[0][n] = 0
+    for k in range(1, count + 1):
+        for i in range(n - 1, -1, -1):
+            total = 0
+            for j in range(i + 1, n + 1):
+                total += widths[j - 1]
+                if total > room and j > i + 1:
+                    break
+                cand = max(total, best[k - 1][j])
+                if cand <= best[k][i]:  # ties: the earlier blocks fuller
+                    best[k][i], cut[k][i] = cand, j
+    out, i = [], 0
+    for k in range(count, 0, -1):
+        out.append(list(range(i, cut[k][i])))
+        i = cut[k][i]
+    return [b for b in out if b]
+
+
+def render_grid(corner: str, labels: list[str], columns: list[tuple[str, list[tuple[str, bool]]]], *,
+                footer: tuple[str, list[str]] | None = None, width: int | None = None, color: bool = False) -> str:
+    """A table of ``labels`` (rows) by ``columns`` (``(header, [(cell, bold), ...])``), values right-aligned,
+    an optional ``footer`` row (``(label, [text per column])``) under a rule; wrapped into blocks of
+    whole columns, each repeating the row labels, so that no line is wider than ``width``."""
     bold, reset = ("\033[1m", "\033[0m") if color else ("", "")
-    columns = []
-    for m, metric in enumerate(ev.metrics):
-        dec = _decimals([float(ev.stderr[m, d]) for d in range(D) if ev.available[m, d]])
-        best = ev.best(m)
-        tied = ev.tied_with_best(m)
-        cells = []
-        for d in range(D):
-            if not ev.available[m, d]:
-                cells.append(("n/a", False))
-                continue
-            top = d == best or abs(float(ev.mean[m, d]) - float(ev.mean[m, best])) <= 1e-12
-            mark = "*" if top else ("~" if tied[d] else " ")
-            cells.append((f"{float(ev.mean[m, d]):.{dec}f}±{float(ev.stderr[m, d]):.{dec}f}{mark}", top))
-        gain_ok = ev.available[m, 0] and D > 1
-        if gain_ok:
-            others = [d for d in range(1, D)]
-            sign = 1.0 if metric.higher_is_better else -1.0
-            best_h = max(others, key=lambda d: sign * float(ev.mean[m, d]))
-            g = relative_gain(metric, float(ev.mean[m, 0]), float(ev.mean[m, best_h]))
-            gain = f"{g:+.2f}%" if math.isfinite(g) else "n/a"
-        else:
-            gain = "n/a"
-        columns.append((_header(metric), cells, gain))
-    label_w = max(len("gain of optimal vs best heuristic"), *(len(k) for k in ev.decoders))
-    widths = [max(len(hdr), len(gain), *(len(c) for c, _ in cells)) for hdr, cells, gain in columns]
-
-    # Wrap by blocks of whole metric columns, so each block still shows every decoder of a metric.
-    blocks, cur, used = [], [], label_w
-    for i, w in enumerate(widths):
-        if cur and width and used + 2 + w > width:
-            blocks.append(cur)
-            cur, used = [], label_w
-        cur.append(i)
-        used += 2 + w
-    blocks.append(cur)
-
+    label_w = max(len(corner), *(len(x) for x in labels), len(footer[0]) if footer else 0)
+    value_w = [max([len(c) for c, _ in cells] + ([len(footer[1][i])] if footer else [])) for i, (_, cells)
+               in enumerate(columns)]
+    heads = [_header_lines(h, value_w[i]) for i, (h, _) in enumerate(columns)]
+    col_w = [max(value_w[i], *(len(x) for x in heads[i])) for i in range(len(columns))]
+    room = (width - label_w) if width else sum(w + 2 for w in col_w)
     lines = []
-    for bi, block in enumerate(blocks):
+    for bi, block in enumerate(_blocks([w + 2 for w in col_w], room)):
         if bi:
             lines.append("")
-        head = "decoder".ljust(label_w) + "".join("  " + columns[i][0].rjust(widths[i]) for i in block)
-        lines.append(head)
-        lines.append("-" * len(head))
-        for d in range(D):
-            row = ev.decoders[d].ljust(label_w)
+        depth = max(len(heads[i]) for i in block)
+        for k in range(depth):
+            left = corner if k == depth - 1 else ""
+            parts = [(([""] * (depth - len(heads[i])) + heads[i])[k]).rjust(col_w[i]) for i in block]
+            lines.append((left.ljust(label_w) + "".join("  " + x for x in parts)).rstrip())
+        rule = "-" * (label_w + sum(col_w[i] + 2 for i in block))
+        lines.append(rule)
+        for r, label in enumerate(labels):
+            row = label.ljust(label_w)
             for i in block:
-                text, is_best = columns[i][1][d]
-                text = text.rjust(widths[i])
+                text, is_best = columns[i][1][r]
+                text = text.rjust(col_w[i])
                 row += "  " + (f"{bold}{text}{reset}" if is_best and color else text)
-            lines.append(row)
-        lines.append("-" * len(head))
-        lines.append("gain of optimal vs best heuristic".ljust(label_w)
-                     + "".join("  " + columns[i][2].rjust(widths[i]) for i in block))
+            lines.append(row.rstrip())
+        if footer:
+            lines.append(rule)
+            lines.append(footer[0].ljust(label_w) + "".join("  " + footer[1][i].rjust(col_w[i]) for i in block))
     return "\n".join(lines)
+
+
+def render_table(ev: Evaluation, *, color: bool = False, width: int | None = None, transpose: bool = False) -> str:
+    """A row per metric (its --json key and ↑/↓), a column per decoder (``optimal`` first, then the
+    gain of optimal over the best heuristic, then each heuristic); ``transpose``: a row per decoder,
+    a column per metric, the gains in the last row.  '*' marks the best decoder of a metric, '~' one
+    within 2 paired standard errors of it.  Wrapped to ``width`` characters."""
+    per_metric = [metric_cells(ev, m) for m in range(len(ev.metrics))]
+    if transpose:
+        columns = [(metric_label(metric), cells) for metric, (cells, _) in zip(ev.metrics, per_metric)]
+        return render_grid("decoder", list(ev.decoders), columns,
+                           footer=(GAIN_LABEL, [gain for _, gain in per_metric]), width=width, color=color)
+    labels = [metric_label(metric) for metric in ev.metrics]
+    columns = [(key, [cells[d] for cells, _ in per_metric]) for d, key in enumerate(ev.decoders)]
+    columns.insert(1, ("gain", [(gain, False) for _, gain in per_metric]))
+    return render_grid("metric", labels, columns, width=width, color=color)
 
 
 def to_json(ev: Evaluation) -> dict:
@@ -196,40 +203,13 @@ def to_json(ev: Evaluation) -> dict:
 
 
 # --------------------------------------------------------------------------- run
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, progress: Progress) -> int:
+    """The command line was checked by ``commands.check_compare``."""
     start = time.perf_counter()
-    inputs = {"--probs": args.probs, "--targets": args.targets, "--hierarchy": args.hierarchy,
-              "--leaf-order": args.leaf_order}
-    check_distinct_inputs(inputs)
-    if args.json is not None:
-        check_output_path(args.json, "--json", inputs=inputs)
-    else:
-        require_stdout("no --json is given: the results would be lost")
-    if args.probs is None:
-        if args.targets is not None:
-            raise CLIError("--targets needs --probs (without --probs, compare draws synthetic outputs)")
-        for flag, given in (("--from-logits", args.from_logits), ("--normalize", args.normalize),
-                            ("--calibrate", args.calibrate)):
-            if given:
-                raise CLIError(f"{flag} applies to --probs (without --probs, compare draws synthetic outputs, "
-                               "calibrated by construction)")
-    else:
-        for flag, val in (("--num-samples", args.num_samples), ("--noise", args.noise)):
-            if val is not None:
-                raise CLIError(f"{flag} applies to synthetic outputs, not to --probs")
-        if args.seed is not None and not args.calibrate:
-            raise CLIError("--seed applies to synthetic outputs or to the --calibrate split, not to --probs alone")
-        if args.targets is None:
-            raise CLIError("--probs needs --targets (the true leaf ids) to score decoders")
-        if args.calibrate and not args.from_logits:
-            raise CLIError("--calibrate scales logits: add --from-logits (and pass logits as --probs)")
-    if args.calibration_split is not None and not args.calibrate:
-        raise CLIError("--calibration-split applies to --calibrate")
-
-    progress = Progress("compare: loading", enabled=not args.no_progress)
     timings = {}
     calibration = None
-    with progress, set_threads(args.threads):
+    with set_threads(args.threads):
+        progress.stage("compare: loading the hierarchy")
         h = load_any_hierarchy(args.hierarchy, args.leaf_order)
         device = resolve_device(args.device)
         names = split_names(args.metrics, "--metrics") if args.metrics is not None else DEFAULT_METRICS
@@ -242,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
         if args.probs is None:
             num = DEFAULT_NUM_SAMPLES if args.num_samples is None else args.num_samples
-            noise = DEFAULT_NOISE if args.noise is None else args.noise
+            noise = SYNTHETIC_NOISE if args.noise is None else args.noise
             seed = DEFAULT_SEED if args.seed is None else args.seed
             progress.stage(f"compare: drawing {num} synthetic samples")
             probs, targets = synthetic_outputs(h, num, noise, seed, device=device)
@@ -250,6 +230,7 @@ def run(args: argparse.Namespace) -> int:
             source = (f"{num} synthetic calibrated samples (noise {noise:g}, seed {seed}): the labels are drawn "
                       "from the probabilities, so each metric's optimal decoder is best up to sampling noise")
         else:
+            progress.stage("compare: reading the model outputs")
             probs = load_probs(args.probs, h)
             targets = load_targets(args.targets, h, probs.shape[0])
             if probs.shape[0] == 0:
@@ -257,9 +238,10 @@ def run(args: argparse.Namespace) -> int:
             where = "standard input" if args.probs == STDIN else args.probs
             setting.update(source="files", probs=args.probs if args.probs == STDIN else os.path.abspath(args.probs),
                            targets=args.targets if args.targets == STDIN else os.path.abspath(args.targets),
-                           from_logits=bool(args.from_logits), normalize=bool(args.normalize),
+                           from_logits=args.from_logits, normalize=bool(args.normalize),
                            num_samples=int(probs.shape[0]))
-            source = f"{probs.shape[0]} samples from {where}" + (" (logits)" if args.from_logits else "")
+            kind = {True: " (logits)", "auto": " (probabilities or logits, decided per chunk)"}.get(args.from_logits, "")
+            source = f"{probs.shape[0]} samples from {where}{kind}"
             if args.calibrate:
                 split = DEFAULT_CALIBRATION_SPLIT if args.calibration_split is None else args.calibration_split
                 seed = DEFAULT_SEED if args.seed is None else args.seed
@@ -286,27 +268,37 @@ def run(args: argparse.Namespace) -> int:
         ev = evaluate(h, probs, targets, metrics, heuristics, batch_size=args.batch_size,
                       from_logits=args.from_logits, normalize=args.normalize, progress=progress)
         timings["evaluation_s"] = round(time.perf_counter() - t0, 3)
+    progress.close()
     elapsed = time.perf_counter() - start
     timings["total_s"] = round(elapsed, 3)
 
     tty = sys.stdout.isatty()
-    width = args.width if args.width is not None else (shutil.get_terminal_size().columns if tty else None)
+    width = args.width if args.width is not None else (shutil.get_terminal_size().columns if tty else
+                                                       DEFAULT_TABLE_WIDTH)
     color = tty and not os.environ.get("NO_COLOR")
-    print(f"hierarchy: {hierarchy_description(args.hierarchy, h)}")
-    print(f"data:      {source}")
+
+    def say(head: str, text: str) -> None:
+        print(textwrap.fill(text, width, initial_indent=(head + " ").ljust(11), subsequent_indent=" " * 11,
+                            break_on_hyphens=False))
+
+    say("hierarchy:", hierarchy_description(args.hierarchy, h))
+    say("data:", source)
     if calibration is not None:
-        print(f"calibration: {calibration_report(calibration)}")
+        say("calibration:", calibration_report(calibration))
     params = [d.key for d in heuristics if d.params]
-    print("decoders:  optimal = each metric's Bayes-optimal decoder, vs "
-          f"{len(heuristics)} heuristic{'s' if len(heuristics) != 1 else ''}"
-          + (f" ({', '.join(params)})" if params else ""))
+    say("decoders:", "optimal = each metric's Bayes-optimal decoder, vs "
+        f"{len(heuristics)} heuristic{'s' if len(heuristics) != 1 else ''}" + (f" ({', '.join(params)})" if params
+                                                                               else ""))
     print()
-    print(render_table(ev, color=color, width=width))
+    print(render_table(ev, color=color, width=width, transpose=args.transpose))
     print()
-    print("value±se: mean over samples ± its standard error.  * best of the column (ties included);")
-    print("~ within 2 standard errors of the best on the *paired* difference (same samples, so differences")
-    print("  are measured more precisely than each ± suggests; paired standard errors are in --json).")
-    print("↑ higher is better, ↓ lower is better.  gain: relative improvement of optimal over the best heuristic.")
+    gain = "the last row" if args.transpose else "gain"
+    legend = ("value±se: mean over samples ± its standard error. * the best decoder of the metric (ties included); "
+              "~ within 2 standard errors of the best on the *paired* difference (same samples, so differences are "
+              "measured more precisely than each ± suggests; paired standard errors are in --json). ↑ higher is "
+              f"better, ↓ lower is better. {gain}: relative improvement of optimal over the best heuristic. The "
+              "names are the keys of --json.")
+    print(textwrap.fill(legend, width, break_on_hyphens=False))
     print(f"({elapsed:.1f} s on {device})")
     if args.json is not None:
         results = to_json(ev)

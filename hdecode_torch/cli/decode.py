@@ -6,75 +6,19 @@ import argparse
 import csv
 import io
 import json
-import os
 import sys
 
 import numpy as np
 import torch
 
+from .commands import output_format
 from .common import (
-    DEFAULT_BETA, DEFAULT_C, DEFAULT_CALIBRATION_SPLIT, DEFAULT_SEED, MAX_SEED, CLIError, Progress,
-    add_calibration_args, add_decoder_param_args, add_hierarchy_args, add_metric_params, add_run_args,
-    build_heuristics, build_metrics, calibration_report, calibration_split, check_applicable, fit_calibration,
-    heuristic_names, int_in, load_any_hierarchy, load_probs, load_targets, resolve_device, set_threads,
+    DEFAULT_BETA, DEFAULT_C, DEFAULT_CALIBRATION_SPLIT, DEFAULT_SEED, CLIError, Progress, build_heuristics,
+    build_metrics, calibration_report, calibration_split, check_applicable, fit_calibration, load_any_hierarchy,
+    load_probs, load_targets, resolve_device, set_threads,
 )
 from .evaluation import chunk_posterior, has_optimal
-from .io import StagedWrites, check_distinct_inputs, check_output_path, require_stdout
-
-OUTPUT_FORMATS = (".npy", ".pt", ".csv", ".jsonl")
-
-
-def add_parser(sub) -> None:
-    from ..metrics import list_metrics
-
-    p = sub.add_parser(
-        "decode", help="decode a file of probabilities with a metric's optimal decoder or a heuristic",
-        allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=(
-            "Decode (B, L) leaf probabilities into hierarchical predictions.\n\n"
-            "--metric M: the Bayes-optimal prediction for metric M (node ids; for the set metrics\n"
-            "hf_beta, hamming and jaccard, ancestor-closed node sets).  --decoder D: a heuristic (node ids).\n\n"
-            "Output (--output, by extension): .npy / .pt: (B,) int64 node ids, or (B, N) bool set masks;\n"
-            ".csv: one row per sample (column 'node', or 'nodes' with ';'-separated ids, root first);\n"
-            ".jsonl: one JSON object per line ({\"node\": id} or {\"nodes\": [ids]}).  Without --output,\n"
-            "one line per sample on stdout.  --names writes readable labels instead of ids (.csv,\n"
-            "stdout) or next to them (.jsonl).  The output is written to a temporary file and moved\n"
-            "into place when complete: an error or Ctrl-C leaves an existing file as it was.\n\n"
-            "--probs - reads standard input: .npy or .pt bytes (recognised by their first bytes) or a\n"
-            "text table (comma, tab or whitespace separated)."),
-        epilog=("examples:\n"
-                "  hdecode decode --probs probs.npy --metric hf_beta --beta 0.5 --output sets.jsonl --names\n"
-                "  hdecode decode --hierarchy tree.csv --probs logits.pt --from-logits --metric wu_palmer\n"
-                "  hdecode decode --probs probs.npy --decoder darts --lam 0.5 --output pred.npy\n"
-                "  hdecode decode --probs val_logits.npy --from-logits --calibrate --targets val_labels.npy "
-                "--metric zhao -o pred.csv\n"
-                "  python make_probs.py | hdecode decode --probs - --metric tree_distance"))
-    p.set_defaults(func=run, _parser=p)
-    add_hierarchy_args(p)
-    src = p.add_argument_group("model outputs")
-    src.add_argument("--probs", required=True, metavar="FILE",
-                     help="(B, L) probabilities (or logits with --from-logits): .npy, .pt, .csv, .tsv or .txt; "
-                          "'-' reads standard input")
-    src.add_argument("--from-logits", action="store_true", help="--probs holds logits: apply a softmax")
-    src.add_argument("--normalize", action="store_true", help="renormalize rows that do not sum to 1")
-    what = p.add_argument_group("what to decode (one of --metric, --decoder)")
-    one = what.add_mutually_exclusive_group(required=True)
-    one.add_argument("--metric", "--metrics", dest="metric", metavar="NAME",
-                     help=f"optimal decoder of this metric ({', '.join(list_metrics())})")
-    one.add_argument("--decoder", "--decoders", dest="decoder", metavar="NAME",
-                     help=f"a heuristic decoder ({', '.join(heuristic_names())})")
-    add_metric_params(what, multi=False)
-    add_decoder_param_args(what)
-    cal = p.add_argument_group("calibration")
-    add_calibration_args(cal, decode=True)
-    cal.add_argument("--targets", metavar="FILE",
-                     help="--calibrate: (B,) true leaf ids of the --probs rows (.npy, .pt, .csv, .txt; '-': stdin)")
-    cal.add_argument("--seed", type=int_in(0, MAX_SEED), default=None,
-                     help=f"--calibrate: seed of the random split (default: {DEFAULT_SEED})")
-    out = p.add_argument_group("output")
-    out.add_argument("--output", "-o", metavar="FILE", help=f"write predictions to FILE ({', '.join(OUTPUT_FORMATS)})")
-    out.add_argument("--names", action="store_true", help="readable node labels instead of ids (text outputs)")
-    add_run_args(p.add_argument_group("run"))
+from .io import StagedWrites
 
 
 def _decoder(h, args):
@@ -106,20 +50,12 @@ def set_members(h, sets: torch.Tensor) -> list[list[int]]:
     return [chunk.tolist() for chunk in torch.split(cols[order], counts)]
 
 
-def _format_error(path: str | None, names: bool) -> None:
-    ext = os.path.splitext(path)[1].lower() if path else None
-    if ext is not None and ext not in OUTPUT_FORMATS:
-        raise CLIError(f"--output: unknown format {ext or '(no extension)'!r}; use one of {', '.join(OUTPUT_FORMATS)}")
-    if names and ext in (".npy", ".pt"):
-        raise CLIError("--names needs a text output (.csv, .jsonl or stdout); .npy/.pt hold ids")
-
-
 def write_predictions(h, pred: torch.Tensor, path: str | None, names: bool) -> None:
-    """Write (B,) int64 node ids or (B, N) bool sets to ``path`` (by extension) or to stdout."""
+    """Write (B,) int64 node ids or (B, N) bool sets to ``path`` (by extension), or as lines to
+    stdout (no ``path``) or to a device or a pipe."""
     pred = pred.cpu()
     is_set = pred.dtype == torch.bool
-    _format_error(path, names)
-    ext = os.path.splitext(path)[1].lower() if path else None
+    ext = output_format(path, names)
     items = None if ext in (".npy", ".pt") else (set_members(h, pred) if is_set else pred.tolist())
     label = h.label
 
@@ -135,7 +71,10 @@ def write_predictions(h, pred: torch.Tensor, path: str | None, names: bool) -> N
         return
 
     def fill(f):
-        if ext == ".npy":
+        if ext is None:
+            for it in items:
+                f.write(text(it) + "\n")
+        elif ext == ".npy":
             np.save(f, pred.numpy())
         elif ext == ".pt":
             # Serialised in memory first: torch's archive writer turns a failed write into an opaque
@@ -155,36 +94,17 @@ def write_predictions(h, pred: torch.Tensor, path: str | None, names: bool) -> N
             w.writerows([text(it)] for it in items)
 
     with StagedWrites() as staged:
-        staged.write(path, "--output", fill, text=ext in (".csv", ".jsonl"))
+        staged.write(path, "--output", fill, text=ext not in (".npy", ".pt"))
 
 
-def run(args: argparse.Namespace) -> int:
-    # Everything that can be checked without the data is checked first, so that a mistake does not
-    # surface only after a long decode.
-    inputs = {"--probs": args.probs, "--targets": args.targets, "--hierarchy": args.hierarchy,
-              "--leaf-order": args.leaf_order}
-    check_distinct_inputs(inputs)
-    if args.output is not None:
-        check_output_path(args.output, "--output", inputs=inputs)
-    _format_error(args.output, args.names)
-    if args.output is None:
-        require_stdout("no --output is given: the predictions would be lost")
-    if args.calibrate:
-        if not args.from_logits:
-            raise CLIError("--calibrate scales logits: add --from-logits (and pass logits as --probs)")
-        if args.targets is None:
-            raise CLIError("--calibrate fits the temperature on labelled rows: add --targets FILE (the true leaf ids "
-                           "of the --probs rows)")
-    else:
-        for flag, value in (("--targets", args.targets), ("--calibration-split", args.calibration_split),
-                            ("--seed", args.seed)):
-            if value is not None:
-                raise CLIError(f"{flag} applies to --calibrate")
-    progress = Progress("decode: loading", enabled=not args.no_progress)
-    with progress, set_threads(args.threads):
+def run(args: argparse.Namespace, progress: Progress) -> int:
+    """The command line was checked by ``commands.check_decode``."""
+    with set_threads(args.threads):
+        progress.stage("decode: loading the hierarchy")
         h = load_any_hierarchy(args.hierarchy, args.leaf_order)
         device = resolve_device(args.device)
         key, decode, obj = _decoder(h, args)
+        progress.stage("decode: reading the model outputs")
         probs = load_probs(args.probs, h)
         B = probs.shape[0]
         if args.calibrate:
@@ -209,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
             post = chunk_posterior(h, probs, start, stop, from_logits=args.from_logits, normalize=args.normalize)
             parts.append(decode(post).cpu())
             progress.update(stop - start)
+    progress.close()
     if parts:
         pred = torch.cat(parts)
     elif getattr(obj, "kind", None) == "set":

@@ -1,30 +1,16 @@
-"""``hdecode info``: statistics of a hierarchy."""
+"""``hdecode info``: statistics of a hierarchy, and its leaves in the model's column order."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import warnings
 
 import numpy as np
 
-from .common import DEFAULT_HIERARCHY, CLIError, add_hierarchy_args, json_document, load_any_hierarchy
-from .io import require_stdout
+from .common import DEFAULT_HIERARCHY, Progress, json_document, load_any_hierarchy
 
-
-def add_parser(sub) -> None:
-    p = sub.add_parser("info", help="statistics of a hierarchy (sizes, depths, branching, single-child chains)",
-                       allow_abbrev=False,
-                       description="Print statistics of a bundled hierarchy or of a JSON/CSV/edge-list file.",
-                       epilog="examples:\n  hdecode info --hierarchy inat19\n"
-                              "  hdecode info --hierarchy tree.csv --json",
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.set_defaults(func=run, _parser=p)
-    add_hierarchy_args(p, default=None)
-    p.add_argument("tree", nargs="?", default=None, metavar="TREE",
-                   help=f"deprecated spelling of --hierarchy TREE (default: {DEFAULT_HIERARCHY})")
-    p.add_argument("--json", action="store_true",
-                   help="print JSON instead of text (schema_version 1: the statistics under results)")
+#: At most this many leaves are listed in the text output (all of them in --json).
+MAX_LEAVES_SHOWN = 100
 
 
 def single_child_chains(h) -> dict:
@@ -51,20 +37,45 @@ def single_child_chains(h) -> dict:
             "longest_single_child_chain": int(lengths.max()) if lengths.size else 0}
 
 
-def run(args: argparse.Namespace) -> int:
-    require_stdout("info prints to it")
-    spec = args.hierarchy
-    if args.tree is not None:
-        if spec is not None:
-            raise CLIError(f"give the tree once: --hierarchy {spec} or the (deprecated) positional {args.tree}")
-        warnings.warn(f"the positional TREE is deprecated: use --hierarchy {args.tree}", FutureWarning, stacklevel=2)
-        spec = args.tree
-    spec = DEFAULT_HIERARCHY if spec is None else spec
+def leaf_order(h) -> list:
+    """The leaves in the model's column order: entry j is the name of leaf j, the class of column j."""
+    return [h.name(j) for j in range(h.num_leaves)]
+
+
+def _leaf_lines(h, width: int = 100) -> list[str]:
+    """``j name`` (with the label where the tree has one) for the leaves, in columns filling ``width``;
+    on a tree of more than MAX_LEAVES_SHOWN leaves, the first and the last ten only."""
+    def entry(j):
+        name, label = str(h.name(j)), h.label(j)
+        return f"{j} {name}" + (f" ({label})" if label != name else "")
+
+    def rows(ids):
+        cells = [entry(j) for j in ids]
+        cell_w = max(len(c) for c in cells) + 2
+        per_line = max(1, (width - 2) // cell_w)
+        return ["  " + "".join(c.ljust(cell_w) for c in cells[k:k + per_line]).rstrip()
+                for k in range(0, len(cells), per_line)]
+
+    L = h.num_leaves
+    if L <= MAX_LEAVES_SHOWN:
+        return rows(range(L))
+    head, tail = MAX_LEAVES_SHOWN - 10, 10
+    return rows(range(head)) + [f"  ... {L - head - tail} more (--json lists every leaf)"] + rows(range(L - tail, L))
+
+
+def run(args: argparse.Namespace, progress: Progress) -> int:
+    """The command line was checked by ``commands.check_info``."""
+    spec = DEFAULT_HIERARCHY if args.hierarchy is None else args.hierarchy
+    progress.stage("info: loading the hierarchy")
     h = load_any_hierarchy(spec, args.leaf_order)
     stats = h.statistics()
     stats.update(single_child_chains(h))
+    progress.close()
     if args.json:
-        doc = json_document("info", {"setting": {"hierarchy": spec}}, stats)
+        results = {**stats, "leaf_order": leaf_order(h)}
+        if h.labels is not None:
+            results["leaf_labels"] = [h.label(j) for j in range(h.num_leaves)]
+        doc = json_document("info", {"setting": {"hierarchy": spec, "leaf_order": args.leaf_order}}, results)
         print(json.dumps(doc, indent=2, allow_nan=False))
         return 0
     print(f"hierarchy: {spec}")
@@ -75,4 +86,7 @@ def run(args: argparse.Namespace) -> int:
         elif isinstance(v, dict):
             v = ", ".join(f"{d}:{c}" for d, c in v.items())
         print(f"  {k:<{width}}  {v}")
+    print(f"leaves in column order (column j of --probs is leaf j; {h.num_leaves} leaves):")
+    for line in _leaf_lines(h):
+        print(line)
     return 0

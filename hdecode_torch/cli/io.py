@@ -4,7 +4,11 @@ Inputs: ``.npy``, ``.pt``/``.pth`` and text tables (``.csv``, ``.tsv``, ``.txt``
 from standard input (``-``, format recognised from the content).  Outputs are checked before any
 work starts (folder exists and is writable, not a folder, not one of the inputs) and written to a
 temporary file beside the target that is renamed into place only once complete, so that a full
-disk, a file-size limit or Ctrl-C never leaves a fragment or destroys an existing file.
+disk, a file-size limit, Ctrl-C or SIGTERM never leaves a fragment or destroys an existing file; a
+fragment left by a killed run (SIGKILL, a power cut) is removed by the next run writing that output.
+
+The checks run before torch is imported (``hdecode`` answers a bad command line at once), so numpy
+and torch are imported by the readers that need them, not by this module.
 """
 
 from __future__ import annotations
@@ -19,12 +23,9 @@ import sys
 import tempfile
 import warnings
 
-import numpy as np
-import torch
-
 __all__ = [
     "CLIError", "STDIN", "one_line", "require_stdout", "describe", "read_input_bytes", "read_input_text", "load_array",
-    "check_output_path", "check_distinct_inputs", "StagedWrites", "ARRAY_FORMATS",
+    "check_output_path", "check_distinct_inputs", "StagedWrites", "ARRAY_FORMATS", "is_special_file",
 ]
 
 STDIN = "-"
@@ -116,6 +117,8 @@ def _numpy_safe_globals() -> list:
     """What ``torch.load(weights_only=True)`` must be allowed to rebuild a numpy array: the array
     type, its dtype and numpy's reconstruct function (it only allocates an array of an allowed
     type).  Nothing that can run code."""
+    import numpy as np
+
     allowed = [np.ndarray, np.dtype]
     for module in ("numpy._core.multiarray", "numpy.core.multiarray"):
         with warnings.catch_warnings():
@@ -132,6 +135,8 @@ def _numpy_safe_globals() -> list:
 
 
 def _torch_load(src, name: str):
+    import torch
+
     safe = getattr(torch.serialization, "safe_globals", None)
     ctx = safe(_numpy_safe_globals()) if safe is not None else contextlib.nullcontext()
     try:
@@ -153,9 +158,17 @@ def _torch_load(src, name: str):
                        f"{one_line(exc)}") from None
 
 
-def _parse_number_table(text: str, name: str, delimiter: str | None) -> np.ndarray:
-    """A float64 table from text.  The first row is a header only when none of its cells is a number;
-    a cell that is not a number elsewhere is an error naming its line and column."""
+def _parse_number_table(text: str, name: str, delimiter: str | None, index_header: bool = False):
+    """A float64 numpy table from text.  The first row is a header when none of its cells is a number;
+    a cell that is not a number elsewhere is an error naming its line and column.
+
+    ``index_header``: a first row that is the column numbers (0..W-1 or 1..W, as pandas' ``to_csv``
+    or ``np.savetxt(header=...)`` write them) is a header when the data cannot be such a row (some
+    other cell is not an integer); where it could be a row of the data (two columns, where 0,1 is
+    also a probability row, or integer data) it is an error, never a silent extra sample.
+    """
+    import numpy as np
+
     lines = [(k + 1, ln) for k, ln in enumerate(text.splitlines()) if ln.strip() and not ln.lstrip().startswith("#")]
     if not lines:
         raise CLIError(f"{name} has no data")
@@ -179,19 +192,36 @@ def _parse_number_table(text: str, name: str, delimiter: str | None) -> np.ndarr
         if len(r) != width:
             raise CLIError(f"{name}, line {k}: {len(r)} columns, but line {lines[0][0]} has {width}")
     try:
-        return np.array(rows, dtype=np.float64)
+        table = np.array(rows, dtype=np.float64)
     except ValueError:
         for (k, _), r in zip(lines, rows):
             for j, c in enumerate(r):
                 if not number(c):
                     raise CLIError(f"{name}, line {k}, column {j + 1}: {c!r} is not a number") from None
         raise
+    if index_header and width >= 2:
+        first = table[0]
+        cols = np.arange(width, dtype=np.float64)
+        if np.array_equal(first, cols) or np.array_equal(first, cols + 1):
+            rest = table[1:]
+            data_are_integers = bool(np.all(rest == np.round(rest)))
+            what = f"line {lines[0][0]} ({', '.join(rows[0][:3])}{', ...' if width > 3 else ''}) is the column numbers"
+            if width == 2 or not rest.size or data_are_integers:
+                why = ("with two columns it is also a probability row" if width == 2 else
+                       "it is the only line" if not rest.size else "every other line holds integers too")
+                raise CLIError(f"{name}: {what}, a header or a sample? It cannot be told ({why}); remove the line, "
+                               "or give the columns names that are not numbers (p0, p1, ...)")
+            table = rest  # the data hold fractions: a row of column numbers is a header
+    return table
 
 
-def load_array(path: str, flag: str) -> torch.Tensor:
+def load_array(path: str, flag: str, *, index_header: bool = False):
     """A tensor from ``.npy``, ``.pt``/``.pth`` (a tensor or a numpy array) or a text table
     (``.csv`` comma-, ``.tsv`` tab-, ``.txt`` comma/tab/whitespace-separated); ``-`` reads
-    standard input and recognises the format from its first bytes."""
+    standard input and recognises the format from its first bytes.  ``index_header``: see
+    :func:`_parse_number_table` (for tables with one column per class)."""
+    import numpy as np
+
     if path == STDIN:
         data = read_input_bytes(path, flag)
         if not data:
@@ -236,14 +266,22 @@ def load_array(path: str, flag: str) -> torch.Tensor:
                 raise CLIError(f"{name} is not a text table (byte {exc.start} is not UTF-8 text); binary arrays "
                                "go in .npy or .pt files") from None
             delimiter = {".csv": ",", ".tsv": "\t"}.get(ext)
-            arr = _parse_number_table(text, name, delimiter)
+            arr = _parse_number_table(text, name, delimiter, index_header=index_header)
     except OSError as exc:
         raise CLIError(f"cannot read {name}: {exc.strerror or one_line(exc)}") from None
     return _as_tensor(arr, name)
 
 
-def _as_tensor(obj, name: str) -> torch.Tensor:
+def _as_tensor(obj, name: str):
+    import numpy as np
+    import torch
+
     if isinstance(obj, torch.Tensor):
+        if obj.device.type == "meta":
+            raise CLIError(f"{name} holds a tensor on the meta device: a shape {tuple(obj.shape)} without values; "
+                           "save the tensor with its data (torch.save(tensor.cpu(), path))")
+        if getattr(obj, "is_nested", False):
+            raise CLIError(f"{name} holds a nested tensor; save one (B, L) tensor")
         if obj.is_sparse or obj.layout != torch.strided:
             return obj.to_dense()
         return obj
@@ -290,24 +328,37 @@ def check_output_path(path: str, flag: str, inputs: dict[str, str | None] | None
     for other_flag, other in (outputs or {}).items():
         if other and other != STDIN and (_same_file(path, other) or os.path.realpath(path) == os.path.realpath(other)):
             raise CLIError(f"{flag} {path!r} and {other_flag} {other!r} are the same file; choose two names")
+    if is_special_file(path):
+        if not os.access(path, os.W_OK):
+            raise CLIError(f"{flag}: {path!r} is not writable")
+        return  # /dev/null, a named pipe, a terminal: written in place
     target = os.path.realpath(path)  # write through a symbolic link, not over it
     if os.path.isdir(target):
         raise CLIError(f"{flag}: {path!r} is a folder; give a file name")
-    if os.path.exists(target):
-        if not stat.S_ISREG(os.stat(target).st_mode):
-            return  # /dev/null, a named pipe, ...: written in place
-        if not os.access(target, os.W_OK):
-            raise CLIError(f"{flag}: {path!r} is read-only")
+    if os.path.exists(target) and not os.access(target, os.W_OK):
+        raise CLIError(f"{flag}: {path!r} is read-only")
     folder = os.path.dirname(target) or "."
     if not os.path.isdir(folder):
         what = "is not a folder" if os.path.exists(folder) else "does not exist"
         raise CLIError(f"{flag}: cannot write {path!r}: the folder {os.path.dirname(path) or folder!r} {what}")
     try:  # the only reliable test (permissions, read-only mounts, /proc): create a file there
         fd, probe = tempfile.mkstemp(dir=folder, prefix=".hdecode-probe-")
-        os.close(fd)
-        os.unlink(probe)
     except OSError as exc:
         raise CLIError(f"{flag}: cannot write in the folder of {path!r}: {exc.strerror}") from None
+    try:
+        os.close(fd)
+    finally:
+        os.unlink(probe)
+
+
+def is_special_file(path: str) -> bool:
+    """Whether ``path`` exists and is not a regular file (``/dev/null``, a named pipe, a terminal,
+    ``/dev/stdout``): such an output is written in place, and its name has no format extension."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return False
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
 
 
 class _PlainWrites:
@@ -324,6 +375,43 @@ class _PlainWrites:
         return getattr(self._f, name)
 
 
+def _fragment_prefix(base: str) -> str:
+    """Temporaries are ``.NAME.hdecode-PID-RANDOM.tmp``: hidden, named after their target and their
+    writer's process, so that a later run can tell an abandoned one from one being written."""
+    return f".{base}.hdecode-"
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: another user's live process
+        return True
+    return True
+
+
+def sweep_fragments(folder: str, base: str) -> list[str]:
+    """Remove the temporaries of output ``base`` in ``folder`` whose writer is gone (killed by
+    SIGKILL, or by a power cut, before it could clean up); returns their paths.  Temporaries of a
+    process still running (another ``hdecode`` writing the same output) are left alone."""
+    pattern = re.compile(re.escape(_fragment_prefix(base)) + r"(\d+)-[^/]*\.tmp\Z")
+    removed = []
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        match = pattern.match(entry.name)
+        if match and not _process_alive(int(match.group(1))) and entry.is_file(follow_symlinks=False):
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+                removed.append(entry.path)
+    return removed
+
+
 def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
@@ -332,8 +420,10 @@ def _umask() -> int:
 
 class StagedWrites:
     """Output files written to temporaries beside their targets and renamed into place by
-    :meth:`commit`.  As a context manager: commit on success; on any error, Ctrl-C included,
-    remove the temporaries, so that no fragment is left and existing files keep their content.
+    :meth:`commit`.  As a context manager: commit on success; on any error, Ctrl-C and SIGTERM
+    included (``main`` turns SIGTERM into an exception), remove the temporaries, so that no fragment
+    is left and existing files keep their content.  Before writing, abandoned temporaries of the
+    same target (their writer was killed outright) are removed.
 
     A target that exists and is not a regular file (``/dev/null``, a pipe) is written in place.
     """
@@ -352,16 +442,17 @@ class StagedWrites:
 
     def write(self, path: str, flag: str, fill, text: bool = False) -> None:
         """Call ``fill(f)`` with a file object (binary, or UTF-8 text with ``text=True``) for ``path``."""
-        target = os.path.realpath(path)
-        in_place = os.path.exists(target) and not stat.S_ISREG(os.stat(target).st_mode)
         try:
-            if in_place:
-                dest = target
+            if is_special_file(path):
+                dest = path
             else:
-                fd, dest = tempfile.mkstemp(dir=os.path.dirname(target) or ".",
-                                            prefix=f".{os.path.basename(target)}.", suffix=".tmp")
-                os.close(fd)
+                target = os.path.realpath(path)
+                folder, base = os.path.dirname(target) or ".", os.path.basename(target)
+                sweep_fragments(folder, base)
+                fd, dest = tempfile.mkstemp(dir=folder, prefix=f"{_fragment_prefix(base)}{os.getpid()}-",
+                                            suffix=".tmp")
                 self._staged.append((dest, target))
+                os.close(fd)
             with open(dest, "wb") as raw:
                 if text:
                     f = io.TextIOWrapper(raw, encoding="utf-8", newline="")

@@ -2,25 +2,37 @@
 
 Every failure ends as one line on standard error, ``hdecode <command>: error: <what and how to fix
 it>``, with exit status 2 for a bad command line or input, 1 when the run could not complete (an
-output could not be written, out of memory), 130 on Ctrl-C; never a traceback (``HDECODE_DEBUG=1``
-shows it).  Library warnings are shown the same way, as ``hdecode <command>: warning: ...``.
+output could not be written, out of memory), 130 on Ctrl-C and 143 on SIGTERM (outputs being written
+are removed); never a traceback (``HDECODE_DEBUG=1`` shows it).  Library warnings are shown the same
+way, as ``hdecode <command>: warning: ...``.
+
+The command line is parsed and checked before torch is imported: ``--help``, ``--version`` and a bad
+option answer at once, and a run puts its progress line up before the ~2 s import of torch.
 """
 
 from __future__ import annotations
 
-import argparse
+import importlib
 import os
 import re
+import signal
 import sys
 import warnings
 
-from . import compare, decode, info, io, plot
+from . import io
+from .commands import build_parser
 from .io import CLIError, one_line
+from .progress import Progress
+
+__all__ = ["main", "build_parser", "cli_wording", "Terminated"]
 
 # The library's messages name Python arguments; a command-line user needs the flags.
 _CLI_WORDING = [
     (re.compile(r"\bnormalize=True\b"), "--normalize"),
     (re.compile(r"\bfrom_logits=True\b"), "--from-logits"),
+    (re.compile(r"\b(?:pass|use) from_logits=False\b"), "leave out --from-logits"),
+    (re.compile(r"\bfrom_logits=False\b"), "no --from-logits"),
+    (re.compile(r"\bfrom_logits=(['\"])auto\1"), "--from-logits auto"),
     (re.compile(r"\(or apply softmax\)"), "(the softmax is then applied for you)"),
     (re.compile(r"`(leaf_probs|probs|scores|logits)((?:\[[^`]*\])?)`"), r"--probs\2"),
     (re.compile(r"`targets?`"), "--targets"),
@@ -45,18 +57,23 @@ def cli_wording(message: str) -> str:
     return text
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from .. import __version__
+class Terminated(BaseException):
+    """SIGTERM, raised where the program is so that it unwinds like Ctrl-C: the outputs being written
+    are removed (:class:`~hdecode_torch.cli.io.StagedWrites`) before the exit.  A BaseException, so
+    that no ``except Exception`` swallows it."""
 
-    parser = argparse.ArgumentParser(
-        prog="hdecode", allow_abbrev=False,
-        description="Bayes-optimal decoding of hierarchical classifiers: compare decoders, decode, plot.",
-        epilog="Options are spelled out in full (no abbreviations); `hdecode COMMAND --help` lists them.")
-    parser.add_argument("--version", action="version", version=f"hdecode {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (compare, decode, plot, info):
-        module.add_parser(sub)
-    return parser
+
+def _raise_terminated(signum, frame):
+    raise Terminated
+
+
+def _install_sigterm():
+    """Turn SIGTERM into :class:`Terminated`; returns the previous handler (``None``: not installed,
+    outside the main thread)."""
+    try:
+        return signal.signal(signal.SIGTERM, _raise_terminated)
+    except (ValueError, OSError):  # not the main thread: leave the signal alone
+        return None
 
 
 class _StdoutFailure(Exception):
@@ -137,11 +154,26 @@ def _silence_stdout() -> None:
 def main(argv: list[str] | None = None) -> int:
     state = _reopen_closed_std_fds()
     io.stdout_closed = state["stdout"] is None
+    previous = _install_sigterm()
     try:
         return _main(argv)
+    except KeyboardInterrupt:  # before the command was known (while parsing): still one line
+        print("hdecode: interrupted", file=sys.stderr)
+        return 130
+    except Terminated:
+        print("hdecode: terminated", file=sys.stderr)
+        return 143
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         io.stdout_closed = False
         _restore(state)
+
+
+def _runner(spec: str):
+    """``"module:function"`` of this package, imported now (torch with it)."""
+    module, function = spec.split(":")
+    return getattr(importlib.import_module(f".{module}", __package__), function)
 
 
 def _main(argv) -> int:
@@ -152,14 +184,18 @@ def _main(argv) -> int:
         sub.error(f"unrecognized arguments: {' '.join(extras)}")
     prog = sub.prog
     debug = bool(os.environ.get("HDECODE_DEBUG"))
+    progress = None
 
     def error(message: str, code: int) -> int:
         print(f"{prog}: error: {message}", file=sys.stderr)
         return code
 
     def show_warning(message, category, filename, lineno, file=None, line=None):
-        print(f"{prog}: warning: {cli_wording(one_line(message) if isinstance(message, Warning) else message)}",
-              file=sys.stderr)
+        text = f"{prog}: warning: {cli_wording(one_line(message) if isinstance(message, Warning) else message)}"
+        if progress is not None:
+            progress.write(text)
+        else:
+            print(text, file=sys.stderr)
 
     with warnings.catch_warnings():
         if not sys.warnoptions:
@@ -169,13 +205,21 @@ def _main(argv) -> int:
             warnings.filterwarnings("default", category=FutureWarning)
         warnings.showwarning = show_warning
         try:
-            code = int(args.func(args) or 0)
+            if args._check is not None:
+                args._check(args)  # the options alone, before torch is imported
+            progress = Progress(f"{prog.removeprefix('hdecode ')}: loading",
+                                enabled=not getattr(args, "no_progress", False))
+            with progress:
+                code = int(_runner(args._run)(args, progress) or 0)
             sys.stdout.flush()
             return code
         except KeyboardInterrupt:
             # Outputs are renamed into place only when complete, so nothing half-written is left.
             print(f"{prog}: interrupted", file=sys.stderr)
             return 130
+        except Terminated:
+            print(f"{prog}: terminated", file=sys.stderr)
+            return 143
         except BrokenPipeError:
             # `hdecode decode ... | head`: the reader left; stop quietly.
             _silence_stdout()
@@ -209,6 +253,9 @@ def _main(argv) -> int:
                 return error("out of memory; use a smaller --batch-size or fewer samples", 1)
             return error(f"internal error ({type(exc).__name__}: {text}); please report it, with the command. "
                          "HDECODE_DEBUG=1 shows the traceback", 1)
+        finally:
+            if progress is not None:
+                progress.close()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -13,20 +13,14 @@ import torch
 
 from ..synthetic import synthetic_outputs
 from .common import (
-    DEFAULT_BETA, DEFAULT_BETAS, DEFAULT_C, DEFAULT_DPI, DEFAULT_SEED, MAX_DPI, MAX_FIGURE_PIXELS, MAX_SEED, CLIError,
-    Progress, add_decoder_param_args, add_hierarchy_args, add_metric_params, add_run_args, build_heuristics,
-    build_metrics, check_applicable, finite_float, heuristic_selection, int_in, json_document, load_any_hierarchy,
-    resolve_device, set_threads, split_names,
+    DEFAULT_BETA, DEFAULT_BETAS, DEFAULT_C, MAX_FIGURE_PIXELS, CLIError, Progress, build_heuristics, build_metrics,
+    check_applicable, heuristic_selection, json_document, load_any_hierarchy, resolve_device, set_threads,
+    split_names,
 )
 from .compare import relative_gain
 from .evaluation import evaluate, has_optimal
-from .io import StagedWrites, check_distinct_inputs, check_output_path
-
-# Small enough for well under a minute on a 2-core CPU (7 noise levels x 3 seeds x 2000 samples).
-DEFAULT_GAIN_NOISE = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0)
-DEFAULT_GAIN_SEEDS = 3
-DEFAULT_GAIN_SAMPLES = 2000
-DEFAULT_RESOLUTION = 200
+from .io import StagedWrites, check_distinct_inputs, check_output_path, is_special_file
+from .options import DEFAULT_GAIN_NOISE, DEFAULT_GAIN_SEEDS
 
 # Two-sided 95% Student t quantiles, for confidence bands from a handful of seeds.
 _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
@@ -56,6 +50,8 @@ def figure_path(path: str) -> tuple[str, str]:
     """``(path to write, format)``: the extension names the format; none means PNG, and ``.png`` is
     added (as matplotlib does), so that the path printed is the file written."""
     Figure, Canvas = _matplotlib()
+    if is_special_file(path) and not os.path.splitext(path)[1]:
+        return path, "png"  # /dev/null, a pipe: written in place, as PNG
     if path == "-" or not path.strip() or os.path.basename(path) in ("", ".", ".."):
         check_output_path(path, "--output")  # the same message as for any other output
         raise CLIError(f"--output: {path!r} is not a file name")
@@ -82,76 +78,6 @@ def check_figure_size(width_in: float, height_in: float, dpi: int) -> None:
 def _save(fig, canvas_cls, path: str, fmt: str, dpi: int, staged: StagedWrites) -> None:
     canvas_cls(fig)
     staged.write(path, "--output", lambda f: fig.savefig(f, format=fmt, dpi=dpi, bbox_inches="tight"))
-
-
-def add_parser(sub) -> None:
-    p = sub.add_parser("plot", help="figures: decoder agreement on the simplex, gain of optimal decoding vs noise",
-                       allow_abbrev=False,
-                       description="Figures of the paper, recomputed: `plot agreement` and `plot gain`.")
-    psub = p.add_subparsers(dest="plot_command", required=True, metavar="FIGURE")
-    image_help = ("image file to write: .png, .pdf, .svg, ... (no extension: .png is added); written to a temporary "
-                  "file and moved into place when complete")
-    dpi_help = f"resolution of raster images, 10..{MAX_DPI} (default: {DEFAULT_DPI})"
-
-    a = psub.add_parser(
-        "agreement", help="where a metric's optimal decoder agrees with a heuristic, on the 3-leaf simplex",
-        allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=(
-            "Agreement map (the paper's Fig. 2): on the tree root -> (X, C), X -> (A, B), every point of\n"
-            "the probability simplex over the leaves A, B, C is decoded by the optimal decoder of --metric\n"
-            "and by each --decoder (heuristic); green where they predict the same node (or, for set\n"
-            "metrics, the same ancestor set), red where they differ."),
-        epilog="example:\n"
-               "  hdecode plot agreement --metric hf_beta --beta 1 --decoders majority --output agreement.png\n"
-               "  hdecode plot agreement --metric wu_palmer --decoders all --output wu_palmer.png")
-    a.set_defaults(func=run_agreement, _parser=a)
-    a.add_argument("--metric", "--metrics", dest="metric", default="hf_beta",
-                   help="metric whose optimal decoder is mapped (default: hf_beta)")
-    add_metric_params(a, multi=False)
-    a.add_argument("--decoders", "--decoder", "--heuristic", "--heuristics", dest="decoders", nargs="+",
-                   metavar="NAME", help="heuristic decoder(s), comma or space separated, or all (default: majority)")
-    add_decoder_param_args(a)
-    a.add_argument("--resolution", type=int_in(2, 1000), default=DEFAULT_RESOLUTION,
-                   help=f"grid steps per simplex edge, 2..1000; the map has resolution² cells (default: "
-                        f"{DEFAULT_RESOLUTION})")
-    a.add_argument("--output", "-o", required=True, metavar="IMAGE", help=image_help)
-    a.add_argument("--dpi", type=int_in(10, MAX_DPI), default=DEFAULT_DPI, help=dpi_help)
-    a.add_argument("--no-progress", action="store_true", help="no progress bar (shown on a terminal only)")
-
-    g = psub.add_parser(
-        "gain", help="relative gain (%%) of optimal decoding over each heuristic vs the noise level",
-        allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=(
-            "The paper's blur experiment on synthetic calibrated outputs: for each noise level (the\n"
-            "temperature of the synthetic model; larger = more underdetermined) and seed, draw outputs,\n"
-            "decode them with each metric's optimal decoder and each heuristic, and plot the relative gain\n"
-            "(%) of optimal decoding over each heuristic: 100·(U_opt − U_h)/|U_h| for a score,\n"
-            "100·(C_h − C_opt)/C_h for a cost.  Lines: mean over seeds; bands: 95% confidence intervals."),
-        epilog="example:\n  hdecode plot gain --output gain.png\n"
-               "  hdecode plot gain --metrics tree_distance,wu_palmer --num-seeds 5 --num-samples 5000 "
-               "--output gain.png")
-    g.set_defaults(func=run_gain, _parser=g)
-    add_hierarchy_args(g)
-    g.add_argument("--metrics", "--metric", dest="metrics", nargs="+", metavar="NAME",
-                   help="metrics, one panel each (default: hf_beta at each --betas)")
-    add_metric_params(g, multi=True)
-    g.add_argument("--decoders", "--decoder", dest="decoders", nargs="+", metavar="NAME",
-                   help="heuristics, comma or space separated, or all (default: all)")
-    add_decoder_param_args(g)
-    g.add_argument("--noise", type=finite_float(0.0, lo_open=True), nargs="+", default=None,
-                   help=f"noise levels > 0 (default: {' '.join(f'{x:g}' for x in DEFAULT_GAIN_NOISE)})")
-    g.add_argument("--num-seeds", type=int_in(1, 10_000), default=None,
-                   help=f"seeds per noise level, for the confidence bands (default: {DEFAULT_GAIN_SEEDS})")
-    g.add_argument("--seeds", dest="old_seeds", type=int_in(1, 10_000), default=None, help=argparse.SUPPRESS)
-    g.add_argument("--seed", type=int_in(0, MAX_SEED - 10_000), default=DEFAULT_SEED,
-                   help=f"the first seed; seeds SEED..SEED+num_seeds-1 are used (default: {DEFAULT_SEED})")
-    g.add_argument("--num-samples", type=int_in(1, 10 ** 8), default=DEFAULT_GAIN_SAMPLES,
-                   help=f"samples per seed and noise level (default: {DEFAULT_GAIN_SAMPLES})")
-    add_run_args(g)
-    g.add_argument("--output", "-o", required=True, metavar="IMAGE", help=image_help)
-    g.add_argument("--json", metavar="PATH", help="also write the plotted numbers as JSON (schema_version 1; NaN "
-                                                  "gains are null)")
-    g.add_argument("--dpi", type=int_in(10, MAX_DPI), default=DEFAULT_DPI, help=dpi_help)
 
 
 # --------------------------------------------------------------------------- agreement
@@ -213,73 +139,72 @@ def _draw_tree(ax) -> None:
     ax.axis("off")
 
 
-def run_agreement(args: argparse.Namespace) -> int:
+def run_agreement(args: argparse.Namespace, progress: Progress) -> int:
     Figure, Canvas = _matplotlib()
     path, fmt = figure_path(args.output)
     check_output_path(path, "--output")
-    progress = Progress("plot agreement: decoding the simplex", enabled=not args.no_progress, unit="decoder")
-    with progress:
-        h = three_leaf_tree()
-        if "," in args.metric:
-            raise CLIError(f"--metric takes one metric, got {args.metric!r}")
-        metric = build_metrics(h, [args.metric.strip()], [DEFAULT_BETA if args.beta is None else args.beta],
-                               DEFAULT_C if args.c is None else args.c)[0]
-        if not has_optimal(metric):
-            raise CLIError(f"--metric {args.metric}: No Bayes-optimal decoder for `{metric.name}`, hence no agreement "
-                           "map; pick another metric")
-        names = heuristic_selection(args.decoders, "--decoders") if args.decoders is not None else ["majority"]
-        heuristics = build_heuristics(h, names, args.tau, args.lam, args.info_threshold)
-        check_applicable(args, metrics=[metric], decoders=heuristics, metric_flag="--metric")
-        cols = min(len(heuristics), 4)
-        rows = math.ceil(len(heuristics) / cols)
-        size = (3.6 * cols, 3.5 * rows + 0.9)
-        check_figure_size(*size, args.dpi)
-        grid, triangles = simplex_grid(args.resolution)
-        x, y = _ternary(grid)
-        from matplotlib.colors import ListedColormap
-        from matplotlib.tri import Triangulation
+    h = three_leaf_tree()
+    if "," in args.metric:
+        raise CLIError(f"--metric takes one metric, got {args.metric!r}")
+    metric = build_metrics(h, [args.metric.strip()], [DEFAULT_BETA if args.beta is None else args.beta],
+                           DEFAULT_C if args.c is None else args.c)[0]
+    if not has_optimal(metric):
+        raise CLIError(f"--metric {args.metric}: No Bayes-optimal decoder for `{metric.name}`, hence no agreement "
+                       "map; pick another metric")
+    names = heuristic_selection(args.decoders, "--decoders") if args.decoders is not None else ["majority"]
+    heuristics = build_heuristics(h, names, args.tau, args.lam, args.info_threshold)
+    check_applicable(args, metrics=[metric], decoders=heuristics, metric_flag="--metric")
+    cols = min(len(heuristics), 4)
+    rows = math.ceil(len(heuristics) / cols)
+    size = (3.6 * cols, 3.5 * rows + 0.9)
+    check_figure_size(*size, args.dpi)
+    grid, triangles = simplex_grid(args.resolution)
+    x, y = _ternary(grid)
+    from matplotlib.colors import ListedColormap
+    from matplotlib.tri import Triangulation
 
-        # Colour each small triangle of the grid by the decision at its centroid: a filled map with
-        # sharp boundaries, where per-point dots would leave a visible mesh.
-        tri = Triangulation(x, y, triangles.numpy())
-        centroids = grid[triangles].mean(1)
-        cmap = ListedColormap([DISAGREE, AGREE])
+    # Colour each small triangle of the grid by the decision at its centroid: a filled map with
+    # sharp boundaries, where per-point dots would leave a visible mesh.
+    tri = Triangulation(x, y, triangles.numpy())
+    centroids = grid[triangles].mean(1)
+    cmap = ListedColormap([DISAGREE, AGREE])
 
-        fig = Figure(figsize=size, layout="constrained")
-        axes = fig.subplots(rows, cols, squeeze=False)
-        top = math.sqrt(3) / 2
-        progress.stage("plot agreement: decoding the simplex", total=len(heuristics))
-        for k, ax in enumerate(axes.flat):
-            if k >= len(heuristics):
-                ax.axis("off")
-                continue
-            dec = heuristics[k]
-            agree = agreement_mask(h, metric, dec, centroids).numpy()
-            progress.update(1)
-            ax.tripcolor(tri, facecolors=agree.astype(float), cmap=cmap, vmin=0, vmax=1, edgecolors="none",
-                         rasterized=True)
-            ax.plot([0, 1, 0.5, 0], [0, 0, top, 0], color="0.2", lw=1)
-            for vx, vy, label, va in ((0, 0, "A", "top"), (1, 0, "B", "top"), (0.5, top, "C", "bottom")):
-                ax.text(vx, vy + (-0.03 if va == "top" else 0.03), label, ha="center", va=va, fontsize=10,
-                        fontweight="bold")
-            ax.set_title(f"{dec.key}\ndisagrees on {100 * (1 - agree.mean()):.1f}% of the simplex", fontsize=10)
-            ax.set_xlim(-0.05, 1.05)
-            ax.set_ylim(-0.12, top + 0.1)
-            ax.set_aspect("equal")
+    fig = Figure(figsize=size, layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False)
+    top = math.sqrt(3) / 2
+    progress.stage("plot agreement: decoding the simplex", total=len(heuristics), unit="decoder")
+    for k, ax in enumerate(axes.flat):
+        if k >= len(heuristics):
             ax.axis("off")
-        from matplotlib.patches import Patch
+            continue
+        dec = heuristics[k]
+        agree = agreement_mask(h, metric, dec, centroids).numpy()
+        progress.update(1)
+        ax.tripcolor(tri, facecolors=agree.astype(float), cmap=cmap, vmin=0, vmax=1, edgecolors="none",
+                     rasterized=True)
+        ax.plot([0, 1, 0.5, 0], [0, 0, top, 0], color="0.2", lw=1)
+        for vx, vy, label, va in ((0, 0, "A", "top"), (1, 0, "B", "top"), (0.5, top, "C", "bottom")):
+            ax.text(vx, vy + (-0.03 if va == "top" else 0.03), label, ha="center", va=va, fontsize=10,
+                    fontweight="bold")
+        ax.set_title(f"{dec.key}\ndisagrees on {100 * (1 - agree.mean()):.1f}% of the simplex", fontsize=10)
+        ax.set_xlim(-0.05, 1.05)
+        ax.set_ylim(-0.12, top + 0.1)
+        ax.set_aspect("equal")
+        ax.axis("off")
+    from matplotlib.patches import Patch
 
-        fig.suptitle(f"Optimal {metric.key} decoder vs heuristics on the 3-leaf simplex\n"
-                     "(each point: one distribution p over the leaves A, B, C; a corner puts all the mass on its "
-                     "leaf)", fontsize=10)
-        fig.legend(handles=[Patch(color=AGREE, label="same prediction"), Patch(color=DISAGREE, label="different")],
-                   loc="outside lower center", ncols=2, frameon=False)
-        # The tree the simplex is over, in the top-left corner as in the paper.
-        inset = axes.flat[0].inset_axes([-0.04, 0.66, 0.3, 0.34])
-        _draw_tree(inset)
-        progress.stage("plot agreement: drawing")
-        with StagedWrites() as staged:
-            _save(fig, Canvas, path, fmt, args.dpi, staged)
+    fig.suptitle(f"Optimal {metric.key} decoder vs heuristics on the 3-leaf simplex\n"
+                 "(each point: one distribution p over the leaves A, B, C; a corner puts all the mass on its "
+                 "leaf)", fontsize=10)
+    fig.legend(handles=[Patch(color=AGREE, label="same prediction"), Patch(color=DISAGREE, label="different")],
+               loc="outside lower center", ncols=2, frameon=False)
+    # The tree the simplex is over, in the top-left corner as in the paper.
+    inset = axes.flat[0].inset_axes([-0.04, 0.66, 0.3, 0.34])
+    _draw_tree(inset)
+    progress.stage("plot agreement: drawing")
+    with StagedWrites() as staged:
+        _save(fig, Canvas, path, fmt, args.dpi, staged)
+    progress.close()
     print(f"wrote {path}")
     return 0
 
@@ -309,7 +234,7 @@ def gain_curves(h, metrics, heuristics, noise_levels, seeds: int, num_samples: i
     return {"gains": gains, "argmax_accuracy": acc}
 
 
-def run_gain(args: argparse.Namespace) -> int:
+def run_gain(args: argparse.Namespace, progress: Progress) -> int:
     start = time.perf_counter()
     Figure, Canvas = _matplotlib()
     if args.old_seeds is not None:
@@ -326,8 +251,8 @@ def run_gain(args: argparse.Namespace) -> int:
     check_output_path(path, "--output", inputs=inputs)
     if args.json is not None:
         check_output_path(args.json, "--json", inputs=inputs, outputs={"--output": path})
-    progress = Progress("plot gain: loading", enabled=not args.no_progress)
-    with progress, set_threads(args.threads):
+    with set_threads(args.threads):
+        progress.stage("plot gain: loading the hierarchy")
         h = load_any_hierarchy(args.hierarchy, args.leaf_order)
         device = resolve_device(args.device)
         names = split_names(args.metrics, "--metrics") if args.metrics is not None else ["hf_beta"]
@@ -406,5 +331,6 @@ def run_gain(args: argparse.Namespace) -> int:
                 results = {"noise": noise, "argmax_accuracy": acc, "gain_percent": summary}
                 doc = json_document("plot gain", {"setting": setting, "timings": timings}, results)
                 staged.write(args.json, "--json", lambda f: json.dump(doc, f, indent=2, allow_nan=False), text=True)
+    progress.close()
     print(f"wrote {path}" + (f" and {args.json}" if args.json is not None else ""))
     return 0
