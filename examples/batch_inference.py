@@ -24,15 +24,7 @@ import torch
 
 import hdecode_torch as hd
 
-METRICS = ["accuracy", "tree_distance", "wu_palmer", "zhao", "hf_beta:0.5", "hamming"]
-
-
-def parse_metric(spec: str):
-    """``"hf_beta:0.5"`` -> ("hf_beta", {"beta": 0.5}); ``"tree_distance_c:1"`` -> c=1."""
-    name, _, value = spec.partition(":")
-    if not value:
-        return name, {}
-    return name, {{"hf_beta": "beta", "tree_distance_c": "c"}[name]: float(value)}
+METRICS = ["accuracy", "tree_distance", "wu_palmer", "zhao", "hf_beta[beta=0.5]", "hamming"]
 
 
 def synthetic_probabilities(num_leaves: int, samples: int, temperature: float, seed: int) -> np.ndarray:
@@ -66,7 +58,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--samples", type=int, default=100_000, help="synthetic rows")
     ap.add_argument("--temperature", type=float, default=0.25, help="synthetic logits' temperature")
     ap.add_argument("--hierarchy", default="tieredimagenet-h")
-    ap.add_argument("--metrics", nargs="+", default=METRICS, help="names, name:param (hf_beta:0.5)")
+    ap.add_argument("--metrics", nargs="+", default=METRICS, help="metric names or specs, e.g. hf_beta[beta=0.5]")
     ap.add_argument("--chunk-size", type=int, default=32768)
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, ...")
     ap.add_argument("--no-validate", action="store_true", help="skip the per-chunk input check")
@@ -88,8 +80,7 @@ def main(argv=None) -> dict:
     n = probs.shape[0]
     metrics = {}
     for spec in args.metrics:
-        name, params = parse_metric(spec)
-        m = hd.get_metric(name, h, **params)
+        m = hd.get_metric(spec, h)
         metrics[m.key] = m
     outputs = {key: (np.empty((n, (h.num_nodes + 7) // 8), np.uint8) if m.kind == "set" else np.empty(n, np.int64))
                for key, m in metrics.items()}

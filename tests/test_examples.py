@@ -60,7 +60,7 @@ def test_decoding_head_example(tmp_path):
 def test_batch_inference_example(tmp_path):
     preds, timings = tmp_path / "preds.npz", tmp_path / "t.json"
     stdout, stderr = _run("batch_inference", "--samples", 2500, "--chunk-size", 1000, "--device", "cpu",
-                          "--metrics", "tree_distance", "wu_palmer", "hf_beta:0.5", "--output", preds, "--json",
+                          "--metrics", "tree_distance", "wu_palmer", "hf_beta[beta=0.5]", "--output", preds, "--json",
                           timings)
     info = json.loads(timings.read_text())
     assert info["rows"] == 2500 and info["device"] == "cpu" and info["rows_per_second"] > 0

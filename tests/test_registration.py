@@ -115,3 +115,53 @@ def test_registration_errors(registered):
         hd.get_metric("depth_gp", bundled("inat19")[0])
     replaced = hd.register_metric(type("Again", (DepthGap,), {"name": "depth_gap"}), replace=True)
     assert hd.metrics.metric_class("depth_gap") is replaced
+
+
+def test_registered_metric_and_decoder_on_the_command_line(tmp_path):
+    """`hdecode compare --import MODULE` scores a metric and a decoder the module registers, by name and
+    by spec, next to the built-in ones."""
+    import json
+    import subprocess
+    import sys
+
+    (tmp_path / "my_metrics.py").write_text(
+        "import torch\n"
+        "import hdecode_torch as hd\n"
+        "from hdecode_torch.core.params import Param\n\n"
+        "@hd.register_metric\n"
+        "class DepthGap(hd.metrics.NodeMetric):\n"
+        "    name, description, higher_is_better = 'depth_gap', 'depth gap', False\n"
+        "    PARAMS = (Param('penalty', float, 2.0),)\n\n"
+        "    def _values(self, h, pred, target):\n"
+        "        off = ~hd.kernels.is_ancestor(h, pred, target)\n"
+        "        return (h.depth[pred] - h.depth[target]).abs().double() + self.penalty * off.double()\n\n"
+        "@hd.register_decoder\n"
+        "class SecondLeaf(hd.decoders.Decoder):\n"
+        "    name, description = 'second_leaf', 'second most probable leaf'\n\n"
+        "    def _decode_cpu(self, post):\n"
+        "        return post.probs.topk(2, dim=1).indices[:, 1]\n")
+    out = tmp_path / "r.json"
+    env = {**__import__("os").environ, "PYTHONPATH": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-m", "hdecode_torch", "compare", "--hierarchy", "inat19", "--import",
+                          "my_metrics", "--metrics", "depth_gap[penalty=3],accuracy", "--decoders",
+                          "second_leaf,argmax_leaf", "--num-samples", "300", "--no-progress", "--json", str(out)],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    results = json.loads(out.read_text())["results"]
+    text = json.dumps(results)
+    assert "depth_gap[penalty=3]" in text and "second_leaf" in text
+    bad = subprocess.run([sys.executable, "-m", "hdecode_torch", "compare", "--metrics", "depth_gp",
+                          "--num-samples", "10", "--no-progress", "--json", str(tmp_path / "x.json"), "--import",
+                          "my_metrics"], capture_output=True, text=True, env=env, timeout=300)
+    assert bad.returncode == 2 and "did you mean 'depth_gap'" in bad.stderr
+
+
+def test_command_line_parameter_flags_name_declared_parameters():
+    """--beta, --c, --tau, --lam, --info-threshold are short for parameters the classes declare."""
+    from hdecode_torch.cli.common import _PARAM_OWNERS
+
+    for attr, flag, kind, owner in _PARAM_OWNERS:
+        cls = hd.metrics.metric_class(owner) if kind == "metric" else hd.decoders.decoder_class(owner)
+        declared = {p.name for p in cls.PARAMS}
+        want = {"betas": "beta", "info_threshold": "threshold"}.get(attr, attr)
+        assert want in declared, (flag, owner, declared)

@@ -93,10 +93,12 @@ def _add_compare(sub) -> None:
                           f"(default: {DEFAULT_SEED})")
     sel = p.add_argument_group("metrics and decoders")
     sel.add_argument("--metrics", "--metric", dest="metrics", nargs="+", metavar="NAME",
-                     help=f"metric names, comma or space separated (default: all: {', '.join(DEFAULT_METRICS)})")
+                     help="metric names or specs such as hf_beta[beta=0.5], comma or space separated (default: all: "
+                          f"{', '.join(DEFAULT_METRICS)})")
     add_metric_params(sel, multi=True)
     sel.add_argument("--decoders", "--decoder", dest="decoders", nargs="+", metavar="NAME",
-                     help="heuristic decoder names, comma or space separated, or all (default: all: "
+                     help="heuristic decoder names or specs such as darts[lam=2], comma or space separated, or all "
+                          "(default: all: "
                           f"{', '.join(HEURISTIC_NAMES)}); the optimal decoder is always included")
     add_decoder_param_args(sel)
     run_ = p.add_argument_group("run")

@@ -31,7 +31,8 @@ __all__ = [
     "CLIError", "load_any_hierarchy", "hierarchy_description", "load_array", "load_probs", "load_targets",
     "resolve_device", "DEFAULT_METRICS", "DEFAULT_BETA", "DEFAULT_BETAS", "DEFAULT_C", "DEFAULT_TAU", "DEFAULT_LAM",
     "DEFAULT_BATCH_SIZE", "DEFAULT_THREADS", "DEFAULT_DPI", "DEFAULT_SEED", "DEFAULT_CALIBRATION_SPLIT",
-    "default_info_threshold", "build_metrics", "build_heuristics", "heuristic_names", "split_names", "Progress",
+    "default_info_threshold", "build_metrics", "build_heuristics", "heuristic_names", "split_names", "one_spec",
+    "import_modules", "Progress",
     "check_applicable", "json_document", "json_safe", "int_in", "finite_float", "set_threads", "calibration_split",
     "fit_calibration", "calibration_report",
 ]
@@ -168,38 +169,72 @@ def default_info_threshold(h: Hierarchy) -> float:
 
 
 def split_names(values, flag: str | None = None) -> list[str]:
-    """``--metrics a,b c`` -> ``[a, b, c]``, duplicates removed (first kept).  An option given with
-    no name at all (``--metrics ,``) is an error when ``flag`` is given."""
-    names = [x.strip() for v in (values or []) for x in v.split(",") if x.strip()]
+    """``--metrics a,b c`` -> ``[a, b, c]``, commas inside a spec's brackets kept
+    (``hf_beta[beta=0.5],darts[lam=1]``), duplicates removed (first kept).  An option given with no
+    name at all (``--metrics ,``) is an error when ``flag`` is given."""
+    from ..core.spec import split_specs
+
+    names = [x for v in (values or []) for x in split_specs(v)]
     if values is not None and not names and flag:
         raise CLIError(f"{flag}: no name given (got {' '.join(values)!r})")
     return list(dict.fromkeys(names))
 
 
-def build_metrics(h: Hierarchy, names, betas, c) -> list:
-    """Metric objects for ``names`` (aliases allowed), ``hf_beta`` expanded over ``betas``;
-    the same metric twice (by alias or parameter) is kept once."""
-    from ..metrics import get_metric, list_metrics
+def one_spec(text: str, flag: str) -> str:
+    """The one metric or decoder spec of ``flag`` (``--metric`` / ``--decoder``)."""
+    from ..core.spec import split_specs
 
-    known = list(list_metrics())
-    out = {}
-    for name in names:
+    specs = split_specs(text)
+    if len(specs) != 1:
+        raise CLIError(f"{flag} takes one name or spec such as 'hf_beta[beta=0.5]', got {text!r} "
+                       "(hdecode compare scores several)")
+    return specs[0]
+
+
+def import_modules(names) -> None:
+    """``--import MODULE``: import each module, which may register metrics and decoders of its own."""
+    import importlib
+
+    for name in names or ():
         try:
-            if name in ("hf_beta", "hf"):
-                made = [get_metric("hf_beta", h, beta=b) for b in dict.fromkeys(betas)]
-            elif name == "tree_distance_c":
-                made = [get_metric(name, h, c=c)]
+            importlib.import_module(name)
+        except Exception as exc:  # a user's module: any failure is reported as the CLI's error
+            raise CLIError(f"--import {name}: {type(exc).__name__}: {one_line(exc)}") from None
+
+
+def build_metrics(h: Hierarchy, specs, betas, c) -> list:
+    """Metric objects for metric specs (names, aliases, ``name[param=value]``); ``hf_beta`` without a
+    ``beta`` in its spec is expanded over ``betas``, ``tree_distance_c`` without ``c`` takes ``c``; the same
+    metric twice (by alias or parameter) is kept once."""
+    from ..core.spec import parse_spec
+    from ..metrics import HFBeta, TreeDistanceC, get_metric, metric_class
+
+    out = {}
+    for spec in specs:
+        try:
+            name, params = parse_spec(spec, "metric")
+            cls = metric_class(name)
+            if cls is HFBeta and "beta" not in params:
+                made = [get_metric(spec, h, beta=b) for b in dict.fromkeys(betas)]
+            elif cls is TreeDistanceC and "c" not in params:
+                made = [get_metric(spec, h, c=c)]
             else:
-                made = [get_metric(name, h)]
-        except ValueError as exc:
-            if name not in known and "Unknown metric" in str(exc):
-                raise CLIError(f"unknown metric {name!r}; available: {', '.join(known)}") from None
-            raise CLIError(one_line(exc)) from None
+                made = [get_metric(spec, h)]
+        except (ValueError, TypeError) as exc:
+            raise CLIError(_spec_error("metric", spec, exc)) from None
         for m in made:
             out.setdefault(m.key, m)
     if not out:
         raise CLIError("no metric selected")
     return list(out.values())
+
+
+def _spec_error(kind: str, spec: str, exc: Exception) -> str:
+    """One line for a bad metric or decoder spec: an unknown name says so itself (with a suggestion)."""
+    text = one_line(exc)
+    if text.startswith(f"Unknown {kind} "):
+        return "u" + text[1:]
+    return f"{kind} {spec!r}: {text}"
 
 
 def heuristic_names() -> list[str]:
@@ -209,36 +244,37 @@ def heuristic_names() -> list[str]:
 
 
 def heuristic_selection(values, flag: str) -> list[str]:
-    """Heuristic names from ``--decoders`` values (``all`` = every heuristic; default: all)."""
+    """Heuristic decoder specs from ``--decoders`` values (``all`` = every heuristic; default: all)."""
     if values is None:
         return heuristic_names()
-    names = split_names(values, flag)
-    if "all" in names:
-        names = list(dict.fromkeys([n for n in names if n != "all"] + heuristic_names()))
-    known = heuristic_names()
-    for name in names:
-        if name == "optimal":
+    specs = split_names(values, flag)
+    if "all" in specs:
+        specs = list(dict.fromkeys([n for n in specs if n != "all"] + heuristic_names()))
+    for spec in specs:
+        if spec == "optimal" or spec.startswith("optimal:"):
             raise CLIError(f"{flag}: 'optimal' is not a heuristic; each metric's optimal decoder is always included")
-        if name not in known:
-            raise CLIError(f"unknown decoder {name!r}; available: {', '.join(known)}")
-    return names
+    return specs
 
 
-def build_heuristics(h: Hierarchy, names, tau: float | None, lam: float | None, threshold: float | None) -> list:
-    from ..decoders import get_decoder
+def build_heuristics(h: Hierarchy, specs, tau: float | None, lam: float | None, threshold: float | None) -> list:
+    """Decoder objects for heuristic specs; ``--tau``, ``--lam`` and ``--info-threshold`` (or their
+    defaults) give the parameters a spec leaves out."""
+    from ..core.spec import parse_spec
+    from ..decoders import ConfidenceThreshold, Darts, InformationThreshold, decoder_class, get_decoder
 
-    params = {"confidence_threshold": {"tau": DEFAULT_TAU if tau is None else tau},
-              "darts": {"lam": DEFAULT_LAM if lam is None else lam},
-              "information_threshold": {"threshold": default_info_threshold(h) if threshold is None else threshold}}
-    known = heuristic_names()
+    flags = {ConfidenceThreshold: {"tau": DEFAULT_TAU if tau is None else tau},
+             Darts: {"lam": DEFAULT_LAM if lam is None else lam}}
     out = []
-    for name in names:
-        if name not in known:
-            raise CLIError(f"unknown decoder {name!r}; available: {', '.join(known)}")
+    for spec in specs:
         try:
-            out.append(get_decoder(name, h, **params.get(name, {})))
-        except ValueError as exc:
-            raise CLIError(f"decoder {name!r}: {one_line(exc)}") from None
+            name, params = parse_spec(spec, "decoder")
+            cls = decoder_class(name)
+            extra = {k: v for k, v in flags.get(cls, {}).items() if k not in params}
+            if cls is InformationThreshold and "threshold" not in params:
+                extra["threshold"] = default_info_threshold(h) if threshold is None else threshold
+            out.append(get_decoder(spec, h, **extra))
+        except (ValueError, TypeError) as exc:
+            raise CLIError(_spec_error("decoder", spec, exc)) from None
     return out
 
 

@@ -19,7 +19,7 @@ from .common import (
     DEFAULT_BETAS, DEFAULT_C, DEFAULT_CALIBRATION_SPLIT, DEFAULT_METRICS, DEFAULT_SEED, CLIError, Progress,
     build_heuristics, build_metrics, calibration_report, calibration_split, check_applicable, fit_calibration,
     heuristic_selection, hierarchy_description, json_document, load_any_hierarchy, load_probs, load_targets,
-    resolve_device, set_threads, split_names,
+    resolve_device, set_threads, split_names, import_modules,
 )
 from .evaluation import Evaluation, evaluate
 from .io import STDIN, StagedWrites
@@ -212,6 +212,7 @@ def run(args: argparse.Namespace, progress: Progress) -> int:
         progress.stage("compare: loading the hierarchy")
         h = load_any_hierarchy(args.hierarchy, args.leaf_order)
         device = resolve_device(args.device)
+        import_modules(args.imports)
         names = split_names(args.metrics, "--metrics") if args.metrics is not None else DEFAULT_METRICS
         betas = list(dict.fromkeys(args.betas)) if args.betas is not None else list(DEFAULT_BETAS)
         metrics = build_metrics(h, names, betas, DEFAULT_C if args.c is None else args.c)

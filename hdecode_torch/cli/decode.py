@@ -14,7 +14,8 @@ import torch
 from .commands import output_format
 from .common import (
     DEFAULT_BETA, DEFAULT_C, DEFAULT_CALIBRATION_SPLIT, DEFAULT_SEED, CLIError, Progress, build_heuristics,
-    build_metrics, calibration_report, calibration_split, check_applicable, fit_calibration, load_any_hierarchy,
+    build_metrics, calibration_report, calibration_split, check_applicable, fit_calibration, import_modules,
+    load_any_hierarchy, one_spec,
     load_probs, load_targets, resolve_device, set_threads,
 )
 from .evaluation import chunk_posterior, has_optimal
@@ -24,19 +25,16 @@ from .io import StagedWrites
 def _decoder(h, args):
     """(key, decode function, metric-or-decoder object) for --metric or --decoder; checks that the
     parameters given apply to it."""
+    import_modules(args.imports)
     if args.metric is not None:
-        if "," in args.metric:
-            raise CLIError(f"--metric takes one metric, got {args.metric!r} (hdecode compare scores several)")
-        metric = build_metrics(h, [args.metric.strip()], [args.beta if args.beta is not None else DEFAULT_BETA],
+        metric = build_metrics(h, [one_spec(args.metric, "--metric")], [args.beta if args.beta is not None else DEFAULT_BETA],
                                args.c if args.c is not None else DEFAULT_C)[0]
         check_applicable(args, metrics=[metric], metric_flag="--metric", decoder_flag="--decoder")
         if not has_optimal(metric):
             raise CLIError(f"--metric {args.metric}: No Bayes-optimal decoder for `{metric.name}`; pick another "
                            "metric or a --decoder")
         return metric.key, metric.decode, metric
-    if "," in args.decoder:
-        raise CLIError(f"--decoder takes one decoder, got {args.decoder!r} (hdecode compare scores several)")
-    dec = build_heuristics(h, [args.decoder.strip()], args.tau, args.lam, args.info_threshold)[0]
+    dec = build_heuristics(h, [one_spec(args.decoder, "--decoder")], args.tau, args.lam, args.info_threshold)[0]
     check_applicable(args, decoders=[dec], metric_flag="--metric", decoder_flag="--decoder")
     return dec.key, dec.decode, dec
 

@@ -170,6 +170,10 @@ def add_run_args(p, *, batch: bool = True, threads: bool = True, device: bool = 
         p.add_argument("--threads", type=int_in(1, 4096), default=DEFAULT_THREADS,
                        help=f"CPU threads for torch (default: {DEFAULT_THREADS}: the kernels are many small per-level "
                             "operations, for which extra threads mostly add overhead, and thrash on a busy machine)")
+    p.add_argument("--import", dest="imports", action="append", metavar="MODULE", default=None,
+                   help="import this Python module first (repeatable): a module that registers metrics or decoders "
+                        "of its own (hdecode_torch.register_metric / register_decoder) makes their names usable in "
+                        "--metrics and --decoders")
     add_progress_arg(p)
 
 

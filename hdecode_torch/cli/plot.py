@@ -15,7 +15,7 @@ from ..synthetic import synthetic_outputs
 from .common import (
     DEFAULT_BETA, DEFAULT_BETAS, DEFAULT_C, MAX_FIGURE_PIXELS, CLIError, Progress, build_heuristics, build_metrics,
     check_applicable, heuristic_selection, json_document, load_any_hierarchy, resolve_device, set_threads,
-    split_names,
+    split_names, import_modules, one_spec,
 )
 from .compare import relative_gain
 from .evaluation import evaluate, has_optimal
@@ -144,9 +144,8 @@ def run_agreement(args: argparse.Namespace, progress: Progress) -> int:
     path, fmt = figure_path(args.output)
     check_output_path(path, "--output")
     h = three_leaf_tree()
-    if "," in args.metric:
-        raise CLIError(f"--metric takes one metric, got {args.metric!r}")
-    metric = build_metrics(h, [args.metric.strip()], [DEFAULT_BETA if args.beta is None else args.beta],
+    import_modules(getattr(args, "imports", None))
+    metric = build_metrics(h, [one_spec(args.metric, "--metric")], [DEFAULT_BETA if args.beta is None else args.beta],
                            DEFAULT_C if args.c is None else args.c)[0]
     if not has_optimal(metric):
         raise CLIError(f"--metric {args.metric}: No Bayes-optimal decoder for `{metric.name}`, hence no agreement "
@@ -255,6 +254,7 @@ def run_gain(args: argparse.Namespace, progress: Progress) -> int:
         progress.stage("plot gain: loading the hierarchy")
         h = load_any_hierarchy(args.hierarchy, args.leaf_order)
         device = resolve_device(args.device)
+        import_modules(args.imports)
         names = split_names(args.metrics, "--metrics") if args.metrics is not None else ["hf_beta"]
         betas = list(dict.fromkeys(args.betas)) if args.betas is not None else list(DEFAULT_BETAS)
         metrics = build_metrics(h, names, betas, DEFAULT_C if args.c is None else args.c)

@@ -81,7 +81,7 @@ class Registry:
         known = sorted(set(self._classes) | set(self._aliases))
         close = difflib.get_close_matches(name, known, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"Unknown {self.kind} {name!r}{hint}; available: {', '.join(sorted(self._classes))}")
+        raise ValueError(f"Unknown {self.kind} {name!r}{hint}; available: {', '.join(sorted(self.names()))}")
 
     def build(self, spec, hierarchy, **params):
         """The component a spec names (``core.spec``), built on ``hierarchy`` with ``params`` added to
