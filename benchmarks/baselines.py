@@ -1,5 +1,10 @@
 """Per-sample NumPy baselines: the decoders run one distribution at a time, as the paper's reference code does.
 
+The one NumPy copy of every decoder: the benchmark times the library against it and checks their
+predictions agree (``benchmarks/run.py``), and the tests use it as the exact answer of every
+heuristic and closed form (``tests/reference.py``), after checking it against the definitions and
+exhaustive enumeration (``tests/test_reference_selfcheck.py``).
+
 Nothing here imports ``torch`` or ``hdecode_torch``: the baselines work from a plain
 ``parents`` array so that they are an independent yardstick for the library.
 
@@ -20,7 +25,7 @@ How each baseline runs (``Baselines.decoder(key)`` returns ``fn(leaf_probs_1d) -
   the division (``M·p < m̲·(s − p)``) so that degenerate nodes (single-child chains, where
   the node and its parent have equal costs) are handled without 0/0;
 * ``lca_height`` (and ``crm``): brute force over the leaves with a precomputed (L, L)
-  LCA-height matrix (Karthik et al.);
+  LCA-height matrix (Karthik et al.); exact ties: the deeper leaf, then the smallest id;
 * ``hf_beta``: the paper's decomposition by |h⁺| = k with the library's pruning: the bound
   (d_min(n)+1)/((D+1)(1+β²(D+1))) (provably safe, unlike the paper's Lemma 4.4), then the value bound
   p(n) ≥ τ(n)·LB of ``metrics/hf_beta.py`` (LB: the best set among the nodes with p ≥ τ), then a
@@ -37,11 +42,17 @@ How each baseline runs (``Baselines.decoder(key)`` returns ``fn(leaf_probs_1d) -
   F(i, j) = max(g_k(v_i) + F(i+1, j−1), F(nxt(i), j)) (a Python loop over the candidates, NumPy vectors
   over j).  Ties: the smallest size within 4e-12 of the best, then a node is taken whenever that is at
   least as good.  float64 throughout, thresholds lowered by a relative 1e-12;
-* the heuristics straight from their definitions.
+* the heuristics straight from their definitions, vectorized over the nodes of the one sample.  Exact
+  ties on a rule's key go to the deeper node, then the smallest id (on a unary chain, whose nodes
+  share p and I, the lowest node wins); ``argmax_leaf`` and ``hie``: the smallest leaf id;
+  ``top_down``: the smallest child id at every step; ``confidence_threshold`` (tau in [0, 1), else
+  ``ValueError``) and ``plurality`` fall back to the root when no node qualifies;
+  ``information_threshold`` raises ``ValueError`` when no node has I(n) >= threshold (> log L).
 
 :func:`expected_score` evaluates any prediction against one distribution in O(L·D) from the
 ancestors table (no N×L matrix), in float64: it is what the benchmark's correctness check
-compares.
+compares.  :func:`node_values` / :func:`dense_cost` give the node metrics' values / costs for blocks of
+nodes (the dense matrices of the Wu-Palmer, Zhao and LCA-height baselines).
 """
 
 from __future__ import annotations
@@ -50,7 +61,8 @@ from typing import Callable
 
 import numpy as np
 
-__all__ = ["TreeTables", "Baselines", "expected_score", "HIGHER_IS_BETTER", "SET_METRICS"]
+__all__ = ["TreeTables", "Baselines", "node_values", "dense_cost", "expected_score", "hf_beta_safe_bound",
+           "hf_beta_value_bound", "HIGHER_IS_BETTER", "SET_METRICS", "NODE_METRICS"]
 
 HIGHER_IS_BETTER = {"accuracy": True, "lca_height": False, "tree_distance": False, "tree_distance_c": False,
                     "wu_palmer": True, "zhao": True, "hf_beta": True, "hamming": False, "jaccard": True}
@@ -166,11 +178,11 @@ class TreeTables:
             self._bul = np.concatenate(self.levels[:0:-1]).tolist() if self.max_depth else []
         return self._bul
 
-    def lca_depth_to_leaves(self, node: int) -> np.ndarray:
-        """(L,) depth of LCA(node, l) for every leaf l, O(L·D)."""
-        a = self.ancestors[node]
+    def lca_depths(self, nodes) -> np.ndarray:
+        """(len(nodes), L) depth of LCA(n, l) for every node n of ``nodes`` and every leaf l, O(len(nodes)·L·D)."""
+        anc = self.ancestors[np.asarray(nodes, dtype=np.int64)]
         leaf_anc = self.ancestors[: self.num_leaves]
-        return ((leaf_anc == a[None, :]) & (leaf_anc < self.num_nodes)).sum(1) - 1
+        return ((leaf_anc[None] == anc[:, None]) & (leaf_anc[None] < self.num_nodes)).sum(2) - 1
 
 
 def _jaccard_knapsack(g, nxt, k):
@@ -202,9 +214,52 @@ def _children_of(frontier, ptr, order, counts):
     return order[starts + offs]
 
 
-# ------------------------------------------------------------------ expected scores
+# ------------------------------------------------------------------ metric values
+NODE_METRICS = ("accuracy", "lca_height", "tree_distance", "tree_distance_c", "wu_palmer", "zhao")
+
+
+def node_values(t: TreeTables, metric: str, nodes, **params) -> np.ndarray:
+    """(len(nodes), L) float64 value m(n, y) of a node metric for every node n of ``nodes`` and leaf y.
+
+    Straight from the definitions, with the 0/0 conventions of the library: Wu-Palmer of the
+    single-node tree and Zhao with L = 1 are 1.  ``tree_distance_c`` takes ``c`` (default 0).
+    """
+    nodes = np.asarray(nodes, dtype=np.int64)
+    L = t.num_leaves
+    if metric == "accuracy":
+        return (nodes[:, None] == np.arange(L)[None, :]).astype(np.float64)
+    lcad = t.lca_depths(nodes)
+    dn, dl = t.depth[nodes][:, None], t.leaf_depth[None, :]
+    if metric in ("tree_distance", "tree_distance_c"):
+        c = params.get("c", 0.0) if metric == "tree_distance_c" else 0.0
+        return (dn + dl - 2 * lcad + c * dn).astype(np.float64)
+    if metric == "wu_palmer":
+        den = dn + dl
+        return np.where(den > 0, 2.0 * lcad / np.maximum(den, 1), 1.0)
+    lca = np.take_along_axis(np.broadcast_to(t.ancestors[:L][None], lcad.shape + (t.max_depth + 1,)),
+                             lcad[..., None], 2)[..., 0]
+    if metric == "lca_height":
+        return t.height[lca].astype(np.float64)
+    if metric == "zhao":
+        den = t.information[nodes][:, None] + t.information[None, :L]
+        return np.where(den > 0, 2 * t.information[lca] / np.maximum(den, 1e-300), 1.0)
+    raise ValueError(f"{metric!r} is not one of the node metrics {NODE_METRICS}")
+
+
+def dense_cost(t: TreeTables, metric: str, nodes=None, **params) -> np.ndarray:
+    """(len(nodes), L) cost (lower is better; all N nodes by default) of a node metric: its value, or
+    1 - value where higher is better, built like the paper's matrices."""
+    nodes = np.arange(t.num_nodes) if nodes is None else np.asarray(nodes, dtype=np.int64)
+    out = np.empty((nodes.size, t.num_leaves), dtype=np.float64)
+    for a in range(0, nodes.size, 256):  # blocks of nodes keep the (block, L, D+1) comparison small
+        v = node_values(t, metric, nodes[a:a + 256], **params)
+        out[a:a + 256] = 1.0 - v if HIGHER_IS_BETTER[metric] else v
+    return out
+
+
 def expected_score(t: TreeTables, metric: str, pred, p: np.ndarray, **params) -> float:
-    """Σ_l p(l) m(pred, l) in float64.  pred: a node id, or a bool (N,) set for set metrics."""
+    """Σ_l p(l) m(pred, l) in float64, O(L·D) (no N×L matrix).  pred: a node id, or a bool (N,) set for
+    set metrics (a node id there means its root path)."""
     p = np.asarray(p, dtype=np.float64)
     L, n = t.num_leaves, t.num_nodes
     if metric in SET_METRICS:
@@ -222,56 +277,19 @@ def expected_score(t: TreeTables, metric: str, pred, p: np.ndarray, **params) ->
         if metric == "jaccard":
             return float((p * inter / (k + ysize - inter)).sum())
         return float((p * (k + ysize - 2 * inter) / ysize).sum())
-    node = int(pred)
-    if metric == "accuracy":
-        return float(p[node]) if node < L else 0.0
-    lcad = t.lca_depth_to_leaves(node)
-    if metric in ("tree_distance", "tree_distance_c"):
-        v = t.depth[node] + t.leaf_depth - 2 * lcad + params.get("c", 0.0) * t.depth[node] * (metric == "tree_distance_c")
-    elif metric == "lca_height":
-        lca = t.ancestors[np.arange(L), lcad]
-        v = t.height[lca]
-    elif metric == "wu_palmer":
-        v = 2.0 * lcad / (t.depth[node] + t.leaf_depth)
-    elif metric == "zhao":
-        lca = t.ancestors[np.arange(L), lcad]
-        den = t.information[node] + t.information[:L]
-        v = np.where(den > 0, 2 * t.information[lca] / np.maximum(den, 1e-300), 1.0)
-    else:
-        raise ValueError(metric)
-    return float((p * v).sum())
+    return float((p * node_values(t, metric, [int(pred)], **params)[0]).sum())
 
 
-def dense_cost(t: TreeTables, metric: str) -> np.ndarray:
-    """(N, L) cost (lower is better) 1 - similarity for wu_palmer / zhao, built like the paper's matrices."""
-    L, n = t.num_leaves, t.num_nodes
-    out = np.empty((n, L), dtype=np.float64)
-    leaf_anc = t.ancestors[:L]
-    for a in range(0, n, 256):  # blocks of nodes keep the (block, L, D+1) comparison small
-        b = min(n, a + 256)
-        anc = t.ancestors[a:b]
-        lcad = ((leaf_anc[None] == anc[:, None]) & (leaf_anc[None] < n)).sum(2) - 1  # (blk, L)
-        if metric == "wu_palmer":
-            sim = 2.0 * lcad / (t.depth[a:b, None] + t.leaf_depth[None, :])
-        else:
-            lca = np.take_along_axis(leaf_anc[None].repeat(b - a, 0), lcad[..., None], 2)[..., 0]
-            den = t.information[a:b, None] + t.information[None, :L]
-            sim = np.where(den > 0, 2 * t.information[lca] / np.maximum(den, 1e-300), 1.0)
-        out[a:b] = 1.0 - sim
-    return out
+def hf_beta_safe_bound(t: TreeTables, beta: float) -> np.ndarray:
+    """(N,) necessary condition of hF_β: n ∈ h* ⇒ p(n) ≥ (d_min(n) + 1) / ((D + 1)(1 + β²(D + 1)))."""
+    return (t.min_leaf_depth + 1.0) / ((t.max_depth + 1.0) * (1 + beta * beta * (t.max_depth + 1.0)))
 
 
-def lca_height_matrix(t: TreeTables) -> np.ndarray:
-    """(L, L) height of LCA(h, y) for leaves h, y (Karthik et al.'s CRM cost)."""
-    L = t.num_leaves
-    out = np.empty((L, L), dtype=np.float64)
-    leaf_anc = t.ancestors[:L]
-    for a in range(0, L, 256):
-        b = min(L, a + 256)
-        lcad = ((leaf_anc[None] == leaf_anc[a:b, None]) & (leaf_anc[None] < t.num_nodes)).sum(2) - 1
-        lca = np.take_along_axis(leaf_anc[None].repeat(b - a, 0), lcad[..., None], 2)[..., 0]
-        out[a:b] = t.height[lca]
-    return out
+def hf_beta_value_bound(t: TreeTables, beta: float) -> np.ndarray:
+    """(N,) τ(n): a non-root n of an optimal hF_β set of expected score U has p(n) ≥ τ(n)·U,
+    τ(n) = (1 + β²(d_min(n) + 1)) / ((1 + β²)(1 + β²(D + 1)))."""
+    b2 = beta * beta
+    return (1 + b2 * (t.min_leaf_depth + 1.0)) / ((1 + b2) * (1 + b2 * (t.max_depth + 1.0)))
 
 
 def pruning_thresholds(t: TreeTables, cost: np.ndarray):
@@ -343,7 +361,7 @@ class Baselines:
         return int(np.argmax(pl))
 
     def lca_height(self, pl):
-        H = self._get("lca_height", lambda: lca_height_matrix(self.t))
+        H = self._get("lca_height", lambda: dense_cost(self.t, "lca_height", np.arange(self.t.num_leaves)))
         risk = H @ pl
         best = risk.min()
         ties = np.flatnonzero(risk == best)
@@ -398,15 +416,12 @@ class Baselines:
         depths = self._get("leaf_depths", lambda: np.unique(t.leaf_depth))
         group = self._get("leaf_group", lambda: np.searchsorted(depths, t.leaf_depth))
         b2 = beta * beta
-        bound = self._get(("hf_bound", beta), lambda: (t.min_leaf_depth + 1.0) / (
-            (t.max_depth + 1.0) * (1 + b2 * (t.max_depth + 1.0))))
+        bound = self._get(("hf_bound", beta), lambda: hf_beta_safe_bound(t, beta))
         leaf = np.zeros((t.num_leaves, depths.size))
         leaf[np.arange(t.num_leaves), group] = pl
         q = self._sums(leaf)  # (N, E) mass of the leaves under n at each leaf depth
         p = q.sum(1)
-        # τ(n) = value bound / U(S): (1 + β²(d_min(n)+1)) / ((1+β²)(1 + β²(D+1)))
-        tau = self._get(("hf_tau", beta), lambda: (1 + b2 * (t.min_leaf_depth + 1.0)) / (
-            (1 + b2) * (1 + b2 * (t.max_depth + 1.0))))
+        tau = self._get(("hf_tau", beta), lambda: hf_beta_value_bound(t, beta))
         keep = p >= bound * (1 - 1e-12)
         keep[t.root] = True
         e1 = depths + 1.0
@@ -535,6 +550,8 @@ class Baselines:
         return cur
 
     def confidence_threshold(self, pl, tau=0.5):
+        if not 0 <= tau < 1:
+            raise ValueError(f"tau must lie in [0, 1), got {tau}")
         p = self.node_probs(pl)
         order = self.t.informative_first
         ok = p[order] > tau
@@ -566,8 +583,10 @@ class Baselines:
         return self.darts(pl, 0.0)
 
     def information_threshold(self, pl, threshold=0.0):
-        p = self.node_probs(pl)
         allowed = self.t.information >= threshold
+        if not allowed.any():
+            raise ValueError(f"threshold {threshold} exceeds log(L) = {self.t.information.max()}")
+        p = self.node_probs(pl)
         return self._argmax_deep(np.where(allowed, p, -np.inf))
 
     def hie(self, pl):

@@ -2,11 +2,14 @@
 
 Metric and decoder names come from the library's registries (``hd.list_metrics()``,
 ``hd.list_decoders()``), so registering a new metric or decoder puts it under every registry-driven
-test; the only thing a test file declares is the parameter grid below.  Each registered name must
-have a reference implementation in ``reference.py`` (checked by ``test_registry_is_covered``).
+test; the only things declared here are the parameter grids and the few facts about a heuristic that
+its class does not declare (``HEURISTIC_FACTS``).  Each registered name must have a reference
+implementation in ``reference.py`` and its facts here (checked by ``test_registry_is_covered``).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 import pytest
@@ -14,6 +17,7 @@ import torch
 
 import hdecode_torch as hd
 import reference as ref
+from benchmarks import baselines
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 FLOAT_DTYPES = [torch.float32, torch.float64]
@@ -30,17 +34,59 @@ DECODER_PARAMS = {"confidence_threshold": [{"tau": 0.3}, {"tau": 0.0}, {"tau": 0
                   "information_threshold": [{"threshold": 0.0}, {"threshold": 0.5}, {"threshold": 1.2}]}
 
 
+#: What each heuristic returns ("leaf": a leaf id, "node": any node id), and whether its keys are exact
+#: on dyadic inputs (sums and products of k/16, no logarithms), where the library must return exactly the
+#: reference's node, ties included.  The decoder classes do not declare these facts.
+HEURISTIC_FACTS = {
+    "argmax_leaf": ("leaf", True), "top_down": ("leaf", True), "hie": ("leaf", True), "crm": ("leaf", True),
+    "confidence_threshold": ("node", True), "majority": ("node", True), "plurality": ("node", True),
+    "information_threshold": ("node", True), "darts": ("node", False), "expected_information": ("node", False),
+}
+
+
+def returns_leaves(name: str) -> bool:
+    """Whether the heuristic ``name`` always returns a leaf (else any node)."""
+    return HEURISTIC_FACTS[name][0] == "leaf"
+
+
+def exact_on_dyadic(name: str) -> bool:
+    return HEURISTIC_FACTS[name][1]
+
+
+#: tree_distance_c with c >= 1 puts the decision threshold (1 + c)/2 at or above 1, so the root is always
+#: optimal, and the library warns; the cases that use such a c on purpose silence the warning with this
+#: mark (``metric_cases`` attaches it to them), the tests of that behaviour expect it (``expect_warnings``).
+ROOT_THRESHOLD_WARNING = r"tree_distance_c with c = \S+ >= 1\W+the decision threshold"  # no colon: a mark's separator
+silence_root_threshold = pytest.mark.filterwarnings(f"ignore:{ROOT_THRESHOLD_WARNING}:UserWarning")
+
+
+def root_threshold(name: str, params: dict) -> bool:
+    """Whether these parameters make the metric ``name`` (or the "optimal" decoder of the metric
+    ``params["metric"]``) warn that the root is always optimal."""
+    if name == "optimal":
+        name = params.get("metric")
+    return name == "tree_distance_c" and params.get("c", 0.0) >= 1
+
+
+def expect_warnings(name: str, params: dict):
+    """A context that expects the library's warning where ``name`` with ``params`` calls for one."""
+    if root_threshold(name, params):
+        return pytest.warns(UserWarning, match=ROOT_THRESHOLD_WARNING)
+    return contextlib.nullcontext()
+
+
 def case_id(name, params):
     return name + "".join(f"-{k}{v}" for k, v in params.items())
 
 
+def param(name: str, params: dict):
+    """The pytest param (name, params) of one case, silencing the warning its parameters ask for."""
+    marks = [silence_root_threshold] if root_threshold(name, params) else []
+    return pytest.param(name, params, id=case_id(name, params), marks=marks)
+
+
 def _cases(names, grid, full):
-    out = []
-    for name in names:
-        params = grid.get(name, [{}])
-        for p in (params if full else params[:1]):
-            out.append(pytest.param(name, p, id=case_id(name, p)))
-    return out
+    return [param(name, p) for name in names for p in (grid.get(name, [{}]) if full else grid.get(name, [{}])[:1])]
 
 
 def metric_names(decodable: bool = False) -> list[str]:
@@ -144,34 +190,10 @@ _DENSE = {}
 
 
 def dense_cost(info, name, **params):
-    """(N, L) cost (value for lower-is-better metrics, 1 − value otherwise), vectorized in numpy from
-    the reference's ancestor lists — an independent check of the library's structural formulas."""
+    """(N, L) cost (value for lower-is-better metrics, 1 − value otherwise) of a node metric, vectorized
+    in NumPy by the benchmark's baselines (checked against ``reference.cost_matrix`` in
+    test_reference_selfcheck.py) — an independent check of the library's structural formulas."""
     key = (tuple(np.asarray(info.parents).tolist()), name, tuple(sorted(params.items())))
-    if key in _DENSE:
-        return _DENSE[key]
-    n, l = info.N, info.L
-    dmax = int(max(info.depth))
-    anc = np.full((n, dmax + 1), -1)
-    for v in range(n):
-        path = info.ancestors(v)[::-1]
-        anc[v, : len(path)] = path
-    same = (anc[:, None, :] == anc[None, :l, :]) & (anc[:, None, :] >= 0)  # (N, L, D+1)
-    lcad = same.sum(-1) - 1
-    lca_node = anc[np.arange(n)[:, None], lcad]
-    d = np.asarray(info.depth, dtype=float)
-    dn, dl = d[:, None], d[None, :l]
-    if name == "accuracy":
-        c = 1.0 - (np.arange(n)[:, None] == np.arange(l)[None, :])
-    elif name == "lca_height":
-        c = np.asarray(info.height, dtype=float)[lca_node]
-    elif name in ("tree_distance", "tree_distance_c"):
-        c = dn + dl - 2 * lcad + params.get("c", 0.0) * dn
-    elif name == "wu_palmer":
-        c = 1 - 2 * lcad / (dn + dl)
-    elif name == "zhao":
-        info_c = np.asarray(info.info)
-        c = 1 - 2 * info_c[lca_node] / (info_c[:, None] + info_c[None, :l])
-    else:
-        raise ValueError(name)
-    _DENSE[key] = c
-    return c
+    if key not in _DENSE:
+        _DENSE[key] = baselines.dense_cost(ref.baselines(info).t, name, **params)
+    return _DENSE[key]

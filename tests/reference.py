@@ -1,8 +1,15 @@
 """Slow, obviously-correct NumPy reference ("oracle") for the hdecode_torch test suite.
 
-Everything here is written straight from the definitions in ``/work/shared/SPEC.md``
-with plain Python loops.  It must never import ``torch`` or ``hdecode_torch``: it is
-the independent yardstick the library is compared against.
+The metrics, node probabilities, closed sets and exhaustive optima here are written
+straight from the definitions in ``/work/shared/SPEC.md`` with plain Python loops.  The
+heuristics and the closed forms (tree distance, Hamming, the hF_beta bounds) are the
+benchmark's per-sample NumPy decoders (``benchmarks/baselines.py``, the one NumPy copy of
+every decoder), checked against definitions and enumeration in ``test_reference_selfcheck.py``:
+every heuristic's answer lies in its :func:`heuristic_candidates` (among the exact ties where
+its keys are exact), every closed form among the brute-force optima.  Neither module imports
+``torch`` or ``hdecode_torch``: together they are the independent yardstick the library is
+compared against.  :class:`SlowJaccard` is the exact Jaccard decoder (a plain knapsack over
+every node) for trees too large to enumerate.
 
 Conventions (SPEC §1)
 ---------------------
@@ -58,7 +65,8 @@ Every "argmax of a key" heuristic breaks exact ties on the key by
   log L) -> ``ValueError``.
 * ``hie``: argmax over leaves l of p(parent(l)) * p(l); ties -> smallest leaf id
   (for the 1-node tree, whose leaf is the root, p(parent) := p(l)).
-* ``crm``: the leaf minimising expected lca_height (brute force); ties -> smallest id.
+* ``crm``: the leaf minimising expected lca_height (the lca_height decoder); ties ->
+  deeper, then smallest id.
 
 On a unary chain the nodes share their leaf set, hence p, I and every key: the
 deeper-wins rule then picks the lowest node of the chain, as SPEC §4.2 requires.
@@ -79,6 +87,8 @@ from typing import Dict, FrozenSet, Iterable, Iterator, List, Optional, Set, Tup
 
 import numpy as np
 
+from benchmarks import baselines as _baselines  # the repository root is on sys.path (conftest.py)
+
 __all__ = [
     # trees
     "random_tree", "chain_tree", "star_tree", "full_tree", "canonicalize", "is_canonical",
@@ -96,9 +106,9 @@ __all__ = [
     "candidate_values", "optimal", "is_optimal", "tree_distance_closed_form",
     "hamming_closed_form", "hf_beta_safe_bound", "hf_beta_value_bound",
     # heuristics
-    "HEURISTICS", "heuristic", "heuristic_candidates",
-    "argmax_leaf", "top_down", "confidence_threshold", "majority", "plurality", "darts",
-    "expected_information", "information_threshold", "hie", "crm",
+    "HEURISTICS", "baselines", "heuristic", "heuristic_candidates",
+    # Jaccard on large trees
+    "SlowJaccard",
 ]
 
 
@@ -339,6 +349,7 @@ class TreeInfo:
         self.dmax = np.array([max(self.depth[l] for l in x) for x in self._leaves_under], dtype=np.int64)
         self.height = self.dmax - self.depth
         self.max_depth = int(max(self.depth[l] for l in self.leaves))
+        self._baselines = None  # built by baselines(self)
 
     # -- structure -----------------------------------------------------------------
     def ancestors(self, n: int) -> List[int]:
@@ -772,89 +783,54 @@ def is_optimal(info: TreeInfo, metric, p_leaf, pred, rtol: float = 1e-9, atol: f
 def tree_distance_closed_form(info: TreeInfo, p_leaf, c: float = 0.0) -> int:
     """Theorem (Ramaswamy et al.; Cao et al.): the deepest node with p(n) > (1+c)/2,
     or the root if none.  (Nodes above a threshold >= 1/2 form a root path, so the
-    deepest one is unique.)  Not brute force: used to cross-check :func:`optimal`."""
+    deepest one is unique.)  The benchmark's baseline; :func:`optimal` cross-checks it."""
     info = _as_info(info)
-    pn = node_probs(info, p_leaf)
-    thr = (1.0 + c) / 2.0
-    ok = [n for n in range(info.N) if pn[n] > thr]
-    if not ok:
-        return info.root
-    return max(ok, key=lambda n: (info.depth[n], -n))
+    return int(baselines(info).tree_distance_c(_check_p(info, p_leaf), c=c))
 
 
 def hamming_closed_form(info: TreeInfo, p_leaf) -> FrozenSet[int]:
     """SPEC §4.1: include n iff W(n) > W/2 where W(n) = sum_{l in L(n)} p(l)/(d(l)+1),
-    W = W(root).  Derived by linearity; used to cross-check :func:`optimal`."""
+    W = W(root).  The benchmark's baseline; :func:`optimal` cross-checks it."""
     info = _as_info(info)
-    p = _check_p(info, p_leaf)
-    w = [p[l] / (info.depth[l] + 1) for l in info.leaves]
-    W = math.fsum(w)
-    return frozenset(n for n in range(info.N)
-                     if math.fsum(w[l] for l in info.leaves_under(n)) > W / 2)
+    return frozenset(np.flatnonzero(baselines(info).hamming(_check_p(info, p_leaf))).tolist())
 
 
 def hf_beta_safe_bound(info: TreeInfo, n: int, beta: float) -> float:
     """SPEC §4.3 necessary condition: n in h* => p(n) >= this value,
     (d_min(n) + 1) / ((D + 1) (1 + beta^2 (D + 1)))."""
-    info = _as_info(info)
-    D = info.max_depth
-    return (info.dmin[n] + 1) / ((D + 1) * (1.0 + beta * beta * (D + 1)))
+    return float(_baselines.hf_beta_safe_bound(baselines(info).t, beta)[n])
 
 
 def hf_beta_value_bound(info: TreeInfo, n: int, beta: float, value: float) -> float:
     """A non-root n of an optimal hF_beta set of expected score ``value`` has p(n) >= this,
     value (1 + beta^2 (d_min(n) + 1)) / ((1 + beta^2)(1 + beta^2 (D + 1)))."""
-    info = _as_info(info)
-    b2 = beta * beta
-    return value * (1.0 + b2 * (info.dmin[n] + 1)) / ((1.0 + b2) * (1.0 + b2 * (info.max_depth + 1)))
+    return value * float(_baselines.hf_beta_value_bound(baselines(info).t, beta)[n])
 
 
 # ---------------------------------------------------------------------------
-# Heuristic decoders (SPEC §4.2).  Each returns a node id.
+# Heuristic decoders (SPEC §4.2): the benchmark's per-sample baselines
 # ---------------------------------------------------------------------------
 
-def _pick(info: TreeInfo, nodes: Iterable[int], key) -> int:
-    """argmax of key over nodes; exact ties -> deeper node, then smallest id."""
-    return max(nodes, key=lambda n: (key(n), int(info.depth[n]), -n))
+#: The heuristics :func:`heuristic` runs and :func:`heuristic_candidates` formulates.
+HEURISTICS = ("argmax_leaf", "top_down", "confidence_threshold", "majority", "plurality", "darts",
+              "expected_information", "information_threshold", "hie", "crm")
 
 
-def argmax_leaf(info: TreeInfo, p_leaf) -> int:
-    """argmax_l p(l); ties -> smallest leaf id."""
+def baselines(info) -> "_baselines.Baselines":
+    """The per-sample NumPy decoders of ``benchmarks/baselines.py`` on this tree (built once per TreeInfo)."""
     info = _as_info(info)
-    p = _check_p(info, p_leaf)
-    return max(info.leaves, key=lambda l: (p[l], -l))
+    if info._baselines is None:
+        info._baselines = _baselines.Baselines(info.parents)
+    return info._baselines
 
 
-def top_down(info: TreeInfo, p_leaf) -> int:
-    """From the root, step to the most probable child (ties -> smallest id) until a leaf."""
+def heuristic(name: str, info: TreeInfo, p_leaf, **params) -> int:
+    """Run a heuristic by name, e.g. ``heuristic("darts", info, p, lam=0.3)``: the benchmark's
+    baseline, whose answer :func:`heuristic_candidates` (from the definitions) always contains."""
+    if name not in HEURISTICS:
+        raise ValueError(f"unknown heuristic {name!r}")
     info = _as_info(info)
-    pn = node_probs(info, p_leaf)
-    n = info.root
-    while info.children[n]:
-        n = max(info.children[n], key=lambda c: (pn[c], -c))
-    return n
-
-
-def _conf_feasible(info, pn, tau):
-    return [n for n in range(info.N) if pn[n] > tau]
-
-
-def confidence_threshold(info: TreeInfo, p_leaf, tau: float = 0.5) -> int:
-    """Most informative node (min |L(n)|, i.e. max I) with p(n) > tau; ties -> deeper,
-    then smallest id; root if none qualifies."""
-    info = _as_info(info)
-    if not 0 <= tau < 1:
-        raise ValueError("tau must lie in [0, 1)")
-    pn = node_probs(info, p_leaf)
-    ok = _conf_feasible(info, pn, tau)
-    if not ok:
-        return info.root
-    return _pick(info, ok, lambda n: -int(info.leaf_count[n]))
-
-
-def majority(info: TreeInfo, p_leaf) -> int:
-    """confidence_threshold with tau = 1/2."""
-    return confidence_threshold(info, p_leaf, 0.5)
+    return int(baselines(info).decoder(name, **params)(_check_p(info, p_leaf)))
 
 
 def _plurality_margin(info: TreeInfo, pn, n: int) -> float:
@@ -864,79 +840,9 @@ def _plurality_margin(info: TreeInfo, pn, n: int) -> float:
     return float(pn[n] - max(others)) if others else math.inf
 
 
-def plurality(info: TreeInfo, p_leaf) -> int:
-    """Most informative n with p(n) > p(z) for all z not in A(n); ties -> deeper, then
-    smallest id; root if none qualifies (rounding only)."""
-    info = _as_info(info)
-    pn = node_probs(info, p_leaf)
-    ok = [n for n in range(info.N) if _plurality_margin(info, pn, n) > 0]
-    if not ok:
-        return info.root
-    return _pick(info, ok, lambda n: -int(info.leaf_count[n]))
-
-
-def darts(info: TreeInfo, p_leaf, lam: float = 0.0) -> int:
-    """argmax_n (I(n) + lam) p(n); ties -> deeper, then smallest id."""
-    info = _as_info(info)
-    pn = node_probs(info, p_leaf)
-    return _pick(info, range(info.N), lambda n: (info.info[n] + lam) * pn[n])
-
-
-def expected_information(info: TreeInfo, p_leaf) -> int:
-    """darts with lam = 0."""
-    return darts(info, p_leaf, 0.0)
-
-
-def information_threshold(info: TreeInfo, p_leaf, threshold: float = 0.0) -> int:
-    """Most probable node with I(n) >= threshold; ties -> deeper, then smallest id.
-    ValueError if no node is that informative (threshold > log L)."""
-    info = _as_info(info)
-    pn = node_probs(info, p_leaf)
-    ok = [n for n in range(info.N) if info.info[n] >= threshold]
-    if not ok:
-        raise ValueError(f"threshold {threshold} exceeds log(L) = {math.log(info.L)}")
-    return _pick(info, ok, lambda n: pn[n])
-
-
 def _hie_score(info: TreeInfo, p, pn, l: int) -> float:
     par = int(info.parents[l])
     return float(pn[par if par >= 0 else l] * p[l])
-
-
-def hie(info: TreeInfo, p_leaf) -> int:
-    """argmax over leaves of p(parent(l)) p(l); ties -> smallest leaf id."""
-    info = _as_info(info)
-    p = _check_p(info, p_leaf)
-    pn = node_probs(info, p)
-    return max(info.leaves, key=lambda l: (_hie_score(info, p, pn, l), -l))
-
-
-def crm(info: TreeInfo, p_leaf) -> int:
-    """Leaf minimising expected lca_height (brute force); ties -> smallest leaf id."""
-    info = _as_info(info)
-    vals = candidate_values(info, "lca_height", p_leaf)
-    return min(info.leaves, key=lambda l: (vals[l], l))
-
-
-HEURISTICS = {
-    "argmax_leaf": argmax_leaf,
-    "top_down": top_down,
-    "confidence_threshold": confidence_threshold,
-    "majority": majority,
-    "plurality": plurality,
-    "darts": darts,
-    "expected_information": expected_information,
-    "information_threshold": information_threshold,
-    "hie": hie,
-    "crm": crm,
-}
-
-
-def heuristic(name: str, info: TreeInfo, p_leaf, **params) -> int:
-    """Run a heuristic by name, e.g. ``heuristic("darts", info, p, lam=0.3)``."""
-    if name not in HEURISTICS:
-        raise ValueError(f"unknown heuristic {name!r}")
-    return HEURISTICS[name](_as_info(info), p_leaf, **params)
 
 
 def _tolerant_argmax(info: TreeInfo, margin: Dict[int, float], key: Dict[int, float], tol: float,
@@ -1023,9 +929,110 @@ def heuristic_candidates(name: str, info: TreeInfo, p_leaf, tol: float = 1e-9, *
     else:
         raise ValueError(f"unknown heuristic {name!r}")
     cands = _drop_unary_ancestors(info, cands)
-    # The reference answer is always acceptable.
+    # The exact answer is always acceptable.
     try:
         cands.add(heuristic(name, info, p, **params))
     except ValueError:
         pass
     return cands
+
+
+# ---------------------------------------------------------------------------
+# Exact Jaccard decoding on trees too large to enumerate
+# ---------------------------------------------------------------------------
+
+class SlowJaccard:
+    """Exact Jaccard decoding for one distribution: a plain tree knapsack over ALL nodes.
+
+    No candidate pruning: an independent yardstick for the library's Jaccard decoder on trees
+    too large to enumerate (the bundled ones).  For every set size k it solves
+
+        V(k) = max_{S closed, root ∈ S, |S| = k} Σ_{n ∈ S} g_k(n),
+        g_k(n) = Σ_{y ∈ L(n)} p(y) (k + d(y) + 1) / ((k + d(y) − d(n)) (k + d(y) − d(n) + 1)),
+
+    by the textbook subtree knapsack (children merged by max-plus convolution, a node's table
+    capped at k − d(n) entries since its d(n) ancestors are in the set too).  It stops at the first
+    k past the deepest leaf's path length where G(k) = Σ_y p(y) min(k, d(y)+1) / max(k, d(y)+1), an
+    upper bound on E[J] of every set of size k that only decreases from there on, is below the best
+    V found.
+    """
+
+    def __init__(self, tree):
+        self.info = info = _as_info(tree)
+        self.bfs = [info.root]
+        for v in self.bfs:
+            self.bfs.extend(info.children[v])
+
+    def masses(self, p_leaf) -> np.ndarray:
+        """(N, D+1) mass of the leaves under n at each absolute depth."""
+        info = self.info
+        q = np.zeros((info.N, info.max_depth + 1))
+        q[np.arange(info.L), info.depth[: info.L]] = p_leaf
+        for v in reversed(self.bfs):
+            if info.parents[v] >= 0:
+                q[info.parents[v]] += q[v]
+        return q
+
+    def solve(self, p_leaf):
+        """(best value, best set as a bool (N,) mask, best k) for one distribution (L,)."""
+        p_leaf = np.asarray(p_leaf, dtype=np.float64)
+        q = self.masses(p_leaf)
+        dmax = q.shape[1] - 1
+        ld = np.arange(dmax + 1, dtype=np.float64)
+        best = (-1.0, None, 0)
+        for k in range(1, self.info.N + 1):
+            if k > dmax + 1 and (q[self.info.root] * np.minimum(k, ld + 1) / np.maximum(k, ld + 1)).sum() < best[0]:
+                break
+            val, nodes = self._knapsack(q, k)
+            if val > best[0]:
+                best = (val, nodes, k)
+        mask = np.zeros(self.info.N, dtype=bool)
+        mask[best[1]] = True
+        return best[0], mask, best[2]
+
+    def _knapsack(self, q, k):
+        info = self.info
+        dmax = q.shape[1] - 1
+        ld = np.arange(dmax + 1, dtype=np.float64)
+        tables, merges = {}, {}
+        for v in reversed(self.bfs):
+            d = int(info.depth[v])
+            cap = k - d  # nodes of v's subtree in a size-k set
+            if cap < 1:
+                continue
+            rel = ld - d
+            ok = rel >= 0
+            w = np.zeros(dmax + 1)
+            w[ok] = (k + ld[ok] + 1) / ((k + rel[ok]) * (k + rel[ok] + 1))
+            val = np.array([float(q[v] @ w)])  # val[j - 1]: best with j nodes of v's subtree, v taken
+            steps = []
+            for c in info.children[v]:
+                if c not in tables:
+                    continue
+                cv = np.concatenate([[0.0], tables.pop(c)])  # child part of size t = 0..
+                size = min(cap, val.size + cv.size - 1)
+                nv = np.full(size, -np.inf)
+                arg = np.zeros(size, dtype=np.int64)
+                for t in range(min(cv.size, size)):
+                    m = min(val.size, size - t)
+                    s = val[:m] + cv[t]
+                    better = s > nv[t:t + m]
+                    nv[t:t + m][better] = s[better]
+                    arg[t:t + m][better] = t
+                val = nv
+                steps.append((c, arg))
+            tables[v] = val
+            merges[v] = steps
+        val = tables[info.root]
+        if val.size < k:
+            return -np.inf, []
+        nodes, stack = [], [(info.root, k)]
+        while stack:
+            v, j = stack.pop()
+            nodes.append(v)
+            for c, arg in reversed(merges[v]):
+                t = int(arg[j - 1])
+                if t:
+                    stack.append((c, t))
+                    j -= t
+        return float(val[k - 1]), nodes

@@ -11,15 +11,13 @@ import torch
 import hdecode_torch as hd
 import reference as ref
 from hdecode_torch import Hierarchy
-from harness import random_trees
+from harness import (
+    case_id, expect_warnings, heuristic_pairs, metric_pairs, random_trees, returns_leaves, root_threshold, strategies,
+)
 
-METRICS = [("accuracy", {}), ("lca_height", {}), ("tree_distance", {}), ("tree_distance_c", {"c": 0.5}),
-           ("tree_distance_c", {"c": 1.5}), ("wu_palmer", {}), ("zhao", {}), ("hf_beta", {"beta": 1.0}),
-           ("hf_beta", {"beta": 0.5}), ("hamming", {}), ("jaccard", {})]
-DECODABLE = METRICS  # every metric has an exact decoder
-HEURISTICS = [("argmax_leaf", {}), ("top_down", {}), ("confidence_threshold", {"tau": 0.3}), ("majority", {}),
-              ("plurality", {}), ("darts", {"lam": 0.5}), ("expected_information", {}),
-              ("information_threshold", {"threshold": 0.0}), ("hie", {}), ("crm", {})]
+METRICS = metric_pairs()  # every registered metric over its parameter grid (c >= 1 included)
+DECODABLE = metric_pairs(decodable=True)
+HEURISTICS = heuristic_pairs(full=False)  # thresholds every tree here allows (information_threshold: 0)
 
 
 def caterpillar(depth: int) -> Hierarchy:
@@ -44,12 +42,21 @@ def _info(h):
     return ref.TreeInfo(np.asarray(h.parents_list))
 
 
+def _metric(h, name, params, **extra):
+    """The metric, expecting the library's warning where the parameters make the root always optimal."""
+    with expect_warnings(name, params):
+        return hd.get_metric(name, h, **params, **extra)
+
+
 def _decoders(h):
+    """(label, decode, kind, root_only) of every exact decoder and heuristic; root_only: the root is
+    always optimal (tree_distance_c with c >= 1)."""
     for name, params in DECODABLE:
-        yield f"{name}{params}", hd.get_metric(name, h, **params).decode, hd.get_metric(name, h, **params).kind
+        m = _metric(h, name, params)
+        yield case_id(name, params), m.decode, m.kind, root_threshold(name, params)
     for name, params in HEURISTICS:
-        yield name, hd.get_decoder(name, h, **params).decode, "leaf" if name in ("argmax_leaf", "top_down", "hie",
-                                                                                   "crm") else "node"
+        kind = "leaf" if returns_leaves(name) else "node"
+        yield case_id(name, params), hd.get_decoder(name, h, **params).decode, kind, False
 
 
 # --------------------------------------------------------------------------- shapes
@@ -63,12 +70,12 @@ def test_empty_batch_has_the_right_shape_everywhere(tree, dtype):
     assert hd.node_probabilities(h, empty, from_logits=True).shape == (0, h.num_nodes)
     assert hd.node_probabilities(h, empty, normalize=True).shape == (0, h.num_nodes)
     no_ids = torch.zeros(0, dtype=torch.long)
-    for label, decode, kind in _decoders(h):
+    for label, decode, kind, _ in _decoders(h):
         out = decode(empty)
         want = (0, h.num_nodes) if kind == "set" else (0,)
         assert out.shape == want and out.dtype == (torch.bool if kind == "set" else torch.int64), label
     for name, params in METRICS:
-        m = hd.get_metric(name, h, **params)
+        m = _metric(h, name, params)
         e = m.expected(empty, no_ids)
         assert e.shape == (0,) and e.dtype == dtype, name
         v = m(no_ids, no_ids)
@@ -87,17 +94,18 @@ def test_single_sample_gives_unbatched_outputs(tree):
     P = torch.as_tensor(ref.random_distributions(rng, 3, h.num_leaves, "random"))
     x = P[1]
     assert hd.node_probabilities(h, x).shape == (h.num_nodes,)
-    for label, decode, kind in _decoders(h):
+    for label, decode, kind, _ in _decoders(h):
         one, full = decode(x), decode(P)
         assert one.shape == ((h.num_nodes,) if kind == "set" else ()), label
         assert torch.equal(one, full[1]), label
     for name, params in DECODABLE:  # the "optimal" wrapper unbatches exactly once
-        dec = hd.get_decoder("optimal", h, metric=name, **params)
+        with expect_warnings(name, params):
+            dec = hd.get_decoder("optimal", h, metric=name, **params)
         one, full = dec.decode(x), dec.decode(P)
         assert torch.equal(one, full[1]) and one.dim() == full.dim() - 1, name
         assert torch.equal(dec.decode(hd.Posterior(h, x)), one), name
     for name, params in METRICS:
-        m = hd.get_metric(name, h, **params)
+        m = _metric(h, name, params)
         pred = torch.tensor(h.root)
         e = m.expected(x, pred)
         assert e.shape == () and float(e) == pytest.approx(float(m.expected(P, pred.expand(3))[1]))
@@ -115,21 +123,22 @@ def test_one_hot_distributions_decode_to_that_leaf():
         P = torch.eye(h.num_leaves, dtype=torch.float64)
         leaves = torch.arange(h.num_leaves)
         for name, params in DECODABLE:
-            m = hd.get_metric(name, h, **params)
+            m = _metric(h, name, params)
             out = m.decode(P)
             if m.kind == "set":
                 paths = torch.zeros(h.num_leaves, h.num_nodes + 1, dtype=torch.bool)
                 paths.scatter_(1, h.ancestors[: h.num_leaves], True)
                 assert torch.equal(out, paths[:, : h.num_nodes]), (name, info)
-            elif name == "tree_distance_c" and params["c"] >= 1:
+            elif root_threshold(name, params):
                 assert bool((out == h.root).all()), name  # threshold (1 + c) / 2 >= 1: nothing qualifies
             else:
                 assert torch.equal(out, leaves), (name, info, out)
             e = m.expected(P, out)
-            best = {"accuracy": 1.0, "lca_height": 0.0, "tree_distance": 0.0, "wu_palmer": 1.0, "zhao": 1.0,
-                    "hf_beta": 1.0, "hamming": 0.0, "jaccard": 1.0}.get(name)
-            if best is not None:
-                torch.testing.assert_close(e, torch.full_like(e, best))
+            if not params.get("c"):  # the exact prediction scores the metric's best value (c charges its depth)
+                torch.testing.assert_close(e, torch.full_like(e, 1.0 if m.higher_is_better else 0.0))
+            preds = [ref.mask_to_set(o) for o in out.numpy()] if m.kind == "set" else out.tolist()
+            want = [ref.expected(info, name, P[y].numpy(), preds[y], **params) for y in range(h.num_leaves)]
+            torch.testing.assert_close(e, torch.tensor(want, dtype=e.dtype), rtol=1e-12, atol=1e-12)
         for name, params in HEURISTICS:
             assert torch.equal(hd.get_decoder(name, h, **params).decode(P), leaves), (name, info)
 
@@ -148,8 +157,8 @@ def test_uniform_distributions_follow_the_tie_rules_exactly():
             # Ties are decided on computed values: the dense strategies sum a symmetric node's costs in
             # another order, so mathematically tied nodes can differ in the last bit; the structural
             # sums are bitwise equal on symmetric subtrees.
-            extra = {"strategy": "structural"} if name in ("wu_palmer", "zhao") else {}
-            m = hd.get_metric(name, h, **params, **extra)
+            extra = {"strategy": "structural"} if "structural" in strategies(name) else {}
+            m = _metric(h, name, params, **extra)
             got = m.decode(x)
             pred = ref.mask_to_set(got.numpy()) if m.kind == "set" else int(got)
             assert ref.is_optimal(info, name, p, pred, **params), (name, depth, pred)
@@ -180,7 +189,7 @@ def test_exact_ties_between_leaves_at_different_depths():
     assert int(hd.get_decoder("plurality", h).decode(x)) == h.root  # a and x tie: neither beats the other
     # decisions on ties are deterministic: the same answer whatever the batch around them
     P = torch.stack([x, torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64), x])
-    for label, decode, kind in _decoders(h):
+    for label, decode, kind, _ in _decoders(h):
         out = decode(P)
         assert torch.equal(out[0], out[2]) and torch.equal(out[0], decode(x)), label
 
@@ -203,7 +212,7 @@ def test_zero_probability_subtrees_are_never_predicted():
             P[b] /= P[b].sum()
         x = torch.as_tensor(P)
         node = hd.node_probabilities(h, x)
-        for label, decode, kind in _decoders(h):
+        for label, decode, kind, _ in _decoders(h):
             out = decode(x)
             if kind == "set":
                 assert bool((node[out] > 0).all()), (label, info)
@@ -216,25 +225,32 @@ def test_zero_probability_subtrees_are_never_predicted():
 def test_one_leaf_trees(tree):
     """Root -> leaf, or a unary chain: every decoder returns the leaf (sets: the whole tree)."""
     h = TREES[tree]
+    info = _info(h)
     assert h.num_leaves == 1
     x = torch.ones(3, 1, dtype=torch.float64)
-    for label, decode, kind in _decoders(h):
+    for label, decode, kind, root_only in _decoders(h):
         out = decode(x)
         if kind == "set":
             assert bool(out.all()), label
-        elif label.startswith("tree_distance_c") and "1.5" in label:
+        elif root_only:
             assert bool((out == h.root).all()), label
         else:
             assert bool((out == 0).all()), (label, out)
-    for name, value in [("accuracy", 1.0), ("tree_distance", 0.0), ("wu_palmer", 1.0), ("zhao", 1.0),
-                        ("lca_height", 0.0)]:
-        m = hd.get_metric(name, h)
-        assert m.expected(x, torch.zeros(3, dtype=torch.long)).tolist() == [value] * 3, name
-    assert hd.get_metric("zhao", h)(torch.tensor([h.root]), torch.tensor([0])).tolist() == [1.0]
     full = torch.ones(3, h.num_nodes, dtype=torch.bool)
+    for name, params in METRICS:  # the only leaf, or the whole tree: the exact prediction
+        m = _metric(h, name, params)
+        exact = full if m.kind == "set" else torch.zeros(3, dtype=torch.long)
+        e = m.expected(x, exact)
+        if not params.get("c"):  # the metric's best value (c charges the leaf's depth)
+            torch.testing.assert_close(e, torch.full_like(e, 1.0 if m.higher_is_better else 0.0), rtol=0, atol=1e-15)
+        want = ref.expected(info, name, [1.0], info.ancestor_set(0) if m.kind == "set" else 0, **params)
+        assert e.tolist() == pytest.approx([want] * 3, rel=1e-12, abs=1e-12), (name, params)
+    for name, value in [("accuracy", 1.0), ("tree_distance", 0.0), ("wu_palmer", 1.0), ("zhao", 1.0),
+                        ("lca_height", 0.0)]:  # exactly, with the default parameters
+        assert hd.get_metric(name, h).expected(x, torch.zeros(3, dtype=torch.long)).tolist() == [value] * 3, name
     for name in ("hf_beta", "jaccard"):
         assert hd.get_metric(name, h).expected(x, full).tolist() == [1.0] * 3
-    torch.testing.assert_close(hd.get_metric("hamming", h).expected(x, full), torch.zeros(3, dtype=torch.float64))
+    assert hd.get_metric("zhao", h)(torch.tensor([h.root]), torch.tensor([0])).tolist() == [1.0]
     assert hd.calibrate_darts(h, x, torch.zeros(3, dtype=torch.long), 1.0) == 0.0
 
 
@@ -283,7 +299,7 @@ def test_leaves_at_very_different_depths():
                  + [np.eye(info.L)[int(np.argmin(info.depth[: info.L]))]])
     x = torch.as_tensor(P)
     for name, params in DECODABLE:
-        m = hd.get_metric(name, h, **params)
+        m = _metric(h, name, params)
         out = m.decode(x)
         for b in range(len(P)):
             if m.kind == "set":
@@ -298,7 +314,9 @@ def test_leaves_at_very_different_depths():
     # set metrics against exhaustive enumeration on a shallower caterpillar (2^depth closed sets)
     h, info = caterpillar(8), _info(caterpillar(8))
     P = np.stack([ref.random_distribution(rng, info.L, k) for k in ("dirichlet", "peaked", "sparse")])
-    for name, params in [("hf_beta", {"beta": 0.5}), ("hf_beta", {"beta": 2.0}), ("hamming", {})]:
+    for name, params in DECODABLE:
+        if hd.metrics.metric_class(name).kind != "set":
+            continue
         out = hd.get_metric(name, h, **params).decode(torch.as_tensor(P))
         for b in range(len(P)):
             assert ref.is_optimal(info, name, P[b], ref.mask_to_set(out[b].numpy()), **params), (name, b)

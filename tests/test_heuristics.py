@@ -8,13 +8,12 @@ import torch
 
 import hdecode_torch as hd
 import reference as ref
-from harness import DEVICES, FLOAT_DTYPES, batch, bundled, case_id, heuristic_cases, heuristic_pairs, model_like, random_trees
+from harness import (
+    DEVICES, FLOAT_DTYPES, batch, bundled, case_id, exact_on_dyadic, heuristic_cases, heuristic_pairs, model_like,
+    random_trees,
+)
 
 CASES = heuristic_pairs()
-# Rules whose keys are exact on dyadic inputs (sums and products of k/16) and whose tie rule is the
-# reference's: there the library must return exactly the reference's node, ties included.
-EXACT_ON_DYADIC = {"argmax_leaf", "top_down", "confidence_threshold", "majority", "plurality",
-                   "information_threshold", "hie"}
 TOL = {torch.float64: 1e-9, torch.float32: 1e-5}
 
 
@@ -46,7 +45,7 @@ def test_against_reference_on_random_trees(name, params, device):
                 assert got[b] in cands, (name, params, dtype, info, P[b], got[b], cands)
                 if len(cands) == 1:
                     singletons += 1
-                if dyadic[b] and name in EXACT_ON_DYADIC:
+                if dyadic[b] and exact_on_dyadic(name):  # keys exact: the reference's node, ties included
                     assert got[b] == want[b], (name, params, dtype, info, P[b], got[b], want[b])
     if params.get("tau", params.get("threshold")) != 0.0:  # else the boundary is hit by every p = 0 leaf / the root
         assert singletons > 100  # most decisions have no near-tie: there the answer is pinned exactly

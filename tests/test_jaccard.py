@@ -2,7 +2,7 @@
 
 Oracles: enumeration of every ancestor-closed set (``reference.closed_sets``, the Jaccard values
 checked against ``reference.jaccard``) on small random trees, and on trees too large for that the
-plain tree knapsack of ``jaccard_reference.SlowJaccard`` (every node, no pruning, NumPy only).
+plain tree knapsack of ``reference.SlowJaccard`` (every node, no pruning, NumPy only).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from benchmarks.baselines import Baselines, expected_score
 from harness import bundled, model_like
 from hdecode_torch.kernels.depth_ranges import depth_masses
 from hdecode_torch.metrics import jaccard as J
-from jaccard_reference import SlowJaccard
 
 KINDS = ref.DISTRIBUTION_KINDS + ("shallow",)
 PLANS = ["cpu", "cuda"]
@@ -134,7 +133,7 @@ def test_slow_knapsack_matches_enumeration():
     rng = np.random.default_rng(2)
     for par, info, _ in small_trees(3, 60):
         enum = Enumeration(info)
-        slow = SlowJaccard(par)
+        slow = ref.SlowJaccard(par)
         for kind in KINDS:
             p = distribution(rng, info, kind)
             value, mask, k = slow.solve(p)
@@ -346,8 +345,7 @@ _SLOW = {}
 
 def slow_for(name):
     if name not in _SLOW:
-        h, _ = bundled(name)
-        _SLOW[name] = SlowJaccard(np.asarray(h.parents_list))
+        _SLOW[name] = ref.SlowJaccard(bundled(name)[1])
     return _SLOW[name]
 
 
@@ -418,7 +416,7 @@ def test_synthetic_tree_and_deep_spine_match_slow_knapsack():
     from benchmarks.workloads import SYNTHETIC, random_tree
 
     h = hd.Hierarchy.from_parents(random_tree(**SYNTHETIC["synthetic-tiny"]))
-    slow = SlowJaccard(np.asarray(h.parents_list))
+    slow = ref.SlowJaccard(np.asarray(h.parents_list))
     rng = np.random.default_rng(14)
     P = np.concatenate([model_like(rng, h, 1, kind) for kind in ("peaked", "diffuse", "confused", "shallow")])
     want = [slow.solve(p)[0] for p in P]
@@ -427,7 +425,7 @@ def test_synthetic_tree_and_deep_spine_match_slow_knapsack():
         np.testing.assert_allclose(got, want, rtol=1e-12, err_msg=plan)
     deep = hd.Hierarchy.from_parents(ref.canonicalize(np.array([-1] + list(range(60)) + list(range(60)))))
     assert deep.max_depth == 60
-    slow = SlowJaccard(np.asarray(deep.parents_list))
+    slow = ref.SlowJaccard(np.asarray(deep.parents_list))
     P = np.random.default_rng(21).dirichlet(np.full(deep.num_leaves, 0.1), size=2)
     want = [slow.solve(p)[0] for p in P]
     for plan in PLANS:
@@ -554,7 +552,7 @@ def test_low_precision_inputs_decode_as_float32():
 def test_closed_and_rooted_on_a_wide_star():
     star = hd.Hierarchy.from_parents([3000] * 3000 + [-1])
     P = np.random.default_rng(20).dirichlet(np.full(3000, 0.05), size=2)
-    slow = SlowJaccard(np.asarray(star.parents_list))
+    slow = ref.SlowJaccard(np.asarray(star.parents_list))
     want = [slow.solve(p)[0] for p in P]
     for plan in PLANS:
         out = decode(star, P, torch.float64, plan)

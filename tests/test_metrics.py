@@ -7,8 +7,8 @@ import torch
 import hdecode_torch as hd
 import reference as ref
 from harness import (
-    DEVICES, FLOAT_DTYPES, batch, bundled, heuristic_names, metric_cases, metric_names, model_like, random_trees,
-    tolerance,
+    DEVICES, FLOAT_DTYPES, HEURISTIC_FACTS, batch, bundled, heuristic_names, metric_cases, metric_names, model_like,
+    random_trees, tolerance,
 )
 
 
@@ -17,14 +17,20 @@ def _ref_set(info, mask):
 
 
 def test_registry_is_covered():
-    """Every registered metric and decoder has a reference implementation (so the harness tests it)."""
+    """Every registered metric and decoder has a reference implementation (so the harness tests it), and
+    every heuristic its facts in the harness."""
     assert metric_names() and heuristic_names()
     for name in metric_names():
         assert name in ref.METRICS, f"metric {name!r} has no reference implementation in tests/reference.py"
         cls = hd.metrics.metric_class(name)
         assert cls.kind == ref.metric_kind(name) and cls.higher_is_better == ref.higher_is_better(name)
+    info = ref.TreeInfo(ref.full_tree(2, 2))
     for name in heuristic_names():
         assert name in ref.HEURISTICS, f"decoder {name!r} has no reference implementation in tests/reference.py"
+        assert name in HEURISTIC_FACTS, f"decoder {name!r} has no entry in tests/harness.py HEURISTIC_FACTS"
+        p = np.full(info.L, 1.0 / info.L)  # the reference runs it and formulates its candidates
+        assert ref.heuristic(name, info, p) in ref.heuristic_candidates(name, info, p), name
+    assert set(HEURISTIC_FACTS) == set(heuristic_names())  # no stale entries
 
 
 @pytest.mark.parametrize("name,params", list(metric_cases()))

@@ -9,10 +9,15 @@ from hypothesis import given, strategies as st
 import hdecode_torch as hd
 import reference as ref
 from harness import (
-    DEVICES, FLOAT_DTYPES, batch, bundled, dense_cost, metric_cases, metric_pairs, model_like, random_trees, tolerance,
+    DEVICES, FLOAT_DTYPES, batch, bundled, dense_cost, heuristic_pairs, metric_cases, metric_names, metric_pairs,
+    model_like, random_trees, silence_root_threshold, strategies, tolerance,
 )
 
 DECODABLE = metric_pairs(decodable=True)
+#: Metrics with explicit decoding strategies (their classes declare STRATEGIES), and those with the
+#: structural candidate filter (strategy "candidates").
+STRATEGY_METRICS = [n for n in metric_names(decodable=True) if strategies(n) != [None]]
+CANDIDATE_METRICS = [n for n in STRATEGY_METRICS if "candidates" in strategies(n)]
 
 
 def _pred_for_ref(m, pred_row):
@@ -70,7 +75,7 @@ def test_hf_beta_on_trees_with_shallow_heavy_leaves(device):
 
 def _slow_node_optimum(info, name, params, P):
     cost = dense_cost(info, name, **params)  # (N, L), lower is better
-    if name in ("accuracy", "lca_height"):
+    if hd.metrics.metric_class(name).kind == "leaf":
         cost = cost[: info.L]
     return (P @ cost.T).min(1)
 
@@ -94,6 +99,7 @@ def _slow_hf_beta_optimum(info, P, beta):
     return np.array(out)
 
 
+@silence_root_threshold  # DECODABLE holds c >= 1
 @pytest.mark.parametrize("tree", ["tieredimagenet-h", "inat19"])
 @pytest.mark.parametrize("kind", ["peaked", "diffuse", "confused", "shallow"])
 def test_node_decoders_exact_on_bundled_trees(tree, kind):
@@ -155,8 +161,8 @@ def test_paper_bound_is_wrong_ours_is_not():
     assert worse > 0  # the paper's pruning is sub-optimal on some of these inputs
 
 
-@pytest.mark.parametrize("strategy", ["structural", "dense", "candidates", "candidates-root-paths"])
-@pytest.mark.parametrize("name", ["wu_palmer", "zhao"])
+@pytest.mark.parametrize("name,strategy", [(n, s) for n in STRATEGY_METRICS for s in strategies(n)]
+                         + [(n, "candidates-root-paths") for n in CANDIDATE_METRICS])
 def test_strategies_agree(name, strategy):
     for tree in ("tieredimagenet-h", "inat19"):
         h, info = bundled(tree)
@@ -165,7 +171,7 @@ def test_strategies_agree(name, strategy):
         m = hd.get_metric(name, h, strategy=strategy.split("-")[0])
         if strategy.endswith("root-paths"):
             m.DENSE_MAX_ENTRIES = 0  # as on a tree too large for the dense matrix
-        ref_m = hd.get_metric(name, h, strategy="structural")
+        ref_m = hd.get_metric(name, h, strategy=strategies(name)[0])
         got = m.expected(P, m.decode(P))
         torch.testing.assert_close(got, ref_m.expected(P, ref_m.decode(P)), rtol=1e-12, atol=1e-12)
 
@@ -238,6 +244,7 @@ def tree_and_probs(draw):
     return hd.Hierarchy.from_parents(par), info, ref.random_distribution(rng, info.L, kind), rng
 
 
+@silence_root_threshold  # DECODABLE holds c >= 1
 @given(tree_and_probs(), st.sampled_from(DECODABLE))
 def test_optimal_beats_every_other_prediction(data, metric):
     h, info, p, rng = data
@@ -246,8 +253,7 @@ def test_optimal_beats_every_other_prediction(data, metric):
     pred = m.decode(torch.as_tensor(p))
     mine = ref.expected(info, name, p, _pred_for_ref(m, pred.numpy()), **params)
     sign = 1 if m.higher_is_better else -1
-    others = [ref.heuristic(hn, info, p) for hn in ("argmax_leaf", "top_down", "majority", "plurality",
-                                                    "expected_information", "hie")]
+    others = [ref.heuristic(hn, info, p, **kw) for hn, kw in heuristic_pairs(full=False)]
     others += list(rng.integers(0, info.N, 5))
     if m.kind == "set":
         others = [ref.set_to_mask(info, info.ancestors(int(o))) for o in others]
@@ -346,7 +352,7 @@ def test_hf_beta_certification_survives_a_bad_reference_order(beta, k_ref):
     assert torch.equal(best_k, want_k + 1)
 
 
-@pytest.mark.parametrize("name", ["wu_palmer", "zhao"])
+@pytest.mark.parametrize("name", CANDIDATE_METRICS)
 def test_structural_pruning_bounds_are_safe(name):
     """The per-node bounds behind strategy="candidates" enclose the exact Lemma 4.3 / Prop. E.6
     statistics of the dense cost matrix (so they can only keep more candidates)."""
@@ -368,7 +374,7 @@ def test_structural_pruning_bounds_are_safe(name):
         assert bool((bound.M_out[has_out] >= exact.M_out[has_out] - tol).all())
 
 
-@pytest.mark.parametrize("name", ["wu_palmer", "zhao"])
+@pytest.mark.parametrize("name", CANDIDATE_METRICS)
 @pytest.mark.parametrize("values", ["sampled dense", "root paths"])
 def test_structural_candidates_exact_on_random_trees(name, values):
     """Both ways of scoring the candidates: sampled products with the dense matrix (small

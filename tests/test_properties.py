@@ -20,13 +20,12 @@ from hypothesis import strategies as st
 import hdecode_torch as hd
 import reference as ref
 
-from harness import heuristic_pairs, metric_pairs, strategies  # noqa: E402
+from harness import heuristic_pairs, metric_pairs, returns_leaves, silence_root_threshold, strategies  # noqa: E402
 
-DECODABLE = metric_pairs(decodable=True)
+DECODABLE = metric_pairs(decodable=True)  # c >= 1 included: the tests using it silence the library's warning
 #: Every other decodable case, and the first case of each metric left out by that.
 FUZZED = DECODABLE[::2] + [mp for mp in DECODABLE[1::2] if mp[0] not in {n for n, _ in DECODABLE[::2]}]
 HEURISTICS = heuristic_pairs(full=False)
-LEAF_RULES = {"argmax_leaf", "top_down", "hie", "crm"}
 
 
 def _metrics(h):
@@ -65,6 +64,7 @@ def _is_closed(h, sets: torch.Tensor) -> bool:
     return bool((~sets[:, nonroot] | sets[:, par[nonroot]]).all())
 
 
+@silence_root_threshold
 @given(tree_and_batch())
 def test_decoders_return_valid_outputs(data):
     h, info, P, _ = data
@@ -87,11 +87,12 @@ def test_decoders_return_valid_outputs(data):
         for name, params in HEURISTICS:
             out = hd.get_decoder(name, h, **params).decode(x)
             assert out.shape == (B,) and out.dtype == torch.int64
-            hi = h.num_leaves if name in LEAF_RULES else h.num_nodes
+            hi = h.num_leaves if returns_leaves(name) else h.num_nodes
             assert bool(((out >= 0) & (out < hi)).all()), (name, out)
             assert bool((node.gather(1, out[:, None]) > 0).all()), (name, info)
 
 
+@silence_root_threshold
 @given(tree_and_batch())
 def test_optimal_at_least_as_good_as_every_heuristic(data):
     h, info, P, rng = data
@@ -129,6 +130,7 @@ def test_parent_probability_is_sum_of_children(data, dtype):
     assert bool((node >= 0).all())
 
 
+@silence_root_threshold
 @settings(suppress_health_check=[HealthCheck.too_slow])
 @given(tree_and_batch(max_batch=7), st.integers(1, 4), st.randoms(use_true_random=False))
 def test_batch_composition_and_chunk_size_do_not_matter(data, chunk, rnd):
@@ -288,10 +290,16 @@ bad_numbers = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integ
                         st.text(max_size=2), st.booleans(), st.just(torch.tensor(0.5)), st.just([1.0]))
 
 
-@given(trees(max_nodes=8), st.sampled_from(["hf_beta", "tree_distance_c", "wu_palmer", "cost_matrix", "nope",
-                                            "confidence_threshold", "darts", "information_threshold", "majority",
-                                            "optimal"]),
-       st.sampled_from(["beta", "c", "tau", "lam", "threshold", "strategy", "metric", "cost", "gamma"]), bad_numbers)
+_CLASSES = {**{n: hd.metrics.metric_class(n) for n in hd.list_metrics()},
+            **{n: hd.decoders.decoder_class(n) for n in hd.list_decoders()}}
+#: Every registered metric and decoder that declares parameters, one that declares none (majority), the
+#: cost-matrix metric and an unknown name; every declared parameter, the cost matrix's and an unknown one.
+FUZZ_NAMES = sorted(n for n, cls in _CLASSES.items() if cls.PARAMS) + ["majority", "cost_matrix", "nope"]
+FUZZ_KEYS = sorted({p.name for cls in _CLASSES.values() for p in cls.PARAMS} | {"cost", "gamma"})
+
+
+@silence_root_threshold  # an accepted c >= 1 warns
+@given(trees(max_nodes=8), st.sampled_from(FUZZ_NAMES), st.sampled_from(FUZZ_KEYS), bad_numbers)
 def test_fuzz_parameters(tree, name, key, value):
     h, info, rng = tree
     P = torch.as_tensor(_batch(rng, info.L, 2))

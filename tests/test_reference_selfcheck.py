@@ -1,25 +1,19 @@
-"""Self-checks of the NumPy oracle ``tests/reference.py``: known values and theorems.
+"""Self-checks of the NumPy oracle ``tests/reference.py`` and of the benchmark's per-sample decoders
+it runs (``benchmarks/baselines.py``): known values, theorems, definitions and enumeration.
 
-These tests exercise only the oracle (no torch, no hdecode_torch), so that the
-library tests built on it compare against something trustworthy.
+These tests exercise only the oracle, never the library, so that the library tests built on it
+compare against something trustworthy; the heuristics and their parameters come from the library's
+registry through the harness, so that a registered decoder without a reference fails here.
 """
 
-import importlib.util
 import math
-import pathlib
-import sys
 
 import numpy as np
 import pytest
 
-_path = pathlib.Path(__file__).with_name("reference.py")
-if "reference" in sys.modules and getattr(sys.modules["reference"], "__file__", None) == str(_path):
-    ref = sys.modules["reference"]
-else:
-    _spec = importlib.util.spec_from_file_location("reference", _path)
-    ref = importlib.util.module_from_spec(_spec)
-    sys.modules["reference"] = ref
-    _spec.loader.exec_module(ref)
+import reference as ref
+from benchmarks import baselines
+from harness import exact_on_dyadic, heuristic_pairs, metric_names, returns_leaves
 
 
 def _deep_siblings_tree(depth):
@@ -186,6 +180,29 @@ def test_cost_matrix_and_expected():
             assert ref.expected(info, "accuracy", p, l) == p[l]
 
 
+def test_baselines_values_match_the_definitions():
+    """The benchmark's vectorized values (dense costs, expected scores) equal the definitions', for every
+    registered metric; single-node and 1-leaf trees included (the 0/0 conventions)."""
+    trees = [info for _, info in _trees(14, 40, num_nodes_max=13, unary_prob=0.3, min_leaves=1)]
+    trees += [ref.TreeInfo(ref.chain_tree(1)), ref.TreeInfo(ref.chain_tree(3))]
+    rng = np.random.default_rng(15)
+    params = {"tree_distance_c": {"c": 0.7}, "hf_beta": {"beta": 0.5}}
+    for info in trees:
+        t = ref.baselines(info).t
+        p = ref.random_distribution(rng, info.L, "random")
+        for name in metric_names():
+            kw = params.get(name, {})
+            if name in baselines.NODE_METRICS:
+                np.testing.assert_allclose(baselines.dense_cost(t, name, **kw), ref.cost_matrix(info, name, **kw),
+                                           rtol=0, atol=1e-14)
+            preds = list(range(info.N))
+            if ref.metric_kind(name) == "set":
+                preds = [ref.set_to_mask(info, s) for s in list(ref.closed_sets_frozen(info))[:20]]
+            for pred in preds:
+                assert baselines.expected_score(t, name, pred, p, **kw) == pytest.approx(
+                    ref.expected(info, name, p, pred, **kw), rel=1e-12, abs=1e-14), (name, info)
+
+
 # --------------------------------------------------------------------------- closed sets
 
 def test_closed_set_counts():
@@ -213,7 +230,7 @@ def test_tree_distance_bruteforce_equals_theorem_and_majority():
             best, opt = ref.optimal(info, "tree_distance", p)
             rule = ref.tree_distance_closed_form(info, p)
             assert rule in opt
-            assert ref.majority(info, p) == rule
+            assert ref.heuristic("majority", info, p) == rule
             assert ref.expected(info, "tree_distance", p, rule) == pytest.approx(best, abs=1e-12)
             for c in (0.3, 1.5):
                 best_c, opt_c = ref.optimal(info, "tree_distance_c", p, c=c)
@@ -275,67 +292,77 @@ def test_optimal_simple_cases():
 
 def test_crm_and_leaf_metrics():
     for rng, info in _trees(10, 40):
-        p = ref.random_distribution(rng, info.L, "random")
-        _, opt = ref.optimal(info, "lca_height", p)
-        assert ref.crm(info, p) == min(opt)
-        _, opt = ref.optimal(info, "accuracy", p)
-        assert ref.argmax_leaf(info, p) == min(opt)
+        for kind in ("random", "dyadic"):
+            p = ref.random_distribution(rng, info.L, kind)
+            _, opt = ref.optimal(info, "lca_height", p)
+            crm = ref.heuristic("crm", info, p)
+            assert crm in opt
+            if kind == "dyadic":  # exact sums: exact ties, decided by the rule (deeper, then smaller id)
+                assert crm == max(opt, key=lambda l: (info.depth[l], -l)), (info, p, opt)
+            _, opt = ref.optimal(info, "accuracy", p)
+            assert ref.heuristic("argmax_leaf", info, p) == min(opt)
 
 
 # --------------------------------------------------------------------------- heuristics
+
+def _applies(name, kw, info):
+    """False for an information threshold above log L (no node qualifies: the decoder refuses)."""
+    return name != "information_threshold" or kw["threshold"] <= math.log(info.L)
+
 
 def test_heuristics_on_onehot():
     for rng, info in _trees(11, 40):
         p = ref.random_distribution(rng, info.L, "onehot")
         leaf = int(np.argmax(p))
-        for name, kw in [("argmax_leaf", {}), ("top_down", {}), ("majority", {}), ("plurality", {}),
-                         ("confidence_threshold", {"tau": 0.9}), ("darts", {"lam": 0.5}),
-                         ("expected_information", {}), ("information_threshold", {"threshold": 0.0}),
-                         ("hie", {}), ("crm", {})]:
-            assert ref.heuristic(name, info, p, **kw) == leaf, name
+        for name, kw in heuristic_pairs() + [("confidence_threshold", {"tau": 0.9})]:
+            if _applies(name, kw, info):
+                assert ref.heuristic(name, info, p, **kw) == leaf, (name, kw)
 
 
 def test_unary_chain_goes_deeper():
     # root 4 -> 3 -> 2 -> {0, 1}: nodes 3 and 2 ... 4 -> 3 is unary, 3 -> 2 unary.
     info = ref.TreeInfo(np.array([2, 2, 3, 4, -1]))
     p = np.array([0.5, 0.5])
-    assert ref.majority(info, p) == 2          # p = 1 on the chain 4, 3, 2: deepest
-    assert ref.confidence_threshold(info, p, tau=0.0) in (0, 1)
-    assert ref.plurality(info, p) == 2
-    assert ref.darts(info, p, lam=1.0) == 2    # (0+1)*1 = 1 on the chain; leaves (log2+1)/2 < 1
-    assert ref.information_threshold(info, p, threshold=0.0) == 2
+    assert ref.heuristic("majority", info, p) == 2          # p = 1 on the chain 4, 3, 2: deepest
+    assert ref.heuristic("confidence_threshold", info, p, tau=0.0) in (0, 1)
+    assert ref.heuristic("plurality", info, p) == 2
+    assert ref.heuristic("darts", info, p, lam=1.0) == 2    # (0+1)*1 = 1 on the chain; leaves (log2+1)/2 < 1
+    assert ref.heuristic("information_threshold", info, p, threshold=0.0) == 2
     # exact: only the bottom of the chain (4 and 3 are shadowed by the deeper 2)
     assert ref.heuristic_candidates("majority", info, p, tol=0.0) == {2}
     # leaves sit exactly on the threshold p = 1/2: with tolerance either side is allowed
     assert ref.heuristic_candidates("majority", info, p) == {0, 1, 2}
     assert ref.heuristic_candidates("confidence_threshold", info, p, tau=0.0) == {0, 1}
     assert ref.heuristic_candidates("darts", info, p, lam=1.0) == {2}
-    with pytest.raises(ValueError):
-        ref.information_threshold(info, p, threshold=1.0)
+    with pytest.raises(ValueError, match="threshold"):
+        ref.heuristic("information_threshold", info, p, threshold=1.0)
+    for tau in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="tau"):
+            ref.heuristic("confidence_threshold", info, p, tau=tau)
 
 
 def test_plurality_definition_and_candidates():
-    names = [("argmax_leaf", {}), ("top_down", {}), ("majority", {}), ("plurality", {}),
-             ("confidence_threshold", {"tau": 0.3}), ("darts", {"lam": 0.7}),
-             ("expected_information", {}), ("information_threshold", {"threshold": 0.5}),
-             ("hie", {}), ("crm", {})]
+    """Every heuristic's answer (the benchmark's baseline) is one its definition allows (the candidate
+    sets), and, where its keys are exact (dyadic p), one of the exact ties (tol = 0)."""
     for rng, info in _trees(12, 60):
         for kind in ("dirichlet", "dyadic", "sparse", "uniform"):
             p = ref.random_distribution(rng, info.L, kind)
             pn = ref.node_probs(info, p)
             # plurality answer qualifies (for dyadic p the sums are exact)
-            n = ref.plurality(info, p)
+            n = ref.heuristic("plurality", info, p)
             if kind == "dyadic":
                 assert all(pn[n] > pn[z] for z in range(info.N) if z not in info.ancestor_set(n))
-            for name, kw in names:
-                if name == "information_threshold" and kw["threshold"] > math.log(info.L):
+            for name, kw in heuristic_pairs():
+                if not _applies(name, kw, info):
                     continue
                 ans = ref.heuristic(name, info, p, **kw)
                 cands = ref.heuristic_candidates(name, info, p, **kw)
-                assert ans in cands, (name, kind)
+                assert ans in cands, (name, kw, kind)
                 assert cands <= set(range(info.N))
-                if name in ("argmax_leaf", "hie", "crm", "top_down"):
+                if returns_leaves(name):
                     assert all(c < info.L for c in cands)
+                if kind == "dyadic" and exact_on_dyadic(name):
+                    assert ans in ref.heuristic_candidates(name, info, p, tol=0.0, **kw), (name, kw, info, p)
 
 
 def test_darts_and_information_threshold_by_definition():
@@ -343,11 +370,11 @@ def test_darts_and_information_threshold_by_definition():
         p = ref.random_distribution(rng, info.L, "dirichlet")
         pn = ref.node_probs(info, p)
         for lam in (0.0, 0.5, 3.0):
-            n = ref.darts(info, p, lam=lam)
+            n = ref.heuristic("darts", info, p, lam=lam)
             assert all((info.info[n] + lam) * pn[n] >= (info.info[m] + lam) * pn[m] for m in range(info.N))
-        n = ref.information_threshold(info, p, threshold=0.0)
+        n = ref.heuristic("information_threshold", info, p, threshold=0.0)
         assert pn[n] == max(pn)
         assert info.leaf_count[n] == min(info.leaf_count[m] for m in range(info.N) if pn[m] == pn[n])
-        n = ref.hie(info, p)
+        n = ref.heuristic("hie", info, p)
         scores = [pn[info.parents[l]] * p[l] for l in info.leaves]
         assert scores[n] == max(scores)

@@ -20,15 +20,14 @@ import torch
 import hdecode_torch as hd
 import reference as ref
 from hdecode_torch import Hierarchy
-from harness import model_like
+from harness import heuristic_cases, metric_pairs, model_like, param, strategies
 
-METRICS = [("accuracy", {}), ("lca_height", {}), ("tree_distance", {}), ("tree_distance_c", {"c": 0.5}),
-           ("wu_palmer", {}), ("wu_palmer", {"strategy": "candidates"}), ("zhao", {}),
-           ("zhao", {"strategy": "dense"}), ("hf_beta", {"beta": 0.5}), ("hamming", {})]
-DECODERS = [("argmax_leaf", {}), ("top_down", {}), ("confidence_threshold", {"tau": 0.3}), ("majority", {}),
-            ("plurality", {}), ("darts", {"lam": 0.5}), ("expected_information", {}),
-            ("information_threshold", {"threshold": 1.0}), ("hie", {}), ("crm", {}),
-            ("optimal", {"metric": "hf_beta", "beta": 2.0}), ("optimal", {"metric": "zhao"})]
+#: Every registered metric over its parameter grid, with its default strategy and each explicit one.
+METRICS = [param(name, dict(params, **({"strategy": s} if s else {})))
+           for name, params in metric_pairs() for s in dict.fromkeys([None, *strategies(name)])]
+#: Every heuristic over its grid, and the "optimal" decoder of every metric with an exact decoder.
+DECODERS = heuristic_cases() + [param("optimal", dict(params, metric=name))
+                                for name, params in metric_pairs(decodable=True)]
 
 
 def _roundtrip_json(h, tmp_path, name="h.json"):
@@ -137,7 +136,7 @@ def test_hierarchy_pickled_on_cuda_loads_on_cpu_only_machines():
     assert h2.parents_list == h.parents_list
 
 
-@pytest.mark.parametrize("name,params", METRICS, ids=[n + "".join(f"-{v}" for v in p.values()) for n, p in METRICS])
+@pytest.mark.parametrize("name,params", METRICS)
 def test_metric_pickle_decodes_the_same(tree_and_probs, name, params):
     h, P = tree_and_probs
     m = hd.get_metric(name, h, **params)
@@ -164,7 +163,7 @@ def test_cost_matrix_metric_pickle(tree_and_probs):
     assert m2.is_hierarchically_reasonable == m.is_hierarchically_reasonable
 
 
-@pytest.mark.parametrize("name,params", DECODERS, ids=[n + "".join(f"-{v}" for v in p.values()) for n, p in DECODERS])
+@pytest.mark.parametrize("name,params", DECODERS)
 def test_decoder_pickle_decodes_the_same(tree_and_probs, name, params):
     h, P = tree_and_probs
     if name == "information_threshold" and params["threshold"] > np.log(h.num_leaves):
@@ -183,7 +182,7 @@ def test_posterior_pickle(tree_and_probs):
     _ = post.node, post.by_leaf_depth()
     post2 = pickle.loads(pickle.dumps(post))
     assert torch.equal(post2.probs, post.probs) and torch.equal(post2.node, post.node)
-    for name, params in METRICS[:5]:
+    for name, params in (c.values for c in METRICS[:5]):
         m = hd.get_metric(name, h, **params)
         assert torch.equal(m.decode(post2), m.decode(post))
 
