@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import hdecode_torch as hd
+import harness
 import reference as ref
 from benchmarks.plan_cost import cost_of, deepened
 from harness import batch, bundled, metric_cases, model_like, random_trees, tolerance
@@ -39,6 +40,7 @@ def _calls(h):
 
 
 @pytest.mark.parametrize("tree", ["tieredimagenet-h", "inat19"])
+@harness.silence_root_threshold
 def test_gpu_plan_operator_and_host_read_budgets(tree):
     h, _ = bundled(tree)
     x = torch.as_tensor(model_like(np.random.default_rng(0), h, 64, "confused"), dtype=torch.float32)
@@ -89,6 +91,7 @@ def test_gpu_plan_is_exact_on_small_random_trees(name, params, dtype):
 
 
 @pytest.mark.parametrize("tree", ["tieredimagenet-h", "inat19"])
+@harness.silence_root_threshold
 def test_gpu_plan_equals_cpu_plan_on_bundled_trees(tree):
     """Same decisions (up to exact ties of the expected value) and same expected values to float64 rounding."""
     h, _ = bundled(tree)
