@@ -122,7 +122,7 @@ from ..kernels.candidates import pack_rows
 from ..kernels.depth_ranges import depth_masses, depth_ranges
 from ..kernels.fused import jaccard_sets, trust_indices
 from ..kernels.fused.jaccard_sets import PAD_DEPTH as _PAD_DEPTH
-from ..kernels.fused.jaccard_sets import gains, knapsack as _knapsack, walk as _walk
+from ..kernels.fused.jaccard_sets import gains, knapsack_sets
 from .base import SetMetric
 
 __all__ = ["Jaccard", "jaccard_from_counts", "jaccard_expected", "jaccard_decode", "jaccard_decode_packed",
@@ -330,16 +330,16 @@ def _screen(h, T, p, thr, batch_major):
 
 
 def _gains_at(T, q, depth, ks, kmax):
-    """(M, J) g_k(n) at per-entry sizes ks (M, J) int64 in 1..kmax; -inf where k ≤ d(n)."""
-    dt, dev = q.dtype, q.device
-    dcap = min(T.max_depth, kmax)
-    dd = torch.arange(dcap + 1, device=dev, dtype=torch.float64)[:, None, None]
-    m = torch.arange(1, kmax + 1, device=dev, dtype=torch.float64)[None, :, None] - dd  # (D', K, 1)
+    """(M, J) g_k(n) at per-entry sizes ks (M, J) int64 in 1..kmax; -inf where k ≤ d(n).
+
+    The weights of the (entry, size) pairs only: O(M·J·E) memory, never a (D, K, E) table.
+    """
+    dt = q.dtype
+    dd = depth.clamp(max=kmax).to(torch.float64)[:, None, None]  # (M, 1, 1)
+    m = ks.to(torch.float64)[:, :, None] - dd  # (M, J, 1)
     x = m + T.depths
-    w = torch.where(m >= 1, (x + 1 + dd) / (x * (x + 1)), 0).to(dt)  # w[d, k − 1, e]
-    d = depth.clamp(max=dcap)
-    w = w.view(-1, w.shape[2]).index_select(0, (d[:, None] * kmax + ks - 1).view(-1))
-    g = torch.bmm(w.view(ks.shape + w.shape[1:]), q[:, :, None])[:, :, 0]
+    w = torch.where(m >= 1, (x + 1 + dd) / (x * (x + 1)), 0).to(dt)  # (M, J, E)
+    g = torch.bmm(w, q[:, :, None])[:, :, 0]
     return g.masked_fill_(ks <= depth[:, None], float("-inf"))
 
 
@@ -535,8 +535,7 @@ def _solve(post, trace):
     # (vi) the knapsack of every pair and its set.
     nx = cands.nxt[b]
     gp = gpad.view(-1)[cands.entry[b] * kmax + kidx[:, None]]  # (R, C)
-    val, dec = _knapsack(gp, nx, kidx, kmax, sizes[1:])
-    members = _walk(dec, nx, kidx)  # (R, C)
+    val, members = knapsack_sets(gp, nx, kidx, kmax, sizes[1:], post.plan.budget)  # (R,), (R, C)
     # (vii) the best pair of each sample.  Its value in the compute dtype decides, except between
     # sizes within rounding of each other: those pairs are compared on the float64 values of their
     # sets (from the float64 masses), so that only float64 rounding can split a tie between sizes,
@@ -632,16 +631,26 @@ def jaccard_decode_packed(post) -> torch.Tensor:
     else:
         p_pad = torch.cat([p.t(), p.new_zeros(bsz, 1)], 1).double()  # (B, N + 1), column N: padding
         masses = lambda ids: p_pad.gather(1, ids)[:, :, None]  # noqa: E731
-    # (i) LB₀, a value certainly at most that of an achieved set.
-    if (T.max_depth + 1) ** 2 * num_e <= _CHAIN_TABLE_MAX and h.ancestor_table_fits:
-        chain = h.ancestors.index_select(0, post.probs.argmax(1))  # (B, D + 1), N past the leaf
-        q = masses(chain)  # (B, D + 1, E)
-        # Past the leaf the masses are 0 and the other gains only fall with k: never the maximum.
-        values = torch.tensordot(q, _chain_weights(h, T), dims=([1, 2], [0, 1])).amax(1)
-        k = T.max_depth + 1
+    # (i) LB₀, a value certainly at most that of an achieved set: the root-path prefixes A(a) of the
+    # most probable leaf, every size on shallow trees, the sizes around E[d(y)] + 1 and the leaf's own
+    # on deep ones; {root} where even the ancestors-by-depth table is too large.
+    k_ref = (post.expected_leaf_depth() + 1).round().long()
+    k = T.max_depth + 1
+    if not h.ancestor_table_fits:
+        values, k = post.probs.double() @ (1 / (h.leaf_depth.double() + 1)), 1  # E[J({root})]
     else:
-        values = (post.probs.double() @ (1 / (h.leaf_depth.double() + 1)))  # E[J({root})]
-        k = 1
+        top = post.probs.argmax(1)
+        chain = h.ancestors.index_select(0, top)  # (B, D + 1), N past the leaf
+        q = masses(chain)  # (B, D + 1, E)
+        if k ** 2 * num_e <= _CHAIN_TABLE_MAX:
+            # Past the leaf the masses are 0 and the other gains only fall with k: never the maximum.
+            values = torch.tensordot(q, _chain_weights(h, T), dims=([1, 2], [0, 1])).amax(1)
+        else:
+            ks = torch.cat([k_ref[:, None] + torch.arange(-3, 4, device=dev), (T.depth[top] + 1)[:, None]], 1)
+            ks = ks.clamp(min=1, max=k)  # (B, W)
+            g = _gains_at(T, q.view(-1, num_e), T.depth[chain.view(-1)], ks.repeat_interleave(k, 0), k)
+            inside = torch.arange(k, device=dev)[None, :, None] < ks[:, None, :]  # A(a) is the first k chain nodes
+            values = g.view(bsz, k, -1).masked_fill(~inside, 0).sum(1).nan_to_num(nan=float("-inf")).amax(1)
     lb0 = values * (1 - (num_e + k + 16) * u64 - mass_rel) - 2 * k * mass_abs
     # A row without mass scores 0 with every set: 2 (above any value) keeps only its root.
     lb0 = torch.where(p[h.root] > 0, lb0, 2.0)
@@ -652,9 +661,8 @@ def jaccard_decode_packed(post) -> torch.Tensor:
     (width,) = post.read(count.max())
     ids = pack_rows(keep, _preorder_rank(h, T), width)  # (B, C), root first, preorder
     trust_indices(count, width)
-    members = jaccard_sets(masses(ids), ids, count, lb0,
-                           (post.expected_leaf_depth() + 1).round().long(), T.pre, T.end, T.depth, T.dmin1,
-                           T.depths, T.max_depth, mass_rel, mass_abs)
+    members = jaccard_sets(masses(ids), ids, count, lb0, k_ref, T.pre, T.end, T.depth, T.dmin1,
+                           T.depths, T.max_depth, mass_rel, mass_abs, post.plan.budget)
     chosen = torch.where(members, ids, n)
     out = torch.zeros(bsz, n + 1, dtype=torch.bool, device=dev)
     out.scatter_(1, chosen, True)

@@ -17,10 +17,10 @@ import torch
 from .._checks import check_float_tensor, check_vector
 from .._registry import register
 
-__all__ = ["jaccard_sets", "jaccard_sets_torch", "gains", "gain_weights", "knapsack", "walk", "SCHEMA"]
+__all__ = ["jaccard_sets", "jaccard_sets_torch", "gains", "gain_weights", "knapsack", "knapsack_sets", "walk", "SCHEMA"]
 
 SCHEMA = ("jaccard_sets(Tensor q, Tensor ids, Tensor count, Tensor lb, Tensor k_ref, Tensor pre, Tensor end, "
-          "Tensor depth, Tensor dmin1, Tensor depths, int max_depth, float mass_rel, float mass_abs) -> Tensor")
+          "Tensor depth, Tensor dmin1, Tensor depths, int max_depth, float mass_rel, float mass_abs, int budget) -> Tensor")
 
 #: Depth given to padding columns: above every size k.
 PAD_DEPTH = 1 << 20
@@ -28,7 +28,8 @@ PAD_DEPTH = 1 << 20
 
 def jaccard_sets(q: torch.Tensor, ids: torch.Tensor, count: torch.Tensor, lb: torch.Tensor, k_ref: torch.Tensor,
                  pre: torch.Tensor, end: torch.Tensor, depth: torch.Tensor, dmin1: torch.Tensor,
-                 depths: torch.Tensor, max_depth: int, mass_rel: float, mass_abs: float) -> torch.Tensor:
+                 depths: torch.Tensor, max_depth: int, mass_rel: float, mass_abs: float,
+                 budget: int = 1 << 29) -> torch.Tensor:
     """The best Jaccard set of each row over its packed candidates (``hdecode::jaccard_sets``).
 
     Args:
@@ -44,6 +45,7 @@ def jaccard_sets(q: torch.Tensor, ids: torch.Tensor, count: torch.Tensor, lb: to
         depths: (E,) float64 the leaf depth of each column of q; max_depth: D, the deepest leaf.
         mass_rel, mass_abs: the relative and absolute errors of an entry of q (a difference of float64
             prefix sums: 0 and a few ulps of 1; node probabilities: their summation's relative error).
+        budget: bytes for the knapsack tables at a time (the (row, size) pairs are solved in chunks).
     Returns:
         (B, C) bool: the columns of each row's best set (all False for a row whose bound rules every
         size out, i.e. a row without mass).  O(B·C·K·E) for the gains, O(R·C·K) for the knapsacks of
@@ -52,10 +54,10 @@ def jaccard_sets(q: torch.Tensor, ids: torch.Tensor, count: torch.Tensor, lb: to
         ValueError / TypeError naming the argument for a wrong shape, dtype or device.
     """
     return torch.ops.hdecode.jaccard_sets(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths,
-                                          int(max_depth), float(mass_rel), float(mass_abs))
+                                          int(max_depth), float(mass_rel), float(mass_abs), int(budget))
 
 
-def check_args(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs) -> None:
+def check_args(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget) -> None:
     """Shapes, dtypes and devices (no tensor value is read)."""
     check_float_tensor(q, "q", "(B, C, E)", (torch.float64,), "float64")
     b, c, e = q.shape
@@ -119,6 +121,29 @@ def knapsack(gp, nx, kidx, jmax, active):
     return gp[:, 0] + hist[1][rows, kidx], dec
 
 
+def knapsack_sets(gp, nx, kidx, jmax: int, active, budget: int):
+    """:func:`knapsack` and :func:`walk` of R pairs in chunks of pairs whose tables fit ``budget`` bytes.
+
+    gp, nx: (R, C); kidx: (R,) int64 below ``jmax``; active: the per-position prefix sizes of
+    :func:`knapsack` (pairs with more candidates first).  Returns (V (R,), members (R, C) bool).
+    Memory per pair: its (C + 1) × (jmax + 1) value table and decisions.  No host read.
+    """
+    r, c = gp.shape
+    per_pair = (c + 1) * (jmax + 1) * (gp.element_size() + 1)
+    step = max(1, budget // per_pair)
+    if step >= r:
+        val, dec = knapsack(gp, nx, kidx, jmax, active)
+        return val, walk(dec, nx, kidx)
+    vals, members = [], []
+    for a in range(0, r, step):
+        b = min(r, a + step)
+        part = [min(max(n - a, 0), b - a) for n in active]
+        val, dec = knapsack(gp[a:b], nx[a:b], kidx[a:b], jmax, part)
+        vals.append(val)
+        members.append(walk(dec, nx[a:b], kidx[a:b]))
+    return torch.cat(vals), torch.cat(members)
+
+
 def walk(dec, nx, kidx):
     """(R, C) bool the set of each pair, by following its decisions forward from the root."""
     r, c = nx.shape
@@ -142,9 +167,9 @@ def walk(dec, nx, kidx):
 
 
 
-def jaccard_sets_torch(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs):
+def jaccard_sets_torch(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget):
     """The torch implementation of :func:`jaccard_sets` (every device)."""
-    check_args(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs)
+    check_args(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget)
     bsz, c, num_e = q.shape
     dev = q.device
     if c == 0 or bsz == 0:
@@ -186,8 +211,7 @@ def jaccard_sets_torch(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths,
     b = by_count[b]
     nx = nxt[b]
     gp = g[b, :, kidx]
-    val, dec = knapsack(gp, nx, kidx, kmax, sizes[1:])
-    members = walk(dec, nx, kidx)  # (R, C)
+    val, members = knapsack_sets(gp, nx, kidx, kmax, sizes[1:], budget)  # (R,), (R, C)
     # The smallest size within float64 rounding of the best value, its first set.
     best = torch.full((bsz,), float("-inf"), dtype=torch.float64, device=dev).scatter_reduce(0, b, val, "amax")
     eligible = val >= best[b] * (1 - slack_v) - 4 * kmax * mass_abs
@@ -200,8 +224,8 @@ def jaccard_sets_torch(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths,
     return torch.cat([members, members.new_zeros(1, c)])[pick]  # row R: no pair
 
 
-def _fake(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs):
-    check_args(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs)
+def _fake(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget):
+    check_args(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget)
     return q.new_empty(ids.shape, dtype=torch.bool)
 
 
