@@ -10,9 +10,12 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
+from ..core.chunking import get_memory_budget
+from ..core.posterior import Posterior
+from ..core.validation import check_targets, compute_dtype, input_kind, leaf_row_flags, prepare_leaf_probs
 from ..hierarchy import Hierarchy
-from .module import clear_posterior_cache, decoder_label, has_optimal_decoder, pair_name, resolve_metric
-from .torchmetrics import HierarchicalMetric
+from .module import decoder_label, has_optimal_decoder, pair_name, resolve_metric
+from .torchmetrics import HierarchicalMetric, release_shared_batch, update_together
 
 try:
     import pytorch_lightning as _pl
@@ -28,6 +31,7 @@ __all__ = ["HierarchicalMetricsCallback", "callback_class", "default_name"]
 _LOGIT_KEYS = ("logits", "logit", "scores")
 _PROB_KEYS = ("probs", "probabilities", "prob", "leaf_probs")
 _STEP = {"validate": "validation_step", "test": "test_step", "predict": "predict_step"}
+_STAGE = {"validate": "validation", "test": "test", "predict": "predict"}
 
 
 def default_name(prefix: str, metric: str, decoder: str) -> str:
@@ -96,7 +100,8 @@ class _CallbackLogic:
                     if not optimal_ok:
                         self.skipped.append((metric.key, "optimal"))
                         continue
-                m = HierarchicalMetric(hierarchy, metric, decoder_spec, from_logits=from_logits, validate=validate,
+                # validate=False: the callback checks the rows itself, once per block (see _flush)
+                m = HierarchicalMetric(hierarchy, metric, decoder_spec, from_logits=from_logits, validate=False,
                                        exact=exact)
                 pair = (metric.key, decoder_label(m.decoder, metric))
                 if pair in self.metrics:
@@ -108,6 +113,8 @@ class _CallbackLogic:
         if not self.metrics:
             raise ValueError("No (metric, decoder) pair to compute; add a heuristic decoder")
         self.from_logits = next(iter(self.metrics.values())).from_logits
+        self.validate = bool(validate)
+        self._rows = _RowBuffer()
         self.names: dict[str, dict[tuple[str, str], str]] = {}
         for stage, pre in (("validate", prefix), ("test", test_prefix), ("predict", "predict" if predict else None)):
             if pre is not None:
@@ -117,7 +124,6 @@ class _CallbackLogic:
         self.history: list[dict[tuple[str, str], float]] = []
         self.test_results: dict[tuple[str, str], float] = {}
         self.predict_results: dict[tuple[str, str], float] = {}
-        self._checked: set[str] = set()
 
     def _stage_names(self, stage, pre) -> dict[tuple[str, str], str]:
         names = {}
@@ -168,7 +174,8 @@ class _CallbackLogic:
     def _reset(self) -> None:
         for m in self.metrics.values():
             m.reset()
-        clear_posterior_cache()
+        self._rows.clear()
+        release_shared_batch()
 
     def _extract(self, outputs, batch, stage: str):
         step = _STEP[stage]
@@ -216,12 +223,14 @@ class _CallbackLogic:
                              f"the scores), but got {tuple(target.shape)}")
 
     def format_table(self, results: Mapping[tuple[str, str], float] | None = None) -> str:
-        """Metrics as rows, decoders as columns; ``*`` marks each row's best decoder."""
+        """Metrics as rows (``↑`` higher is better, ``↓`` lower), decoders as columns; ``*`` marks each
+        row's best decoder (ties included)."""
         results = self.results if results is None else results
         rows = list(dict.fromkeys(k for k, _ in results))
         cols = list(dict.fromkeys(d for _, d in results))
         better = {pair[0]: m.higher_is_better for pair, m in self.metrics.items()}
-        width = max([len("metric")] + [len(r) for r in rows])
+        labels = {r: f"{r} {'↑' if better[r] else '↓'}" for r in rows}
+        width = max([len("metric")] + [len(x) for x in labels.values()])
         cw = max([10] + [len(c) for c in cols])
         lines = ["metric".ljust(width) + "".join(c.rjust(cw + 2) for c in cols)]
         for r in rows:
@@ -229,7 +238,8 @@ class _CallbackLogic:
             best = (max if better[r] else min)(vals.values()) if vals else None
             cells = [(f"{vals[c]:.4f}" + ("*" if vals[c] == best and len(vals) > 1 else " ")) if c in vals else "-"
                      for c in cols]
-            lines.append(r.ljust(width) + "".join(x.rjust(cw + 2) for x in cells))
+            lines.append(labels[r].ljust(width) + "".join(x.rjust(cw + 2) for x in cells))
+        lines.append("↑ higher is better, ↓ lower is better; * the best decoder of each metric.")
         return "\n".join(lines)
 
     # ------------------------------------------------------------------ stages
@@ -238,18 +248,87 @@ class _CallbackLogic:
             self._to(pl_module.device)
             self._reset()
 
-    def _batch(self, trainer, outputs, batch, stage) -> None:
+    def _batch(self, trainer, outputs, batch, stage, batch_idx, dataloader_idx) -> None:
         if stage not in self.names:
             return
         scores, target = self._extract(outputs, batch, stage)
-        if stage not in self._checked:
-            self._check_contract(scores, target, stage)
-            self._checked.add(stage)
+        self._check_contract(scores, target, stage)  # shapes and dtypes only: no device work
         if trainer.sanity_checking:
             return  # the contract is checked; the values of an untrained model are not reported
         scores = scores.detach()
-        for m in self.metrics.values():
-            m.update(scores, target)
+        if not self._rows.fits(scores):
+            self._flush(stage)
+            self._rows.allocate(scores, self._capacity(scores), self._expected_rows(trainer, stage, scores),
+                                per_batch_flags=self.from_logits == "auto")
+        as_probs = valid = None
+        if self.from_logits == "auto":
+            # "auto" decides per batch whether the scores are probabilities (as a HierarchicalMetric
+            # updated with this batch would); the decision and the check are kept per row.
+            flags = leaf_row_flags(scores, "auto")
+            as_probs, valid = flags.is_dist.all(), flags.valid
+        self._rows.append(scores, target.detach(), (_STAGE[stage], dataloader_idx, batch_idx), as_probs, valid)
+
+    def _capacity(self, scores: torch.Tensor) -> int:
+        """Rows buffered before decoding: the buffer, the block's probabilities and node table within
+        ``get_memory_budget()``."""
+        h = self.hierarchy
+        c = torch.empty((), dtype=compute_dtype(scores.dtype)).element_size()
+        per_row = h.num_leaves * (scores.element_size() + c) + h.num_nodes * c + 8 + 2
+        return max(int(scores.shape[0]), get_memory_budget() // per_row)
+
+    @staticmethod
+    def _expected_rows(trainer, stage, scores) -> int | None:
+        """The stage's rows if every batch has the first one's size (None when the loader has no length)."""
+        batches = {"validate": "num_val_batches", "test": "num_test_batches", "predict": "num_predict_batches"}[stage]
+        try:
+            total = sum(getattr(trainer, batches))
+        except (AttributeError, TypeError):
+            return None
+        return int(total) * int(scores.shape[0]) if total != float("inf") else None
+
+    def _flush(self, stage) -> None:
+        """Check the buffered rows (one host read), decode them once per decoder and score every pair."""
+        rows = self._rows
+        if not rows.count:
+            rows.clear()
+            return
+        x, t = rows.scores[:rows.count], rows.target[:rows.count]
+        h = self.hierarchy
+        kind = input_kind(self.from_logits)
+        if self.validate:
+            flags = leaf_row_flags(x, self.from_logits) if kind != "auto" else None
+            valid = flags.valid if flags is not None else rows.valid[:rows.count]
+            target_ok = (t >= 0) & (t < h.num_leaves)
+            checks = [valid.all(), target_ok.all()] + ([flags.is_dist.all()] if kind == "logits" else [])
+            ok = torch.stack(checks).tolist()  # the block's one host read
+            if not (ok[0] and ok[1]):
+                self._raise_invalid_batch(x, t, valid, target_ok)
+            if kind == "logits" and ok[2] and h.num_leaves > 1:
+                warnings.warn("`scores` looks like probabilities (non-negative rows summing to 1), but from_logits="
+                              "True applies a softmax to it, which is then wrong: pass from_logits=False for "
+                              "probabilities (or from_logits='auto')", UserWarning, stacklevel=2)
+        if kind == "auto":
+            xc = x.to(compute_dtype(x.dtype))
+            x, kind = torch.where(rows.as_probs[:rows.count, None], xc, torch.softmax(xc, dim=1)), "probs"
+        post = Posterior(h, x, from_logits=kind == "logits", validate=False, name="scores")
+        post.node  # node probabilities of the whole block, sliced by decoders that decode it in chunks
+        update_together(self.metrics.values(), post, t)  # each decoder decodes the block once
+        release_shared_batch()
+        rows.clear()
+
+    def _raise_invalid_batch(self, x, t, valid, target_ok) -> None:
+        """The error of the first batch with an invalid row, with the message of the per-batch check."""
+        first = int((~(valid & target_ok)).nonzero()[0])
+        start, stop, (stage, dataloader_idx, batch_idx) = next(b for b in self._rows.batches if b[0] <= first < b[1])
+        where = f"{stage} batch {batch_idx}" + (f" of dataloader {dataloader_idx}" if dataloader_idx else "")
+        try:
+            if not bool(valid[first]):
+                prepare_leaf_probs(x[start:stop], self.hierarchy.num_leaves, name="scores",
+                                   from_logits=self.from_logits)
+            check_targets(t[start:stop], self.hierarchy.num_leaves, name="target")
+        except ValueError as exc:
+            raise ValueError(f"HierarchicalMetricsCallback, {where}: {exc}") from None
+        raise ValueError(f"HierarchicalMetricsCallback, {where}: row {first - start} failed the input check")
 
     def _end(self, trainer, pl_module, stage) -> dict[tuple[str, str], float] | None:
         if stage not in self.names:
@@ -257,7 +336,8 @@ class _CallbackLogic:
         if trainer.sanity_checking:
             self._reset()
             return None
-        results = {}
+        self._flush(stage)
+        values = {}
         for pair, m in self.metrics.items():
             value = m.compute()  # every process gets the value over all processes' samples (see the class docstring)
             if stage != "predict":  # Lightning does not log in predict
@@ -266,7 +346,9 @@ class _CallbackLogic:
                 # "use sync_dist=True" warning for epoch-level values under DDP.
                 pl_module.log(self.names[stage][pair], value, on_step=False, on_epoch=True, sync_dist=True,
                               reduce_fx="max", batch_size=1, prog_bar=pair in self.prog_bar)
-            results[pair] = float(value)
+            values[pair] = value
+        # One host read for every pair's value.
+        results = dict(zip(values, torch.stack(list(values.values())).tolist()))
         if self.print_table and trainer.is_global_zero:
             pre = {"validate": self.prefix, "test": self.test_prefix, "predict": "predict"}[stage]
             print(f"\n[{pre}] epoch {trainer.current_epoch}\n{self.format_table(results)}", flush=True)
@@ -281,7 +363,7 @@ class _CallbackLogic:
         self._start(pl_module, "validate")
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._batch(trainer, outputs, batch, "validate")
+        self._batch(trainer, outputs, batch, "validate", batch_idx, dataloader_idx)
 
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         results = self._end(trainer, pl_module, "validate")
@@ -293,7 +375,7 @@ class _CallbackLogic:
         self._start(pl_module, "test")
 
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._batch(trainer, outputs, batch, "test")
+        self._batch(trainer, outputs, batch, "test", batch_idx, dataloader_idx)
 
     def on_test_epoch_end(self, trainer, pl_module) -> None:
         results = self._end(trainer, pl_module, "test")
@@ -304,7 +386,7 @@ class _CallbackLogic:
         self._start(pl_module, "predict")
 
     def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._batch(trainer, outputs, batch, "predict")
+        self._batch(trainer, outputs, batch, "predict", batch_idx, dataloader_idx)
 
     def on_predict_epoch_end(self, trainer, pl_module) -> None:
         results = self._end(trainer, pl_module, "predict")
@@ -325,6 +407,47 @@ class _CallbackLogic:
         self.history = [pairs(r) for r in state_dict.get("history", [])]
         self.results = pairs(state_dict.get("results", []))
         self.test_results = pairs(state_dict.get("test_results", []))
+
+
+class _RowBuffer:
+    """Rows of one stage waiting to be decoded, on their device: the scores as the step returned them,
+    the targets (int64), and for ``from_logits="auto"`` each row's batch decision and check."""
+
+    def __init__(self):
+        self.clear()
+
+    def clear(self) -> None:
+        self.scores = self.target = self.as_probs = self.valid = None
+        self.count = 0
+        #: (first row, end row, (stage, dataloader_idx, batch_idx)) of each buffered batch.
+        self.batches: list[tuple[int, int, tuple]] = []
+
+    def fits(self, scores: torch.Tensor) -> bool:
+        buf = self.scores
+        return (buf is not None and buf.dtype == scores.dtype and buf.device == scores.device
+                and self.count + scores.shape[0] <= buf.shape[0])
+
+    def allocate(self, scores: torch.Tensor, capacity: int, expected: int | None, per_batch_flags: bool) -> None:
+        """An empty buffer of ``capacity`` rows for ``scores``' dtype and device (``expected`` rows when
+        fewer are coming)."""
+        rows = capacity if expected is None else max(int(scores.shape[0]), min(capacity, expected))
+        dev = scores.device
+        self.clear()
+        self.scores = torch.empty((rows, scores.shape[1]), dtype=scores.dtype, device=dev)
+        self.target = torch.empty(rows, dtype=torch.long, device=dev)
+        if per_batch_flags:
+            self.as_probs = torch.empty(rows, dtype=torch.bool, device=dev)
+            self.valid = torch.empty(rows, dtype=torch.bool, device=dev)
+
+    def append(self, scores, target, where, as_probs=None, valid=None) -> None:
+        a, b = self.count, self.count + scores.shape[0]
+        self.scores[a:b].copy_(scores)
+        self.target[a:b].copy_(target)
+        if as_probs is not None:
+            self.as_probs[a:b].copy_(as_probs)
+            self.valid[a:b].copy_(valid)
+        self.batches.append((a, b, where))
+        self.count = b
 
 
 class HierarchicalMetricsCallback(_CallbackLogic, _pl.Callback):
