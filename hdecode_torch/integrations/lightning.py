@@ -457,9 +457,20 @@ class HierarchicalMetricsCallback(_CallbackLogic, _pl.Callback):
     model's scores under ``output_key`` ((B, L) float, one column per leaf ``0..L-1``) and, unless
     the batch is ``(x, y)`` or a dict holding ``target_key``, the targets under ``target_key``
     ((B,) int leaf ids), e.g. ``return {"loss": loss, "logits": logits, "target": y}``.
-    ``extract=(outputs, batch) -> (scores, target)`` handles anything else.  The contract is
-    checked on the first batch of each stage, the sanity check's included, so a step that returns
+    ``extract=(outputs, batch) -> (scores, target)`` handles anything else.  The contract (types
+    and shapes) is checked on every batch, the sanity check's included, so a step that returns
     only the loss fails before the first training epoch.
+
+    **What it costs.**  Per batch, the scores and targets are copied into a buffer on their
+    device: two copies, no host read, no decoding.  At the end of the epoch, or once the buffer
+    holds as many rows as fit in :func:`~hdecode_torch.get_memory_budget` together with their
+    probabilities and node table, the buffered block is checked (one host read: a bad row raises
+    then, naming its batch, with the message of the per-batch check), turned into one
+    :class:`~hdecode_torch.Posterior` (node probabilities summed once), decoded once per distinct
+    decoder (each heuristic once for every metric, each optimal decoder once) and each metric
+    scores all its decoders' predictions in one call.  The values reach the host in one read at
+    the end of the epoch.  So an epoch costs about one decoding of the stage's rows per decoder,
+    in large blocks, plus a few operators per pair to reduce and log the values.
 
     **What is logged.**  At the end of each validation epoch, one value per pair, named by
     ``name_fn(prefix, metric key, decoder label)``; the default (:func:`default_name`) gives
@@ -494,7 +505,8 @@ class HierarchicalMetricsCallback(_CallbackLogic, _pl.Callback):
         prog_bar: ``True`` shows every pair in the progress bar; a list chooses pairs, by logged
             name or ``(metric key, decoder label)``.
         print_table: print each epoch's results as a table (rank 0 only).
-        validate: check scores and targets (one host sync per batch and pair).
+        validate: check the scores and targets of each block (one host read per block, before
+            decoding it); ``False`` skips the check.
         exact: the :class:`HierarchicalMetric` states (below).
 
     **Under DDP** each rank updates :class:`HierarchicalMetric` states on the model's device.
