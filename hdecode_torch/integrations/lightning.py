@@ -467,8 +467,8 @@ class HierarchicalMetricsCallback(_CallbackLogic, _pl.Callback):
     probabilities and node table, the buffered block is checked (one host read: a bad row raises
     then, naming its batch, with the message of the per-batch check), turned into one
     :class:`~hdecode_torch.Posterior` (node probabilities summed once), decoded once per distinct
-    decoder (each heuristic once for every metric, each optimal decoder once) and each metric
-    scores all its decoders' predictions in one call.  The values reach the host in one read at
+    decoder (each heuristic once for every metric, each optimal decoder once), and each metric
+    scores its decoders' node predictions together.  The values reach the host in one read at
     the end of the epoch.  So an epoch costs about one decoding of the stage's rows per decoder,
     in large blocks, plus a few operators per pair to reduce and log the values.
 
@@ -486,7 +486,7 @@ class HierarchicalMetricsCallback(_CallbackLogic, _pl.Callback):
     label): float}``), ``history`` (every validation epoch's, kept across a resume from a
     checkpoint through ``state_dict``/``load_state_dict``), ``test_results``,
     ``predict_results``, ``names`` (``{stage: {pair: logged name}}``), ``metrics``
-    (``{pair: HierarchicalMetric}``).
+    (``{pair: HierarchicalMetric}``, updated once per block; they leave the check to the callback).
 
     Args:
         hierarchy: the class tree.
