@@ -62,12 +62,18 @@ def _metric_worker(rank, init_file, out_dir):
         net = _net(h.num_leaves)
         mine = torch.arange(rank, N_SAMPLES, WORLD)  # DistributedSampler's split
         metrics = _metrics(h)
+        from torchmetrics import MetricCollection
+
+        collection = MetricCollection(list(_metrics(h).values()))  # one batch shared by its members
         with torch.no_grad():
             for chunk in mine.split(10):
-                logits = net(x[chunk])
+                logits, target = net(x[chunk]), y[chunk]
                 for m in metrics.values():
-                    m.update(logits, y[chunk])
-        torch.save({k: m.compute() for k, m in metrics.items()}, os.path.join(out_dir, f"rank{rank}.pt"))
+                    m.update(logits, y[chunk])  # a new target tensor per metric: nothing shared
+                collection.update(logits, target)
+        results = {k: m.compute() for k, m in metrics.items()}
+        results.update({f"collection:{k}": v for k, v in collection.compute().items()})
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
@@ -87,7 +93,7 @@ def test_metric_under_gloo_equals_single_process(tmp_path):
     for key, m in single.items():
         want = m.compute()
         for r in range(WORLD):
-            got = results[r][key]
-            assert got.dtype == torch.float64
-            assert_same_mean(key, got, want)
+            for got in (results[r][key], results[r][f"collection:{m.name}"]):
+                assert got.dtype == torch.float64
+                assert_same_mean(key, got, want)
         assert torch.equal(results[0][key], results[1][key])  # every rank gets the global value

@@ -19,16 +19,23 @@ pl = pytest.importorskip("pytorch_lightning")
 
 
 class _Module(pl.LightningModule):
-    def __init__(self):
+    def __init__(self, budget=None):
         super().__init__()
         self.net = _net(_tree().num_leaves)
+        self.budget = budget
+
+    def setup(self, stage):  # in every process: the callback buffers rows up to the memory budget
+        hd.set_memory_budget(self.budget)
+
+    def teardown(self, stage):
+        hd.set_memory_budget(None)
 
     def validation_step(self, batch, batch_idx):
         x, y = batch
         return {"logits": self.net(x), "target": y}
 
 
-def _validate(tmp_path, devices, strategy):
+def _validate(tmp_path, devices, strategy, budget=None):
     from hdecode_torch.integrations import HierarchicalMetricsCallback
 
     cb = HierarchicalMetricsCallback(_tree(), metrics=[("accuracy", {}), ("tree_distance", {}), ("wu_palmer", {}),
@@ -36,10 +43,11 @@ def _validate(tmp_path, devices, strategy):
                                      decoders=["optimal", "majority", ("darts", {"lam": 0.5})])
     x, y = _data()
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
-    logger = pl.loggers.CSVLogger(tmp_path, name=strategy, version=0)  # fixed: ddp_spawn creates it in a child
+    # A fixed version: ddp_spawn creates the logger in a child.
+    logger = pl.loggers.CSVLogger(tmp_path, name=f"{strategy}{budget}", version=0)
     trainer = pl.Trainer(accelerator="cpu", devices=devices, strategy=strategy, logger=logger, callbacks=[cb],
                          enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
-    trainer.validate(_Module(), loader, verbose=False)
+    trainer.validate(_Module(budget), loader, verbose=False)
     values = {k: v for k, v in trainer.callback_metrics.items() if k.startswith("val_")}
     return values, logger
 
@@ -53,15 +61,18 @@ def _csv_values(logger):
 def test_callback_ddp_spawn_equals_single_process(tmp_path):
     one, one_log = _validate(tmp_path, 1, "auto")
     two, two_log = _validate(tmp_path, WORLD, "ddp_spawn")
-    assert len(one) == 12 and set(one) == set(two)
+    # A budget of ~20 rows: each process decodes its 48 rows in three blocks.
+    h = _tree()
+    blocks, _ = _validate(tmp_path, WORLD, "ddp_spawn", budget=20 * (h.num_leaves * 8 + h.num_nodes * 4 + 10))
+    assert len(one) == 12 and set(one) == set(two) == set(blocks)
     for k in one:
         assert_same_mean(k, two[k], one[k])
+        assert_same_mean(k, blocks[k], one[k])
     csv_one, csv_two = _csv_values(one_log), _csv_values(two_log)
     assert set(csv_one) == set(one) == set(csv_two)
     for k in one:
         assert csv_one[k] == float(one[k]) and csv_two[k] == float(two[k])
     # And the single-process values are the direct computation.
-    h = _tree()
     x, y = _data()
     with torch.no_grad():
         probs = torch.softmax(_net(h.num_leaves)(x), 1)

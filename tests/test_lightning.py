@@ -185,3 +185,178 @@ def test_default_names():
     assert default_name("test", "tree_distance_c[c=2]", "confidence_threshold[tau=0.75]") == \
         "test_tree_distance_c2_confidence_threshold0p75"
     assert default_name("", "wu_palmer", "top_down") == "wu_palmer_top_down"
+
+
+# --------------------------------------------------------------------------- what the callback costs
+ALL_METRICS = ["accuracy", "tree_distance", "wu_palmer", "zhao", ("hf_beta", {"beta": 0.5}), "hamming", "jaccard"]
+ALL_DECODERS = ["optimal", "argmax_leaf", "top_down", "majority", "plurality", ("darts", {"lam": 0.0}), "hie"]
+
+
+class _Fixed(pl.LightningModule):
+    """Returns fixed scores per batch (``scores[batch_idx]``), so a test can corrupt one batch."""
+
+    def __init__(self, scores, targets):
+        super().__init__()
+        self.scores, self.targets = scores, targets
+        self.steps = 0
+
+    def validation_step(self, batch, batch_idx):
+        self.steps += 1
+        return {"logits": self.scores[batch_idx], "target": self.targets[batch_idx]}
+
+
+def _batches(n_batches, size, seed, scale=4.0):
+    g = torch.Generator().manual_seed(seed)
+    scores = [torch.randn(size, L, generator=g) * scale for _ in range(n_batches)]
+    targets = [torch.randint(0, L, (size,), generator=g) for _ in range(n_batches)]
+    return scores, targets
+
+
+def _validate(cb, module, n_batches, **kw):
+    loader = torch.utils.data.DataLoader(range(n_batches), batch_size=1)  # batch_idx picks the fixed batch
+    trainer = pl.Trainer(accelerator="cpu", devices=1, callbacks=[cb], logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False, **kw)
+    trainer.validate(module, loader, verbose=False)
+    return {k: v for k, v in trainer.callback_metrics.items()}
+
+
+def _per_batch_means(scores, targets, metrics, decoders, from_logits=True):
+    """Each pair decoded and scored batch by batch through the public API, one pair at a time, reduced as
+    HierarchicalMetric reduces: the per-sample values concatenated, summed in sorted order."""
+    out = {}
+    for spec in metrics:
+        name, params = (spec, {}) if isinstance(spec, str) else spec
+        m = hd.get_metric(name, H, **params)
+        for dec in decoders:
+            if dec == "optimal":
+                decoder, label = hd.get_decoder("optimal", H, metric=m), "optimal"
+            else:
+                dname, dp = (dec, {}) if isinstance(dec, str) else dec
+                decoder = hd.get_decoder(dname, H, **dp)
+                label = decoder.key
+            values = []
+            for s, y in zip(scores, targets):
+                probs = hd.Posterior(H, s, from_logits=from_logits).probs
+                values.append(m(decoder.decode(probs), y))
+            v = torch.cat(values)
+            out[default_name("val", m.key, label)] = torch.sort(v).values.sum() / v.numel()
+    return out
+
+
+@pytest.mark.parametrize("plan", ["cpu", "cuda"])
+def test_callback_logs_bitwise_what_per_batch_decoding_gives(plan):
+    """Decoding every batch of the epoch as one block, each decoder once, changes no logged bit."""
+    scores, targets = _batches(5, 24, seed=5)
+    with hd.plan_for(plan):
+        want = _per_batch_means(scores, targets, ALL_METRICS, ALL_DECODERS)
+        cb = HierarchicalMetricsCallback(H, metrics=ALL_METRICS, decoders=ALL_DECODERS)
+        logged = _validate(cb, _Fixed(scores, targets), 5)
+        try:  # a budget of ~50 rows: three blocks, decoders chunking inside them
+            hd.set_memory_budget(50 * (L * 8 + H.num_nodes * 4 + 10))
+            small = _validate(HierarchicalMetricsCallback(H, metrics=ALL_METRICS, decoders=ALL_DECODERS),
+                              _Fixed(scores, targets), 5)
+        finally:
+            hd.set_memory_budget(None)
+    assert len(want) == 49 and set(want) <= set(logged)
+    for name, value in want.items():
+        assert logged[name].dtype == torch.float64 and torch.equal(logged[name], value), name
+        assert torch.equal(small[name], value), name
+
+
+def test_callback_batch_hooks_only_copy_and_each_decoder_runs_once_per_epoch(monkeypatch):
+    from benchmarks.plan_cost import Cost
+    from hdecode_torch.core.component import HierarchyComponent
+
+    h = hd.Hierarchy.from_parents(H.parent.tolist())  # its own tree tables (see below)
+    metrics, decoders = ["accuracy", "tree_distance", "wu_palmer", "zhao"], ["optimal", "majority", "top_down"]
+    scores, targets = _batches(6, 32, seed=6)
+    with hd.plan_for("cuda"):
+        # Tree tables built outside inference mode, as a GPU run builds them: the CPU reference of the fused
+        # operators re-reads index tables made under inference mode, which a GPU checks asynchronously.
+        probs = torch.softmax(scores[0], 1)
+        for spec in metrics:
+            m = hd.get_metric(spec, h)
+            for d in decoders:
+                m((m if d == "optimal" else hd.get_decoder(d, h)).decode(probs), targets[0])
+        cb = HierarchicalMetricsCallback(h, metrics=metrics, decoders=decoders)
+        costs = {"batch": [], "end": []}
+
+        def counted(hook, key):
+            def run(*args, **kwargs):
+                with Cost() as c:
+                    hook(*args, **kwargs)
+                costs[key].append((c.ops, c.reads))
+            return run
+
+        monkeypatch.setattr(cb, "on_validation_batch_end", counted(cb.on_validation_batch_end, "batch"))
+        monkeypatch.setattr(cb, "on_validation_epoch_end", counted(cb.on_validation_epoch_end, "end"))
+        decodes = []
+        original = HierarchyComponent.decode
+        monkeypatch.setattr(HierarchyComponent, "decode", lambda self, *a, **k: decodes.append(self) or original(
+            self, *a, **k))
+        _validate(cb, _Fixed(scores, targets), 6)
+        decoded = len(decodes)
+        # What decoding and scoring each pair once on all rows costs, pair by pair (no sharing).
+        rows, y = torch.cat(scores), torch.cat(targets)
+        unshared = 0
+        for spec in metrics:
+            m = hd.get_metric(spec, h)
+            for d in decoders:
+                with Cost() as c:
+                    post = hd.Posterior(h, rows, from_logits=True, validate=False)
+                    m((m if d == "optimal" else hd.get_decoder(d, h)).decode(post), y, validate=False)
+                unshared += c.ops
+    assert costs["batch"] == [(2, 0)] * 6  # two copies into the buffer, no host read
+    (end_ops, end_reads), = costs["end"]
+    assert end_reads == 2  # the block's check and the values; these decoders read nothing on a GPU
+    assert decoded == len(metrics) + len(decoders) - 1  # each optimal decoder and each heuristic once
+    # The epoch's end (check, decoding, scoring, reducing and logging 12 values) costs less than the
+    # unavoidable part done pair by pair.
+    assert end_ops < unshared, (end_ops, unshared)
+
+
+def test_callback_names_the_bad_batch_at_the_epoch_end():
+    scores, targets = _batches(4, 8, seed=7)
+    bad = [s.clone() for s in scores]
+    bad[2][3, 5] = float("nan")
+    module = _Fixed(bad, targets)
+    with pytest.raises(ValueError, match=r"validation batch 2: Expected `scores` \(logits\) to be free of NaN, "
+                                         r"but row 3 contains NaN"):
+        _validate(HierarchicalMetricsCallback(H, metrics=["accuracy"]), module, 4)
+    assert module.steps == 4  # raised once the epoch's values were due, not at the batch
+    wrong = [t.clone() for t in targets]
+    wrong[1][6] = L + 2
+    with pytest.raises(ValueError, match=rf"validation batch 1: Expected `target` in 0\.\.{L - 1} \(leaf ids\), "
+                                         rf"but got {L + 2} at position 6"):
+        _validate(HierarchicalMetricsCallback(H, metrics=["accuracy"]), _Fixed(scores, wrong), 4)
+    probs = [torch.softmax(s, 1) for s in scores]
+    probs[3] = probs[3] * 1.5
+    with pytest.raises(ValueError, match=r"validation batch 3: Expected each row of `scores` to sum to 1"):
+        _validate(HierarchicalMetricsCallback(H, metrics=["accuracy"], from_logits=False), _Fixed(probs, targets), 4)
+    # validate=False skips the check (and its host read): out-of-range values are then undefined, NaN rows decode
+    quiet = HierarchicalMetricsCallback(H, metrics=["accuracy"], decoders=["argmax_leaf"], validate=False)
+    assert "val_accuracy_argmax_leaf" in _validate(quiet, _Fixed(bad, targets), 4)
+
+
+def test_callback_auto_decides_per_batch_and_warns_about_probabilities_as_logits():
+    scores, targets = _batches(4, 12, seed=8)
+    mixed = [torch.softmax(s, 1) if i % 2 else s for i, s in enumerate(scores)]  # probabilities, logits, ...
+    pairs = [("wu_palmer", {}), ("hf_beta", {"beta": 2.0})]
+    want = _per_batch_means(mixed, targets, pairs, ["optimal", "plurality"], from_logits="auto")
+    cb = HierarchicalMetricsCallback(H, metrics=pairs, decoders=["optimal", "plurality"], from_logits="auto")
+    logged = _validate(cb, _Fixed(mixed, targets), 4)
+    for name, value in want.items():
+        assert torch.equal(logged[name], value), name
+    as_logits = HierarchicalMetricsCallback(H, metrics=["accuracy"])
+    with pytest.warns(UserWarning, match="`scores` looks like probabilities"):
+        _validate(as_logits, _Fixed([torch.softmax(s, 1) for s in scores], targets), 4)
+
+
+def test_printed_table_marks_which_way_is_better():
+    cb = HierarchicalMetricsCallback(H, metrics=METRICS, decoders=DECODERS)
+    table = cb.format_table({("hf_beta[beta=0.5]", "optimal"): 0.8, ("hf_beta[beta=0.5]", "darts[lam=0.5]"): 0.7,
+                             ("tree_distance", "optimal"): 2.0, ("tree_distance", "darts[lam=0.5]"): 2.5})
+    lines = table.splitlines()
+    assert lines[1].startswith("hf_beta[beta=0.5] ↑") and "0.8000*" in lines[1]
+    assert lines[2].startswith("tree_distance ↓") and "2.0000*" in lines[2]
+    assert lines[-1].startswith("↑ higher is better, ↓ lower is better")

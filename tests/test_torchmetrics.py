@@ -116,3 +116,91 @@ def test_errors_name_the_argument():
         HierarchicalMetric(H, "tree_distance", from_logits="yes")
     with pytest.raises(ValueError, match="`scores`"):
         hd.DecodingHead(H, "tree_distance")(probs * 2)
+
+
+# --------------------------------------------------------------------------- one batch, shared by a collection
+def _count_decodes(monkeypatch):
+    from hdecode_torch.core.component import HierarchyComponent
+
+    calls = []
+    original = HierarchyComponent.decode
+    monkeypatch.setattr(HierarchyComponent, "decode", lambda self, *a, **k: calls.append(self.key) or original(
+        self, *a, **k))
+    return calls
+
+
+def _direct(m, probs, y):
+    metric = hd.get_metric(m.metric.name, H, **m.metric.params)
+    return metric(m.decoder.decode(probs), y)
+
+
+@pytest.mark.parametrize("mode", ["grad", "inference"])
+@pytest.mark.parametrize("compute_groups", [True, False])
+def test_collection_checks_once_and_decodes_each_decoder_once(monkeypatch, mode, compute_groups):
+    from torchmetrics import MetricCollection
+
+    from benchmarks.plan_cost import Cost
+
+    members = [HierarchicalMetric(H, "tree_distance", decoder="majority"),
+               HierarchicalMetric(H, "wu_palmer", decoder="majority"),
+               HierarchicalMetric(H, "hamming", decoder="majority"),
+               HierarchicalMetric(H, "zhao", decoder=("darts", {"lam": 0.5})),
+               HierarchicalMetric(H, "jaccard", decoder=("darts", {"lam": 0.5})),
+               HierarchicalMetric(H, "accuracy", decoder=("darts", {"lam": 0.5000001})),  # not the same decoder
+               HierarchicalMetric(H, "tree_distance"), HierarchicalMetric(H, "accuracy")]
+    coll = MetricCollection(members, compute_groups=compute_groups)
+    calls = _count_decodes(monkeypatch)
+    batches = [_batch(seed, 12) for seed in (20, 21, 22)]
+    reads = []
+    with torch.inference_mode(mode == "inference"):
+        for probs, y in batches:
+            probs, y = probs.clone(), y.clone()  # inference tensors in inference mode: no version counter
+            before = len(calls)
+            with Cost() as c:
+                coll.update(probs, y)
+            reads.append(c.reads)
+            assert sorted(calls[before:]) == ["accuracy", "darts[lam=0.5]", "darts[lam=0.5]", "majority",
+                                              "tree_distance"]
+    # After the first batch (which builds the tree's tables): the scores' and targets' check, fused, for the
+    # whole collection; these decoders read nothing.
+    assert reads[1:] == [1, 1]
+    out = coll.compute()
+    for m in members:
+        want = torch.cat([_direct(m, p, y) for p, y in batches])
+        assert torch.equal(out[m.name], torch.sort(want).values.sum() / want.numel()), m.name
+
+
+def test_a_buffer_refilled_in_place_is_a_new_batch():
+    """Under inference mode tensors have no version counter: a collection updated twice with one buffer,
+    refilled in between, must not reuse the first batch's predictions."""
+    from torchmetrics import MetricCollection
+
+    members = [HierarchicalMetric(H, "tree_distance", decoder="plurality"), HierarchicalMetric(H, "hf_beta", beta=2.0)]
+    coll = MetricCollection(members)
+    batches = [_batch(seed, 10) for seed in (30, 31)]
+    with torch.inference_mode():
+        probs, y = torch.empty(10, L), torch.empty(10, dtype=torch.long)
+        for p, t in batches:
+            probs.copy_(p)
+            y.copy_(t)
+            coll.update(probs, y)
+    out = coll.compute()
+    for m in members:
+        want = torch.cat([_direct(m, p, t) for p, t in batches])
+        assert torch.equal(out[m.name], torch.sort(want).values.sum() / want.numel()), m.name
+
+
+def test_decoder_identity_follows_exact_parameters():
+    from hdecode_torch.integrations.torchmetrics import decoder_identity
+
+    same = [hd.get_decoder("darts", H, lam=0.5), hd.get_decoder("darts", H, lam=0.5, validate=False)]
+    assert decoder_identity(same[0]) == decoder_identity(same[1])
+    assert decoder_identity(hd.get_decoder("darts", H, lam=0.5000001)) != decoder_identity(same[0])
+    opt = [hd.get_decoder("optimal", H, metric="wu_palmer") for _ in range(2)]
+    assert decoder_identity(opt[0]) != decoder_identity(opt[1])  # optimal decoders: by object
+
+    class Mine(type(same[0])):
+        pass
+
+    mine = Mine(H, lam=0.5)
+    assert decoder_identity(mine) != decoder_identity(same[0]) and decoder_identity(mine) == decoder_identity(mine)

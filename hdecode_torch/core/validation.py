@@ -500,3 +500,48 @@ def check_unit_interval(value, name: str) -> float:
     if not (0 <= v < 1):
         raise ValueError(f"Expected `{name}` to be a float in [0, 1), but got {value}")
     return v
+
+
+# --------------------------------------------------------------------------- deferred checks
+class RowFlags(NamedTuple):
+    """Per-row outcome of the leaf-score check (see :func:`leaf_row_flags`): (B,) bool tensors."""
+
+    valid: torch.Tensor
+    is_dist: torch.Tensor
+
+
+def leaf_row_flags(x: torch.Tensor, from_logits: bool | str = False) -> RowFlags:
+    """The check of :func:`prepare_leaf_probs`, row by row, on ``x``'s device and without a host sync.
+
+    For callers that read the outcome later, together with other values (e.g. once per epoch instead
+    of once per batch), and get the message of a failed row from ``prepare_leaf_probs`` on it.
+
+    x: (B, L) float scores, as ``prepare_leaf_probs`` takes them (reduced in the compute dtype, with
+    the row-sum tolerance of ``x.dtype``).  Returns :class:`RowFlags`, two (B,) bool tensors:
+
+    - ``is_dist``: the row is non-negative and sums to 1 within :func:`row_sum_tolerance` (what
+      ``from_logits=True`` warns about and ``"auto"`` decides with, over a whole batch);
+    - ``valid``: the row passes the check for ``from_logits``: ``False`` is ``is_dist`` (NaN and ±inf
+      fail it); ``True`` has neither NaN nor +inf and a finite entry; ``"auto"`` is the logits
+      condition and, for the batch as a whole, decidable (every row a distribution, or some entry
+      more than ``AUTO_MARGIN`` outside [0, 1]), so pass one batch at a time.
+
+    O(B·L): four reductions over ``x``.
+    """
+    kind = input_kind(from_logits)
+    if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+        raise TypeError(f"Expected `x` to be a float tensor, but got {getattr(x, 'dtype', type(x).__name__)}")
+    if x.dim() != 2 or x.shape[1] == 0:
+        raise ValueError(f"Expected `x` to have shape (B, L) with L >= 1, but got {tuple(x.shape)}")
+    tol = row_sum_tolerance(x.dtype, x.shape[1])
+    x = x.to(compute_dtype(x.dtype))
+    row_min = x.amin(dim=1)
+    is_dist = (row_min >= 0) & ((row_sums(x) - 1).abs() <= tol)  # NaN fails both comparisons
+    if kind == "probs":
+        return RowFlags(is_dist, is_dist)
+    row_max = x.amax(dim=1)  # NaN if the row holds one, +inf if it holds +inf, -inf if every entry is -inf
+    valid = (row_max > float("-inf")) & (row_max < float("inf"))
+    if kind == "auto" and x.shape[0]:
+        decided = is_dist.all() | (row_min.amin() < -AUTO_MARGIN) | (row_max.amax() > 1 + AUTO_MARGIN)
+        valid = valid & decided
+    return RowFlags(valid, is_dist)

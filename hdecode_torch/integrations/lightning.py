@@ -10,10 +10,14 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
+from ..core.plan import get_memory_budget
+from ..core.posterior import Posterior
+from ..core.validation import (RangeCheck, as_targets, check_ranges, compute_dtype, input_kind, leaf_row_flags,
+                               prepare_leaf_probs)
 from ..hierarchy import Hierarchy
 from ..metrics import get_metric, has_optimal_decoder
-from .module import clear_posterior_cache, decoder_label, pair_name
-from .torchmetrics import HierarchicalMetric
+from .module import decoder_label, pair_name
+from .torchmetrics import HierarchicalMetric, release_shared_batch, update_together
 
 try:
     import pytorch_lightning as _pl
@@ -29,6 +33,7 @@ __all__ = ["HierarchicalMetricsCallback", "callback_class", "default_name"]
 _LOGIT_KEYS = ("logits", "logit", "scores")
 _PROB_KEYS = ("probs", "probabilities", "prob", "leaf_probs")
 _STEP = {"validate": "validation_step", "test": "test_step", "predict": "predict_step"}
+_STAGE = {"validate": "validation", "test": "test", "predict": "predict"}
 
 
 def default_name(prefix: str, metric: str, decoder: str) -> str:
@@ -97,7 +102,8 @@ class _CallbackLogic:
                     if not optimal_ok:
                         self.skipped.append((metric.key, "optimal"))
                         continue
-                m = HierarchicalMetric(hierarchy, metric, decoder_spec, from_logits=from_logits, validate=validate,
+                # validate=False: the callback checks the rows itself, once per block (see _flush)
+                m = HierarchicalMetric(hierarchy, metric, decoder_spec, from_logits=from_logits, validate=False,
                                        exact=exact)
                 pair = (metric.key, decoder_label(m.decoder, metric))
                 if pair in self.metrics:
@@ -109,6 +115,8 @@ class _CallbackLogic:
         if not self.metrics:
             raise ValueError("No (metric, decoder) pair to compute; add a heuristic decoder")
         self.from_logits = next(iter(self.metrics.values())).from_logits
+        self.validate = bool(validate)
+        self._rows = _RowBuffer()
         self.names: dict[str, dict[tuple[str, str], str]] = {}
         for stage, pre in (("validate", prefix), ("test", test_prefix), ("predict", "predict" if predict else None)):
             if pre is not None:
@@ -118,7 +126,6 @@ class _CallbackLogic:
         self.history: list[dict[tuple[str, str], float]] = []
         self.test_results: dict[tuple[str, str], float] = {}
         self.predict_results: dict[tuple[str, str], float] = {}
-        self._checked: set[str] = set()
 
     def _stage_names(self, stage, pre) -> dict[tuple[str, str], str]:
         names = {}
@@ -169,7 +176,8 @@ class _CallbackLogic:
     def _reset(self) -> None:
         for m in self.metrics.values():
             m.reset()
-        clear_posterior_cache()
+        self._rows.clear()
+        release_shared_batch()
 
     def _extract(self, outputs, batch, stage: str):
         step = _STEP[stage]
@@ -217,12 +225,14 @@ class _CallbackLogic:
                              f"the scores), but got {tuple(target.shape)}")
 
     def format_table(self, results: Mapping[tuple[str, str], float] | None = None) -> str:
-        """Metrics as rows, decoders as columns; ``*`` marks each row's best decoder."""
+        """Metrics as rows (``↑`` higher is better, ``↓`` lower), decoders as columns; ``*`` marks each
+        row's best decoder (ties included)."""
         results = self.results if results is None else results
         rows = list(dict.fromkeys(k for k, _ in results))
         cols = list(dict.fromkeys(d for _, d in results))
         better = {pair[0]: m.higher_is_better for pair, m in self.metrics.items()}
-        width = max([len("metric")] + [len(r) for r in rows])
+        labels = {r: f"{r} {'↑' if better[r] else '↓'}" for r in rows}
+        width = max([len("metric")] + [len(x) for x in labels.values()])
         cw = max([10] + [len(c) for c in cols])
         lines = ["metric".ljust(width) + "".join(c.rjust(cw + 2) for c in cols)]
         for r in rows:
@@ -230,7 +240,8 @@ class _CallbackLogic:
             best = (max if better[r] else min)(vals.values()) if vals else None
             cells = [(f"{vals[c]:.4f}" + ("*" if vals[c] == best and len(vals) > 1 else " ")) if c in vals else "-"
                      for c in cols]
-            lines.append(r.ljust(width) + "".join(x.rjust(cw + 2) for x in cells))
+            lines.append(labels[r].ljust(width) + "".join(x.rjust(cw + 2) for x in cells))
+        lines.append("↑ higher is better, ↓ lower is better; * the best decoder of each metric.")
         return "\n".join(lines)
 
     # ------------------------------------------------------------------ stages
@@ -239,18 +250,88 @@ class _CallbackLogic:
             self._to(pl_module.device)
             self._reset()
 
-    def _batch(self, trainer, outputs, batch, stage) -> None:
+    def _batch(self, trainer, outputs, batch, stage, batch_idx, dataloader_idx) -> None:
         if stage not in self.names:
             return
         scores, target = self._extract(outputs, batch, stage)
-        if stage not in self._checked:
-            self._check_contract(scores, target, stage)
-            self._checked.add(stage)
+        self._check_contract(scores, target, stage)  # shapes and dtypes only: no device work
         if trainer.sanity_checking:
             return  # the contract is checked; the values of an untrained model are not reported
         scores = scores.detach()
-        for m in self.metrics.values():
-            m.update(scores, target)
+        if not self._rows.fits(scores):
+            self._flush(stage)
+            self._rows.allocate(scores, self._capacity(scores), self._expected_rows(trainer, stage, scores),
+                                per_batch_flags=self.from_logits == "auto")
+        as_probs = valid = None
+        if self.from_logits == "auto":
+            # "auto" decides per batch whether the scores are probabilities (as a HierarchicalMetric
+            # updated with this batch would); the decision and the check are kept per row.
+            flags = leaf_row_flags(scores, "auto")
+            as_probs, valid = flags.is_dist.all(), flags.valid
+        self._rows.append(scores, target.detach(), (_STAGE[stage], dataloader_idx, batch_idx), as_probs, valid)
+
+    def _capacity(self, scores: torch.Tensor) -> int:
+        """Rows buffered before decoding: the buffer, the block's probabilities and node table within
+        ``get_memory_budget()``."""
+        h = self.hierarchy
+        c = torch.empty((), dtype=compute_dtype(scores.dtype)).element_size()
+        per_row = h.num_leaves * (scores.element_size() + c) + h.num_nodes * c + 8 + 2
+        return max(int(scores.shape[0]), get_memory_budget() // per_row)
+
+    @staticmethod
+    def _expected_rows(trainer, stage, scores) -> int | None:
+        """The stage's rows if every batch has the first one's size (None when the loader has no length)."""
+        batches = {"validate": "num_val_batches", "test": "num_test_batches", "predict": "num_predict_batches"}[stage]
+        try:
+            total = sum(getattr(trainer, batches))
+        except (AttributeError, TypeError):
+            return None
+        return int(total) * int(scores.shape[0]) if total != float("inf") else None
+
+    def _flush(self, stage) -> None:
+        """Check the buffered rows (one host read), decode them once per decoder and score every pair."""
+        rows = self._rows
+        if not rows.count:
+            rows.clear()
+            return
+        x, t = rows.scores[:rows.count], rows.target[:rows.count]
+        h = self.hierarchy
+        kind = input_kind(self.from_logits)
+        if self.validate:
+            flags = leaf_row_flags(x, self.from_logits) if kind != "auto" else None
+            valid = flags.valid if flags is not None else rows.valid[:rows.count]
+            target_ok = (t >= 0) & (t < h.num_leaves)
+            checks = [valid.all(), target_ok.all()] + ([flags.is_dist.all()] if kind == "logits" else [])
+            ok = torch.stack(checks).tolist()  # the block's one host read
+            if not (ok[0] and ok[1]):
+                self._raise_invalid_batch(x, t, valid, target_ok)
+            if kind == "logits" and ok[2] and h.num_leaves > 1:
+                warnings.warn("`scores` looks like probabilities (non-negative rows summing to 1), but from_logits="
+                              "True applies a softmax to it, which is then wrong: pass from_logits=False for "
+                              "probabilities (or from_logits='auto')", UserWarning, stacklevel=2)
+        if kind == "auto":
+            xc = x.to(compute_dtype(x.dtype))
+            x, kind = torch.where(rows.as_probs[:rows.count, None], xc, torch.softmax(xc, dim=1)), "probs"
+        post = Posterior(h, x, from_logits=kind == "logits", validate=False, name="scores")
+        post.node  # node probabilities of the whole block, sliced by decoders that decode it in chunks
+        update_together(self.metrics.values(), post, t)  # each decoder decodes the block once
+        release_shared_batch()
+        rows.clear()
+
+    def _raise_invalid_batch(self, x, t, valid, target_ok) -> None:
+        """The error of the first batch with an invalid row, with the message of the per-batch check."""
+        first = int((~(valid & target_ok)).nonzero()[0])
+        start, stop, (stage, dataloader_idx, batch_idx) = next(b for b in self._rows.batches if b[0] <= first < b[1])
+        where = f"{stage} batch {batch_idx}" + (f" of dataloader {dataloader_idx}" if dataloader_idx else "")
+        try:
+            if not bool(valid[first]):
+                prepare_leaf_probs(x[start:stop], self.hierarchy.num_leaves, name="scores",
+                                   from_logits=self.from_logits)
+            target = as_targets(t[start:stop], self.hierarchy.num_leaves, name="target")
+            check_ranges([RangeCheck(target, self.hierarchy.num_leaves, "target", "leaf ids")])
+        except ValueError as exc:
+            raise ValueError(f"HierarchicalMetricsCallback, {where}: {exc}") from None
+        raise ValueError(f"HierarchicalMetricsCallback, {where}: row {first - start} failed the input check")
 
     def _end(self, trainer, pl_module, stage) -> dict[tuple[str, str], float] | None:
         if stage not in self.names:
@@ -258,7 +339,8 @@ class _CallbackLogic:
         if trainer.sanity_checking:
             self._reset()
             return None
-        results = {}
+        self._flush(stage)
+        values = {}
         for pair, m in self.metrics.items():
             value = m.compute()  # every process gets the value over all processes' samples (see the class docstring)
             if stage != "predict":  # Lightning does not log in predict
@@ -267,7 +349,9 @@ class _CallbackLogic:
                 # "use sync_dist=True" warning for epoch-level values under DDP.
                 pl_module.log(self.names[stage][pair], value, on_step=False, on_epoch=True, sync_dist=True,
                               reduce_fx="max", batch_size=1, prog_bar=pair in self.prog_bar)
-            results[pair] = float(value)
+            values[pair] = value
+        # One host read for every pair's value.
+        results = dict(zip(values, torch.stack(list(values.values())).tolist()))
         if self.print_table and trainer.is_global_zero:
             pre = {"validate": self.prefix, "test": self.test_prefix, "predict": "predict"}[stage]
             print(f"\n[{pre}] epoch {trainer.current_epoch}\n{self.format_table(results)}", flush=True)
@@ -282,7 +366,7 @@ class _CallbackLogic:
         self._start(pl_module, "validate")
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._batch(trainer, outputs, batch, "validate")
+        self._batch(trainer, outputs, batch, "validate", batch_idx, dataloader_idx)
 
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
         results = self._end(trainer, pl_module, "validate")
@@ -294,7 +378,7 @@ class _CallbackLogic:
         self._start(pl_module, "test")
 
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._batch(trainer, outputs, batch, "test")
+        self._batch(trainer, outputs, batch, "test", batch_idx, dataloader_idx)
 
     def on_test_epoch_end(self, trainer, pl_module) -> None:
         results = self._end(trainer, pl_module, "test")
@@ -305,7 +389,7 @@ class _CallbackLogic:
         self._start(pl_module, "predict")
 
     def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self._batch(trainer, outputs, batch, "predict")
+        self._batch(trainer, outputs, batch, "predict", batch_idx, dataloader_idx)
 
     def on_predict_epoch_end(self, trainer, pl_module) -> None:
         results = self._end(trainer, pl_module, "predict")
@@ -328,6 +412,47 @@ class _CallbackLogic:
         self.test_results = pairs(state_dict.get("test_results", []))
 
 
+class _RowBuffer:
+    """Rows of one stage waiting to be decoded, on their device: the scores as the step returned them,
+    the targets (int64), and for ``from_logits="auto"`` each row's batch decision and check."""
+
+    def __init__(self):
+        self.clear()
+
+    def clear(self) -> None:
+        self.scores = self.target = self.as_probs = self.valid = None
+        self.count = 0
+        #: (first row, end row, (stage, dataloader_idx, batch_idx)) of each buffered batch.
+        self.batches: list[tuple[int, int, tuple]] = []
+
+    def fits(self, scores: torch.Tensor) -> bool:
+        buf = self.scores
+        return (buf is not None and buf.dtype == scores.dtype and buf.device == scores.device
+                and self.count + scores.shape[0] <= buf.shape[0])
+
+    def allocate(self, scores: torch.Tensor, capacity: int, expected: int | None, per_batch_flags: bool) -> None:
+        """An empty buffer of ``capacity`` rows for ``scores``' dtype and device (``expected`` rows when
+        fewer are coming)."""
+        rows = capacity if expected is None else max(int(scores.shape[0]), min(capacity, expected))
+        dev = scores.device
+        self.clear()
+        self.scores = torch.empty((rows, scores.shape[1]), dtype=scores.dtype, device=dev)
+        self.target = torch.empty(rows, dtype=torch.long, device=dev)
+        if per_batch_flags:
+            self.as_probs = torch.empty(rows, dtype=torch.bool, device=dev)
+            self.valid = torch.empty(rows, dtype=torch.bool, device=dev)
+
+    def append(self, scores, target, where, as_probs=None, valid=None) -> None:
+        a, b = self.count, self.count + scores.shape[0]
+        self.scores[a:b].copy_(scores)
+        self.target[a:b].copy_(target)
+        if as_probs is not None:
+            self.as_probs[a:b].copy_(as_probs)
+            self.valid[a:b].copy_(valid)
+        self.batches.append((a, b, where))
+        self.count = b
+
+
 class HierarchicalMetricsCallback(_CallbackLogic, _pl.Callback):
     """Computes and logs hierarchical metrics of several decoders in validation and test.
 
@@ -335,9 +460,20 @@ class HierarchicalMetricsCallback(_CallbackLogic, _pl.Callback):
     model's scores under ``output_key`` ((B, L) float, one column per leaf ``0..L-1``) and, unless
     the batch is ``(x, y)`` or a dict holding ``target_key``, the targets under ``target_key``
     ((B,) int leaf ids), e.g. ``return {"loss": loss, "logits": logits, "target": y}``.
-    ``extract=(outputs, batch) -> (scores, target)`` handles anything else.  The contract is
-    checked on the first batch of each stage, the sanity check's included, so a step that returns
+    ``extract=(outputs, batch) -> (scores, target)`` handles anything else.  The contract (types
+    and shapes) is checked on every batch, the sanity check's included, so a step that returns
     only the loss fails before the first training epoch.
+
+    **What it costs.**  Per batch, the scores and targets are copied into a buffer on their
+    device: two copies, no host read, no decoding.  At the end of the epoch, or once the buffer
+    holds as many rows as fit in :func:`~hdecode_torch.get_memory_budget` together with their
+    probabilities and node table, the buffered block is checked (one host read: a bad row raises
+    then, naming its batch, with the message of the per-batch check), turned into one
+    :class:`~hdecode_torch.Posterior` (node probabilities summed once), decoded once per distinct
+    decoder (each heuristic once for every metric, each optimal decoder once), and each metric
+    scores its decoders' node predictions together.  The values reach the host in one read at
+    the end of the epoch.  So an epoch costs about one decoding of the stage's rows per decoder,
+    in large blocks, plus a few operators per pair to reduce and log the values.
 
     **What is logged.**  At the end of each validation epoch, one value per pair, named by
     ``name_fn(prefix, metric key, decoder label)``; the default (:func:`default_name`) gives
@@ -353,7 +489,7 @@ class HierarchicalMetricsCallback(_CallbackLogic, _pl.Callback):
     label): float}``), ``history`` (every validation epoch's, kept across a resume from a
     checkpoint through ``state_dict``/``load_state_dict``), ``test_results``,
     ``predict_results``, ``names`` (``{stage: {pair: logged name}}``), ``metrics``
-    (``{pair: HierarchicalMetric}``).
+    (``{pair: HierarchicalMetric}``, updated once per block; they leave the check to the callback).
 
     Args:
         hierarchy: the class tree.
@@ -372,7 +508,8 @@ class HierarchicalMetricsCallback(_CallbackLogic, _pl.Callback):
         prog_bar: ``True`` shows every pair in the progress bar; a list chooses pairs, by logged
             name or ``(metric key, decoder label)``.
         print_table: print each epoch's results as a table (rank 0 only).
-        validate: check scores and targets (one host sync per batch and pair).
+        validate: check the scores and targets of each block (one host read per block, before
+            decoding it); ``False`` skips the check.
         exact: the :class:`HierarchicalMetric` states (below).
 
     **Under DDP** each rank updates :class:`HierarchicalMetric` states on the model's device.

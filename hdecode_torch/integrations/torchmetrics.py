@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import threading
+import weakref
+
 import torch
 from torchmetrics import Metric
 from torchmetrics.utilities import dim_zero_cat
 
+from ..core.posterior import Posterior
+from ..core.validation import RangeCheck, as_targets, as_tensor, check_ranges, input_kind
+from ..decoders import Decoder, OptimalDecoder
+from ..decoders.registry import DECODERS
 from ..hierarchy import Hierarchy
-from ..core.validation import input_kind
-from .module import decoder_label, pair_name, resolve_pair, shared_posterior
+from .module import decoder_label, pair_name, resolve_pair
 
 __all__ = ["HierarchicalMetric"]
 
@@ -39,8 +45,8 @@ class HierarchicalMetric(Metric):
             non-negative and summing to 1.  ``True``: logits, a softmax is applied (input that
             looks like probabilities gets a warning).  ``"auto"``: decided per batch on the
             device, probabilities if every row is a distribution, else logits.
-        validate: check the scores and targets (one host sync per update); errors name the
-            argument (``scores``, ``target``).
+        validate: check the scores and targets (one host read per batch, shared by the instances
+            updated with it, see below); errors name the argument (``scores``, ``target``).
         exact: how the values are kept (below).
         compute_on_cpu, dist_sync_on_step, process_group, sync_on_compute, ...: passed to
             :class:`torchmetrics.Metric`.
@@ -61,9 +67,15 @@ class HierarchicalMetric(Metric):
     DistributedSampler's padding repeats samples, so use a dataset size divisible by the
     world size.  :attr:`higher_is_better` comes from the metric.
 
-    Several instances updated with the same tensor object (a ``MetricCollection``, or
-    one after another) share one :class:`~hdecode_torch.Posterior`, so node
-    probabilities are computed once per batch.
+    **Sharing.**  Instances updated one after another with the same ``scores`` and ``target``
+    objects (a ``MetricCollection``, with or without compute groups, or a loop) share the batch:
+    one input check (one host read), one :class:`~hdecode_torch.Posterior` (node probabilities
+    summed once), and each decoder's predictions, decoded once and scored by every metric that
+    uses that decoder (a built-in heuristic with the same parameters counts as the same decoder;
+    optimal and user decoders are shared by object).  A batch is recognised by the identity of
+    its tensors, their in-place version counter, and the rule that an instance updated twice
+    starts a new batch, which also covers inference tensors (they have no version counter).
+    Each instance's values are exactly those of an unshared update.
     """
 
     is_differentiable = False
@@ -121,11 +133,7 @@ class HierarchicalMetric(Metric):
 
     def update(self, scores: torch.Tensor, target: torch.Tensor) -> None:
         """scores: (B, L) float (or a Posterior); target: (B,) int64 leaf ids."""
-        post = shared_posterior(self.hierarchy, scores, from_logits=self.from_logits, validate=self.validate)
-        pred = self.decoder.decode(post)
-        if isinstance(target, torch.Tensor):
-            target = target.to(pred.device)
-        values = self.metric(pred, target, validate=self.validate)
+        values = _shared_batch(self, scores, target).values(self.metric, self.decoder)
         if self.exact:
             self.values.append(values.to(torch.float64))
         else:
@@ -136,7 +144,11 @@ class HierarchicalMetric(Metric):
         """Mean value over every sample seen (all processes), float64 scalar (NaN before any update)."""
         if not self.exact:
             return self.total / self.count
-        values = dim_zero_cat(self.values) if len(self.values) else torch.zeros(0, dtype=torch.float64)
+        values = self.values  # a list, or one tensor while synchronised across processes
+        if isinstance(values, list) and len(values) == 1 and values[0].dim() == 1:
+            values = values[0]  # one update (e.g. the callback's one block per epoch): nothing to concatenate
+        else:
+            values = dim_zero_cat(values) if len(values) else torch.zeros(0, dtype=torch.float64)
         return torch.sort(values).values.sum() / values.numel()
 
     def plot(self, val=None, ax=None):
@@ -149,6 +161,153 @@ class HierarchicalMetric(Metric):
 
     def extra_repr(self) -> str:
         return f"metric={self.metric.key}, decoder={decoder_label(self.decoder, self.metric)}"
+
+
+# --------------------------------------------------------------------------- one batch, shared
+def decoder_identity(decoder: Decoder):
+    """A key equal for decoders that predict the same from the same :class:`Posterior`.
+
+    A built-in heuristic is identified by its class and exact parameter values (not its key, which
+    rounds them); any other decoder (optimal decoders, which belong to a metric object, and user
+    classes, whose state is unknown) by the object itself.
+    """
+    if type(decoder) in _BUILTIN_HEURISTICS:
+        return type(decoder), tuple(sorted(decoder.params.items()))
+    return "object", id(decoder)
+
+
+_BUILTIN_HEURISTICS = frozenset(cls for name in DECODERS.names()
+                                 if (cls := DECODERS.get_class(name)) is not OptimalDecoder)
+
+
+class _SharedBatch:
+    """One batch as every :class:`HierarchicalMetric` updated with it sees it: the checked Posterior and
+    targets, each decoder's predictions and each (metric, decoder)'s per-sample values."""
+
+    def __init__(self, post: Posterior, target: torch.Tensor, key: tuple):
+        self.post, self.target, self.key = post, target, key
+        self.preds: dict = {}
+        self.scored: dict = {}
+        self.users: set[int] = set()  # ids of the metrics updated with it
+
+    def prediction(self, decoder: Decoder) -> torch.Tensor:
+        ident = decoder_identity(decoder)
+        if ident not in self.preds:
+            self.preds[ident] = decoder.decode(self.post)
+        return self.preds[ident]
+
+    def values(self, metric, decoder: Decoder) -> torch.Tensor:
+        """(B,) float64 values of ``metric`` on ``decoder``'s predictions."""
+        key = (id(metric), decoder_identity(decoder))
+        if key not in self.scored:
+            # The predictions come from a decoder, and the targets were checked with the scores.
+            self.scored[key] = metric(self.prediction(decoder), self.target, validate=False)
+        return self.scored[key]
+
+    def score(self, members) -> None:
+        """Decode once per decoder and score each metric object's node-id predictions in one call (the values
+        are elementwise in (prediction, target): the same as one call per decoder).
+
+        A set metric scores node ids through (B, N) node masks: on the CPU plan, one call per decoder keeps
+        them in cache (grouped, they took longer); on the GPU plan, one call saves the launches.
+        """
+        group_sets = self.post.plan.gpu
+        groups: dict = {}
+        for m in members:
+            pred = self.prediction(m.decoder)
+            ident = decoder_identity(m.decoder)
+            if (id(m.metric), ident) in self.scored:
+                continue
+            alone = pred.dtype == torch.bool or (m.metric.kind == "set" and not group_sets)
+            group = groups.setdefault((id(m.metric), ident if alone else None), (m.metric, {}))
+            group[1][ident] = pred
+        for metric, preds in groups.values():
+            if len(preds) == 1:
+                (ident, pred), = preds.items()
+                self.scored[(id(metric), ident)] = metric(pred, self.target, validate=False)
+                continue
+            both = metric(torch.cat(list(preds.values())), self.target.repeat(len(preds)), validate=False)
+            for ident, part in zip(preds, both.split(self.target.shape[0])):
+                self.scored[(id(metric), ident)] = part
+
+
+_local = threading.local()
+
+
+def _argument_key(x):
+    """(weak reference, in-place version) of an update argument; None when it cannot be recognised."""
+    if isinstance(x, Posterior):
+        return weakref.ref(x), None
+    if not isinstance(x, torch.Tensor):
+        return None  # converted anew at every call
+    try:
+        version = x._version
+    except RuntimeError:  # an inference tensor: the "updated twice" rule stands in for the version
+        version = None
+    return weakref.ref(x), version
+
+
+def _same_argument(key, x) -> bool:
+    if key is None:
+        return False
+    ref, version = key
+    if ref() is not x:
+        return False
+    try:
+        return version == (x._version if isinstance(x, torch.Tensor) else None)
+    except RuntimeError:
+        return version is None
+
+
+def _shared_batch(metric: "HierarchicalMetric", scores, target, use: bool = True) -> _SharedBatch:
+    """The batch ``(scores, target)`` checked and with its Posterior, shared with the metrics updated before
+    with the same objects (see the class docstring); ``use``: ``metric`` is being updated with it."""
+    options = (input_kind(metric.from_logits), metric.validate)
+    entry = getattr(_local, "batch", None)
+    if (entry is not None and id(metric) not in entry.users and entry.key[2:] == options
+            and _same_argument(entry.key[0], scores) and _same_argument(entry.key[1], target)
+            and (entry.post.h is metric.hierarchy or entry.post.h.same_tree(metric.hierarchy))):
+        if use:
+            entry.users.add(id(metric))
+        return entry
+    h, L = metric.hierarchy, metric.hierarchy.num_leaves
+    if isinstance(scores, Posterior):
+        post = Posterior.of(h, scores)
+        t = as_targets(target, L, device=post.device)
+        check_ranges([RangeCheck(t, L, "target", "leaf ids")], metric.validate)
+    else:
+        x = as_tensor(scores, "scores")
+        t = as_targets(target, L, device=x.device)
+        # One host read checks the scores and the targets together.
+        post = Posterior(h, x.detach(), from_logits=metric.from_logits, validate=metric.validate, name="scores",
+                         extra_checks=[RangeCheck(t, L, "target", "leaf ids")])
+    if t.dim() == 1 and t.shape[0] != post.batch_size:
+        raise ValueError(f"Expected `target` to have {post.batch_size} entries (one per row of `scores`), but got "
+                         f"{t.shape[0]}")
+    entry = _SharedBatch(post, t, (_argument_key(scores), _argument_key(target)) + options)
+    if use:
+        entry.users.add(id(metric))
+    _local.batch = entry
+    return entry
+
+
+def update_together(members, scores, target) -> None:
+    """``m.update(scores, target)`` for every ``m`` of ``members``, with the values of each metric object
+    computed in one call for all its decoders' node-id predictions (what a grouped caller such as the
+    Lightning callback knows in advance; members updated one by one share the decoding only)."""
+    members = list(members)
+    if not members:
+        return
+    _shared_batch(members[0], scores, target, use=False).score(
+        [m for m in members if (input_kind(m.from_logits), m.validate) == (input_kind(members[0].from_logits),
+                                                                              members[0].validate)])
+    for m in members:
+        m.update(scores, target)
+
+
+def release_shared_batch() -> None:
+    """Drop this thread's shared batch (its Posterior's tables and the predictions)."""
+    _local.batch = None
 
 
 def _plot_bounds(metric) -> tuple[float | None, float | None]:
