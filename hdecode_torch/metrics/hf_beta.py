@@ -226,6 +226,7 @@ class _PrefixSolver:
     def __init__(self, post, r):
         h, p = post.h, post.node
         self.h, self.r, self.dt, self.p = h, r, p.dtype, p
+        self.budget = post.plan.budget
         # With one leaf depth the masses are p itself.
         self.prefix = post.depth_prefix() if h.num_leaf_depths > 1 else None
         self.depths = depth_ranges(h).depths.to(self.dt)
@@ -296,17 +297,22 @@ class _PrefixSolver:
         b, kk = check.nonzero().unbind(1)  # (P,) pairs (sample, k - 1)
         if not b.numel():
             return value, best_k
-        # Is the length-k prefix a top-k set of Δ_k?  Its smallest Δ_k against the largest after it.
-        dk = torch.bmm(q.view(bsz, c * e).index_select(0, b).view(-1, c, e), w.index_select(0, kk)[:, :, None])[:, :, 0]
-        pad = ks[None, :] > count.index_select(0, b)[:, None]
-        prefix = ks[None, :] <= kk[:, None] + 1
-        inside = dk.masked_fill(~prefix, float("inf")).amin(1)
-        after = dk.masked_fill(prefix | pad, float("-inf")).amax(1)
-        bad = (inside < after).nonzero()[:, 0]
-        if not bad.numel():
+        # Is the length-k prefix a top-k set of Δ_k?  Its smallest Δ_k against the largest after it.  The
+        # pairs' (C, E) tables in chunks that fit the budget; only the pairs that fail are kept.
+        step = max(1, self.budget // (16 * c * e))
+        kept = []
+        for a in range(0, b.numel(), step):
+            bb, kc = b[a:a + step], kk[a:a + step]
+            dk = torch.bmm(q.view(bsz, c * e).index_select(0, bb).view(-1, c, e), w.index_select(0, kc)[:, :, None])[:, :, 0]
+            pad = ks[None, :] > count.index_select(0, bb)[:, None]
+            prefix = ks[None, :] <= kc[:, None] + 1
+            inside = dk.masked_fill(~prefix, float("inf")).amin(1)
+            after = dk.masked_fill(prefix | pad, float("-inf")).amax(1)
+            bad = (inside < after).nonzero()[:, 0]
+            kept.append((bb[bad], kc[bad], dk[bad].masked_fill(pad[bad], float("-inf"))))
+        b, kk, dk = (torch.cat(parts) for parts in zip(*kept))
+        if not b.numel():
             return value, best_k
-        b, kk = b[bad], kk[bad]
-        dk = dk[bad].masked_fill(pad[bad], float("-inf"))
         exact = torch.sort(dk, dim=1, descending=True).values.clamp(min=0).cumsum(1).gather(1, kk[:, None])[:, 0]
         top = torch.full_like(value, float("-inf")).scatter_reduce(0, b, exact, "amax")
         hit = exact == top[b]
