@@ -6,7 +6,7 @@
 
 Reports the median and the minimum wall time (ms) of: the library's node probabilities (with and without the input
 check), node probabilities as float64 gathered-prefix range sums (float64 and float32 output), the fused
-deepest-node-above-1/2 decision, and the per-row sum/min check; the fused structural decoders
+deepest-node-above-1/2 decision, and the per-row input check (``row_check``); the fused structural decoders
 (``path_score_best``) against the library's Zhao (structural) and LCA-height decoders; the exact hF_β
 solver (``hf_beta_best_k``) against the metric's own ``_PrefixSolver.exact`` on the candidates the GPU
 plan packs for the same batch, and the whole hF_β decoder on both plans for scale.  The library's
@@ -32,6 +32,7 @@ import hdecode_torch as hd  # noqa: E402
 import hdecode_torch.kernels.fused as F  # noqa: E402
 from hdecode_torch.kernels.depth_ranges import depth_ranges  # noqa: E402
 from hdecode_torch.kernels.fused import trust_indices  # noqa: E402
+from hdecode_torch.kernels.fused.row_check import unit_sum_bounds  # noqa: E402
 from hdecode_torch.kernels.selection import tie_rank  # noqa: E402
 from hdecode_torch.kernels.tree_sums import tree_ranges  # noqa: E402
 from hdecode_torch.metrics import hf_beta as HF  # noqa: E402
@@ -134,6 +135,7 @@ def main(argv=None) -> dict:
     solver, cands = exact_solver_inputs(h, probs, 1.0)
     depths = depth_ranges(h).depths.to(torch.float64)
     hf = hd.get_metric("hf_beta", h, beta=1.0)
+    unit_bounds = unit_sum_bounds(1e-4)
 
     def gpu_plan(metric):
         def run():
@@ -147,7 +149,7 @@ def main(argv=None) -> dict:
         "gathered_prefix torch, float64 out": lambda: F.gathered_prefix(probs, src, None, hi, lo, torch.float64),
         "gathered_prefix torch, float32 out": lambda: F.gathered_prefix(probs, src, None, hi, lo, torch.float32),
         "best_ranked_above torch (deepest p > 1/2)": lambda: F.best_ranked_above(probs, src, hi, lo, rank, 0.5, h.root),
-        "row_sum_min torch": lambda: F.row_sum_min(probs),
+        "row_check torch (rows sum to 1 within 1e-4)": lambda: F.row_check(probs, *unit_bounds),
         "copy of the input (floor)": lambda: probs.clone(),
         "zhao structural decode (library, CPU plan)": lambda: zhao.decode(probs, validate=False),
         "zhao structural decode (library, GPU plan on the CPU)": gpu_plan(zhao),

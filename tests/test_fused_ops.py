@@ -19,6 +19,7 @@ Run ``python tests/test_fused_ops.py`` to print the interpreter checks as JSON.
 from __future__ import annotations
 
 import json
+import math
 import textwrap
 
 import numpy as np
@@ -30,7 +31,7 @@ import hdecode_torch.kernels.fused as F
 from hdecode_torch.kernels.fused._registry import OPS
 from hdecode_torch.kernels.fused.best_ranked_above import best_ranked_above_torch
 from hdecode_torch.kernels.fused.gathered_prefix import gathered_prefix_torch
-from hdecode_torch.kernels.fused.row_sum_min import row_sum_min_torch
+from hdecode_torch.kernels.fused.row_check import POSITIVE_FINITE, row_check_torch, unit_sum_bounds
 
 from triton_testing import ROOT, check_compiles_for_sm90, interpreter_results, needs_triton, run_python  # noqa: E402
 
@@ -318,27 +319,147 @@ def test_best_ranked_above_with_lo_none_and_rank_ties():
     assert F.best_ranked_above(x[:1], src, hi[:1], None, torch.tensor([lowest]), 0.0, 42).tolist() == [0]
 
 
-def test_row_sum_min():
-    x = torch.tensor([[1.0, 2.0, -3.0], [float("nan"), 0.0, 1.0], [float("inf"), 1.0, -2.0],
-                      [float("inf"), float("-inf"), 0.0], [1e300, 1e300, -1e300]], dtype=torch.float64)
-    got = F.row_sum_min(x)
-    assert got.dtype == torch.float64 and got.shape == (5, 2)
-    expected = [[0.0, -3.0], [float("nan")] * 2, [float("inf"), -2.0], [float("nan"), float("-inf")],
-                [1e300, -1e300]]
-    assert torch.equal(got.isnan(), torch.tensor(expected).isnan())
-    assert torch.equal(got.nan_to_num(), torch.tensor(expected, dtype=torch.float64).nan_to_num())
-    for dtype in [torch.float16, torch.bfloat16, torch.float32]:
-        y = torch.rand(7, 300, generator=torch.Generator().manual_seed(6)).to(dtype)
-        got = F.row_sum_min(y)
-        assert np.allclose(got[:, 0].numpy(), y.double().numpy().sum(1), rtol=1e-13, atol=0)
-        assert torch.equal(got[:, 1], y.double().amin(1))
-        # float16 sums above 65504 must not overflow: accumulation is in float64
-    assert F.row_sum_min(torch.full((2, 100), 60000.0, dtype=torch.float16))[:, 0].tolist() == [6e6, 6e6]
-    assert F.row_sum_min(torch.empty(3, 0)).tolist() == [[0.0, float("inf")]] * 3
-    assert F.row_sum_min(torch.empty(0, 4)).shape == (0, 2)
-    y = torch.rand(6, 9, dtype=torch.float64).t()  # strided rows
-    got = F.row_sum_min(y).numpy()
-    assert np.allclose(got[:, 0], y.numpy().sum(1), rtol=1e-14, atol=0) and (got[:, 1] == y.numpy().min(1)).all()
+def dyadic_rows(rng, b: int, m: int, dtype) -> torch.Tensor:
+    """(B, M) entries k/256, 0 <= k < 256 (exact in every input dtype, every row sum exact in float64 in
+    any order), then special values when m > 0: row 1 a NaN, row 2 +inf, row 3 -inf, row 4 all -0.0,
+    row 5 one negative entry, row 6 +inf and -inf, row 7 only NaN."""
+    x = torch.as_tensor(rng.integers(0, 256, (b, m)) / 256.0).to(dtype)
+    if m:
+        x[1, m // 2] = float("nan")
+        x[2, 0] = float("inf")
+        x[3, m - 1] = float("-inf")
+        x[4] = -0.0
+        x[5, (m - 1) // 3] = -1 / 256
+        x[6, 0], x[6, m - 1] = float("inf"), float("-inf")
+        x[7] = float("nan")
+    return x
+
+
+def row_check_bounds(x: torch.Tensor) -> list[tuple[float, float]]:
+    """Bounds at and one float64 beyond row 0's exact sum, unbounded, the library's, and empty."""
+    s0 = float(x[0].double().sum())
+    inf = float("inf")
+    return [(s0, s0), (math.nextafter(s0, inf), inf), (-inf, math.nextafter(s0, -inf)), (-inf, inf),
+            POSITIVE_FINITE, unit_sum_bounds(1e-6), (0.0, 0.0), (-0.0, 0.0), (1.0, -1.0)]
+
+
+def row_check_views(y: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """``y`` contiguous, column-major, as every other column of a wider table, broadcast, and with no row."""
+    wide = torch.zeros(y.shape[0], 2 * y.shape[1], dtype=y.dtype)
+    wide[:, 1::2] = y
+    return [("contiguous", y), ("transposed", y.t().contiguous().t()), ("sliced", wide[:, 1::2]),
+            ("broadcast", y[:1].expand(4, -1)), ("B=0", y[:0])]
+
+
+def tolerance_edge_sums(tol: float) -> np.ndarray:
+    """The 40 float64 values either side of each of ``unit_sum_bounds(tol)``, ``1 - tol`` and ``1 + tol``."""
+    near = [1.0]
+    for edge in [*unit_sum_bounds(tol), 1.0 - tol, 1.0 + tol]:
+        below = above = edge
+        near.append(edge)
+        for _ in range(40):
+            below, above = math.nextafter(below, -math.inf), math.nextafter(above, math.inf)
+            near += [below, above]
+    return np.array(near)
+
+
+def numpy_row_check(x: torch.Tensor, lo: float, hi: float) -> np.ndarray:
+    """The row check by its definition in NumPy: no NaN, no entry < 0, lo <= float64 sum <= hi."""
+    a = x.double().numpy()
+    nan = np.isnan(a)
+    no_negative = np.where(nan, 0.0, a).min(axis=1, initial=np.inf) >= 0
+    with np.errstate(invalid="ignore"):  # +inf + -inf
+        s = a.sum(axis=1)
+    return ~nan.any(axis=1) & no_negative & (s >= lo) & (s <= hi)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_row_check_against_numpy(dtype):
+    rng = np.random.default_rng(6)
+    for m in [0, 1, 2, 17, 300]:
+        y = dyadic_rows(rng, 9, m, dtype)
+        for lo, hi in row_check_bounds(y):
+            for vname, v in row_check_views(y):
+                got = F.row_check(v, lo, hi)
+                assert got.dtype == torch.bool and got.shape == (v.shape[0],)
+                assert np.array_equal(got.numpy(), numpy_row_check(v, lo, hi)), (m, lo, hi, vname)
+        if m:  # row 0 passes its own sum and fails one float64 beyond it; every special row fails
+            s0 = float(y[0].double().sum())
+            assert F.row_check(y, s0, s0).tolist() == [True] + [False] * 8
+            assert F.row_check(y, -math.inf, math.inf).tolist() == [True, False, True, False, True, False, False,
+                                                                    False, True]
+    # empty rows sum to 0
+    assert F.row_check(torch.empty(3, 0, dtype=dtype), -0.0, 0.0).tolist() == [True] * 3
+    assert F.row_check(torch.empty(3, 0, dtype=dtype), *POSITIVE_FINITE).tolist() == [False] * 3
+
+
+def test_row_check_sums_in_float64():
+    # float16 sums above 65504 do not overflow, and float32 rows are not rounded to float32
+    assert F.row_check(torch.full((2, 100), 60000.0, dtype=torch.float16), 6e6, 6e6).tolist() == [True, True]
+    x = torch.tensor([[1.0, 2.0 ** -30, 2.0 ** -30]], dtype=torch.float32)  # float32 would drop both
+    s = 1.0 + 2.0 ** -29
+    assert F.row_check(x, s, s).tolist() == [True]
+    assert F.row_check(x, 1.0, math.nextafter(s, 0.0)).tolist() == [False]
+    # +inf sums: finite entries past float64's range, or +inf itself; they pass only an infinite hi
+    big = torch.tensor([[1e308, 1e308], [float("inf"), 0.0], [1e308, 0.0]], dtype=torch.float64)
+    assert F.row_check(big, *POSITIVE_FINITE).tolist() == [False, False, True]
+    assert F.row_check(big, 1.0, math.inf).tolist() == [True, True, True]
+    # subnormal entries: positive sums
+    tiny = torch.tensor([[POSITIVE_FINITE[0], 0.0], [0.0, -0.0]], dtype=torch.float64)
+    assert F.row_check(tiny, *POSITIVE_FINITE).tolist() == [True, False]
+
+
+@pytest.mark.parametrize("tol", [0.0, 1e-6, 1e-4, 1.4e-4, 5e-3, 0.3, 0.75, 3.0, 1e300])
+def test_unit_sum_bounds_are_the_tolerance_test(tol):
+    """``lo <= s <= hi`` iff ``abs(s - 1) <= tol`` on every float64 near the edges (where 1 ± tol
+    rounded would be one float off), through the op too (a one-entry row sums to its entry)."""
+    lo, hi = unit_sum_bounds(tol)
+    s = tolerance_edge_sums(tol)
+    want = np.abs(s - 1.0) <= tol
+    assert np.array_equal((lo <= s) & (s <= hi), want)
+    assert want.any() and not want.all()
+    # the op also fails the negative rows (tol >= 1)
+    assert np.array_equal(F.row_check(torch.as_tensor(s)[:, None], lo, hi).numpy(), want & (s >= 0))
+
+
+def test_unit_sum_bounds_edges_and_errors():
+    assert unit_sum_bounds(math.inf) == (-math.inf, math.inf)
+    assert unit_sum_bounds(0.0) == (1.0, 1.0)
+    lo, hi = unit_sum_bounds(1e-6)
+    assert lo != 1.0 - 1e-6  # 1 - 1e-6 rounded fails |s - 1| <= 1e-6
+    for bad in [-1e-9, float("nan")]:
+        with pytest.raises(ValueError, match="`tol`"):
+            unit_sum_bounds(bad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_fused_input_check_accepts_the_same_rows(dtype):
+    """The GPU plan's check (one ``row_check``) and the CPU plan's (a sum and a min) accept the same
+    float64-exact row sums at the tolerance's edges, and the fused one's error names the failing row."""
+    from hdecode_torch.core.validation import prepare_leaf_probs, row_sum_tolerance
+
+    tol = row_sum_tolerance(dtype, 2)
+    lo, hi = unit_sum_bounds(tol)
+    one = torch.tensor(1.0, dtype=dtype)
+
+    def edge(bound, outward):  # the last value of dtype within the bound, and the next one beyond it
+        v = torch.tensor(bound, dtype=dtype)
+        while (float(v) - bound) * outward > 0:
+            v = torch.nextafter(v, one)
+        return [float(v), float(torch.nextafter(v, outward * torch.tensor(math.inf, dtype=dtype)))]
+
+    sums = edge(hi, 1) + edge(lo, -1)
+    assert [abs(s - 1.0) <= tol for s in sums] == [True, False, True, False]
+    for s, passes in zip(sums, [True, False, True, False]):
+        x = torch.tensor([[0.5, 0.5], [s - 0.5, 0.5]], dtype=dtype)  # the second row sums to s exactly
+        assert float(x[1].double().sum()) == s == float(x[1].sum())
+        for fused in [True, False]:
+            if passes:
+                probs, _, _ = prepare_leaf_probs(x, 2, fused_check=fused)
+                assert torch.equal(probs, x)
+            else:
+                with pytest.raises(ValueError, match="row 1 sums to"):
+                    prepare_leaf_probs(x, 2, fused_check=fused)
 
 
 def test_empty_shapes_and_strided_inputs():
@@ -442,8 +563,11 @@ def test_deterministic():
         x = xl if kind == "leaf" else xn
         a, b = (F.gathered_prefix(x, src, weight, hi, lo, torch.float64) for _ in range(2))
         assert torch.equal(a.view(torch.int64), b.view(torch.int64))
-    a, b = (F.row_sum_min(xn) for _ in range(2))
-    assert torch.equal(a.view(torch.int64), b.view(torch.int64))
+    # a row sum exactly at a bound: the same verdict every time (a changing summation order could flip it)
+    xa = xn.abs()
+    s = xa.sum(1, dtype=torch.float64)  # the torch implementation's sums
+    a, b = (F.row_check(xa, float(s[0]), float(s[0])) for _ in range(2))
+    assert torch.equal(a, b) and bool(a[0])
 
 
 def test_argument_errors():
@@ -474,7 +598,13 @@ def test_argument_errors():
     with pytest.raises(ValueError, match="`hi` on the device of `x`"):
         F.gathered_prefix(x, src, None, hi.to("meta"), lo)
     with pytest.raises(TypeError, match="`x`"):
-        F.row_sum_min(torch.zeros(2, 2, dtype=torch.int64))
+        F.row_check(torch.zeros(2, 2, dtype=torch.int64), 0.0, 1.0)
+    with pytest.raises(ValueError, match="`x`"):
+        F.row_check(torch.zeros(2), 0.0, 1.0)
+    with pytest.raises(ValueError, match="`lo`"):
+        F.row_check(x, float("nan"), 1.0)
+    with pytest.raises(ValueError, match="`hi`"):
+        F.row_check(x, 0.0, float("nan"))
 
 
 # -- torch.compile, torch.export, opcheck ---------------------------------------------------------------
@@ -492,8 +622,7 @@ class Decoder(torch.nn.Module):
     def forward(self, probs):
         p = F.gathered_prefix(probs, self.src, None, self.hi, self.lo, torch.float32)
         node = F.best_ranked_above(probs, self.src, self.hi, self.lo, self.rank, 0.5, self.root)
-        check = F.row_sum_min(probs)
-        return p, node, (check[:, 0] - 1).abs()
+        return p, node, F.row_check(probs, *unit_sum_bounds(1e-4))
 
 
 def test_torch_compile_fullgraph():
@@ -512,7 +641,7 @@ def test_torch_export():
     ep = torch.export.export(model, (probs,), dynamic_shapes={"probs": {0: torch.export.Dim("batch")}})
     targets = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
     assert {"hdecode.gathered_prefix.default", "hdecode.best_ranked_above.default",
-            "hdecode.row_sum_min.default"} <= targets
+            "hdecode.row_check.default"} <= targets
     other = torch.softmax(torch.randn(3, probs.shape[1]), 1)
     for a, b in zip(ep.module()(other), model(other)):
         assert torch.equal(a, b)
@@ -528,7 +657,8 @@ def test_opcheck():
                                                          torch.float64)),
              (torch.ops.hdecode.best_ranked_above.default, (x, src, hi, lo, torch.tensor([2, 0, 1]), 0.5, -1)),
              (torch.ops.hdecode.best_ranked_above.default, (x, src, hi, None, torch.tensor([2, 0, 1]), 9.0, 7)),
-             (torch.ops.hdecode.row_sum_min.default, (x.double(),))]
+             (torch.ops.hdecode.row_check.default, (x.double(), 0.5, 3.5)),
+             (torch.ops.hdecode.row_check.default, (x.bfloat16().t().contiguous().t(), -math.inf, math.inf))]
     for op, args in cases:
         result = torch.library.opcheck(op, args)
         assert set(result.values()) == {"SUCCESS"}, (op, result)
@@ -551,7 +681,7 @@ def interpreter_checks() -> dict:
     from hdecode_torch.kernels.fused import _triton as T
     from hdecode_torch.kernels.fused.best_ranked_above import triton as bra
     from hdecode_torch.kernels.fused.gathered_prefix import triton as gp
-    from hdecode_torch.kernels.fused.row_sum_min import triton as rsm
+    from hdecode_torch.kernels.fused.row_check import triton as rc
 
     assert T.interpreted(), "set TRITON_INTERPRET=1 before importing the kernels"
     torch.set_num_threads(1)
@@ -692,7 +822,7 @@ def interpreter_checks() -> dict:
     empty, zeros = torch.empty(0, dtype=torch.int64), torch.zeros(3, dtype=torch.int64)
     record("edge/B=0", gp.launch(x[:0], src, None, hi, lo, torch.float64).shape == (0, len(hi))
            and bra.launch(x[:0], src, hi, lo, rank, 0.5, -1).shape == (0,)
-           and rsm.launch(x[:0]).shape == (0, 2))
+           and rc.launch(x[:0], 0.0, 1.0).shape == (0,))
     record("edge/K=0", gp.launch(x, src, None, hi[:0], lo[:0], torch.float64).shape == (5, 0)
            and bra.launch(x, src, hi[:0], lo[:0], rank[:0], 0.5, -2).tolist() == [-2] * 5)
     record("edge/J=0", torch.equal(gp.launch(x, empty, None, zeros, zeros, torch.float64),
@@ -707,27 +837,37 @@ def interpreter_checks() -> dict:
     xe = torch.as_tensor(rng.standard_normal((4, 2500)))
     a, b = (gp.launch(xe, torch.arange(2500), None, torch.arange(2501), None, torch.float64) for _ in range(2))
     record("deterministic/gathered_prefix", torch.equal(a, b))
-    a, b = rsm.launch(xe), rsm.launch(xe)
-    record("deterministic/row_sum_min", torch.equal(a, b))
-    # row_sum_min: several blocks per row, special values, dtypes, strides
+    s0 = float(xe[0].sum())
+    a, b = rc.launch(xe, s0, s0), rc.launch(xe, s0, s0)
+    record("deterministic/row_check", torch.equal(a, b))
+    # row_check: several blocks per row, special values, dtypes, strides, bounds at and one float64
+    # beyond an exact sum (float32 bounds would round them together)
     for dtype in [torch.float16, torch.bfloat16, torch.float32, torch.float64]:
         for m in [0, 1, 17, 2500]:
-            y = torch.as_tensor(rng.standard_normal((6, m))).to(dtype)
-            if m:
-                y[1, m // 2] = float("nan")
-                y[2, 0] = float("inf")
-                y[3, m - 1] = float("-inf")
-            for vname, v in [("contiguous", y), ("transposed", y.t().contiguous().t())]:
-                got, ref = rsm.launch(v), row_sum_min_torch(v)
-                same_nan = torch.equal(got.isnan(), ref.isnan())
-                got0, ref0 = got.nan_to_num(), ref.nan_to_num()
-                tol = 4 * max(m, 1) * EPS * v.double().abs().nan_to_num(0, 0, 0).sum(1)
-                ok = same_nan and torch.equal(got0[:, 1], ref0[:, 1]) and bool(
-                    ((got0[:, 0] - ref0[:, 0]).abs() <= tol).all())
-                record(f"row_sum_min/{dtype}/{m}/{vname}", ok, torch.equal(got0, ref0), got.tolist())
+            y = dyadic_rows(rng, 9, m, dtype)
+            bounds = row_check_bounds(y)
+            # every bound on the contiguous rows, the exact sum of row 0 on the other layouts (B > 0)
+            cases = [("contiguous", y, b) for b in bounds] + [(vname, v, bounds[0]) for vname, v in
+                                                               row_check_views(y)[1:-1]]
+            for vname, v, (lo, hi) in cases:
+                got = rc.launch(v, lo, hi)
+                ok = (got.dtype == torch.bool and np.array_equal(got.numpy(), numpy_row_check(v, lo, hi))
+                      and torch.equal(got, row_check_torch(v, lo, hi)))
+                record(f"row_check/{dtype}/{m}/{vname}/{lo!r}/{hi!r}", ok, None, got.tolist())
+    for tol in [1e-6, 1.4e-4, 5e-3]:  # one-entry rows at the library's bounds
+        s = tolerance_edge_sums(tol)
+        got = rc.launch(torch.as_tensor(s)[:, None], *unit_sum_bounds(tol)).numpy()
+        record(f"row_check/tolerance/{tol}", np.array_equal(got, np.abs(s - 1.0) <= tol), None, got.tolist())
+    x = torch.tensor([[1.0, 2.0 ** -30, 2.0 ** -30]], dtype=torch.float32)  # float32 would drop both
+    big = torch.tensor([[1e308, 1e308], [float("inf"), 0.0], [1e308, 0.0], [POSITIVE_FINITE[0], -0.0]],
+                       dtype=torch.float64)
+    record("row_check/float64", rc.launch(torch.full((2, 100), 60000.0, dtype=torch.float16), 6e6, 6e6).tolist()
+           == [True, True] and rc.launch(x, 1 + 2.0 ** -29, 1 + 2.0 ** -29).tolist() == [True]
+           and rc.launch(big, *POSITIVE_FINITE).tolist() == [False, False, True, True]
+           and rc.launch(big, 1.0, math.inf).tolist() == [True, True, True, False])
     # the CUDA dispatch, run on CPU tensors: Triton at any row length, torch when disabled
     calls = []
-    for name, module in [("gathered_prefix", gp), ("best_ranked_above", bra), ("row_sum_min", rsm)]:
+    for name, module in [("gathered_prefix", gp), ("best_ranked_above", bra), ("row_check", rc)]:
         module.launch = lambda *a, _orig=module.launch, _name=name: calls.append(_name) or _orig(*a)
     t = random_trees(12, 1)[-1]
     _, src, _, hi, lo = uses(t)["node_probabilities"]
@@ -735,9 +875,9 @@ def interpreter_checks() -> dict:
     ref = gathered_prefix_torch(x, src, None, hi, lo, torch.float64)
     out = OPS["gathered_prefix"].cuda(x, src, None, hi, lo, torch.float64)
     OPS["best_ranked_above"].cuda(x, src, hi, lo, torch.as_tensor(rank_depth(t)), 0.5, -1)
-    OPS["row_sum_min"].cuda(x)
-    record("dispatch/triton", calls == ["gathered_prefix", "best_ranked_above", "row_sum_min"]
-           and torch.equal(out, ref), None, calls)
+    checked = OPS["row_check"].cuda(x, 0.0, 1e9)
+    record("dispatch/triton", calls == ["gathered_prefix", "best_ranked_above", "row_check"]
+           and torch.equal(out, ref) and checked.tolist() == [True] * 3, None, calls)
     calls.clear()
     T.MAX_REGISTER_ROW = len(src) - 1
     try:
@@ -765,7 +905,7 @@ def test_triton_interpreter_matches_torch():
     results = interpreter_results("test_fused_ops")
     groups = {k.split("/")[0] for k in results}
     assert groups == {"gathered_prefix", "best_ranked_above", "layout", "long", "one_entry", "tiles", "tiles16",
-                      "edge", "strided", "deterministic", "row_sum_min", "dispatch"}, groups
+                      "edge", "strided", "deterministic", "row_check", "dispatch"}, groups
     failed = {k: v for k, v in results.items() if not v["ok"]}
     assert not failed, failed
     # the interpreter scans sequentially like torch on the CPU, and a tile's scan starts from the
@@ -785,7 +925,7 @@ def test_triton_kernels_compile_for_sm90():
         from hdecode_torch.kernels.fused import _triton as T
         from hdecode_torch.kernels.fused.best_ranked_above import triton as bra
         from hdecode_torch.kernels.fused.gathered_prefix import triton as gp
-        from hdecode_torch.kernels.fused.row_sum_min import triton as rsm
+        from hdecode_torch.kernels.fused.row_check import triton as rc
         def gp_sig(x, o, w, l):
             sig = {"X": "*" + x, "stride_xb": "i64", "stride_xm": "i32", "SRC": "*i64",
                    "W": "*fp64" if w else "constexpr", "HI": "*i64", "LO": "*i64" if l else "constexpr",
@@ -806,8 +946,10 @@ def test_triton_kernels_compile_for_sm90():
         assert k.metadata.shared <= 8 * T.MAX_REGISTER_ROW + 4096, k.metadata.shared
         build(bra._best_ranked_above_kernel, bsig,
               {"HAS_LO": True, "IN_REGS": False, "BLOCK_J": T.SCAN_BLOCK, "BLOCK_K": 2048}, 8)
-        build(rsm._row_sum_min_kernel, {"X": "*bf16", "stride_xb": "i64", "stride_xm": "i64", "OUT": "*fp64",
-                                        "M": "i32", "BLOCK": "constexpr"}, {"BLOCK": rsm.ROW_BLOCK}, 4)
+        for x, stride in [("bf16", "i64"), ("fp32", "i32")]:
+            build(rc._row_check_kernel, {"X": "*" + x, "stride_xb": stride, "stride_xm": stride, "OUT": "*i1",
+                                         "lo": "fp64", "hi": "fp64", "M": "i32", "BLOCK": "constexpr"},
+                  {"BLOCK": rc.ROW_BLOCK}, 4)
     """)
 
 
@@ -835,13 +977,13 @@ def test_import_pulls_in_neither_triton_nor_dynamo():
         x = torch.tensor([[0.25, 0.5, 0.25]])
         src, hi, lo = torch.tensor([2, 0, 1]), torch.tensor([3, 2]), torch.tensor([0, 1])
         print(F.gathered_prefix(x, src, None, hi, lo).tolist(), F.best_ranked_above(x, src, hi, lo,
-              torch.tensor([0, 1]), 0.5, -1).tolist(), F.row_sum_min(x).tolist())
+              torch.tensor([0, 1]), 0.5, -1).tolist(), F.row_check(x, 1.0, 1.0).tolist())
         print(sorted(m for m in sys.modules
                      if m.split(".")[0] == "triton" or m.startswith(("torch._dynamo", "torch._inductor"))))
     """).replace("{root!r}", repr(ROOT))
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert proc.stdout.splitlines() == ["[[1.0, 0.25]] [0] [[1.0, 0.25]]", "[]"]
+    assert proc.stdout.splitlines() == ["[[1.0, 0.25]] [0] [True]", "[]"]
 
 
 def test_works_without_triton():
@@ -852,19 +994,19 @@ def test_works_without_triton():
         x = torch.tensor([[0.25, 0.5, 0.25], [0.5, 0.125, 0.375]])
         src, hi, lo = torch.tensor([2, 0, 1]), torch.tensor([3, 2]), torch.tensor([0, 1])
         print(F.triton_available())
-        print(F.gathered_prefix(x, src, None, hi, lo).tolist(), F.row_sum_min(x).tolist())
+        print(F.gathered_prefix(x, src, None, hi, lo).tolist(), F.row_check(x, 1.0, 1.0).tolist())
         # the CUDA kernel's fallback path, run on CPU tensors
         print(OPS["gathered_prefix"].cuda(x, src, None, hi, lo, torch.float64).tolist(),
               OPS["best_ranked_above"].cuda(x, src, hi, lo, torch.tensor([0, 1]), 0.4, -1).tolist(),
-              OPS["row_sum_min"].cuda(x).tolist())
+              OPS["row_check"].cuda(x, 0.0, 0.5).tolist())
         print("triton" in sys.modules)
     """)
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert proc.stdout.splitlines() == [
         "False",
-        "[[1.0, 0.25], [1.0, 0.5]] [[1.0, 0.25], [1.0, 0.125]]",
-        "[[1.0, 0.25], [1.0, 0.5]] [0, 1] [[1.0, 0.25], [1.0, 0.125]]",
+        "[[1.0, 0.25], [1.0, 0.5]] [True, True]",
+        "[[1.0, 0.25], [1.0, 0.5]] [0, 1] [False, False]",
         "False",
     ]
 

@@ -255,8 +255,8 @@ def prepare_leaf_probs(
     ``extra_checks``: :class:`RangeCheck` s (e.g. predictions or targets on the same device) checked
     in the same reduction, so that a whole call reads the host once.  ``defer=True`` returns the
     check unsettled, for the caller to read with other values it needs (one host read per call in
-    all).  With ``validate=False`` nothing is checked and nothing is read.  ``fused_check``: take the
-    row sums and the minimum in one fused pass (``hdecode::row_sum_min``; what the GPU plan does).
+    all).  With ``validate=False`` nothing is checked and nothing is read.  ``fused_check``: check the
+    rows in one fused pass (``hdecode::row_check``; what the GPU plan does).
     """
     kind = input_kind(from_logits)
     x, unbatched = _input_array(leaf_probs, num_leaves, name, device)
@@ -354,34 +354,34 @@ def _checked_probs(x, checks, name, tol, normalize, in_dtype, validate, fused_ch
         return (x / x.sum(dim=1, keepdim=True) if normalize else x), None
     if x.numel() == 0:
         return x, _range_check(checks, x.device)
-    # Two passes over the data (a float64 sum and a min), or one fused pass; no host read here.  NaN
-    # and +inf make a row sum non-finite and NaN makes the min NaN, so the one flag covers finiteness
-    # too; the error path then finds out exactly what is wrong.
+    # Two passes over the data (a float64 sum and a min), or one fused pass whose per-row flags give
+    # the batch's flag at once; no host read here.  NaN and +inf make a row sum non-finite and NaN
+    # makes the min NaN, so the one flag covers finiteness too; the error path then finds out exactly
+    # what is wrong.
     if fused_check:
-        from ..kernels.fused import row_sum_min
+        from ..kernels.fused.row_check import POSITIVE_FINITE, row_check, unit_sum_bounds
 
-        stats = row_sum_min(x)
-        sums, nonneg = stats[:, 0], (stats[:, 1] >= 0).all()  # a NaN minimum fails the comparison
+        # the bounds pass exactly the float64 sums the unfused test below passes
+        ok = row_check(x, *(POSITIVE_FINITE if normalize else unit_sum_bounds(tol))).all()
+        # float64 sums as the op takes them, only where the output needs them (or below, an error)
+        sums = x.sum(dim=1, dtype=torch.float64) if normalize else None
     else:
         sums = row_sums(x)
         nonneg = x.amin() >= 0
-    if normalize:
-        ok = nonneg & ((sums > 0) & torch.isfinite(sums)).all()
-        # divided in float64: a float32 row may sum past float32's range
-        out = (x / sums.clamp(min=torch.finfo(torch.float64).tiny)[:, None]).to(x.dtype)
-    else:
-        ok = nonneg & ((sums - 1).abs() <= tol).all()
-        out = x
+        ok = nonneg & (((sums > 0) & torch.isfinite(sums)) if normalize else ((sums - 1).abs() <= tol)).all()
+    # divided in float64: a float32 row may sum past float32's range
+    out = (x / sums.clamp(min=torch.finfo(torch.float64).tiny)[:, None]).to(x.dtype) if normalize else x
 
     overflow = []
 
     def act(oks):
         if not oks[0]:
+            s = sums if sums is not None else x.sum(dim=1, dtype=torch.float64)
             finite, nonneg_ = bool(torch.isfinite(x).all()), bool((x >= 0).all())
-            if normalize and finite and nonneg_ and not bool((sums <= 0).any()):
+            if normalize and finite and nonneg_ and not bool((s <= 0).any()):
                 overflow.append(True)  # finite entries whose float32 sum overflows
             else:
-                _raise_probs_error(x, sums, (finite, nonneg_), name, tol, normalize, in_dtype)
+                _raise_probs_error(x, s, (finite, nonneg_), name, tol, normalize, in_dtype)
         raise_first_range_error(checks, oks[1:])
     check = Check([ok] + range_flags(checks, x.device), act)
     if normalize:

@@ -1,4 +1,5 @@
-"""Fused row kernels: gathered float64 prefix sums, a fused ranked-threshold decision, a row check,
+"""Fused row kernels: gathered float64 prefix sums, a fused ranked-threshold decision, a row check
+(each row non-negative, free of NaN, its float64 sum within bounds: one flag per row),
 the exact hF_β and Jaccard solvers over packed candidates and a fused root-path-score decoder.
 
 Six torch ops in the ``hdecode`` namespace, batch-major (rows are samples; every scan runs along
@@ -62,7 +63,7 @@ Ops (schemas as registered)::
                              ScalarType out_dtype) -> Tensor
     hdecode::best_ranked_above(Tensor x, Tensor src, Tensor hi, Tensor? lo, Tensor rank,
                                float threshold, int fallback) -> Tensor
-    hdecode::row_sum_min(Tensor x) -> Tensor
+    hdecode::row_check(Tensor x, float lo, float hi) -> Tensor
     hdecode::hf_beta_best_k(Tensor q, Tensor count, Tensor depths, float r) -> (Tensor, Tensor)
     hdecode::path_score_best(Tensor x, Tensor src, Tensor hi, Tensor lo, Tensor parent, Tensor alpha,
                              Tensor beta, Tensor euler_src, Tensor sign, Tensor at, Tensor gamma,
@@ -82,10 +83,10 @@ from ._checks import trust_indices
 from ._registry import SCHEMAS, set_triton_enabled, triton_available, triton_enabled
 from .gathered_prefix import gathered_prefix
 from .best_ranked_above import best_ranked_above
-from .row_sum_min import row_sum_min
+from .row_check import row_check
 from .hf_beta_best_k import hf_beta_best_k
 from .path_score_best import path_score_best
 from .jaccard_sets import jaccard_sets
 
-__all__ = ["gathered_prefix", "best_ranked_above", "row_sum_min", "hf_beta_best_k", "path_score_best", "jaccard_sets",
+__all__ = ["gathered_prefix", "best_ranked_above", "row_check", "hf_beta_best_k", "path_score_best", "jaccard_sets",
            "trust_indices", "triton_available", "triton_enabled", "set_triton_enabled", "SCHEMAS"]

@@ -1,0 +1,98 @@
+"""``hdecode::row_check``: whether each row is non-negative, free of NaN and has its float64 sum within
+bounds, in one pass: the input check of probabilities, a flag per row."""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+
+import torch
+
+from .._checks import check_float_tensor
+from .._registry import register
+
+__all__ = ["row_check", "row_check_torch", "unit_sum_bounds", "POSITIVE_FINITE", "SCHEMA"]
+
+SCHEMA = "row_check(Tensor x, float lo, float hi) -> Tensor"
+
+#: ``(lo, hi)`` with ``lo <= s <= hi`` exactly when the float64 ``s`` is > 0 and finite: the smallest
+#: positive (subnormal) float64 and the largest finite one.
+POSITIVE_FINITE = (math.ulp(0.0), sys.float_info.max)
+
+
+def row_check(x: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
+    """Per-row input check in one pass (``hdecode::row_check``).
+
+    Row b passes iff it holds no NaN, every entry is >= 0 (``-0.0`` is) and its float64 sum s
+    satisfies ``lo <= s <= hi``, two float64 comparisons of s itself (no difference, nothing rounded
+    after the sum): +inf sums pass only when ``hi`` is +inf; an empty row sums to 0.  E.g.
+    ``row_check(x, *unit_sum_bounds(tol)).all()`` (rows summing to 1 within tol) and
+    ``row_check(x, *POSITIVE_FINITE).all()`` (sums > 0 and finite).
+
+    Args:
+        x: (B, M) float16/bfloat16/float32/float64, any strides.
+        lo, hi: float, not NaN; ``lo > hi`` passes no row.
+    Returns:
+        (B,) bool.  O(B·M), any M, deterministic.  The sum accumulates in float64 in a fixed order
+        (torch: its float64 ``sum``; Triton: per-lane running sums over blocks of the row, then a
+        tree over the lanes); the two orders agree to a few float64 ulps of the row's absolute sum,
+        so only a sum that close to ``lo`` or ``hi`` can be judged differently by the two.
+    Raises:
+        ValueError / TypeError naming the argument for a wrong shape or dtype of ``x`` or a NaN bound.
+    """
+    return torch.ops.hdecode.row_check(x, float(lo), float(hi))
+
+
+def check(x, lo, hi) -> None:
+    """Shape and dtype of ``x``; ``lo`` and ``hi`` not NaN."""
+    check_float_tensor(x, "x")
+    for name, v in (("lo", lo), ("hi", hi)):
+        if math.isnan(v):
+            raise ValueError(f"Expected `{name}` to be a number (an infinity is allowed), but got {v}")
+
+
+@functools.lru_cache(maxsize=64)
+def unit_sum_bounds(tol: float) -> tuple[float, float]:
+    """``(lo, hi)`` such that ``lo <= s <= hi`` iff ``abs(s - 1) <= tol`` in float64, for every float64 s.
+
+    ``1 - tol`` and ``1 + tol`` rounded can sit one float on the wrong side of that test, so the
+    bounds are moved to the last float64 that passes it: ``s - 1`` rounded is non-decreasing in s
+    and round-to-nearest is symmetric, so the floats that pass form one interval.  tol: float >= 0
+    (+inf: every float64 but NaN passes).
+    """
+    tol = float(tol)
+    if not tol >= 0:
+        raise ValueError(f"Expected `tol` to be a float >= 0, but got {tol}")
+
+    def passes(s: float) -> bool:
+        return abs(s - 1.0) <= tol
+
+    lo, hi = 1.0 - tol, 1.0 + tol
+    while not passes(hi):
+        hi = math.nextafter(hi, 1.0)
+    while hi < math.inf and passes(math.nextafter(hi, math.inf)):
+        hi = math.nextafter(hi, math.inf)
+    while not passes(lo):
+        lo = math.nextafter(lo, 1.0)
+    while lo > -math.inf and passes(math.nextafter(lo, -math.inf)):
+        lo = math.nextafter(lo, -math.inf)
+    return lo, hi
+
+
+def row_check_torch(x: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
+    """The torch implementation of :func:`row_check` (every device): a float64 sum and a minimum per row."""
+    check(x, lo, hi)
+    total = x.sum(dim=1, dtype=torch.float64)  # NaN anywhere makes it NaN, which fails both comparisons
+    ok = (total >= lo) & (total <= hi)  # python floats against a float64 tensor: compared in float64
+    if x.shape[1]:
+        ok &= x.amin(dim=1) >= 0  # amin propagates NaN
+    return ok
+
+
+def _fake(x, lo, hi):
+    check(x, lo, hi)
+    return x.new_empty((x.shape[0],), dtype=torch.bool)
+
+
+register("row_check", SCHEMA, row_check_torch, _fake, check, __name__ + ".triton")
