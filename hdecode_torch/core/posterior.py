@@ -93,18 +93,22 @@ class Posterior:
 
     # ------------------------------------------------------------------ host reads
     def read(self, *values: torch.Tensor) -> list:
-        """The host values of 0-d integer tensors ``values``, read together with this batch's input check
-        if it is still pending (built with ``defer_check=True``): one host read for both.  Raises the
-        check's error, if any, before returning."""
+        """The host values of 0-d non-negative integer tensors ``values``, read together with this batch's
+        input check if it is still pending (built with ``defer_check=True``): one host read for both.
+        Raises the check's error, if any, before returning."""
         check = self._check
         pending = check is not None and not check.done
-        parts = [v.reshape(1).to(torch.int64) for v in values]
+        both = values[0] if len(values) == 1 else torch.stack([v.reshape(()) for v in values])
         if pending:
-            parts.append(torch.stack(check.flags).to(torch.int64))
-        got = torch.cat(parts).tolist() if parts else []  # the one host read
+            # The values are counts (>= 0): -1 stands for "some flag is false", whose flags are then read
+            # on their own (a second read, on the error path only).
+            both = torch.where(check.all_ok(), both, -1)
+        got = both.reshape(-1).tolist()  # the one host read
         if pending:
-            check.settle(got[len(values):])
-        return got[: len(values)]
+            if min(got) < 0:
+                check.settle()  # raises
+            check.done = True
+        return got
 
     def settle(self) -> None:
         """Read this batch's input check now if it is still pending (one host read), raising its error."""

@@ -182,10 +182,17 @@ class Check:
         """Act on the flags' values (read here when ``values`` is None)."""
         if self.done:
             return
-        if values is None:
-            values = torch.stack(self.flags).tolist()  # the one host read
+        if values is None:  # the one host read
+            values = [self.flags[0].item()] if len(self.flags) == 1 else torch.stack(self.flags).tolist()
         self.done = True
         self.act([bool(v) for v in values])
+
+    def all_ok(self) -> torch.Tensor:
+        """0-d bool on the device: every flag true."""
+        ok = self.flags[0]
+        for f in self.flags[1:]:
+            ok = ok & f
+        return ok
 
 
 def _input_array(leaf_probs, num_leaves: int, name: str, device) -> tuple[torch.Tensor, bool]:
