@@ -8,9 +8,7 @@ plans, and what the GPU plan's call costs a GPU (operators, host reads) on the l
 
 Latency: median wall time of ``metric.decode(p)`` (validated, probabilities in float32, one thread), each
 call after warm-up calls that build the tree's cached tables, under ``hd.plan_for("cpu")`` and
-``hd.plan_for("cuda")`` on CPU tensors; next to it the per-sample NumPy baseline of the same algorithm
-decoding the same rows one by one (``benchmarks.baselines``), and the copy of the input (the floor of any
-call).  A CPU shows most of what a GPU pays per call: Python per operator, checks, host reads.
+``hd.plan_for("cuda")`` on CPU tensors, and the copy of the input (the floor of any call).  A CPU shows most of what a GPU pays per call: Python per operator, checks, host reads.
 
 Counts: ATen operators that launch a kernel (a fused ``hdecode::`` op counts one) and host reads of one
 validated call under the GPU plan (``benchmarks.plan_cost``), at B = 1, at the batch sizes given, and with
@@ -31,7 +29,6 @@ import time
 if __package__ in (None, ""):  # `python benchmarks/latency.py`
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import hdecode_torch as hd  # noqa: E402
@@ -81,20 +78,6 @@ def latency(h, batch: int, plan: str, min_time: float) -> dict:
             fn = _call(h, name, params)
             out[label] = _median_us(lambda: fn(p), min_time)
     out["copy"] = _median_us(lambda: p.clone(), min_time)
-    return out
-
-
-def _baseline_us(h, min_time: float) -> dict:
-    """µs per sample of the per-sample NumPy baselines (one row at a time), where the module has one."""
-    from benchmarks import baselines as B
-
-    tables = B.TreeTables(np.asarray(h.parents_list))
-    row = _probs(h, 1)[0].double().numpy()
-    out = {}
-    for label, name, params in DECODERS:
-        fn = B.baseline_for(name or "node_probabilities", tables, params) if hasattr(B, "baseline_for") else None
-        if fn is not None:
-            out[label] = _median_us(lambda: fn(row), min_time, max_calls=200)
     return out
 
 
@@ -153,7 +136,7 @@ def main(argv=None) -> int:
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     report = {"date": time.strftime("%Y-%m-%d"), "threads": args.threads, "torch": torch.__version__, "trees": {}}
     for tree in args.trees.split(","):
-        h = load_tree(tree)
+        h, _ = load_tree(tree)
         _check_plans(h, 64)
         entry = report["trees"][tree] = {"counts": {b: counts(h, b) for b in sorted({1, *sizes})}}
         print(f"\n{tree}: N = {h.num_nodes}, L = {h.num_leaves}, depth {h.max_depth}")
@@ -175,7 +158,7 @@ def main(argv=None) -> int:
             print("  " + f"{plan:>5} {int(b):6d} " + " ".join(f"{lat[lab]:12.0f}" for lab in labels + ["copy"]))
     if args.large:
         for tree, batch in (("100k", 256), ("1m", 64)):
-            h = load_tree(tree)
+            h, _ = load_tree(tree)
             c = counts(h, batch)
             nested, nested2 = nested_ops(h, batch), nested_ops(h, 2)
             report["trees"][tree] = {"batch": batch, "counts": c, "nested_ops": nested, "nested_ops_b2": nested2}

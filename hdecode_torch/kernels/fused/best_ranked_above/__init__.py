@@ -52,16 +52,20 @@ def check(x, src, hi, lo, rank, threshold=None, fallback=None) -> None:
     check_index_values(x, src, hi, lo)
 
 
-def _dense_rank(rank: torch.Tensor) -> torch.Tensor:
-    """Distinct ranks 0..K-1 in the order of ``rank``, the smallest k highest among equal ranks: the
-    first maximum of ``where(v > threshold, dense, -1)`` is then the answer."""
+def _dense_rank(rank: torch.Tensor, fallback: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(dense, answer)``: distinct ranks 0..K-1 in the order of ``rank``, the smallest k highest among
+    equal ranks (so the largest of ``where(v > threshold, dense, -1)`` names the answer), and (K + 1,)
+    the range of each dense rank shifted by one, ``fallback`` first: ``answer[best + 1]``."""
     def build():
         k = rank.shape[0]
         order = torch.argsort(rank.flip(0), stable=True)
         dense = torch.empty_like(rank)
         dense[k - 1 - order] = torch.arange(k, device=rank.device)
-        return dense
-    return derived("dense_rank", (rank,), build)
+        answer = torch.empty(k + 1, dtype=torch.int64, device=rank.device)
+        answer[0] = fallback
+        answer[1:][dense] = torch.arange(k, device=rank.device)
+        return dense, answer
+    return derived(f"dense_rank/{fallback}", (rank,), build)
 
 
 def best_ranked_above_torch(x: torch.Tensor, src: torch.Tensor, hi: torch.Tensor, lo: torch.Tensor | None,
@@ -71,9 +75,9 @@ def best_ranked_above_torch(x: torch.Tensor, src: torch.Tensor, hi: torch.Tensor
     b, k = x.shape[0], hi.shape[0]
     if b == 0 or k == 0:
         return torch.full((b,), int(fallback), dtype=torch.int64, device=x.device)
-    key = torch.where(range_sums(x, src, None, hi, lo) > threshold, _dense_rank(rank), -1)
-    best = key.argmax(dim=1, keepdim=True)
-    return best.masked_fill_(key.gather(1, best) < 0, int(fallback)).squeeze(1)
+    dense, answer = _dense_rank(rank, int(fallback))
+    key = torch.where(range_sums(x, src, None, hi, lo) > threshold, dense, -1)
+    return answer.index_select(0, key.amax(dim=1).add_(1))
 
 
 def _fake(x, src, hi, lo, rank, threshold, fallback):
