@@ -39,7 +39,9 @@ def wu_palmer_table(post) -> torch.Tensor:
     s = post.path_sum(q, include_root=False)
     e = post.leaf_depth_values().to(post.dtype)
     w = 2.0 / (h.depth.to(post.dtype)[:, None] + e[None, :])  # (N, E); d(h) + e >= 1
-    return torch.einsum("neb,ne->nb", s, w)
+    # an elementwise product and a sum over the leaf depths: an einsum here is a batched matrix product
+    # over the N nodes, which the CPU runs as one small product per node
+    return (s * w[:, :, None]).sum(1)
 
 
 def path_below_root(h, node: torch.Tensor) -> torch.Tensor:
