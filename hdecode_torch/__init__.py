@@ -17,9 +17,9 @@ __all__ = [
     "row_sum_tolerance", "get_memory_budget", "set_memory_budget", "plan_for", "__version__",
 ]
 
-from .decoders import calibrate_darts, get_decoder, list_decoders  # noqa: E402
+from .decoders import RiskControl, calibrate_darts, get_decoder, list_decoders  # noqa: E402
 
-__all__ += ["get_decoder", "list_decoders", "calibrate_darts"]
+__all__ += ["get_decoder", "list_decoders", "calibrate_darts", "RiskControl"]
 
 from .integrations.module import DecodingHead  # noqa: E402
 from .integrations.temperature import TemperatureScaler  # noqa: E402

@@ -7,9 +7,10 @@ from .heuristics import (
     Plurality, TopDown,
 )
 from .registry import OptimalDecoder, get_decoder, list_decoders
+from .risk_control import LossSteps, RiskControl, RiskCoverage, ThresholdDescent
 
 __all__ = [
     "Decoder", "get_decoder", "list_decoders", "calibrate_darts", "OptimalDecoder",
     "ArgmaxLeaf", "TopDown", "ConfidenceThreshold", "Majority", "Plurality", "Darts", "ExpectedInformation",
-    "InformationThreshold", "HiE", "CRM",
+    "InformationThreshold", "HiE", "CRM", "ThresholdDescent", "RiskControl", "LossSteps", "RiskCoverage",
 ]
