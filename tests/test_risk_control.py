@@ -517,6 +517,8 @@ def test_inside_a_decoding_head_and_a_hierarchical_metric():
     assert float(metric.compute()) == pytest.approx(float(hd.get_metric("tree_distance", h)(want, y).double().mean()))
     assert metric.key == "tree_distance/risk_control[alpha=0.1]"
     assert rc.key == "risk_control[alpha=0.1]" and repr(rc).endswith("alpha=0.1)")
+    assert hd.RiskControl(h, alpha=0.5, delta=0.1, loss="overshoot").key == "risk_control_overshoot[alpha=0.5,delta=0.1]"
+    assert hd.RiskControl(h, budget=2).key == "risk_control[alpha=0.1,budget=2]"
     assert want.dtype == torch.long and want.shape == (500,)
     assert int(rc.decode(probs[0])) == int(want[0])
 

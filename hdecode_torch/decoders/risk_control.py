@@ -8,7 +8,7 @@ its parent's mass; the minimum only keeps rounding from breaking the order), the
     D_λ(x) = t_{k(λ)},   k(λ) = max{k : q_k > λ}:
 
 descend from the root while the most probable child has p > λ.  λ = 0 gives the deepest node of the
-path with positive mass, any λ ≥ 1 (``≥ q_1``) the root.
+path with positive mass, λ ≥ q_1 (any λ ≥ 1, up to rounding) the root.
 
 *Nested.*  The path does not depend on λ, and λ ≤ λ' gives {k : q_k > λ'} ⊆ {k : q_k > λ}, so
 k(λ') ≤ k(λ): D_λ' is D_λ or one of its ancestors.
@@ -54,13 +54,15 @@ is a non-increasing, right-continuous step function of λ, zero for λ ≥ q_1.
 
 **Fitting** on n calibration rows, with ``S(λ) = Σ_i L_i(λ)``:
 
-- conformal risk control (``delta=None``, Angelopoulos et al., "Conformal Risk Control", ICLR 2024,
-  Thm. 1): λ̂ = min{λ ≥ 0 : (S(λ) + B) / (n + 1) ≤ α};
+- conformal risk control (``delta=None``, Angelopoulos et al., "Conformal Risk Control", 2022, ICLR
+  2024, Thm. 1): λ̂ = min{λ ≥ 0 : (S(λ) + B) / (n + 1) ≤ α};
 - upper confidence bound (``delta``: Bates et al., "Distribution-Free, Risk-Controlling Prediction
   Sets", JACM 2021; Angelopoulos et al., "Learn then Test", 2021): λ̂ = min{λ ≥ 0 : p(λ) ≤ δ} with
   p(λ) the p-value of "the risk at λ exceeds α": the exact binomial tail P(Bin(n, α) ≤ S(λ)) for 0/1
   losses, the Hoeffding–Bentkus bound min(exp(−n·h(r ∧ a, a)), e·P(Bin(n, a) ≤ ⌈n·r⌉)) with
   r = S(λ)/(nB), a = α/B, h(r, a) = r log(r/a) + (1−r) log((1−r)/(1−a)) for other bounded losses.
+  One test suffices for the data-dependent λ̂ because p(λ) falls as λ grows (the argument of Bates
+  et al., Thm. 1): the risk can only exceed α at λ̂ if it does at a fixed λ where the test passed.
 
 S is a non-increasing step function that jumps only at the rows' thresholds, and both conditions are
 monotone in S, so λ̂ is 0 or a threshold: one sort of the thresholds (for 0/1 losses, the n critical
@@ -90,8 +92,6 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Callable
-
 import torch
 
 from ..core.chunking import budget_for
@@ -351,10 +351,13 @@ class RiskControl(ThresholdDescent):
                  loss_bound: float | None = None, validate: bool = True):
         Decoder.__init__(self, hierarchy, validate=validate)
         self.loss, self.bound, self._table = self._resolve_loss(loss, loss_bound)
+        self._kind = loss if isinstance(loss, str) else "custom"
+        if self._kind != "miss":  # the label in tables and logs tells the losses apart
+            self.name = f"risk_control_{self._kind}"
         if isinstance(budget, bool) or not isinstance(budget, numbers.Integral) or budget < 0:
             raise ValueError(f"Expected `budget` to be an int >= 0 (levels past the target's branch), but got "
                              f"{budget!r}")
-        if budget and self.loss != "miss":
+        if budget and self._kind != "miss":
             raise ValueError(f"`budget` applies to loss='miss' only, but loss={self._loss_label()}")
         self.budget = int(budget)
         what = "the miss rate to allow" if self.binary else f"the mean loss to allow, B = {self.bound:g}"
@@ -369,7 +372,7 @@ class RiskControl(ThresholdDescent):
     @property
     def binary(self) -> bool:
         """Whether the loss only takes the values 0 and 1."""
-        return self.loss == "miss"
+        return self._kind == "miss"
 
     @property
     def params(self) -> dict:
@@ -381,7 +384,7 @@ class RiskControl(ThresholdDescent):
         return out
 
     def _loss_label(self) -> str:
-        return repr(self.loss) if isinstance(self.loss, str) else type(self.loss).__name__
+        return repr(self.loss) if self._kind != "custom" else f"a {type(self.loss).__name__}"
 
     def _resolve_loss(self, loss, loss_bound):
         h = self.hierarchy
@@ -459,7 +462,8 @@ class RiskControl(ThresholdDescent):
         h = self.hierarchy
         if isinstance(probs, Posterior):
             raise TypeError("Expected `probs` to be a (B, L) tensor of probabilities (or logits), not a Posterior")
-        batch = probs.shape[0] if isinstance(probs, torch.Tensor) and probs.dim() == 2 else None
+        shape = getattr(probs, "shape", ())
+        batch = int(shape[0]) if len(shape) == 2 else None
         y = as_targets(targets, h.num_leaves, batch, name="targets")
         if y.dim() != 1:
             raise ValueError(f"Expected `targets` to have shape (B,), one leaf id per row, but got {tuple(y.shape)}")
@@ -474,7 +478,7 @@ class RiskControl(ThresholdDescent):
         """The rows' :class:`LossSteps` and their path thresholds q (B, D), chunk by chunk."""
         qs, vs = zip(*(self._walk_chunk(post.h, post.probs[a:b], y[a:b]) for a, b in self._chunks(post)))
         q, v = torch.cat(qs), torch.cat(vs)
-        if not isinstance(self.loss, str):
+        if self._kind == "custom":
             self._check_path_losses(v, y, post.h)
         jump = v.diff(dim=1)
         if self.binary:  # one jump of 1 at most per row: keep its threshold, the critical value
@@ -497,7 +501,7 @@ class RiskControl(ThresholdDescent):
         q = torch.full((c,), math.inf, dtype=torch.float64, device=dev)
         on = torch.ones(c, dtype=torch.bool, device=dev)
         past = torch.zeros(c, dtype=torch.long, device=dev)
-        custom = not isinstance(self.loss, str)
+        custom = self._kind == "custom"
         qs, values = [], [self._loss_at(cur, y) if custom else past]
         for depth in range(h.max_depth):
             real, cur, p = _best_child(tables, prefix, cur, depth)  # a node without children stays
@@ -508,14 +512,15 @@ class RiskControl(ThresholdDescent):
                 continue
             on &= (lo.index_select(0, cur) <= where) & (where < hi.index_select(0, cur))
             past = past + (real & ~on)
-            values.append(past > self.budget if self.loss == "miss" else past)
+            values.append(past > self.budget if self._kind == "miss" else past)
         q = torch.stack(qs, 1) if qs else probs.new_zeros((c, 0), dtype=torch.float64)
         return q, torch.stack(values, 1).to(torch.float64)
 
     def _loss_at(self, nodes: torch.Tensor, leaves: torch.Tensor) -> torch.Tensor:
         if self._table is not None:
-            t = self._table if self._table.device == nodes.device else self._table.to(nodes.device)
-            return t[nodes, leaves]
+            if self._table.device != nodes.device:
+                self._table = self._table.to(nodes.device)
+            return self._table[nodes, leaves]
         out = self.loss(nodes, leaves)
         if not isinstance(out, torch.Tensor) or out.shape != nodes.shape:
             raise ValueError(f"Expected `loss(nodes, leaves)` to return a tensor of shape {tuple(nodes.shape)} (one "
