@@ -33,7 +33,7 @@ from benchmarks.measure import time_call  # noqa: E402
 CPU = torch.device("cpu")
 
 
-def bench_tree(tree: str, rows: int, repeats: int) -> dict:
+def bench_tree(tree: str, rows: int, repeats: int, min_time: float = 0.5) -> dict:
     h = hd.load_hierarchy(tree)
     probs, targets = synthetic_outputs(h, rows, seed=0)
     crc = hd.RiskControl(h, alpha=0.1)
@@ -65,7 +65,7 @@ def bench_tree(tree: str, rows: int, repeats: int) -> dict:
         "decode": lambda: crc.decode(probs),
         "fit, one chunk": one_chunk_fit,
     }
-    times = {name: time_call(fn, CPU, repeats=repeats, min_time=0.5) for name, fn in calls.items()}
+    times = {name: time_call(fn, CPU, repeats=repeats, min_time=min_time) for name, fn in calls.items()}
     return {"tree": tree, "N": h.num_nodes, "L": h.num_leaves, "depth": h.max_depth, "rows": rows,
             "chunk_rows": chunk, "lambda": crc.lam, "lambda_ucb": ucb.lam,
             "ms": {k: {"median": 1e3 * v["median_s"], "min": 1e3 * v["min_s"]} for k, v in times.items()}}
@@ -77,12 +77,13 @@ def main(argv=None) -> list:
     ap.add_argument("--rows", type=int, default=20000)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--min-time", type=float, default=0.5, help="seconds to spend at least on each timing")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     results = []
     for tree in args.tree.split(","):
-        r = bench_tree(tree, args.rows, args.repeats)
+        r = bench_tree(tree, args.rows, args.repeats, args.min_time)
         results.append(r)
         print(f"{tree}: N = {r['N']}, L = {r['L']}, D = {r['depth']}, {r['rows']} rows in chunks of {r['chunk_rows']}, "
               f"threads = {args.threads}; fitted lambda {r['lambda']:.4g} (conformal), {r['lambda_ucb']:.4g} (bound)")

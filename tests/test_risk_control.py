@@ -581,3 +581,14 @@ def test_bad_inputs_and_losses_are_named():
         hd.RiskControl(H, loss="overshoot", alpha=2.0).fit_steps(hd.RiskControl(H).loss_steps(probs, y))
     with pytest.raises(ValueError, match=r"`lam` to be a float >= 0"):
         hd.decoders.ThresholdDescent(H, -0.1)
+
+
+def test_benchmark_reports_the_fitted_lambda():
+    from benchmarks import risk_control as bench
+
+    (r,) = bench.main(["--tree", "inat19", "--rows", "300", "--repeats", "1", "--min-time", "0"])
+    h = hd.load_hierarchy("inat19")
+    probs, y = synthetic_outputs(h, 300, seed=0)
+    assert r["lambda"] == hd.RiskControl(h, alpha=0.1).fit(probs, y).lam
+    assert r["lambda_ucb"] == hd.RiskControl(h, alpha=0.1, delta=0.1).fit(probs, y).lam
+    assert set(r["ms"]) >= {"fit (conformal)", "fit (confidence bound)", "decode"}
