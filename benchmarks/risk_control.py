@@ -41,7 +41,7 @@ def bench_tree(tree: str, rows: int, repeats: int, min_time: float = 0.5) -> dic
     steps = crc.loss_steps(probs, targets)
     crc.fit_steps(steps)
     ucb.fit(probs, targets)
-    chunk = min(rows, rcm.CPU_PREFIX_BYTES // (8 * h.num_leaves))
+    chunk = min(rows, rcm.CPU_PREFIX_BYTES // (8 * (h.num_leaves + 1)))
 
     def prefix_sums():
         for a in range(0, rows, chunk):

@@ -105,18 +105,17 @@ __all__ = ["ThresholdDescent", "RiskControl", "LossSteps", "RiskCoverage"]
 
 
 # --------------------------------------------------------------------------- the family
-#: On the CPU plan a chunk's float64 prefix table (B_c, L) is kept to about this many bytes: the walk
+#: On the CPU plan a chunk's float64 prefix table (B_c, L + 1) is kept to about this many bytes: the walk
 #: gathers from it once per tree level, and chunks of this size made the fit of 20,000 rows about twice
 #: as fast as one chunk of all rows (``python -m benchmarks.risk_control``).
 CPU_PREFIX_BYTES = 2**24
 
 
 def _children_bounds(h):
-    """``(span, before, child, offsets)``, cached.  Node n's children, in increasing id order, are
+    """``(span, bounds, child, offsets)``, cached.  Node n's children, in increasing id order, are
     ``child[span[n, 0]:span[n, 1]]`` and ``child[span[n, 1]] = n``; their leaves are consecutive ranges of
-    the depth-first leaf order, cut at the bounds b_0 < b_1 < ... < b_m (b_m n's own end) stored as
-    ``before[span[n, 0]:span[n, 1] + 1] = b - 1``, the prefix position holding the sum of the leaves
-    before the bound (-1 clamped to 0 for b = 0, i.e. where ``span[n, 2] = 1``: n's leaves come first).
+    the depth-first leaf order, cut at ``bounds[span[n, 0]:span[n, 1] + 1]``, the last bound being n's
+    own end.
 
     The depth-first order visits children in increasing id order, so the children of n split n's
     leaf range into consecutive pieces: their probabilities are the differences of the prefix sums at
@@ -135,15 +134,17 @@ def _children_bounds(h):
         bounds[slot], child[slot] = h.leaf_start[kids], kids
         bounds[end], child[end] = h.leaf_start + h.leaf_count, torch.arange(n, device=dev)
         offsets = [torch.arange(max(k, 1) + 1, device=dev) for k in widest_by_depth(h)]
-        span = torch.stack([start, end, (h.leaf_start == 0).long()], 1)
-        return span, (bounds - 1).clamp(min=0), child, offsets
+        return torch.stack([start, end], 1), bounds, child, offsets
     return h.cached("risk_control.children_bounds", build)
 
 
 def _leaf_prefix(h, probs: torch.Tensor) -> torch.Tensor:
-    """probs: (B, L) float -> (B, L) float64 inclusive prefix sums of the leaves in depth-first order:
-    ``out[:, j]`` is the sum of the first j + 1 leaves."""
-    return probs.index_select(1, h.dfs_leaves).double().cumsum_(1)
+    """probs: (B, L) float -> (B, L + 1) float64 prefix sums of the leaves in depth-first order:
+    ``out[:, j]`` is the sum of the first j leaves."""
+    out = probs.new_empty((probs.shape[0], h.num_leaves + 1), dtype=torch.float64)
+    out[:, 0] = 0.0
+    out[:, 1:] = probs.index_select(1, h.dfs_leaves)
+    return out.cumsum_(1)
 
 
 def _best_child(tables, prefix: torch.Tensor, cur: torch.Tensor, depth: int):
@@ -154,12 +155,10 @@ def _best_child(tables, prefix: torch.Tensor, cur: torch.Tensor, depth: int):
     that child's probability, 0 without children.  Reads a (B, K_d + 1) window of bounds, K_d the
     widest node at depth d, and gathers the prefix sums there.
     """
-    span, before, child, offsets = tables
-    first, last, leftmost = span.index_select(0, cur).unbind(1)
+    span, bounds, child, offsets = tables
+    first, last = span.index_select(0, cur).unbind(1)
     at = torch.minimum(first[:, None] + offsets[depth], last[:, None])
-    sums = prefix.gather(1, before.take(at))
-    sums[:, 0].masked_fill_(leftmost > 0, 0.0)  # a first bound of 0: no leaf before it
-    best, j = sums.diff(dim=1).max(1)  # the first maximum: the smallest child id
+    best, j = prefix.gather(1, bounds.take(at)).diff(dim=1).max(1)  # the first maximum: the smallest child id
     return last > first, child.take(first + j), best
 
 
@@ -200,7 +199,7 @@ class ThresholdDescent(Decoder):
     def _chunks(self, post, chunk_size=None):
         if chunk_size is None and planned_device_type(post.device) == "cpu":
             rows = min(budget_for(post.device) // self._bytes_per_sample(post.h),
-                       CPU_PREFIX_BYTES // (8 * post.h.num_leaves))
+                       CPU_PREFIX_BYTES // (8 * (post.h.num_leaves + 1)))
             chunk_size = max(1, rows)
         return super()._chunks(post, chunk_size)
 
