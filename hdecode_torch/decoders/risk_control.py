@@ -344,7 +344,7 @@ class RiskControl(ThresholdDescent):
     """
 
     name = "risk_control"
-    description = "deepest top-down node whose miss rate is certified at level alpha"
+    description = "deepest top-down node whose loss (the miss rate by default) is certified at level alpha"
 
     def __init__(self, hierarchy, alpha: float = 0.1, delta: float | None = None, loss="miss", *, budget: int = 0,
                  loss_bound: float | None = None, validate: bool = True):
