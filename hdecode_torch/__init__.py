@@ -23,7 +23,7 @@ _LAZY = {
     "CostMatrixMetric": ".metrics", "get_metric": ".metrics", "has_optimal_decoder": ".metrics",
     "list_metrics": ".metrics", "register_metric": ".metrics",
     "calibrate_darts": ".decoders", "get_decoder": ".decoders", "list_decoders": ".decoders",
-    "register_decoder": ".decoders",
+    "register_decoder": ".decoders", "RiskControl": ".decoders",
     "DecodingHead": ".integrations.module", "TemperatureScaler": ".integrations.temperature",
     # torchmetrics and Lightning load with these only.
     "HierarchicalMetric": ".integrations", "HierarchicalMetricsCallback": ".integrations",
@@ -35,7 +35,7 @@ __all__ = [
     "Hierarchy", "load_hierarchy", "list_hierarchies", "node_probabilities",
     "get_metric", "list_metrics", "has_optimal_decoder", "register_metric", "CostMatrixMetric", "Posterior",
     "ROW_SUM_TOLERANCE", "row_sum_tolerance", "get_memory_budget", "set_memory_budget", "set_backend", "get_backend",
-    "plan_for", "__version__", "get_decoder", "list_decoders", "register_decoder", "calibrate_darts",
+    "plan_for", "__version__", "get_decoder", "list_decoders", "register_decoder", "calibrate_darts", "RiskControl",
     "DecodingHead", "TemperatureScaler", "HierarchicalMetric",
 ]
 
@@ -57,7 +57,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # what static analysis sees: the same names, imported eagerly
     from .core import (ROW_SUM_TOLERANCE, Posterior, get_backend, get_memory_budget, node_probabilities, plan_for,
                        row_sum_tolerance, set_backend, set_memory_budget)
-    from .decoders import calibrate_darts, get_decoder, list_decoders, register_decoder
+    from .decoders import RiskControl, calibrate_darts, get_decoder, list_decoders, register_decoder
     from .hierarchy import Hierarchy, list_hierarchies, load_hierarchy
     from .integrations import HierarchicalMetric, HierarchicalMetricsCallback
     from .integrations.module import DecodingHead

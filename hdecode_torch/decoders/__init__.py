@@ -8,9 +8,11 @@ from .heuristics import (
     Plurality, TopDown,
 )
 from .registry import DECODERS, OptimalDecoder, decoder_class, get_decoder, list_decoders, register_decoder
+from .risk_control import LossSteps, RiskControl, RiskCoverage, ThresholdDescent
 
 __all__ = [
     "Decoder", "DECODERS", "get_decoder", "list_decoders", "decoder_class", "register_decoder", "calibrate_darts",
     "OptimalDecoder", "ArgmaxLeaf", "TopDown", "ConfidenceThreshold", "Majority", "Plurality", "Darts",
-    "ExpectedInformation", "InformationThreshold", "HiE", "CRM",
+    "ExpectedInformation", "InformationThreshold", "HiE", "CRM", "ThresholdDescent", "RiskControl", "LossSteps",
+    "RiskCoverage",
 ]

@@ -1,0 +1,606 @@
+"""Risk-controlled hierarchical decoding: stop higher in the tree, with a guarantee on how often the answer is wrong.
+
+**The family.**  For one row, the *top-down path* ``t_0 = root, t_1, ..., t_K`` starts at the root and
+steps to the most probable child until a leaf (ties: the child with the smallest id, as ``top_down``).
+With ``q_0 = +inf`` and ``q_k = min_{1 <= j <= k} p(t_j)`` (which is ``p(t_k)``: a child holds at most
+its parent's mass; the minimum only keeps rounding from breaking the order), the member at λ ≥ 0 is
+
+    D_λ(x) = t_{k(λ)},   k(λ) = max{k : q_k > λ}:
+
+descend from the root while the most probable child has p > λ.  λ = 0 gives the deepest node of the
+path with positive mass, λ ≥ q_1 (any λ ≥ 1, up to rounding) the root.
+
+*Nested.*  The path does not depend on λ, and λ ≤ λ' gives {k : q_k > λ'} ⊆ {k : q_k > λ}, so
+k(λ') ≤ k(λ): D_λ' is D_λ or one of its ancestors.
+
+*For λ ≥ 1/2 it is the deepest node with p(n) > λ* (the root if none), hence ``majority`` at λ = 1/2,
+the Bayes-optimal ``tree_distance_c`` decoder at λ = (1 + c)/2 and ``confidence_threshold`` at τ = λ.
+Proof: two nodes with p > 1/2 cannot lie in disjoint subtrees, so the nodes with p > λ form a root
+path; each of them holds more than half the mass, so it is the strictly most probable child of its
+parent (its siblings share less than 1/2), and the descent follows the path to its deepest node n*,
+then stops, since every child of n* has p ≤ λ (a single child has p(n*) > λ and is deeper, so on
+unary chains the deeper node wins, as everywhere in the library).  Below 1/2 the deepest node with
+p(n) > λ can jump between branches as λ moves, so that rule is not nested and its miss rate is not
+monotone in λ; D_λ is nested for every λ.
+
+The comparison is strict, p > λ, as in ``majority``, ``tree_distance_c`` and ``confidence_threshold``:
+then each row's loss is right-continuous in λ, and the fitted λ is one of the data's critical values
+(the infimum of the conformal rule is attained), never "just above" one.  Node probabilities are
+float64 differences of prefix sums of the leaf probabilities in depth-first order, the same in
+fitting and decoding, on every device and plan.
+
+**Losses.**  A loss ℓ(n, y) ∈ [0, B] of the answer n for the target leaf y is controlled when it is
+*monotone along the family*: ℓ(root, y) = 0 and ℓ(parent(n), y) ≤ ℓ(n, y).  Then each row's loss
+
+    L_i(λ) = ℓ(D_λ(x_i), y_i) = Σ_{k=1..K} [ℓ(t_k, y_i) − ℓ(t_{k−1}, y_i)] · 1{λ < q_k}
+
+is a non-increasing, right-continuous step function of λ, zero for λ ≥ q_1.
+
+- ``"miss"`` (B = 1): ℓ(n, y) = 1{y ∉ L(n)}, the target is not under the answer.  With m the depth of
+  the deepest node of the path above y, t_{m+1} is the first step off y's branch, so the row is
+  missed iff k(λ) ≥ m + 1, i.e. **iff λ < s_i = q_{m+1}**, the row's critical value.  A path that
+  ends at y has none: the row is never missed.
+- ``"miss"`` with ``budget=b``: ℓ(n, y) = 1{d(n) − d(LCA(n, y)) > b}, the answer goes more than b
+  levels below its deepest common ancestor with y (b = 0 is the miss).  On the path that is
+  k(λ) − m > b: missed iff λ < s_i = q_{m+b+1}.
+- ``"overshoot"`` (B = the tree's depth D): ℓ(n, y) = d(n) − d(LCA(n, y)), how many levels the answer
+  goes past the target's branch; unit jumps at q_{m+1}, ..., q_K.  (The tree distance itself adds
+  d(y) − d(LCA(n, y)), which *falls* as the answer steps towards y: it is not monotone along the
+  family and cannot be controlled this way; its part on the answer's side can.)
+- a callable ``loss(nodes, leaves)`` on (M,) int64 tensors returning (M,) float values in [0, B] (give
+  ``loss_bound=B``), or an (N, L) float tensor ``loss[n, y]`` (B defaults to its maximum), monotone
+  along the family.  A table is checked on every node when the decoder is built; a callable on every
+  (path node, target) pair of the calibration rows and on (root, every leaf).
+
+**Fitting** on n calibration rows, with ``S(λ) = Σ_i L_i(λ)``:
+
+- conformal risk control (``delta=None``, Angelopoulos et al., "Conformal Risk Control", 2022, ICLR
+  2024, Thm. 1): λ̂ = min{λ ≥ 0 : (S(λ) + B) / (n + 1) ≤ α};
+- upper confidence bound (``delta``: Bates et al., "Distribution-Free, Risk-Controlling Prediction
+  Sets", JACM 2021; Angelopoulos et al., "Learn then Test", 2021): λ̂ = min{λ ≥ 0 : p(λ) ≤ δ} with
+  p(λ) the p-value of "the risk at λ exceeds α": the exact binomial tail P(Bin(n, α) ≤ S(λ)) for 0/1
+  losses, the Hoeffding–Bentkus bound min(exp(−n·h(r ∧ a, a)), e·P(Bin(n, a) ≤ ⌈n·r⌉)) with
+  r = S(λ)/(nB), a = α/B, h(r, a) = r log(r/a) + (1−r) log((1−r)/(1−a)) for other bounded losses.
+  One test suffices for the data-dependent λ̂ because p(λ) falls as λ grows (the argument of Bates
+  et al., Thm. 1): the risk can only exceed α at λ̂ if it does at a fixed λ where the test passed.
+
+S is a non-increasing step function that jumps only at the rows' thresholds, and both conditions are
+monotone in S, so λ̂ is 0 or a threshold: one sort of the thresholds (for 0/1 losses, the n critical
+values s_i), suffix sums of the jumps and one binary search give S at every candidate at once, and
+λ̂ is the smallest candidate that passes.  O(nK log(nK)) for K thresholds per row (K = 1 for 0/1
+losses, the tree's depth otherwise), no scan over λ, no loop over rows.
+
+**The guarantee.**  With λ̂ fitted on n calibration rows (x_i, y_i), and (x, y) a new row:
+
+- conformal (``delta=None``): if the n calibration rows and the new row are *exchangeable* (e.g.
+  i.i.d. from one distribution), then E[ℓ(D_λ̂(x), y)] ≤ α; for the miss loss,
+  P(y ∉ L(D_λ̂(x))) ≤ α.  The probability is over the calibration rows and the new row together:
+  it is the miss rate averaged over calibration sets, and one calibration set can be above α.
+- upper confidence bound (``delta``): if the calibration rows are *i.i.d. from the distribution of
+  the new rows*, then with probability at least 1 − δ over the calibration rows, the risk
+  E[ℓ(D_λ̂(x), y) | λ̂] ≤ α: the fitted decoder misses at most a fraction α of future rows.
+
+Nothing is assumed about the model: its probabilities may be miscalibrated, they only decide how
+deep the answers can be at the level α.  The model must not have been trained or tuned on the
+calibration rows, and under a distribution shift between calibration and use the guarantee is void.
+It needs n ≥ B/α − 1 rows (conformal) or n ≥ log δ / log(1 − α/B) (confidence bound), below which
+even the root could not be certified (``min_calibration_rows``).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+import torch
+
+from ..core.params import Param
+from ..core.posterior import Posterior
+from ..core.validation import RangeCheck, as_targets, check_nonnegative
+from ..kernels.descent import widest_by_depth
+from .base import Decoder
+
+__all__ = ["ThresholdDescent", "RiskControl", "LossSteps", "RiskCoverage"]
+
+
+# --------------------------------------------------------------------------- the family
+#: On the CPU plan a chunk's float64 prefix table (B_c, L + 1) is kept to about this many bytes: the walk
+#: gathers from it once per tree level, and chunks of this size made the fit of 20,000 rows about twice
+#: as fast as one chunk of all rows (``python -m benchmarks.risk_control``).
+CPU_PREFIX_BYTES = 2**24
+
+
+def _children_bounds(h):
+    """``(span, bounds, child, offsets)``, cached.  Node n's children, in increasing id order, are
+    ``child[span[n, 0]:span[n, 1]]`` and ``child[span[n, 1]] = n``; their leaves are consecutive ranges of
+    the depth-first leaf order, cut at ``bounds[span[n, 0]:span[n, 1] + 1]``, the last bound being n's
+    own end.
+
+    The depth-first order visits children in increasing id order, so the children of n split n's
+    leaf range into consecutive pieces: their probabilities are the differences of the prefix sums at
+    these bounds.  2N − 1 entries (N − 1 children, one end per node); ``offsets[d]`` is
+    ``arange(K_d + 1)``, the window of a node at depth d (K_d ≥ 1 so that a window is never empty).
+    """
+    def build():
+        n, dev = h.num_nodes, h.device
+        ptr, kids = h.children_ptr, h.children
+        start = ptr[:-1] + torch.arange(n, device=dev)
+        end = start + (ptr[1:] - ptr[:-1])
+        par = h.parent[kids]
+        slot = start[par] + torch.arange(kids.numel(), device=dev) - ptr[par]
+        bounds = torch.empty(2 * n - 1, dtype=torch.long, device=dev)
+        child = torch.empty_like(bounds)
+        bounds[slot], child[slot] = h.leaf_start[kids], kids
+        bounds[end], child[end] = h.leaf_start + h.leaf_count, torch.arange(n, device=dev)
+        offsets = [torch.arange(max(k, 1) + 1, device=dev) for k in widest_by_depth(h)]
+        return torch.stack([start, end], 1), bounds, child, offsets
+    return h.cached("risk_control.children_bounds", build)
+
+
+def _leaf_prefix(h, probs: torch.Tensor) -> torch.Tensor:
+    """probs: (B, L) float -> (B, L + 1) float64 prefix sums of the leaves in depth-first order:
+    ``out[:, j]`` is the sum of the first j leaves."""
+    out = probs.new_empty((probs.shape[0], h.num_leaves + 1), dtype=torch.float64)
+    out[:, 0] = 0.0
+    out[:, 1:] = probs.index_select(1, h.dfs_leaves)
+    return out.cumsum_(1)
+
+
+def _best_child(tables, prefix: torch.Tensor, cur: torch.Tensor, depth: int):
+    """One step down every row's top-down path, from ``cur`` (B,) int64 (nodes at ``depth``, or leaves).
+
+    Returns ``(real, child, p)``: (B,) bool, the node has children; (B,) int64, its most probable child
+    (the smallest id among equally probable ones), the node itself without children; (B,) float64,
+    that child's probability, 0 without children.  Reads a (B, K_d + 1) window of bounds, K_d the
+    widest node at depth d, and gathers the prefix sums there.
+    """
+    span, bounds, child, offsets = tables
+    first, last = span.index_select(0, cur).unbind(1)
+    at = torch.minimum(first[:, None] + offsets[depth], last[:, None])
+    best, j = prefix.gather(1, bounds.take(at)).diff(dim=1).max(1)  # the first maximum: the smallest child id
+    return last > first, child.take(first + j), best
+
+
+def _descend(h, probs: torch.Tensor, lam: float) -> torch.Tensor:
+    """D_λ for each row of checked probabilities (B, L): (B,) int64 node ids.  O(B·(L + Σ_d K_d))."""
+    prefix, tables = _leaf_prefix(h, probs), _children_bounds(h)
+    cur = torch.full((probs.shape[0],), h.root, dtype=torch.long, device=probs.device)
+    walking = torch.ones_like(cur, dtype=torch.bool)
+    for depth in range(h.max_depth):
+        _, child, p = _best_child(tables, prefix, cur, depth)
+        walking &= p > lam  # p = 0 without children: a leaf stops, as λ ≥ 0
+        cur = torch.where(walking, child, cur)
+    return cur
+
+
+class ThresholdDescent(Decoder):
+    """The nested family D_λ: from the root, step to the most probable child while its p > ``lam``.
+
+    ``lam`` ≥ 0.  For ``lam`` ≥ 1/2 it is the deepest node with p(n) > ``lam``; a larger ``lam`` always
+    gives the same node or an ancestor (see the module docstring for both proofs).  Ties between
+    equally probable children: the smallest id.  O(B·(L + Σ_d K_d)) for K_d the widest node at depth d.
+    """
+
+    name = "threshold_descent"
+    description = "from the root, step to the most probable child while its p > lam"
+
+    PARAMS = (Param("lam", float, 0.5, check_nonnegative, doc="probability a child must exceed to be stepped into"),)
+
+    def _bytes_per_sample(self, h, plan) -> int:
+        return 16 * h.num_leaves + 64 * (max(h.max_depth, 1) + 1)
+
+    def _chunks(self, post, chunk_size=None):
+        if chunk_size is None and not post.plan.gpu:
+            rows = min(post.plan.budget // self._bytes_per_sample(post.h, post.plan),
+                       CPU_PREFIX_BYTES // (8 * (post.h.num_leaves + 1)))
+            chunk_size = max(1, rows)
+        return super()._chunks(post, chunk_size)
+
+    def _threshold(self) -> float:
+        return self.lam
+
+    def _decode_cpu(self, post) -> torch.Tensor:
+        return _descend(post.h, post.probs, self._threshold())
+
+
+# --------------------------------------------------------------------------- per-row loss steps
+@dataclass(frozen=True)
+class LossSteps:
+    """Each calibration row's loss as a step function of λ: the sufficient statistics of the fit.
+
+    ``L_i(λ) = Σ_k jump[i, k] · 1{λ < at[i, k]}``.
+
+    Attributes:
+        at: (n, K) float64 ≥ 0 thresholds.  For 0/1 losses K = 1 and ``at[:, 0]`` is each row's critical
+            value (with a zero jump for a row that is never missed).
+        jump: (n, K) float64 ≥ 0 loss increments.
+        bound: B, the loss's upper bound.
+        binary: whether every loss is 0 or 1 (the confidence bound is then the exact binomial tail).
+    """
+
+    at: torch.Tensor
+    jump: torch.Tensor
+    bound: float
+    binary: bool
+
+    @property
+    def num_rows(self) -> int:
+        return self.at.shape[0]
+
+    def rows(self, index) -> "LossSteps":
+        """The rows ``index`` (an int64 tensor of row numbers, a slice or a bool mask)."""
+        return LossSteps(self.at[index], self.jump[index], self.bound, self.binary)
+
+    def losses(self, lam) -> torch.Tensor:
+        """Per-row losses at ``lam``: a float -> (n,) float64; an (S,) tensor of λ -> (S, n) float64."""
+        lam = torch.as_tensor(lam, dtype=torch.float64, device=self.at.device)
+        return ((self.at > lam[..., None, None]) * self.jump).sum(-1)
+
+
+def _sums_above(values: torch.Tensor, weights: torch.Tensor, points: torch.Tensor | None = None):
+    """``(points, Σ_j weights[j]·1{values[j] > point})`` for every point: one sort, one binary search.
+
+    values, weights: (M,) float64; points: (G,) float64, by default 0 followed by every value in
+    ascending order (the left ends of the steps of the sum).  Returns two (G,) float64.  O((M + G) log M).
+    """
+    ordered, order = torch.sort(values)
+    cum = torch.cat([weights.new_zeros(1), weights[order].cumsum(0)])
+    if points is None:
+        points = torch.cat([values.new_zeros(1), ordered])
+    return points, cum[-1] - cum[torch.searchsorted(ordered, points, right=True)]
+
+
+# --------------------------------------------------------------------------- the fit's conditions
+def _binom_logcdf(n: int, a: float, device) -> torch.Tensor:
+    """(n + 1,) float64 log P(Bin(n, a) ≤ k) for k = 0..n."""
+    k = torch.arange(n + 1, dtype=torch.float64, device=device)
+    logpmf = (math.lgamma(n + 1) - torch.lgamma(k + 1) - torch.lgamma(n - k + 1)
+              + k * math.log(a) + (n - k) * math.log1p(-a))
+    return torch.logcumsumexp(logpmf, 0)
+
+
+def _certified(total: torch.Tensor, n: int, alpha: float, delta: float | None, bound: float,
+               binary: bool) -> torch.Tensor:
+    """Which candidate λ pass the fit's condition, given S(λ) = ``total`` (G,) float64 on n rows."""
+    if delta is None:
+        return total + bound <= alpha * (n + 1)
+    log_delta = math.log(delta)
+    if binary:
+        logcdf = _binom_logcdf(n, alpha, total.device)
+        allowed = int((logcdf <= log_delta).sum()) - 1  # the CDF grows with k: the largest passing k
+        return total <= allowed
+    a = alpha / bound
+    r = (total / (n * bound)).clamp(0.0, 1.0)
+    rr = torch.minimum(r, torch.full_like(r, a))
+    h = torch.xlogy(rr, rr / a) + torch.xlogy(1 - rr, (1 - rr) / (1 - a))
+    logcdf = _binom_logcdf(n, a, total.device)
+    k = torch.ceil(total / bound).clamp(0, n).long()
+    log_p = torch.minimum(-n * h, 1.0 + logcdf[k])
+    return log_p <= log_delta
+
+
+# --------------------------------------------------------------------------- losses
+_BUILTIN_LOSSES = ("miss", "overshoot")
+
+
+def _check_level(value, name: str, hi: float, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (0 < float(value) < hi):
+        raise ValueError(f"Expected `{name}` to be a float in (0, {hi:g}) ({what}), but got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class RiskCoverage:
+    """The risk–coverage curve: how the loss and the depth of the answers move with λ.
+
+    Attributes:
+        lam: (G,) float64 ascending: 0 and every distinct threshold of the rows' top-down paths
+            (where an answer can change), each a left end of a step.
+        risk: (G,) float64 mean loss (the miss rate for ``"miss"``) for λ in [lam[g], lam[g + 1]).
+        mean_depth: (G,) float64 mean depth of the answers on the same steps.
+        fitted_lambda: the decoder's fitted λ, or None before ``fit``.
+        alpha, delta: the decoder's levels.
+    """
+
+    lam: torch.Tensor
+    risk: torch.Tensor
+    mean_depth: torch.Tensor
+    fitted_lambda: float | None
+    alpha: float
+    delta: float | None
+
+
+class RiskControl(ThresholdDescent):
+    """D_λ with λ fitted on held-out rows so that the loss (by default the miss rate) is at most ``alpha``.
+
+    ``RiskControl(h, alpha=0.1).fit(val_probs, val_targets)`` chooses λ by conformal risk control:
+    on new rows exchangeable with the calibration rows, the target lies under the answer with
+    probability ≥ 0.9.  With ``delta=0.05`` the fit uses an upper confidence bound instead: with
+    probability ≥ 0.95 over the calibration rows (i.i.d. like the new rows), the fitted decoder's
+    miss rate is ≤ 0.1.  The family, the losses, the fit and the guarantee with its assumptions are in
+    the module docstring.  ``decode`` then gives (B,) int64 node ids like any decoder, so the fitted
+    object goes into ``DecodingHead(h, decoder=rc)`` or ``HierarchicalMetric(h, metric, decoder=rc)``.
+
+    Args:
+        hierarchy: the class tree.
+        alpha: the level, in (0, B): the miss rate to allow (B = 1), or the mean loss for other losses.
+        delta: None (conformal risk control, a guarantee in expectation) or the error probability in
+            (0, 1) of the confidence bound.
+        loss: ``"miss"``, ``"overshoot"``, an (N, L) float tensor or a callable ``loss(nodes, leaves)``
+            (module docstring).
+        budget: with ``"miss"``, the levels an answer may go past the target's branch (int ≥ 0).
+        loss_bound: B for a custom loss (required for a callable; a table's maximum by default).
+        validate: check the inputs of ``fit`` and ``decode``.
+
+    After ``fit``: ``lam`` (the fitted λ), ``num_calibration`` (n) and ``calibration_risk`` (the mean
+    loss of the calibration rows at λ).
+    """
+
+    name = "risk_control"
+    description = "deepest top-down node whose loss (the miss rate by default) is certified at level alpha"
+    PARAMS = ()  # alpha, delta, the loss: checked by the constructor (the loss may be a callable or a table)
+
+    def __init__(self, hierarchy, alpha: float = 0.1, delta: float | None = None, loss="miss", *, budget: int = 0,
+                 loss_bound: float | None = None, validate: bool = True):
+        Decoder.__init__(self, hierarchy, validate=validate)
+        self.loss, self.bound, self._table = self._resolve_loss(loss, loss_bound)
+        self._kind = loss if isinstance(loss, str) else "custom"
+        if self._kind != "miss":  # the label in tables and logs tells the losses apart
+            self.name = f"risk_control_{self._kind}"
+        if isinstance(budget, bool) or not isinstance(budget, numbers.Integral) or budget < 0:
+            raise ValueError(f"Expected `budget` to be an int >= 0 (levels past the target's branch), but got "
+                             f"{budget!r}")
+        if budget and self._kind != "miss":
+            raise ValueError(f"`budget` applies to loss='miss' only, but loss={self._loss_label()}")
+        self.budget = int(budget)
+        what = "the miss rate to allow" if self.binary else f"the mean loss to allow, B = {self.bound:g}"
+        self.alpha = _check_level(alpha, "alpha", self.bound, what)
+        self.delta = None if delta is None else _check_level(delta, "delta", 1.0, "the probability that the "
+                                                             "confidence bound fails")
+        self.lam = None
+        self.num_calibration = None
+        self.calibration_risk = None
+
+    # ------------------------------------------------------------------ configuration
+    @property
+    def binary(self) -> bool:
+        """Whether the loss only takes the values 0 and 1."""
+        return self._kind == "miss"
+
+    @property
+    def params(self) -> dict:
+        out = {"alpha": self.alpha}
+        if self.delta is not None:
+            out["delta"] = self.delta
+        if self.budget:
+            out["budget"] = self.budget
+        return out
+
+    def _loss_label(self) -> str:
+        return repr(self.loss) if self._kind != "custom" else f"a {type(self.loss).__name__}"
+
+    def _resolve_loss(self, loss, loss_bound):
+        h = self.hierarchy
+        if isinstance(loss, str):
+            if loss not in _BUILTIN_LOSSES:
+                raise ValueError(f"Expected `loss` to be one of {', '.join(map(repr, _BUILTIN_LOSSES))}, an (N, L) "
+                                 f"tensor or a callable loss(nodes, leaves), but got {loss!r}")
+            if loss_bound is not None:
+                raise ValueError(f"`loss_bound` is for custom losses; loss={loss!r} has its own bound")
+            return loss, (1.0 if loss == "miss" else float(max(h.max_depth, 1))), None
+        if isinstance(loss, torch.Tensor):
+            table = self._checked_table(loss)
+            top = float(table.max())
+            bound = top if loss_bound is None else self._checked_bound(loss_bound)
+            if top > bound:
+                raise ValueError(f"Expected `loss` values in [0, loss_bound={bound:g}], but its maximum is {top:g}")
+            if bound <= 0:
+                raise ValueError("Expected `loss` to be positive somewhere, but every entry is 0: nothing to control")
+            return loss, bound, table
+        if callable(loss):
+            if loss_bound is None:
+                raise ValueError("A callable `loss` needs `loss_bound`, an upper bound B of its values (the "
+                                 "guarantee depends on it)")
+            return loss, self._checked_bound(loss_bound), None
+        raise TypeError(f"Expected `loss` to be a name, an (N, L) tensor or a callable, but got "
+                        f"{type(loss).__name__}")
+
+    @staticmethod
+    def _checked_bound(value) -> float:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (0 < float(value) < math.inf):
+            raise ValueError(f"Expected `loss_bound` to be a finite float > 0, but got {value!r}")
+        return float(value)
+
+    def _checked_table(self, table: torch.Tensor) -> torch.Tensor:
+        h = self.hierarchy
+        if not table.is_floating_point() or table.shape != (h.num_nodes, h.num_leaves):
+            raise ValueError(f"Expected `loss` as a table to be a float tensor of shape ({h.num_nodes}, "
+                             f"{h.num_leaves}) (node, leaf), but got {table.dtype} {tuple(table.shape)}")
+        t = table.detach().to("cpu", torch.float64)
+        if not bool(torch.isfinite(t).all()) or bool((t < 0).any()):
+            raise ValueError("Expected `loss` values to be finite and >= 0")
+        if bool((t[h.root] != 0).any()):
+            leaf = int((t[h.root] != 0).nonzero()[0])
+            raise ValueError(f"Expected `loss` to be 0 at the root (an ancestor of every target), but "
+                             f"loss[root={h.root}, {leaf}] = {float(t[h.root, leaf]):g}")
+        parent = h.parent.to("cpu")
+        nonroot = (parent >= 0).nonzero()[:, 0]
+        drop = t[parent[nonroot]] > t[nonroot]
+        if bool(drop.any()):
+            i, leaf = (int(v) for v in drop.nonzero()[0])
+            n = int(nonroot[i])
+            raise ValueError(f"Expected `loss` to be non-decreasing down the tree (loss[parent(n), y] <= loss[n, y]), "
+                             f"but loss[{int(parent[n])}, {leaf}] = {float(t[parent[n], leaf]):g} > "
+                             f"loss[{n}, {leaf}] = {float(t[n, leaf]):g}")
+        return t
+
+    def min_calibration_rows(self) -> int:
+        """The fewest calibration rows at which the fit can certify anything at this ``alpha`` (and ``delta``).
+
+        Conformal: B/(n + 1) ≤ α; confidence bound: (1 − α/B)^n ≤ δ.  Below it, not even the root would pass.
+        """
+        if self.delta is None:
+            n = max(1, math.ceil(self.bound / self.alpha) - 1)
+        else:
+            n = max(1, math.ceil(math.log(self.delta) / math.log1p(-self.alpha / self.bound)))
+        zero = torch.zeros(1, dtype=torch.float64)
+        while not bool(_certified(zero, n, self.alpha, self.delta, self.bound, self.binary)):
+            n += 1  # the closed form rounded the wrong way
+        while n > 1 and bool(_certified(zero, n - 1, self.alpha, self.delta, self.bound, self.binary)):
+            n -= 1
+        return n
+
+    # ------------------------------------------------------------------ fitting
+    def _inputs(self, probs, targets, from_logits) -> tuple[Posterior, torch.Tensor]:
+        h = self.hierarchy
+        if isinstance(probs, Posterior):
+            raise TypeError("Expected `probs` to be a (B, L) tensor of probabilities (or logits), not a Posterior")
+        shape = getattr(probs, "shape", ())
+        batch = int(shape[0]) if len(shape) == 2 else None
+        y = as_targets(targets, h.num_leaves, batch, name="targets")
+        if y.dim() != 1:
+            raise ValueError(f"Expected `targets` to have shape (B,), one leaf id per row, but got {tuple(y.shape)}")
+        post = Posterior(h, probs, from_logits=from_logits, validate=self.validate, name="probs",
+                         extra_checks=[RangeCheck(y, h.num_leaves, "targets", "leaf ids")])
+        if post.unbatched:
+            raise ValueError("Expected `probs` to have shape (B, L) with one row per calibration example, but got "
+                             "a single (L,) row")
+        return post, y.to(post.device)
+
+    def _walk(self, post, y) -> tuple[LossSteps, torch.Tensor]:
+        """The rows' :class:`LossSteps` and their path thresholds q (B, D), chunk by chunk."""
+        qs, vs = zip(*(self._walk_chunk(post.h, post.probs[a:b], y[a:b]) for a, b in self._chunks(post)))
+        q, v = torch.cat(qs), torch.cat(vs)
+        if self._kind == "custom":
+            self._check_path_losses(v, y, post.h)
+        jump = v.diff(dim=1)
+        if self.binary:  # one jump of 1 at most per row: keep its threshold, the critical value
+            return LossSteps((q * jump).sum(1, keepdim=True), jump.sum(1, keepdim=True), self.bound, True), q
+        return LossSteps(q, jump, self.bound, False), q
+
+    def _walk_chunk(self, h, probs, y) -> tuple[torch.Tensor, torch.Tensor]:
+        """One walk down every row's top-down path t_0..t_D (t_k = t_K once the path has ended).
+
+        Returns ``(q, v)``: q (B, D) float64, the thresholds q_1..q_D (0 once the path has ended, so
+        that no λ ≥ 0 takes a step that does not exist); v (B, D + 1) float64, the loss of t_0..t_D.
+        For the built-in losses ``on`` tells whether the path is still above y, and ``past`` counts the
+        steps it took since it left y's branch, d(t_k) − d(LCA(t_k, y)).
+        """
+        c, dev = probs.shape[0], probs.device
+        prefix, tables = _leaf_prefix(h, probs), _children_bounds(h)
+        lo, hi = h.leaf_start, h.leaf_start + h.leaf_count
+        where = lo.index_select(0, y)  # y's position among the leaves in depth-first order
+        cur = torch.full((c,), h.root, dtype=torch.long, device=dev)
+        q = torch.full((c,), math.inf, dtype=torch.float64, device=dev)
+        on = torch.ones(c, dtype=torch.bool, device=dev)
+        past = torch.zeros(c, dtype=torch.long, device=dev)
+        custom = self._kind == "custom"
+        qs, values = [], [self._loss_at(cur, y) if custom else past]
+        for depth in range(h.max_depth):
+            real, cur, p = _best_child(tables, prefix, cur, depth)  # a node without children stays
+            q = torch.minimum(q, p)  # p = 0 once the path has ended
+            qs.append(q)
+            if custom:
+                values.append(self._loss_at(cur, y))
+                continue
+            on &= (lo.index_select(0, cur) <= where) & (where < hi.index_select(0, cur))
+            past = past + (real & ~on)
+            values.append(past > self.budget if self._kind == "miss" else past)
+        q = torch.stack(qs, 1) if qs else probs.new_zeros((c, 0), dtype=torch.float64)
+        return q, torch.stack(values, 1).to(torch.float64)
+
+    def _loss_at(self, nodes: torch.Tensor, leaves: torch.Tensor) -> torch.Tensor:
+        if self._table is not None:
+            if self._table.device != nodes.device:
+                self._table = self._table.to(nodes.device)
+            return self._table[nodes, leaves]
+        out = self.loss(nodes, leaves)
+        if not isinstance(out, torch.Tensor) or out.shape != nodes.shape:
+            raise ValueError(f"Expected `loss(nodes, leaves)` to return a tensor of shape {tuple(nodes.shape)} (one "
+                             f"value per pair), but got {getattr(out, 'shape', type(out).__name__)}")
+        return out.to(device=nodes.device, dtype=torch.float64)
+
+    def _check_path_losses(self, v: torch.Tensor, y: torch.Tensor, h) -> None:
+        """A custom loss on the calibration paths: within [0, B], 0 at the root, non-decreasing down the path."""
+        if self._table is not None:
+            return  # checked on every node when the decoder was built
+        bad = ~torch.isfinite(v) | (v < 0) | (v > self.bound)
+        if bool(bad.any()):
+            i, k = (int(t) for t in bad.nonzero()[0])
+            raise ValueError(f"Expected `loss` values in [0, loss_bound={self.bound:g}], but got {float(v[i, k]):g} "
+                             f"for target {int(y[i])} at depth {k} of row {i}'s top-down path")
+        root_values = self._loss_at(torch.full((h.num_leaves,), h.root, dtype=torch.long, device=y.device),
+                                    torch.arange(h.num_leaves, device=y.device))
+        if bool((root_values != 0).any()):
+            leaf = int((root_values != 0).nonzero()[0])
+            raise ValueError(f"Expected `loss` to be 0 at the root (an ancestor of every target), but "
+                             f"loss(root={h.root}, {leaf}) = {float(root_values[leaf]):g}")
+        drop = v.diff(dim=1) < 0
+        if bool(drop.any()):
+            i, k = (int(t) for t in drop.nonzero()[0])
+            raise ValueError(f"Expected `loss` to be non-decreasing down the tree, but on row {i}'s top-down path it "
+                             f"falls from {float(v[i, k]):g} at depth {k} to {float(v[i, k + 1]):g} at depth {k + 1} "
+                             f"(target {int(y[i])})")
+
+    def loss_steps(self, probs, targets, from_logits: bool = False) -> LossSteps:
+        """Each row's loss as a step function of λ (:class:`LossSteps`), for :meth:`fit_steps`.
+
+        probs: (B, L) float probabilities (or logits with ``from_logits=True``); targets: (B,) int
+        leaf ids in 0..L-1.  One walk down every row's top-down path: O(B·(L + Σ_d K_d)).
+        """
+        post, y = self._inputs(probs, targets, from_logits)
+        return self._walk(post, y)[0]
+
+    def fit(self, probs, targets, from_logits: bool = False) -> "RiskControl":
+        """Fit λ on held-out rows (not used to train the model); returns ``self``.
+
+        probs: (n, L) float probabilities, or logits with ``from_logits=True``; targets: (n,) int leaf
+        ids in 0..L-1.  Needs n ≥ :meth:`min_calibration_rows`.  O(n·(L + Σ_d K_d) + nK log(nK)), a
+        few host reads (the input check, the fitted λ).
+        """
+        return self.fit_steps(self.loss_steps(probs, targets, from_logits))
+
+    def fit_steps(self, steps: LossSteps) -> "RiskControl":
+        """Fit λ from precomputed :class:`LossSteps` (e.g. some rows: ``steps.rows(index)``); returns ``self``."""
+        if not isinstance(steps, LossSteps):
+            raise TypeError(f"Expected `steps` to be LossSteps (from loss_steps), but got {type(steps).__name__}")
+        if steps.bound != self.bound or steps.binary != self.binary:
+            raise ValueError(f"Expected LossSteps of this decoder's loss (bound {self.bound:g}), but got bound "
+                             f"{steps.bound:g}: compute them with this decoder's loss_steps")
+        n = steps.num_rows
+        need = self.min_calibration_rows()
+        if n < need:
+            how = ("conformal risk control needs (n + 1)·alpha ≥ B" if self.delta is None
+                   else "the confidence bound needs (1 - alpha/B)^n ≤ delta")
+            raise ValueError(f"Too few calibration rows: {how} (B = {self.bound:g}), i.e. at least {need} rows at "
+                             f"alpha={self.alpha:g}" + ("" if self.delta is None else f", delta={self.delta:g}")
+                             + f", but got {n}")
+        candidates, total = _sums_above(steps.at.reshape(-1), steps.jump.reshape(-1))
+        ok = _certified(total, n, self.alpha, self.delta, self.bound, self.binary)
+        best = int(ok.to(torch.uint8).argmax())  # S falls as λ grows: the first passing candidate is the smallest
+        self.lam = float(candidates[best])
+        self.num_calibration = n
+        self.calibration_risk = float(total[best]) / n
+        return self
+
+    def _threshold(self) -> float:
+        if self.lam is None:
+            raise RuntimeError("RiskControl is not fitted yet: call .fit(probs, targets) on held-out rows first")
+        return self.lam
+
+    # ------------------------------------------------------------------ the curve
+    def risk_coverage(self, probs, targets, from_logits: bool = False) -> RiskCoverage:
+        """The risk–coverage curve of ``probs`` / ``targets`` (:class:`RiskCoverage`): the mean loss and the
+        mean depth of the answers for every λ, with the fitted λ (None before :meth:`fit`).
+
+        probs: (B, L) float probabilities (or logits); targets: (B,) int leaf ids.  Evaluate it on rows
+        not used to fit, to see the fitted λ's miss rate next to the level.  O(BD log(BD)).
+        """
+        post, y = self._inputs(probs, targets, from_logits)
+        steps, path = self._walk(post, y)
+        n = steps.num_rows
+        q = path.reshape(-1)
+        lam = torch.unique(torch.cat([q.new_zeros(1), q]))
+        risk = _sums_above(steps.at.reshape(-1), steps.jump.reshape(-1), lam)[1] / n
+        depth = _sums_above(q, torch.ones_like(q), lam)[1] / n
+        return RiskCoverage(lam, risk, depth, self.lam, self.alpha, self.delta)
