@@ -28,7 +28,7 @@ _LAZY = {
     # torchmetrics and Lightning load with these only.
     "HierarchicalMetric": ".integrations", "HierarchicalMetricsCallback": ".integrations",
 }
-_SUBMODULES = {"cli", "core", "decoders", "hierarchy", "integrations", "kernels", "metrics", "synthetic"}
+_SUBMODULES = {"cli", "core", "decoders", "functional", "hierarchy", "integrations", "kernels", "metrics", "synthetic"}
 
 # HierarchicalMetricsCallback stays out of __all__: a star import must not need Lightning.
 __all__ = [
@@ -55,6 +55,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what static analysis sees: the same names, imported eagerly
+    from . import functional
     from .core import (ROW_SUM_TOLERANCE, Posterior, get_backend, get_memory_budget, node_probabilities, plan_for,
                        row_sum_tolerance, set_backend, set_memory_budget)
     from .decoders import RiskControl, calibrate_darts, get_decoder, list_decoders, register_decoder

@@ -193,17 +193,17 @@ def test_compare_optimal_is_best_up_to_noise(compare_json):
 def test_compare_json_matches_library(compare_json, tiered):
     probs, y = synthetic_outputs(tiered, 3000, 1.0, seed=4)
     td = hd.get_metric("tree_distance", tiered)
-    direct = td(td.decode(probs), y)
+    direct = td(td.decode(probs), y, dtype=torch.float64)  # the CLI's precision
     assert compare_json["metrics"]["tree_distance"]["optimal"] == pytest.approx(float(direct.mean()), abs=1e-9)
     assert compare_json["stderr"]["tree_distance"]["optimal"] == pytest.approx(
         float(direct.std() / math.sqrt(len(direct))), rel=1e-6)
     hf = hd.get_metric("hf_beta", tiered, beta=0.5)
     darts = hd.get_decoder("darts", tiered, lam=1.0)
-    value = float(hf(darts.decode(probs), y).mean())  # a node scored as its ancestor set
+    value = float(hf(darts.decode(probs), y, dtype=torch.float64).mean())  # a node scored as its ancestor set
     assert compare_json["metrics"]["hf_beta[beta=0.5]"]["darts[lam=1]"] == pytest.approx(value, abs=1e-9)
     ham = hd.get_metric("hamming", tiered)
-    assert compare_json["metrics"]["hamming"]["optimal"] == pytest.approx(float(ham(ham.decode(probs), y).mean()),
-                                                                          abs=1e-9)
+    value = float(ham(ham.decode(probs), y, dtype=torch.float64).mean())
+    assert compare_json["metrics"]["hamming"]["optimal"] == pytest.approx(value, abs=1e-9)
 
 
 def table_blocks(text: str, corner: str) -> list[tuple[list[str], dict[str, list[str]]]]:
@@ -348,7 +348,7 @@ def test_evaluate_batching_is_exact(tiered):
     assert torch.allclose(a.stderr, b.stderr, atol=1e-12)
     assert torch.allclose(a.paired_stderr, b.paired_stderr, atol=1e-12)
     z = hd.get_metric("zhao", tiered)
-    diff = z(z.decode(probs), y) - z(decoders[0].decode(probs), y)
+    diff = z(z.decode(probs), y, dtype=torch.float64) - z(decoders[0].decode(probs), y, dtype=torch.float64)
     assert float(a.paired_stderr[0, 0, 1]) == pytest.approx(float(diff.std() / math.sqrt(500)), rel=1e-9)
 
 
@@ -902,7 +902,7 @@ def test_targets_and_hierarchy_from_standard_input(tmp_path, capsys, monkeypatch
                     "--metrics", "zhao", "--decoders", "majority", "--json", out, "--no-progress"], capsys)[0] == 0
     zhao = hd.get_metric("zhao", h)
     assert json.loads(out.read_text())["results"]["metrics"]["zhao"]["optimal"] == pytest.approx(
-        float(zhao(zhao.decode(probs), y).mean()), abs=1e-9)
+        float(zhao(zhao.decode(probs), y, dtype=torch.float64).mean()), abs=1e-9)
     _stdin(monkeypatch, open(tree, "rb").read())
     code, text, _ = run_cli(["info", "--hierarchy", "-", "--json"], capsys)
     assert code == 0 and json.loads(text)["results"]["num_leaves"] == 5
@@ -1186,7 +1186,7 @@ def test_from_logits_auto_and_warnings_in_cli_terms(tmp_path, capsys):
     doc = json.loads(js.read_text())
     assert doc["metadata"]["setting"]["from_logits"] == "auto"
     assert doc["results"]["metrics"]["zhao"]["optimal"] == pytest.approx(
-        float(zhao(zhao.decode(torch.softmax(z, 1)), y).mean()), abs=1e-9)
+        float(zhao(zhao.decode(torch.softmax(z, 1)), y, dtype=torch.float64).mean()), abs=1e-9)
     # Probabilities passed as logits: the warning names the command line's options, not API keywords.
     code, _, err = run_cli(["decode", "--hierarchy", tree, "--probs", tmp_path / "p.npy", "--from-logits",
                             "--metric", "zhao", "--no-progress"], capsys)

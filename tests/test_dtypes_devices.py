@@ -69,7 +69,9 @@ def test_float32_and_float64_are_kept(tree, probs, dtype):
     for name, params in METRICS:
         m = hd.get_metric(name, tree, **params)
         assert m.expected(x, m.decode(x)).dtype == dtype, name
-        assert m(torch.tensor([0]), torch.tensor([0])).dtype == torch.float64  # values are always float64
+        # values of node ids: torch's default dtype, or the one asked for (computed in float64 either way)
+        assert m(torch.tensor([0]), torch.tensor([0])).dtype == torch.get_default_dtype(), name
+        assert m(torch.tensor([0]), torch.tensor([0]), dtype=dtype).dtype == dtype, name
 
 
 def test_half_precision_row_sum_tolerance(tree):

@@ -1,6 +1,6 @@
 """The package's layers: every import inside it points down the stack
-hierarchy < kernels < core < metrics < decoders < integrations < cli, function-level imports included,
-and only core/ resolves the device plan."""
+hierarchy < kernels < core < metrics < decoders < functional < integrations < cli, function-level imports
+included, and only core/ resolves the device plan."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pathlib
 import hdecode_torch
 
 PACKAGE = pathlib.Path(hdecode_torch.__file__).parent
-LAYERS = ["hierarchy", "kernels", "core", "metrics", "decoders", "integrations", "cli"]
+LAYERS = ["hierarchy", "kernels", "core", "metrics", "decoders", "functional", "integrations", "cli"]
 #: Modules at the package's top level, placed in the stack: data helpers sit with the kernels they use.
 TOP_LEVEL = {"synthetic": "kernels"}
 
@@ -93,3 +93,5 @@ def test_the_checker_sees_function_level_and_relative_imports(tmp_path):
     node = next(n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom))
     assert node.level == 2 and node.module == "metrics"
     assert _layer(("kernels", "x.py")) < _layer(("metrics",))
+    # the functional API: above what it wraps, below the integrations built on it
+    assert _layer(("decoders",)) < _layer(("functional", "__init__.py")) < _layer(("integrations", "torchmetrics.py"))

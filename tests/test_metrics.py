@@ -7,8 +7,8 @@ import torch
 import hdecode_torch as hd
 import reference as ref
 from harness import (
-    DEVICES, FLOAT_DTYPES, HEURISTIC_FACTS, batch, bundled, heuristic_names, metric_cases, metric_names, model_like,
-    random_trees, tolerance,
+    DEVICES, FLOAT_DTYPES, HEURISTIC_FACTS, batch, bundled, heuristic_names, metric_cases, metric_names, metric_pairs,
+    model_like, random_trees, tolerance,
 )
 
 
@@ -47,9 +47,12 @@ def test_values_and_expected_on_random_trees(name, params, device, dtype):
         P = torch.as_tensor(batch(rng, B, info.L)).to(dtype).double().numpy()  # the rounded rows are the input
         y = rng.integers(0, info.L, B)
         pred = rng.integers(0, info.N, B)
-        got = m(torch.as_tensor(pred, device=device), torch.as_tensor(y, device=device)).cpu().numpy()
+        # values are computed in float64 and cast once: exact up to the rounding of `dtype`
+        vtol = 1e-12 if dtype == torch.float64 else torch.finfo(dtype).eps
+        got = m(torch.as_tensor(pred, device=device), torch.as_tensor(y, device=device), dtype=dtype).cpu().numpy()
+        assert got.dtype == (np.float64 if dtype == torch.float64 else np.float32)
         want = [ref.metric_value(info, name, int(pred[b]), int(y[b]), **params) for b in range(B)]
-        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(got, want, rtol=vtol, atol=1e-12)
         x = torch.as_tensor(P, device=device).to(dtype)
         e = m.expected(x, torch.as_tensor(pred, device=device)).cpu().numpy()
         assert e.dtype == (np.float64 if dtype == torch.float64 else np.float32)
@@ -57,9 +60,10 @@ def test_values_and_expected_on_random_trees(name, params, device, dtype):
         np.testing.assert_allclose(e, e_want, rtol=rtol, atol=atol)
         if m.kind == "set":
             masks = rng.random((B, info.N)) < 0.4
-            got = m(torch.as_tensor(masks, device=device), torch.as_tensor(y, device=device)).cpu().numpy()
+            got = m(torch.as_tensor(masks, device=device), torch.as_tensor(y, device=device), dtype=dtype)
+            assert got.dtype == dtype
             want = [ref.metric_value(info, name, masks[b], int(y[b]), **params) for b in range(B)]
-            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(got.cpu().numpy(), want, rtol=vtol, atol=1e-12)
             e = m.expected(x, torch.as_tensor(masks, device=device)).cpu().numpy()
             e_want = [ref.expected(info, name, P[b], masks[b], **params) for b in range(B)]
             np.testing.assert_allclose(e, e_want, rtol=rtol, atol=atol)
@@ -75,7 +79,7 @@ def test_values_and_expected_on_bundled_trees(tree, name, params):
     P = model_like(rng, h, B, "confused")
     y = rng.integers(0, info.L, B)
     pred = np.concatenate([rng.integers(0, info.N, B - 2), y[:1], [h.root]])
-    got = m(torch.as_tensor(pred), torch.as_tensor(y)).numpy()
+    got = m(torch.as_tensor(pred), torch.as_tensor(y), dtype=torch.float64).numpy()
     want = [ref.metric_value(info, name, int(pred[b]), int(y[b]), **params) for b in range(B)]
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
     e = m.expected(torch.as_tensor(P), torch.as_tensor(pred)).numpy()
@@ -106,7 +110,7 @@ def test_wu_palmer_and_zhao_match_dense_cost():
     nodes = torch.arange(h.num_nodes).repeat_interleave(h.num_leaves)
     leaves = torch.arange(h.num_leaves).repeat(h.num_nodes)
     for name in ("wu_palmer", "zhao"):
-        got = hd.get_metric(name, h)(nodes, leaves).view(h.num_nodes, h.num_leaves).numpy()
+        got = hd.get_metric(name, h)(nodes, leaves, dtype=torch.float64).view(h.num_nodes, h.num_leaves).numpy()
         want = 1 - ref.cost_matrix(info, name)
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-15)
 
@@ -132,6 +136,36 @@ def test_node_probabilities_match_reference():
         np.testing.assert_allclose(got, want, atol=1e-12)
         one = hd.node_probabilities(h, torch.as_tensor(P[0]))
         assert one.shape == (info.N,)
+
+
+def test_value_and_expected_dtypes():
+    """Values of node ids: computed in float64, returned in torch's default dtype unless ``dtype=`` asks;
+    expected values: in the probabilities' compute dtype (float64 kept, float32 otherwise)."""
+    h, info = bundled("tieredimagenet-h")
+    rng = np.random.default_rng(7)
+    P = torch.as_tensor(model_like(rng, h, 6, "confused"))
+    y = torch.as_tensor(rng.integers(0, h.num_leaves, 6))
+    for name, params in metric_pairs():
+        m = hd.get_metric(name, h, **params)
+        pred = m.decode(P)
+        exact = m(pred, y, dtype=torch.float64)
+        assert exact.dtype == torch.float64, name
+        for dtype in (torch.float16, torch.bfloat16, torch.float32):
+            assert torch.equal(m(pred, y, dtype=dtype), exact.to(dtype)), (name, dtype)  # one rounding
+        assert torch.equal(m(pred, y), exact.to(torch.float32)), name
+        default = torch.get_default_dtype()
+        try:
+            torch.set_default_dtype(torch.float64)
+            assert torch.equal(m(pred, y), exact), name
+        finally:
+            torch.set_default_dtype(default)
+        for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+            e = m.expected(P.to(dtype), pred)
+            assert e.dtype == (torch.float64 if dtype == torch.float64 else torch.float32), (name, dtype)
+        with pytest.raises(TypeError, match="`dtype`"):
+            m(pred, y, dtype=torch.int64)
+        with pytest.raises(TypeError, match="`dtype`"):
+            m(pred, y, dtype="float64")
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])

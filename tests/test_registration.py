@@ -90,7 +90,9 @@ def test_registered_metric_and_decoder_by_name(registered):
     tm = hd.HierarchicalMetric(h, ("depth_gap", {"penalty": 3.0}), "optimal")
     tm.update(x, target)
     assert tm.name == "depth_gap3_optimal"
-    np.testing.assert_allclose(float(tm.compute()), float(m(got, target).mean()), rtol=1e-12)
+    assert tm.compute().dtype == x.dtype  # the scores' dtype, summed in float64
+    np.testing.assert_allclose(float(tm.compute()), float(m(got, target, dtype=torch.float64).mean()),
+                               rtol=torch.finfo(x.dtype).eps)
 
 
 def test_registered_names_in_the_lightning_callback(registered):

@@ -198,7 +198,7 @@ def test_a_chain_of_100k_nodes_compiles_without_a_depth_table():
     assert hd.get_metric("lca_height", h).decode(x).tolist() == [0, 0, 0]
     assert hd.get_metric("zhao", h)(torch.tensor([0, n - 1]), torch.tensor([0, 0])).tolist() == [1.0, 1.0]  # one leaf
     d = n - 1 - n // 2  # depth of node n // 2, an ancestor of the leaf: it is their LCA
-    wp = hd.get_metric("wu_palmer", h)(torch.tensor([n // 2]), torch.tensor([0])).item()
+    wp = hd.get_metric("wu_palmer", h)(torch.tensor([n // 2]), torch.tensor([0]), dtype=torch.float64).item()
     assert wp == pytest.approx(2 * d / (d + n - 1), rel=1e-12)
 
 

@@ -1,4 +1,5 @@
-"""HierarchicalMetric as a torchmetrics citizen: names in MetricCollection lists, plot(), pickling."""
+"""HierarchicalMetric as a torchmetrics citizen: names in MetricCollection lists, plot(), pickling, decoded
+predictions in update, the dtype of compute()."""
 
 from __future__ import annotations
 
@@ -35,8 +36,8 @@ def test_metric_collection_list_form_names_each_pair():
     coll.update(probs, y)
     out = coll.compute()
     for m, name in zip(members, names):
-        metric = hd.get_metric(m.metric.name, H, **m.metric.params)
-        assert torch.allclose(out[name], metric(m.decoder.decode(probs), y).double().mean(), rtol=1e-12), name
+        want = _direct(m, probs, y)
+        assert _same(out[name], (torch.sort(want).values.sum() / want.numel()).float()), name
     assert isinstance(members[0], HierarchicalMetric) and type(members[0]).__name__ == "hf_beta0p5_optimal"
     assert type(HierarchicalMetric(H, "hf_beta", beta=0.5)) is type(members[0])  # one class per name
     with pytest.raises(ValueError, match="two metrics both named"):
@@ -108,7 +109,7 @@ def test_docstring_states_the_input_convention():
 def test_errors_name_the_argument():
     m = HierarchicalMetric(H, "tree_distance")
     probs, y = _batch(3, 4)
-    with pytest.raises(ValueError, match="`scores`.*sum to 1"):
+    with pytest.raises(ValueError, match="`preds`.*sum to 1"):
         m.update(probs * 2, y)
     with pytest.raises(ValueError, match="`target`"):
         m.update(probs, y + L)
@@ -130,8 +131,13 @@ def _count_decodes(monkeypatch):
 
 
 def _direct(m, probs, y):
+    """(B,) float64 values of ``m``'s pair computed directly through the public API."""
     metric = hd.get_metric(m.metric.name, H, **m.metric.params)
-    return metric(m.decoder.decode(probs), y)
+    return metric(m.decoder.decode(probs), y, dtype=torch.float64)
+
+
+def _same(a, b):
+    return a.dtype == b.dtype and torch.equal(a, b)
 
 
 @pytest.mark.parametrize("mode", ["grad", "inference"])
@@ -167,7 +173,7 @@ def test_collection_checks_once_and_decodes_each_decoder_once(monkeypatch, mode,
     out = coll.compute()
     for m in members:
         want = torch.cat([_direct(m, p, y) for p, y in batches])
-        assert torch.equal(out[m.name], torch.sort(want).values.sum() / want.numel()), m.name
+        assert _same(out[m.name], (torch.sort(want).values.sum() / want.numel()).float()), m.name
 
 
 def test_a_buffer_refilled_in_place_is_a_new_batch():
@@ -187,7 +193,7 @@ def test_a_buffer_refilled_in_place_is_a_new_batch():
     out = coll.compute()
     for m in members:
         want = torch.cat([_direct(m, p, t) for p, t in batches])
-        assert torch.equal(out[m.name], torch.sort(want).values.sum() / want.numel()), m.name
+        assert _same(out[m.name], (torch.sort(want).values.sum() / want.numel()).float()), m.name
 
 
 def test_decoder_identity_follows_exact_parameters():
@@ -204,3 +210,123 @@ def test_decoder_identity_follows_exact_parameters():
 
     mine = Mine(H, lam=0.5)
     assert decoder_identity(mine) != decoder_identity(same[0]) and decoder_identity(mine) == decoder_identity(mine)
+
+
+# --------------------------------------------------------------------------- decoded predictions in update
+def _mean(values, dtype):
+    """What compute() returns for these float64 values: their sorted sum over their number, cast."""
+    values = torch.cat(values) if isinstance(values, list) else values
+    return (torch.sort(values).values.sum() / values.numel()).to(dtype)
+
+
+@pytest.mark.parametrize("metric,params,kind", [("wu_palmer", {}, "ids"), ("accuracy", {}, "ids"),
+                                                ("hf_beta", {"beta": 0.5}, "ids"), ("hf_beta", {"beta": 0.5}, "sets"),
+                                                ("jaccard", {}, "sets"), ("tree_distance", {}, "int32")])
+def test_update_scores_decoded_predictions_without_decoding(monkeypatch, metric, params, kind):
+    """Integer node ids and bool node sets are predictions already: scored as they are, whatever the decoder."""
+    direct = hd.get_metric(metric, H, **params)
+    m = HierarchicalMetric(H, metric, decoder="darts", **params)
+    g = torch.Generator().manual_seed(5)
+    batches = []
+    for n in (7, 12):
+        y = torch.randint(0, L, (n,), generator=g)
+        if kind == "sets":
+            pred = torch.rand(n, H.num_nodes, generator=g) < 0.02
+        else:
+            pred = torch.randint(0, H.num_nodes, (n,), generator=g)
+            pred = pred.int() if kind == "int32" else pred
+        batches.append((pred, y))
+    calls = _count_decodes(monkeypatch)
+    for pred, y in batches:
+        m.update(pred, y)
+    assert calls == []  # no decoding
+    want = _mean([direct(p, y, dtype=torch.float64) for p, y in batches], torch.get_default_dtype())
+    assert _same(m.compute(), want)
+    assert _same(m(*batches[0]), _mean(direct(*batches[0], dtype=torch.float64), torch.float32))  # forward
+
+
+def test_a_collection_shares_decoded_predictions():
+    """Members updated with the same decoded predictions: one check (one host read) for the collection, the
+    values of each metric object computed once, each member's value that of its metric."""
+    from torchmetrics import MetricCollection
+
+    from benchmarks.plan_cost import Cost
+
+    members = [HierarchicalMetric(H, "tree_distance"), HierarchicalMetric(H, "tree_distance", decoder="majority"),
+               HierarchicalMetric(H, "wu_palmer", decoder="plurality"), HierarchicalMetric(H, "hamming")]
+    coll = MetricCollection(members, compute_groups=False)
+    g = torch.Generator().manual_seed(6)
+    batches = [(torch.randint(0, H.num_nodes, (9,), generator=g), torch.randint(0, L, (9,), generator=g))
+               for _ in range(3)]
+    reads = []
+    for pred, y in batches:
+        with Cost() as c:
+            coll.update(pred, y)
+        reads.append(c.reads)
+    assert reads[1:] == [1, 1]
+    out = coll.compute()
+    for m in members:
+        metric = hd.get_metric(m.metric.name, H)
+        want = _mean([metric(p, y, dtype=torch.float64) for p, y in batches], torch.float32)
+        assert _same(out[m.name], want), m.name
+
+
+def test_scores_and_decoded_predictions_add_up():
+    m = HierarchicalMetric(H, "zhao", decoder="majority")
+    probs, y = _batch(7, 10)
+    pred = hd.get_decoder("majority", H).decode(probs)
+    m.update(probs, y)
+    m.update(pred, y)  # the same predictions, decoded by the caller
+    zhao = hd.get_metric("zhao", H)
+    one = zhao(pred, y, dtype=torch.float64)
+    assert _same(m.compute(), _mean([one, one], torch.float32))
+
+
+def test_decoded_predictions_errors_name_the_argument():
+    m = HierarchicalMetric(H, "wu_palmer")
+    y = torch.tensor([0, 1, 2])
+    with pytest.raises(ValueError, match=r"Expected `preds` in 0\.\.\d+ \(node ids\), but got"):
+        m.update(torch.tensor([0, H.num_nodes, 1]), y)
+    with pytest.raises(ValueError, match="`target`"):
+        m.update(torch.tensor([0, 1, 2]), torch.tensor([0, 1, L]))
+    with pytest.raises(ValueError, match="Expected `target` to have 3 entries"):
+        m.update(torch.tensor([0, 1, 2]), torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match=r"Expected `preds` to have shape \(B,\) or \(\) \(node ids\)"):
+        m.update(torch.zeros(3, 2, dtype=torch.long), y)
+    with pytest.raises(TypeError, match="scores single nodes.*bool set"):
+        m.update(torch.zeros(3, H.num_nodes, dtype=torch.bool), y)
+    with pytest.raises(ValueError, match=rf"Expected `preds` to have shape \(B, {H.num_nodes}\)"):
+        HierarchicalMetric(H, "hf_beta").update(torch.zeros(3, 5, dtype=torch.bool), y)
+    with pytest.raises(TypeError, match="float scores, int64 node ids or bool node sets"):
+        m.update(torch.zeros(3, dtype=torch.complex64), y)
+    assert m.values == []  # nothing was kept from the failed updates
+
+
+# --------------------------------------------------------------------------- dtypes
+@pytest.mark.parametrize("exact", [True, False])
+def test_compute_returns_the_scores_dtype_from_float64_sums(exact):
+    probs, y = _batch(8, 24)
+    td = hd.get_metric("wu_palmer", H)
+    for dtype, want_dtype in ((torch.float32, torch.float32), (torch.float64, torch.float64),
+                              (torch.float16, torch.float32), (torch.bfloat16, torch.float32)):
+        x = probs.to(dtype)
+        if dtype in (torch.float16, torch.bfloat16):
+            x = x / x.float().sum(1, keepdim=True).to(dtype)  # rows that sum to 1 in half precision
+        values = td(td.decode(x), y, dtype=torch.float64)
+        m = HierarchicalMetric(H, "wu_palmer", exact=exact)
+        with pytest.warns(UserWarning, match="called before the ``update``"):  # torchmetrics says so
+            before = m.compute()
+        assert torch.isnan(before) and before.dtype == torch.get_default_dtype()  # before any update
+        for a, b in ((0, 5), (5, 6), (6, 24)):  # any split: the same bits
+            m.update(x[a:b], y[a:b])
+        got = m.compute()
+        assert got.dtype == want_dtype, dtype
+        if exact:
+            assert _same(got, _mean(values, want_dtype)), dtype
+        else:
+            # a float64 sum in update order: equal up to float64 rounding before the cast
+            rtol = max(torch.finfo(want_dtype).eps, 1e-12)
+            assert torch.allclose(got.double(), values.mean(), rtol=rtol, atol=0), dtype
+        m.reset()
+        with pytest.warns(UserWarning, match="called before the ``update``"):
+            assert m.compute().dtype == torch.get_default_dtype()

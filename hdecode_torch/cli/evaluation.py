@@ -126,9 +126,10 @@ def evaluate(h, probs: torch.Tensor, targets: torch.Tensor, metrics: list, heuri
         preds = [d.decode(post) for d in heuristics]
         rows = []
         for m, ok in zip(metrics, optimal_ok):
-            opt = m(m.decode(post), y) if ok else torch.full((stop - start,), math.nan, dtype=torch.float64,
-                                                             device=probs.device)
-            rows.append(torch.stack([opt] + [m(p, y) for p in preds], 1))
+            # float64 values: the moments below are sums over every sample.
+            opt = (m(m.decode(post), y, dtype=torch.float64) if ok
+                   else torch.full((stop - start,), math.nan, dtype=torch.float64, device=probs.device))
+            rows.append(torch.stack([opt] + [m(p, y, dtype=torch.float64) for p in preds], 1))
         values = torch.stack(rows, 1)  # (b, M, D) float64
         single.add(values)
         paired.add(values[:, :, :, None] - values[:, :, None, :])

@@ -7,12 +7,14 @@ import weakref
 
 import torch
 from torchmetrics import Metric
-from torchmetrics.utilities import dim_zero_cat
 
 from ..core.posterior import Posterior
-from ..core.validation import RangeCheck, as_targets, as_tensor, check_ranges, input_kind
+from ..core.validation import input_kind
 from ..decoders import Decoder, OptimalDecoder
 from ..decoders.registry import DECODERS
+from ..functional._pieces import (
+    checked_predictions, checked_scores, prediction_kind, values_compute, values_update,
+)
 from ..hierarchy import Hierarchy
 from .module import decoder_label, pair_name, resolve_pair
 
@@ -32,34 +34,43 @@ _TORCHMETRICS_KWARGS = ("compute_on_cpu", "dist_sync_on_step", "process_group", 
 class HierarchicalMetric(Metric):
     """Mean of a hierarchical metric over the predictions of a decoder.
 
-    ``update(scores, target)``: scores (B, L) float, target (B,) int leaf ids in ``0..L-1``.
-    The decoder turns the scores into predictions and ``metric(pred, target)`` scores them per
-    sample; ``compute()`` returns their mean as a float64 scalar (NaN before any update).
+    ``update(preds, target)``: target (B,) int leaf ids in ``0..L-1``; ``preds`` is told apart by its
+    dtype alone (no host read):
+
+    - (B, L) float scores (probabilities or logits, see ``from_logits``; or a
+      :class:`~hdecode_torch.Posterior`): the decoder turns them into predictions;
+    - (B,) integer node ids, or (B, N) bool node sets (set metrics): predictions already decoded,
+      scored as they are (the decoder is not used).
+
+    ``metric(pred, target)`` scores each sample (in float64, as
+    :func:`hdecode_torch.functional.value` does); ``compute()`` returns their mean as a 0-d tensor in
+    the dtype of the last update's scores as computed (float64 kept, float32 for every other floating
+    dtype), or in torch's default dtype (float32) for decoded predictions and before any update (NaN).
 
     Args:
         hierarchy: the class tree.
         metric: a name, ``(name, params)`` or built metric; ``params`` are its parameters.
         decoder: ``"optimal"`` (the metric's own Bayes-optimal decoder; ``ValueError`` for a
             metric without one), a heuristic name, ``(name, params)`` or a Decoder.
-        from_logits: what ``scores`` holds.  ``False`` (default): probabilities, each row
+        from_logits: what float ``preds`` hold.  ``False`` (default): probabilities, each row
             non-negative and summing to 1.  ``True``: logits, a softmax is applied (input that
             looks like probabilities gets a warning).  ``"auto"``: decided per batch on the
             device, probabilities if every row is a distribution, else logits.
-        validate: check the scores and targets (one host read per batch, shared by the instances
-            updated with it, see below); errors name the argument (``scores``, ``target``).
+        validate: check the predictions or scores and the targets (one host read per batch, shared by
+            the instances updated with it, see below); errors name the argument (``preds``, ``target``).
         exact: how the values are kept (below).
         compute_on_cpu, dist_sync_on_step, process_group, sync_on_compute, ...: passed to
             :class:`torchmetrics.Metric`.
 
     Name: each instance's class is a subclass named after its pair, ``<metric>_<decoder>``
-    (:attr:`name`, e.g. ``hf_beta0.5_optimal``, ``tree_distance_darts0.5``), so that
+    (:attr:`name`, e.g. ``hf_beta0p5_optimal``, ``tree_distance_darts0p5``), so that
     ``MetricCollection([...])`` (which keys members by class name) takes a list of them.
     ``plot()`` draws values like torchmetrics' own metrics, on the metric's range (``[0, 1]``
     for accuracy, Wu-Palmer, Zhao, hF_β and Jaccard; from 0 for the costs).  Pickling stores the
     tree, not its cached tables (rebuilt on first use): about 0.1 MB for tieredImageNet-H.
 
     States: with ``exact=True`` (default) the per-sample values (float64, concatenated
-    across processes) and ``compute()`` sums them in sorted order, so the mean is bitwise
+    across processes) and ``compute()`` sums them in sorted order (then casts), so the mean is bitwise
     the same for any number of processes or batch split (a float64 sum depends on its
     order); memory is 8 bytes per sample.  ``exact=False`` keeps only ``total`` and
     ``count`` (float64 scalars summed across processes): constant memory, equal up to the
@@ -67,12 +78,13 @@ class HierarchicalMetric(Metric):
     DistributedSampler's padding repeats samples, so use a dataset size divisible by the
     world size.  :attr:`higher_is_better` comes from the metric.
 
-    **Sharing.**  Instances updated one after another with the same ``scores`` and ``target``
+    **Sharing.**  Instances updated one after another with the same ``preds`` and ``target``
     objects (a ``MetricCollection``, with or without compute groups, or a loop) share the batch:
-    one input check (one host read), one :class:`~hdecode_torch.Posterior` (node probabilities
-    summed once), and each decoder's predictions, decoded once and scored by every metric that
-    uses that decoder (a built-in heuristic with the same parameters counts as the same decoder;
-    optimal and user decoders are shared by object).  A batch is recognised by the identity of
+    one input check (one host read); for scores, one :class:`~hdecode_torch.Posterior` (node
+    probabilities summed once) and each decoder's predictions, decoded once and scored by every
+    metric that uses that decoder (a built-in heuristic with the same parameters counts as the
+    same decoder; optimal and user decoders are shared by object); decoded predictions are scored
+    once per metric object.  A batch is recognised by the identity of
     its tensors, their in-place version counter, and the rule that an instance updated twice
     starts a new batch, which also covers inference tensors (they have no version counter).
     Each instance's values are exactly those of an unshared update.
@@ -111,6 +123,7 @@ class HierarchicalMetric(Metric):
         # spelling out the configuration keeps different configurations apart.
         sig = torch.tensor(list(f"{self.key}|{self.from_logits}".encode()), dtype=torch.float64)
         self.add_state("signature", sig, dist_reduce_fx="max")
+        self._value_dtype: torch.dtype | None = None  # of the last update's values (see compute)
         lower, upper = _plot_bounds(self.metric)
         self.__dict__["plot_lower_bound"], self.__dict__["plot_upper_bound"] = lower, upper
         if type(self) is HierarchicalMetric:  # a user's subclass keeps its own class
@@ -123,7 +136,7 @@ class HierarchicalMetric(Metric):
     @property
     def name(self) -> str:
         """``<metric>_<decoder>`` with parameter values, safe in file names and logger keys, e.g.
-        ``hf_beta0.5_optimal``."""
+        ``hf_beta0p5_optimal``."""
         return pair_name(self.metric.key, decoder_label(self.decoder, self.metric))
 
     @property
@@ -131,25 +144,30 @@ class HierarchicalMetric(Metric):
         """``"<metric key>/<decoder key>"``, e.g. ``"hf_beta[beta=0.5]/optimal"``."""
         return f"{self.metric.key}/{decoder_label(self.decoder, self.metric)}"
 
-    def update(self, scores: torch.Tensor, target: torch.Tensor) -> None:
-        """scores: (B, L) float (or a Posterior); target: (B,) int64 leaf ids."""
-        values = _shared_batch(self, scores, target).values(self.metric, self.decoder)
+    def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
+        """preds: (B, L) float scores (or a Posterior), decoded by the decoder; or decoded predictions,
+        (B,) int node ids or (B, N) bool node sets, scored as they are.  target: (B,) int leaf ids."""
+        batch = _shared_batch(self, preds, target)
+        values = batch.values(self.metric, self.decoder)  # float64
+        self._value_dtype = batch.dtype
         if self.exact:
-            self.values.append(values.to(torch.float64))
+            self.values.append(values)
         else:
             self.total += values.sum().to(self.total.device)
             self.count += values.numel()
 
     def compute(self) -> torch.Tensor:
-        """Mean value over every sample seen (all processes), float64 scalar (NaN before any update)."""
+        """Mean value over every sample seen (all processes): a 0-d tensor in the dtype of the last update
+        (see the class docstring), summed in float64 (NaN before any update)."""
+        dtype = getattr(self, "_value_dtype", None)
         if not self.exact:
-            return self.total / self.count
-        values = self.values  # a list, or one tensor while synchronised across processes
-        if isinstance(values, list) and len(values) == 1 and values[0].dim() == 1:
-            values = values[0]  # one update (e.g. the callback's one block per epoch): nothing to concatenate
-        else:
-            values = dim_zero_cat(values) if len(values) else torch.zeros(0, dtype=torch.float64)
-        return torch.sort(values).values.sum() / values.numel()
+            return values_compute(self.total / self.count, "none", dtype)
+        # A list of per-update values, or one tensor while synchronised across processes.
+        return values_compute(self.values, "mean", dtype)
+
+    def reset(self) -> None:
+        super().reset()
+        self._value_dtype = None
 
     def plot(self, val=None, ax=None):
         """Plot one value, or a sequence of values as a curve (``compute()`` when ``val`` is None).
@@ -181,27 +199,35 @@ _BUILTIN_HEURISTICS = frozenset(cls for name in DECODERS.names()
 
 
 class _SharedBatch:
-    """One batch as every :class:`HierarchicalMetric` updated with it sees it: the checked Posterior and
-    targets, each decoder's predictions and each (metric, decoder)'s per-sample values."""
+    """One batch as every :class:`HierarchicalMetric` updated with it sees it: the checked targets and either
+    the checked Posterior of the scores and each decoder's predictions, or the checked decoded predictions;
+    each (metric, decoder)'s per-sample float64 values; ``dtype``, that of the metrics' results."""
 
-    def __init__(self, post: Posterior, target: torch.Tensor, key: tuple):
-        self.post, self.target, self.key = post, target, key
+    def __init__(self, h, post: Posterior | None, decoded: torch.Tensor | None, target: torch.Tensor, key: tuple):
+        self.h, self.post, self.decoded, self.target, self.key = h, post, decoded, target, key
+        self.dtype = post.dtype if post is not None else torch.get_default_dtype()
         self.preds: dict = {}
         self.scored: dict = {}
         self.users: set[int] = set()  # ids of the metrics updated with it
 
+    def _ident(self, decoder: Decoder):
+        """Which predictions ``decoder`` gives on this batch: its identity, or "given" for decoded predictions."""
+        return "given" if self.post is None else decoder_identity(decoder)
+
     def prediction(self, decoder: Decoder) -> torch.Tensor:
+        if self.post is None:
+            return self.decoded
         ident = decoder_identity(decoder)
         if ident not in self.preds:
             self.preds[ident] = decoder.decode(self.post)
         return self.preds[ident]
 
     def values(self, metric, decoder: Decoder) -> torch.Tensor:
-        """(B,) float64 values of ``metric`` on ``decoder``'s predictions."""
-        key = (id(metric), decoder_identity(decoder))
+        """(B,) float64 values of ``metric`` on ``decoder``'s predictions (or on the decoded predictions)."""
+        key = (id(metric), self._ident(decoder))
         if key not in self.scored:
-            # The predictions come from a decoder, and the targets were checked with the scores.
-            self.scored[key] = metric(self.prediction(decoder), self.target, validate=False)
+            # The predictions come from a decoder or were checked, and the targets were checked with them.
+            self.scored[key] = values_update(metric, self.prediction(decoder), self.target)
         return self.scored[key]
 
     def score(self, members) -> None:
@@ -211,11 +237,11 @@ class _SharedBatch:
         A set metric scores node ids through (B, N) node masks: on the CPU plan, one call per decoder keeps
         them in cache (grouped, they took longer); on the GPU plan, one call saves the launches.
         """
-        group_sets = self.post.plan.gpu
+        group_sets = self.post is not None and self.post.plan.gpu
         groups: dict = {}
         for m in members:
             pred = self.prediction(m.decoder)
-            ident = decoder_identity(m.decoder)
+            ident = self._ident(m.decoder)
             if (id(m.metric), ident) in self.scored:
                 continue
             alone = pred.dtype == torch.bool or (m.metric.kind == "set" and not group_sets)
@@ -224,9 +250,9 @@ class _SharedBatch:
         for metric, preds in groups.values():
             if len(preds) == 1:
                 (ident, pred), = preds.items()
-                self.scored[(id(metric), ident)] = metric(pred, self.target, validate=False)
+                self.scored[(id(metric), ident)] = values_update(metric, pred, self.target)
                 continue
-            both = metric(torch.cat(list(preds.values())), self.target.repeat(len(preds)), validate=False)
+            both = values_update(metric, torch.cat(list(preds.values())), self.target.repeat(len(preds)))
             for ident, part in zip(preds, both.split(self.target.shape[0])):
                 self.scored[(id(metric), ident)] = part
 
@@ -259,50 +285,49 @@ def _same_argument(key, x) -> bool:
         return version is None
 
 
-def _shared_batch(metric: "HierarchicalMetric", scores, target, use: bool = True) -> _SharedBatch:
-    """The batch ``(scores, target)`` checked and with its Posterior, shared with the metrics updated before
-    with the same objects (see the class docstring); ``use``: ``metric`` is being updated with it."""
-    options = (input_kind(metric.from_logits), metric.validate)
+def _options(metric: "HierarchicalMetric", kind: str) -> tuple:
+    """What must be equal for two metrics to share a batch of this kind (the input kind of scores matters)."""
+    return kind, input_kind(metric.from_logits) if kind == "scores" else None, metric.validate
+
+
+def _shared_batch(metric: "HierarchicalMetric", preds, target, use: bool = True) -> _SharedBatch:
+    """The batch ``(preds, target)`` checked (scores with their Posterior), shared with the metrics updated
+    before with the same objects (see the class docstring); ``use``: ``metric`` is being updated with it."""
+    kind, x = prediction_kind(preds)
+    options = _options(metric, kind)
     entry = getattr(_local, "batch", None)
     if (entry is not None and id(metric) not in entry.users and entry.key[2:] == options
-            and _same_argument(entry.key[0], scores) and _same_argument(entry.key[1], target)
-            and (entry.post.h is metric.hierarchy or entry.post.h.same_tree(metric.hierarchy))):
+            and _same_argument(entry.key[0], preds) and _same_argument(entry.key[1], target)
+            and (entry.h is metric.hierarchy or entry.h.same_tree(metric.hierarchy))):
         if use:
             entry.users.add(id(metric))
         return entry
-    h, L = metric.hierarchy, metric.hierarchy.num_leaves
-    if isinstance(scores, Posterior):
-        post = Posterior.of(h, scores)
-        t = as_targets(target, L, device=post.device)
-        check_ranges([RangeCheck(t, L, "target", "leaf ids")], metric.validate)
+    h = metric.hierarchy
+    key = (_argument_key(preds), _argument_key(target)) + options
+    if kind == "scores":
+        post, t = checked_scores(h, x, target, from_logits=metric.from_logits, validate=metric.validate)
+        entry = _SharedBatch(h, post, None, t, key)
     else:
-        x = as_tensor(scores, "scores")
-        t = as_targets(target, L, device=x.device)
-        # One host read checks the scores and the targets together.
-        post = Posterior(h, x.detach(), from_logits=metric.from_logits, validate=metric.validate, name="scores",
-                         extra_checks=[RangeCheck(t, L, "target", "leaf ids")])
-    if t.dim() == 1 and t.shape[0] != post.batch_size:
-        raise ValueError(f"Expected `target` to have {post.batch_size} entries (one per row of `scores`), but got "
-                         f"{t.shape[0]}")
-    entry = _SharedBatch(post, t, (_argument_key(scores), _argument_key(target)) + options)
+        decoded, t = checked_predictions(h, kind, x, target, validate=metric.validate)
+        entry = _SharedBatch(h, None, decoded, t, key)
     if use:
         entry.users.add(id(metric))
     _local.batch = entry
     return entry
 
 
-def update_together(members, scores, target) -> None:
-    """``m.update(scores, target)`` for every ``m`` of ``members``, with the values of each metric object
+def update_together(members, preds, target) -> None:
+    """``m.update(preds, target)`` for every ``m`` of ``members``, with the values of each metric object
     computed in one call for all its decoders' node-id predictions (what a grouped caller such as the
     Lightning callback knows in advance; members updated one by one share the decoding only)."""
     members = list(members)
     if not members:
         return
-    _shared_batch(members[0], scores, target, use=False).score(
-        [m for m in members if (input_kind(m.from_logits), m.validate) == (input_kind(members[0].from_logits),
-                                                                              members[0].validate)])
+    batch = _shared_batch(members[0], preds, target, use=False)
+    kind = batch.key[2]
+    batch.score([m for m in members if _options(m, kind) == _options(members[0], kind)])
     for m in members:
-        m.update(scores, target)
+        m.update(preds, target)
 
 
 def release_shared_batch() -> None:

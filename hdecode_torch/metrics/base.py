@@ -23,14 +23,27 @@ from ..core.validation import (
 from ..kernels.ancestry import ancestor_closure, ancestor_mask, path_counts
 from ..kernels.selection import argbest
 
-__all__ = ["BaseMetric", "NodeMetric", "SetMetric"]
+__all__ = ["BaseMetric", "NodeMetric", "SetMetric", "value_dtype"]
+
+
+def value_dtype(dtype) -> torch.dtype:
+    """The dtype of a metric's values: ``dtype`` if given (a floating ``torch.dtype``), else torch's default
+    dtype (float32 unless changed with ``torch.set_default_dtype``), as for a tensor made from Python numbers."""
+    if dtype is None:
+        return torch.get_default_dtype()
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"Expected `dtype` to be a floating torch.dtype (e.g. torch.float64) or None, but got "
+                        f"{dtype!r}")
+    return dtype
 
 
 class BaseMetric(HierarchyComponent):
     """A metric comparing a prediction with a target leaf.
 
-    - ``m(pred, target) -> (B,)`` float64 per-sample values;
-    - ``m.expected(leaf_probs, pred) -> (B,)`` ``Σ_l p(l) m(pred, l)``, in the compute dtype;
+    - ``m(pred, target) -> (B,)`` per-sample values, computed in float64 and returned in torch's default
+      dtype (float32) or ``dtype=``;
+    - ``m.expected(leaf_probs, pred) -> (B,)`` ``Σ_l p(l) m(pred, l)``, in the probabilities' compute dtype
+      (float64 kept, float32 for every other floating dtype);
     - ``m.decode(leaf_probs)`` the Bayes-optimal prediction: (B,) int64 node ids for leaf and node
       metrics, (B, N) bool ancestor-closed sets for set metrics;
     - ``m.higher_is_better``, ``m.kind`` (``"leaf"``, ``"node"`` or ``"set"``), ``m.name``, ``m.params``,
@@ -104,25 +117,27 @@ class NodeMetric(BaseMetric):
         t = as_node_ids(t, n, device=device)
         return t, RangeCheck(t, n, "pred", "node ids")
 
-    def __call__(self, pred, target, *, validate: bool | None = None) -> torch.Tensor:
+    def __call__(self, pred, target, *, validate: bool | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
         """pred: (B,) or () int64 node ids; target: (B,) or () int64 leaf ids (broadcast against each other).
 
-        Returns (B,) (or ()) float64, on ``pred``'s device.
+        Returns (B,) (or ()) on ``pred``'s device, computed in float64 and returned in ``dtype`` (default:
+        torch's default dtype, float32 unless changed).
         """
         validate = self._validate(validate)
+        dtype = value_dtype(dtype)
         pred, pred_check = self._node_ids(pred)
         h = self.hierarchy.to(pred.device)
         target = as_targets(target, h.num_leaves, pred.shape[0] if pred.dim() else None, device=pred.device)
         check_ranges([pred_check, RangeCheck(target, h.num_leaves, "target", "leaf ids")], validate)
         pred, target = torch.broadcast_tensors(pred, target)
-        return self._values(h, pred, target)
+        return self._values(h, pred, target).to(dtype)
 
     def expected(self, leaf_probs, pred, *, validate: bool | None = None, chunk_size: int | None = None) -> torch.Tensor:
         """Expected value ``Σ_l p(l) m(pred, l)``.
 
         leaf_probs: (B, L) or (L,) float (or a :class:`~hdecode_torch.Posterior`); pred: (B,) or () int64
         node ids (moved to the probabilities' device).  Returns (B,) (or ()) in the compute dtype
-        (float32; float64 kept).
+        (float64 kept, float32 for every other floating dtype).
         """
         validate = self._validate(validate)
         post, pred = self._posterior_with(leaf_probs, pred, self._node_ids, validate)
@@ -131,7 +146,7 @@ class NodeMetric(BaseMetric):
                              f"(one node id per sample), but got {tuple(pred.shape)}")
         flat = pred.reshape(-1)
         out = torch.cat([self.expected_table(post.chunk(a, b)).gather(0, flat[None, a:b])[0]
-                         for a, b in self._chunks(post, chunk_size)])
+                         for a, b in self._chunks(post, chunk_size)]).to(post.dtype)  # a user's table may differ
         return out[0] if post.unbatched else out
 
     def _decode_cpu(self, post: Posterior) -> torch.Tensor:
@@ -189,13 +204,15 @@ class SetMetric(BaseMetric):
             return ancestor_mask(h, t[None])[0]
         return ancestor_mask(h, t)
 
-    def __call__(self, pred, target, *, validate: bool | None = None) -> torch.Tensor:
+    def __call__(self, pred, target, *, validate: bool | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
         """pred: (B, N) or (N,) bool node sets, or (B,) or () int64 node ids; target: (B,) or () int64.
 
-        A single prediction is broadcast against a batch of targets and vice versa.  Returns
-        (B,) (or ()) float64 on ``pred``'s device.
+        A single prediction is broadcast against a batch of targets and vice versa.  Returns (B,) (or ())
+        on ``pred``'s device, computed in float64 and returned in ``dtype`` (default: torch's default
+        dtype, float32 unless changed).
         """
         validate = self._validate(validate)
+        dtype = value_dtype(dtype)
         t, check = self._sets_or_ids(pred)
         h = self.hierarchy.to(t.device)
         unbatched = t.dim() == (1 if t.dtype == torch.bool else 0)
@@ -210,12 +227,13 @@ class SetMetric(BaseMetric):
         size = sets2.sum(1).to(torch.float64)
         inter = path_counts(h, sets2, tgt).to(torch.float64)
         ydepth = h.depth[tgt].to(torch.float64)
-        out = self._from_counts(inter, size, ydepth + 1)
+        out = self._from_counts(inter, size, ydepth + 1).to(dtype)
         return out[0] if unbatched and target.dim() == 0 else out
 
     def expected(self, leaf_probs, pred, *, validate: bool | None = None, chunk_size: int | None = None) -> torch.Tensor:
         """Expected value; leaf_probs (B, L) or (L,) float (or a Posterior); pred (B, N) bool sets or (B,)
-        int64 nodes ((N,) or () for a single distribution).  Returns (B,) (or ())."""
+        int64 nodes ((N,) or () for a single distribution).  Returns (B,) (or ()) in the compute dtype (float64
+        kept, float32 for every other floating dtype)."""
         validate = self._validate(validate)
         post, t = self._posterior_with(leaf_probs, pred, self._sets_or_ids, validate)
         unbatched = t.dim() == (1 if t.dtype == torch.bool else 0)
@@ -226,7 +244,8 @@ class SetMetric(BaseMetric):
                              f"{tuple(t.shape)}")
         sets = self._closed(t)
         sets2 = sets[None] if sets.dim() == 1 else sets
-        out = torch.cat([self._expected_sets(post.chunk(a, b), sets2[a:b]) for a, b in self._chunks(post, chunk_size)])
+        out = torch.cat([self._expected_sets(post.chunk(a, b), sets2[a:b])
+                         for a, b in self._chunks(post, chunk_size)]).to(post.dtype)  # a user's values may differ
         return out[0] if post.unbatched else out
 
     def _from_counts(self, inter, size, ysize):
