@@ -109,12 +109,10 @@ def _validate(pl, callback_cls, h, logits, y, batch_size: int) -> None:
 
 
 def _pairs(h):
-    from hdecode_torch.integrations.module import resolve_decoder, resolve_metric
-
     for spec in METRICS:
-        metric = resolve_metric(h, spec)
+        metric = hd.get_metric(spec, h)
         for d in DECODERS:
-            yield metric, resolve_decoder(h, d, metric)
+            yield metric, hd.get_decoder(d, h, metric=metric)
 
 
 def _decode_each_pair(h, logits, y) -> None:

@@ -8,7 +8,7 @@ Reports the median and the minimum wall time (ms) of: the library's node probabi
 check), node probabilities as float64 gathered-prefix range sums (float64 and float32 output), the fused
 deepest-node-above-1/2 decision, and the per-row input check (``row_check``); the fused structural decoders
 (``path_score_best``) against the library's Zhao (structural) and LCA-height decoders; the exact hF_β
-solver (``hf_beta_best_k``) against the metric's own ``_PrefixSolver.exact`` on the candidates the GPU
+solver (``hf_beta_best_k``) on the candidates the GPU
 plan packs for the same batch, and the whole hF_β decoder on both plans for scale.  The library's
 decoders run with ``validate=False`` (the ops do not check their input).  The Triton kernels need a
 GPU and are not timed here.
@@ -30,7 +30,6 @@ import torch  # noqa: E402
 
 import hdecode_torch as hd  # noqa: E402
 import hdecode_torch.kernels.fused as F  # noqa: E402
-from hdecode_torch.kernels.depth_ranges import depth_ranges  # noqa: E402
 from hdecode_torch.kernels.fused import trust_indices  # noqa: E402
 from hdecode_torch.kernels.fused.row_check import unit_sum_bounds  # noqa: E402
 from hdecode_torch.kernels.selection import tie_rank  # noqa: E402
@@ -84,19 +83,19 @@ def path_score_args(h, kind: str) -> tuple:
 
 
 def exact_solver_inputs(h, probs, beta: float):
-    """(solver, candidates) the GPU plan's exact hF_β solver receives when decoding ``probs``."""
+    """(q, count, depths, r): what the GPU plan's exact hF_β solver receives when decoding ``probs``."""
     seen = []
-    original = HF._PrefixSolver.exact
+    original = HF.hf_beta_best_k
 
-    def spy(self, cands):
-        seen.append((self, cands))
-        return original(self, cands)
-    HF._PrefixSolver.exact = spy
+    def spy(q, count, depths, r):
+        seen.append((q, count, depths, r))
+        return original(q, count, depths, r)
+    HF.hf_beta_best_k = spy
     try:
         with hd.plan_for("cuda"):
             hd.get_metric("hf_beta", h, beta=beta).decode(probs, validate=False)
     finally:
-        HF._PrefixSolver.exact = original
+        HF.hf_beta_best_k = original
     return seen[0]
 
 
@@ -132,8 +131,7 @@ def main(argv=None) -> dict:
     zargs, largs = path_score_args(h, "zhao"), path_score_args(h, "lca_height")
     agree = {"zhao": float((F.path_score_best(probs, *zargs) == zhao.decode(probs, validate=False)).double().mean()),
              "lca_height": float((F.path_score_best(probs, *largs) == lca.decode(probs, validate=False)).double().mean())}
-    solver, cands = exact_solver_inputs(h, probs, 1.0)
-    depths = depth_ranges(h).depths.to(torch.float64)
+    q, count, depths, r = exact_solver_inputs(h, probs, 1.0)
     hf = hd.get_metric("hf_beta", h, beta=1.0)
     unit_bounds = unit_sum_bounds(1e-4)
 
@@ -157,8 +155,7 @@ def main(argv=None) -> dict:
         "lca_height decode (library, CPU plan)": lambda: lca.decode(probs, validate=False),
         "lca_height decode (library, GPU plan on the CPU)": gpu_plan(lca),
         "path_score_best torch (LCA height)": lambda: F.path_score_best(probs, *largs),
-        f"hF_1 exact solver (library), C = {cands.q.shape[1]}": lambda: solver.exact(cands),
-        "hf_beta_best_k torch, same candidates": lambda: F.hf_beta_best_k(cands.q, cands.count, depths, solver.r),
+        f"hf_beta_best_k torch, hF_1's candidates (C = {q.shape[1]})": lambda: F.hf_beta_best_k(q, count, depths, r),
         "hF_1 decode (library, CPU plan: certified)": lambda: hf.decode(probs, validate=False),
         "hF_1 decode (library, GPU plan on the CPU: exact)": gpu_plan(hf),
     }
