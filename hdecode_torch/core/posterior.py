@@ -102,7 +102,7 @@ class Posterior:
         if pending:
             # The values are counts (>= 0): -1 stands for "some flag is false", whose flags are then read
             # on their own (a second read, on the error path only).
-            both = torch.where(check.all_ok(), both, -1)
+            both = torch.where(check.fine(), both, -1)
         got = both.reshape(-1).tolist()  # the one host read
         if pending:
             if min(got) < 0:

@@ -171,11 +171,13 @@ class Check:
 
     The flags are computed with the data; :meth:`settle` reads them (one host read, or none when the
     caller reads them with other values it needs, see ``Posterior.read``) and raises the error, or
-    warns, that a false flag stands for.  Settled once.
+    warns, that their values stand for.  ``fine``: a 0-d bool on the device, true when there is
+    nothing to raise or warn (by default every flag true), for callers that read one value and settle
+    the flags only when it is false.  Settled once.
     """
 
-    def __init__(self, flags: list[torch.Tensor], act):
-        self.flags, self.act = flags, act
+    def __init__(self, flags: list[torch.Tensor], act, fine: torch.Tensor | None = None):
+        self.flags, self.act, self._fine = flags, act, fine
         self.done = not flags
 
     def settle(self, values: list | None = None) -> None:
@@ -187,12 +189,14 @@ class Check:
         self.done = True
         self.act([bool(v) for v in values])
 
-    def all_ok(self) -> torch.Tensor:
-        """0-d bool on the device: every flag true."""
-        ok = self.flags[0]
-        for f in self.flags[1:]:
-            ok = ok & f
-        return ok
+    def fine(self) -> torch.Tensor:
+        """0-d bool on the device: nothing to raise or warn."""
+        if self._fine is None:
+            ok = self.flags[0]
+            for f in self.flags[1:]:
+                ok = ok & f
+            self._fine = ok
+        return self._fine
 
 
 def _input_array(leaf_probs, num_leaves: int, name: str, device) -> tuple[torch.Tensor, bool]:
@@ -337,7 +341,11 @@ def _checked_logits(x, checks, name, tol, normalize, kind, validate, num_leaves)
             warn_user(f"`{name}` looks like probabilities (non-negative rows summing to 1), but from_logits=True "
                       "applies a softmax to it, which is then wrong: pass from_logits=False for probabilities "
                       "(or from_logits='auto')")
-    return out, Check([finite, is_dist] + range_flags(checks, x.device), act)
+    ranges = range_flags(checks, x.device)
+    fine = finite & ~is_dist
+    for f in ranges:
+        fine = fine & f
+    return out, Check([finite, is_dist] + ranges, act, fine)
 
 
 def _raise_undecided(x, sums, name, tol):
