@@ -171,3 +171,29 @@ def test_gpu_plan_counts_do_not_grow_with_the_batch():
         ops1, reads1, _ = gpu_cost(fn, one)
         ops64, reads64, _ = gpu_cost(fn, many)
         assert abs(ops1 - ops64) <= 2 and reads1 == reads64, (key, ops1, ops64, reads1, reads64)
+
+
+def test_graph_body_checks_its_input_without_a_host_read():
+    """A captured head's check runs in the graph: the body returns the check's flag on the device and
+    reads nothing; the flag is true for valid input and false for any input the eager check refuses."""
+    h, _ = bundled("tieredimagenet-h")
+    x = torch.as_tensor(model_like(np.random.default_rng(2), h, 16, "peaked"), dtype=torch.float32)
+    for name, kw in [("tree_distance", {}), ("wu_palmer", {}), ("zhao", {}), ("hamming", {})]:
+        head = hd.DecodingHead(h, name, **kw)
+        with hd.plan_for("cuda"):
+            head._graph_body(h, x, check=True)  # tree tables built
+            reads = []
+            with pytest.MonkeyPatch.context() as mp:
+                for attr in ("tolist", "item", "__bool__", "__int__", "__float__"):
+                    orig = getattr(torch.Tensor, attr)
+                    mp.setattr(torch.Tensor, attr, lambda self, *a, _o=orig, **k: reads.append(1) or _o(self, *a, **k))
+                out, flag = head._graph_body(h, x, check=True)
+            assert reads == [] and flag.dtype == torch.bool and flag.dim() == 0
+            assert bool(flag) and torch.equal(out, head(x))
+            bad = x.clone()
+            bad[3, 0] = -0.25
+            _, flag = head._graph_body(h, bad, check=True)
+            assert not bool(flag)
+            bad[3, 0] = float("nan")
+            _, flag = head._graph_body(h, bad, check=True)
+            assert not bool(flag)

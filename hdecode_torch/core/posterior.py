@@ -110,6 +110,13 @@ class Posterior:
             check.done = True
         return got
 
+    def check_flag(self) -> torch.Tensor:
+        """0-d bool on the device: true when this batch's pending input check has nothing to raise or warn
+        (true when there is no pending check).  No host read."""
+        if self._check is None or self._check.done:
+            return torch.ones((), dtype=torch.bool, device=self.device)
+        return self._check.fine()
+
     def settle(self) -> None:
         """Read this batch's input check now if it is still pending (one host read), raising its error."""
         if self._check is not None:

@@ -186,8 +186,9 @@ def _tracing() -> str | None:
 class _CapturedGraph:
     """One CUDA graph of the head's decoding for a fixed input shape, dtype and device."""
 
-    def __init__(self, key, graph, static_in, static_out):
+    def __init__(self, key, graph, static_in, static_out, static_flag=None):
         self.key, self.graph, self.static_in, self.static_out = key, graph, static_in, static_out
+        self.static_flag = static_flag  # the input check's flag, computed in the graph
 
 
 class DecodingHead(nn.Module):
@@ -242,9 +243,12 @@ class DecodingHead(nn.Module):
       gives the eager head's output.
     - ``cuda_graph=True``: the first call on a CUDA input captures the decoding (after an eager
       warm-up) for that input's shape, dtype and device; calls with that shape copy the input
-      into the graph's buffer and replay it, others decode eagerly.  ``validate=True`` checks
-      each input eagerly before the replay (one host sync).  The output is a new tensor.  On
-      CPU inputs the flag does nothing (one warning).  An untraceable decoder is a ValueError.
+      into the graph's buffer and replay it, others decode eagerly.  With ``validate=True`` the
+      input check is part of the graph: after the replay its flag is read (the call's one host
+      read), and a false flag re-checks the input eagerly to raise the error (or give the
+      warning) it stands for.  The output is a new tensor.  On CPU inputs the flag does nothing
+      (one warning).  An untraceable decoder (``hf_beta``, ``jaccard``: their candidate counts
+      are read from the device during the call) is a ValueError.
     """
 
     def __init__(self, hierarchy: Hierarchy, metric="accuracy", decoder="optimal", from_logits: bool | str = False,
@@ -351,11 +355,14 @@ class DecodingHead(nn.Module):
         dec.metric = fixed
         return dec
 
-    def _graph_body(self, h: Hierarchy, scores: torch.Tensor) -> torch.Tensor:
-        """The decoding a graph holds: unchecked, one chunk, fixed sizes."""
-        post = Posterior(h, scores, from_logits=self.from_logits, validate=False, name="scores")
+    def _graph_body(self, h: Hierarchy, scores: torch.Tensor, check: bool = False):
+        """The decoding a graph holds: one chunk, fixed sizes, no host read.  With ``check``, also the
+        input check's flag, computed in the graph: ``(output, flag)``, flag a 0-d bool on the device,
+        true when there is nothing to raise or warn."""
+        post = Posterior(h, scores, from_logits=self.from_logits, validate=check, name="scores", defer_check=True)
         out = self._graph_decoder(h)._decode(post)
-        return out[0] if post.unbatched else out
+        out = out[0] if post.unbatched else out
+        return (out, post.check_flag()) if check else out
 
     def _build_tables(self, h: Hierarchy, scores: torch.Tensor) -> None:
         """Build (once per tree, device, plan and dtype) every tree-only table the graph reads."""
@@ -392,16 +399,19 @@ class DecodingHead(nn.Module):
             return self._decode_eager(scores)
         h = self._checked_device(scores)
         scores = scores.detach()
-        if self.validate:  # outside the graph: the check reads one flag on the host
-            Posterior(h, scores, from_logits=self.from_logits, validate=True, name="scores")
-        key = (tuple(scores.shape), scores.dtype, scores.device, resolve_plan(h, scores.device).name)
+        key = (tuple(scores.shape), scores.dtype, scores.device, resolve_plan(h, scores.device).name,
+               self.validate)
         if self._graph is None:
             self._graph = self._capture(h, scores, key)
         g = self._graph
         if g.key != key:
-            return self._decode_eager(scores, validate=False)
+            return self._decode_eager(scores)
         g.static_in.copy_(scores)
         g.graph.replay()
+        # The check ran in the graph: one host read of its flag; when it is false, the eager check of the
+        # same input raises the error (or gives the warning) the flag stands for.
+        if self.validate and not bool(g.static_flag):
+            Posterior(h, scores, from_logits=self.from_logits, validate=True, name="scores")
         return g.static_out.clone()
 
     def _capture(self, h: Hierarchy, scores: torch.Tensor, key) -> _CapturedGraph:
@@ -411,12 +421,13 @@ class DecodingHead(nn.Module):
             side.wait_stream(torch.cuda.current_stream(scores.device))
             with torch.cuda.stream(side):  # warm-up: tree tables, allocator pools, Triton compilation
                 for _ in range(2):
-                    self._graph_body(h, static_in)
+                    self._graph_body(h, static_in, self.validate)
             torch.cuda.current_stream(scores.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                static_out = self._graph_body(h, static_in)
-        return _CapturedGraph(key, graph, static_in, static_out)
+                body = self._graph_body(h, static_in, self.validate)
+        static_out, static_flag = body if self.validate else (body, None)
+        return _CapturedGraph(key, graph, static_in, static_out, static_flag)
 
     # ------------------------------------------------------------------ export
     def _example(self, example) -> torch.Tensor:
