@@ -139,7 +139,7 @@ def test_from_paths_whitespace_around_components_is_padding():
     # spaces inside a component are part of the name
     assert Hierarchy.from_paths(["big cat/lion", "big cat/tiger"]).names[-1] == "big cat"
     # paths equal once stripped are one class twice: an error naming both
-    with pytest.raises(ValueError, match=r"paths\[0\] = 'a/b' and paths\[1\] = 'a /b ' are the same path \(equal once"):
+    with pytest.raises(ValueError, match=r"'a/b' appears twice: paths\[0\] = 'a/b' and paths\[1\] = 'a /b ' \(equal once"):
         Hierarchy.from_paths(["a/b", "a /b "])
     with pytest.raises(ValueError, match=r"non-empty path components, but paths\[1\] = 'a/ /c'"):
         Hierarchy.from_paths(["a/b", "a/ /c"])

@@ -465,9 +465,9 @@ class Hierarchy:
         for i, parts in enumerate(split):
             j = first.setdefault(tuple(parts), i)
             if j != i:
-                same = "" if paths[i] == paths[j] else " (equal once whitespace around the components is removed)"
-                raise ValueError(f"Expected one path per class, but paths[{j}] = {paths[j]!r} and paths[{i}] = "
-                                 f"{paths[i]!r} are the same path{same}")
+                same = "" if paths[i] == paths[j] else " (equal once the whitespace around components is removed)"
+                raise ValueError(f"Expected one path per class, but {sep.join(parts)!r} appears twice: paths[{j}] = "
+                                 f"{paths[j]!r} and paths[{i}] = {paths[i]!r}{same}")
         firsts = {s[0] for s in split}
         implicit = len(firsts) > 1 or any(len(s) == 1 for s in split)
         pairs, leaves = [], []
