@@ -292,6 +292,39 @@ def test_compiled_model_breaks_the_graph_at_the_head():
     torch._dynamo.reset()
 
 
+def _dynamo_folds_is_exporting_to_true(real):
+    """torch.compiler.is_exporting as Dynamo up to torch 2.12 traced it: True in every traced frame."""
+    return lambda: torch.compiler.is_dynamo_compiling() or real()
+
+
+@pytest.mark.parametrize("torch_like", ["2.11", "2.6"])
+def test_head_stays_out_of_the_graph_whatever_torch_says_about_exporting(torch_like, monkeypatch):
+    """Issue 24: on torch 2.11, torch.compile of backbone + head raised "Expected a DecodingHead built with
+    `validate=False` in an exported graph" (Dynamo folded is_exporting() to True).  Both older behaviours
+    are simulated here: is_exporting() True under Dynamo (2.7-2.12), no is_exporting at all (2.6)."""
+    import torch._dynamo
+
+    import hdecode_torch.integrations.module as module
+
+    if torch_like == "2.11":
+        monkeypatch.setattr(module, "_is_exporting", _dynamo_folds_is_exporting_to_true(torch.compiler.is_exporting))
+    else:
+        monkeypatch.setattr(module, "_is_exporting", None)
+    backbone = nn.Sequential(nn.Linear(8, L)).eval()
+    model = nn.Sequential(backbone, DecodingHead(H, "wu_palmer", from_logits=True))
+    x = torch.randn(16, 8, generator=torch.Generator().manual_seed(5)) * 4
+    with torch.no_grad():
+        want = model(x)
+        torch._dynamo.reset()
+        try:
+            assert torch.equal(torch.compile(model)(x), want)
+        finally:
+            torch._dynamo.reset()
+    head = DecodingHead(H, "tree_distance")  # non-strict export still traces the head, unchecked
+    ep = head.export(_probs(0, 4))
+    assert torch.equal(ep.module()(_probs(1, 7)), head(_probs(1, 7)))
+
+
 # --------------------------------------------------------------------------- CUDA graphs
 def test_cuda_graph_flag_on_cpu_decodes_eagerly_with_one_warning():
     head = DecodingHead(H, "wu_palmer", cuda_graph=True)

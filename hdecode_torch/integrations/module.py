@@ -14,7 +14,6 @@ import re
 import threading
 import warnings
 import weakref
-from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -185,10 +184,12 @@ def _tracing() -> str | None:
     compiler = torch.compiler
     if compiler.is_dynamo_compiling():
         return "compile"
-    exporting = getattr(compiler, "is_exporting", None)
-    if exporting() if exporting is not None else compiler.is_compiling():
+    if _is_exporting() if _is_exporting is not None else compiler.is_compiling():
         return "export"
     return "compile" if compiler.is_compiling() else None
+
+
+_is_exporting = getattr(torch.compiler, "is_exporting", None)
 
 
 class _CapturedGraph:
@@ -458,8 +459,8 @@ class DecodingHead(nn.Module):
         ``ValueError`` (a single sample is ``scores[None]``; unlike the eager head, a 1-D input
         cannot give an unbatched output, as a graph's rank is fixed).  That check is a hook of the
         returned module, which a program saved and loaded with ``torch.export`` (or a deep copy of
-        the module) no longer has: torch's own guards then reject a wrong shape, with an
-        ``IndexError`` for a 1-D input.
+        the module) no longer has: torch's own checks then reject a wrong shape (torch 2.13: a 1-D
+        input with an ``IndexError``).
         Non-strict tracing (Dynamo's strict mode cannot read the plan).  The program runs the plan of
         the example's device (or of an enclosing :func:`~hdecode_torch.plan_for`).  On the CPU plan it
         holds only standard ATen operators (trees of up to ``MAX_LEVELS`` levels): a saved
@@ -526,8 +527,9 @@ def _batch_dim(dynamic: bool):
 class _ScoresCheck:
     """A forward pre-hook of an exported head's module: ``scores`` must be a (B, L) tensor.
 
-    torch's own input guards index the shape without checking its length first (a 1-D input is an
-    ``IndexError`` there); this names the argument and the shape the program takes.
+    Prepended to torch's own input checks, which name no argument, and whose input guards (torch 2.13;
+    torch 2.8 has none) index the shape without checking its length first: a 1-D input is an
+    ``IndexError`` there.
     """
 
     def __init__(self, num_leaves: int):
@@ -551,7 +553,7 @@ class _CheckedProgram(torch.export.ExportedProgram):
 
     def module(self, *args, **kwargs):
         gm = super().module(*args, **kwargs)
-        gm.register_forward_pre_hook(_ScoresCheck(self._hdecode_num_leaves))
+        gm.register_forward_pre_hook(_ScoresCheck(self._hdecode_num_leaves), prepend=True)  # before torch's own checks
         return gm
 
 
