@@ -129,6 +129,49 @@ def test_malformed_other_inputs():
         Hierarchy.from_edges([("a", "b", "c")])
 
 
+
+def test_from_paths_whitespace_around_components_is_padding():
+    """Issue 24: ["a/b", "a /c"] made two branches "a" and "a "; whitespace around a component is
+    padding (as in edge-list files), so both paths go through one node "a"."""
+    h = Hierarchy.from_paths(["a/b", "a /c", " a / d ", "/a/e/"])
+    assert h.names == ["a/b", "a/c", "a/d", "a/e", "a"]
+    assert h.num_nodes == 5 and h.parents_list == [4, 4, 4, 4, -1]
+    # spaces inside a component are part of the name
+    assert Hierarchy.from_paths(["big cat/lion", "big cat/tiger"]).names[-1] == "big cat"
+    # paths equal once stripped are one class twice: an error naming both
+    with pytest.raises(ValueError, match=r"'a/b' appears twice: paths\[0\] = 'a/b' and paths\[1\] = 'a /b ' \(equal once"):
+        Hierarchy.from_paths(["a/b", "a /b "])
+    with pytest.raises(ValueError, match=r"non-empty path components, but paths\[1\] = 'a/ /c'"):
+        Hierarchy.from_paths(["a/b", "a/ /c"])
+    with pytest.raises(ValueError, match=r"paths\[1\].*invisible character '\\u200b'"):
+        Hierarchy.from_paths(["a/b", "a/c\u200bd"])
+    with pytest.raises(TypeError, match="`sep`"):
+        Hierarchy.from_paths(["a/b", "a/c"], sep="")
+    # a multi-character separator is a separator, not a set of characters to strip
+    assert Hierarchy.from_paths(["a::b:", "a::c"], sep="::").names[:2] == ["a::b:", "a::c"]
+
+
+@pytest.mark.parametrize("node", [-1, -5, 5, 2**40])
+def test_label_and_name_refuse_ids_out_of_range(node):
+    """Issue 24: h.label(-1) and h.name(-1) returned the last node (Python's negative indexing)."""
+    h = Hierarchy.from_paths(["a/b", "a/c", "d"])
+    assert h.num_nodes == 5
+    for method in (h.label, h.name):
+        with pytest.raises(ValueError, match=rf"Expected `node` to be a node id in 0..4, but got {node}"):
+            method(node)
+
+
+def test_label_and_name_take_integer_ids_only():
+    h = Hierarchy.from_paths(["a/b", "a/c", "d"])
+    assert h.names == ["a/b", "a/c", "d", "", "a"]
+    assert [h.name(i) for i in (np.int64(0), torch.tensor(1), 3)] == ["a/b", "a/c", ""]
+    assert h.label(torch.tensor(4, dtype=torch.int32)) == "a"
+    for bad in (1.0, True, "0", torch.tensor([0]), torch.tensor(0.0), None):
+        with pytest.raises(TypeError, match="`node` to be an integer node id"):
+            h.label(bad)
+        with pytest.raises(TypeError, match="`node` to be an integer node id"):
+            h.name(bad)
+
 def test_json_pickle_roundtrip(tmp_path):
     h = hd.load_hierarchy("tieredimagenet-h")
     h.to_json(tmp_path / "t.json")

@@ -10,6 +10,7 @@ from ..hierarchy import Hierarchy
 from .chunking import chunk_ranges
 from .params import Param, bind_params, format_value
 from .posterior import Posterior
+from .validation import input_kind
 
 __all__ = ["HierarchyComponent"]
 
@@ -77,9 +78,25 @@ class HierarchyComponent:
     def _validate(self, validate) -> bool:
         return bool(self.validate if validate is None else validate)
 
-    def _posterior(self, leaf_probs, validate):
-        """The batch's Posterior; a new one's input check is deferred to the decoder's one host read."""
-        return Posterior.of(self.hierarchy, leaf_probs, validate=self._validate(validate), defer_check=True)
+    def _posterior(self, leaf_probs, validate, from_logits=False, normalize=False, extra_checks=(),
+                   defer_check: bool = True):
+        """The batch's Posterior; a new one's input check is deferred to the decoder's one host read.
+
+        A Posterior passed in holds converted probabilities already: ``from_logits`` and ``normalize``
+        applied when it was built, so asking for them again is an error (``from_logits=False`` says
+        what it holds and is accepted).
+        """
+        kind = input_kind(from_logits)  # checked whatever the input
+        if isinstance(leaf_probs, Posterior):
+            if kind != "probs" or normalize:
+                given = ", ".join(f"{k}={v!r}" for k, v in (("from_logits", from_logits), ("normalize", normalize))
+                                  if (k == "normalize" and v) or (k == "from_logits" and kind != "probs"))
+                raise ValueError(f"`leaf_probs` is a Posterior, whose probabilities are converted already: {given} "
+                                 "applies when it is built (Posterior(hierarchy, scores, from_logits=..., "
+                                 "normalize=...)), not to decode/expected")
+            return Posterior.of(self.hierarchy, leaf_probs)
+        return Posterior(self.hierarchy, leaf_probs, from_logits=from_logits, normalize=normalize,
+                         validate=self._validate(validate), extra_checks=extra_checks, defer_check=defer_check)
 
     def _bytes_per_sample(self, h, plan) -> int:
         """Bytes of temporaries per sample of a decode under ``plan``, used to choose chunk sizes."""
@@ -89,18 +106,22 @@ class HierarchyComponent:
         return chunk_ranges(post.batch_size, self._bytes_per_sample(post.h, post.plan), post.plan.budget,
                             _chunk_size(chunk_size))
 
-    def decode(self, leaf_probs, *, validate: bool | None = None, chunk_size: int | None = None) -> torch.Tensor:
+    def decode(self, leaf_probs, *, from_logits: bool | str = False, normalize: bool = False,
+               validate: bool | None = None, chunk_size: int | None = None) -> torch.Tensor:
         """Decode a batch.
 
         leaf_probs: (B, L) or (L,) float probabilities (or a :class:`~hdecode_torch.Posterior`, to share
-        its node sums with other decoders).  Returns (B,) int64 node ids, or (B, N) bool ancestor-closed
-        node sets for set metrics; a 1-D input gives an unbatched output.  Large batches are decoded in
-        chunks bounded by the memory budget (``chunk_size`` overrides it); ``validate=False`` skips the
-        input check (one host sync).
+        its node sums with other decoders).  ``from_logits``: ``False`` probabilities (default),
+        ``True`` logits (a softmax is applied), ``"auto"`` decided per batch; ``normalize=True``
+        divides each non-negative row by its sum (both as for :class:`~hdecode_torch.Posterior`, and
+        an error with a Posterior, converted already).  Returns (B,) int64 node ids, or (B, N) bool
+        ancestor-closed node sets for set metrics; a 1-D input gives an unbatched output.  Large
+        batches are decoded in chunks bounded by the memory budget (``chunk_size`` overrides it);
+        ``validate=False`` skips the input check (one host sync).
         """
         if isinstance(leaf_probs, torch.Tensor):
             leaf_probs = leaf_probs.detach()  # a decision has no gradient; none is recorded
-        post = self._posterior(leaf_probs, validate)
+        post = self._posterior(leaf_probs, validate, from_logits, normalize)
         chunks = self._chunks(post, chunk_size)
         try:
             if len(chunks) == 1:

@@ -4,7 +4,8 @@ Each rule is a batched tensor program on the node-major probability table ``p`` 
 of a :class:`~hdecode_torch.Posterior`: whole-batch reductions plus, where the rule walks
 the tree, one step per tree level (never a loop over samples or nodes).
 
-Tie rules (every decoder is deterministic, on CPU and GPU alike):
+Tie rules (every decoder is deterministic: the same input on the same plan and device gives the
+same node, in any batch and any chunking):
 
 - rules that pick a *node* by a key (``confidence_threshold``, ``majority``, ``plurality``,
   ``darts``, ``expected_information``, ``information_threshold``, ``crm``): among exact
@@ -14,6 +15,25 @@ Tie rules (every decoder is deterministic, on CPU and GPU alike):
   never through rounded logarithms;
 - ``argmax_leaf`` and ``hie``: the smallest leaf id (so ``argmax_leaf`` is ``probs.argmax(-1)``);
 - ``top_down``: at each step the child with the smallest id among the most probable ones.
+
+What is the same on both plans (CPU and GPU, see :func:`~hdecode_torch.plan_for`).  The plans
+compute the node probabilities differently: the CPU plan adds children level by level in the
+compute dtype, the GPU plan takes differences of float64 prefix sums over the leaves in depth-first
+order, rounded to the compute dtype (and p of a one-leaf node is that leaf's entry).  So:
+
+- where every node sum of a row is exact on both plans (each partial sum representable in the
+  compute dtype, e.g. rows of multiples of 1/16), every heuristic returns the same node on both,
+  ties included;
+- whatever the values, a node whose leaves of positive probability all lie under one child has
+  that child's probability in exact arithmetic; the computed values can differ in the last bit
+  on the GPU plan, so there :func:`mass_in_one_child` (exact integer counts) settles these ties
+  as exact arithmetic does: ``confidence_threshold``, ``majority``, ``information_threshold``,
+  ``darts`` and ``expected_information`` never return such a node in place of its child (on the
+  CPU plan the sums add exact zeros and the tie already goes to the deeper child), and ``hie``
+  takes the probability of such a parent from its leaf;
+- otherwise, where two candidates' keys (or a probability and ``tau``) differ by less than the
+  rounding of the sums, the plans may choose differently; either answer is the rule's for the
+  row perturbed within that rounding.
 """
 
 from __future__ import annotations
@@ -33,15 +53,37 @@ from .base import Decoder
 __all__ = [
     "ArgmaxLeaf", "TopDown", "ConfidenceThreshold", "Majority", "Plurality", "Darts",
     "ExpectedInformation", "InformationThreshold", "HiE", "CRM",
-    "darts_predict", "hierarchically_correct",
+    "darts_predict", "hierarchically_correct", "mass_in_one_child",
 ]
 
 
 # --------------------------------------------------------------------------- shared kernels
-def darts_predict(h, p: torch.Tensor, lam: float) -> torch.Tensor:
-    """argmax_n (I(n) + lam) p(n) per column of the node-major table ``p`` (N, B); ties: deeper, then smaller id."""
+def darts_predict(h, p: torch.Tensor, lam: float, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """argmax_n (I(n) + lam) p(n) per column of the node-major table ``p`` (N, B), over the nodes
+    ``mask`` (N, B) bool allows (default all); ties: deeper, then smaller id."""
     info = h.information.to(p.dtype)[:, None]
-    return argbest(h, (info + lam) * p, higher_is_better=True)
+    return argbest(h, (info + lam) * p, higher_is_better=True, mask=mask)
+
+
+def mass_in_one_child(post) -> torch.Tensor:
+    """(N, B) bool: the internal nodes whose leaves of positive probability all lie under one child, or
+    that have none.  Such a node's p(n) is its child's (or 0) in exact arithmetic, so a rule that
+    prefers deeper nodes among equal probabilities never returns it.
+
+    Taken from exact integer counts of the positive leaves under each node, hence the same on every
+    plan and device, whereas the computed p(n) and p(child) can differ in the last bit: the GPU plan
+    takes p of a one-leaf node from the leaf itself and p of its ancestors as differences of float64
+    prefix sums (the CPU plan's per-level sums add exact zeros and keep them equal).  O(B·N), one tree
+    sum of the counts and one scatter-add over parent links.
+    """
+    h = post.h
+    count = post.leaf_sum((post.probs > 0).t().to(torch.float64))  # (N, B), exact integers
+    child, parent = h.cached("heuristics.parent_links", lambda: (
+        torch.nonzero(h.parent >= 0).flatten(), h.parent[h.parent >= 0]))
+    holds_all = (count.index_select(0, child) == count.index_select(0, parent)).to(torch.float64)
+    held = torch.zeros_like(count).index_add_(0, parent, holds_all)  # children holding all their parent's mass
+    internal = h.cached("heuristics.internal", lambda: (~h.is_leaf)[:, None])
+    return internal & ((held > 0) | (count == 0))
 
 
 def hierarchically_correct(h, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -85,7 +127,9 @@ class ConfidenceThreshold(Decoder):
 
     Ties in I (unary chains, or several nodes with as many leaves): the deeper node, then
     the smallest id.  With Σp = 1 the root always qualifies; if rounding leaves no node
-    above ``tau``, the root is returned.  ``tau`` in [0, 1).
+    above ``tau``, the root is returned.  ``tau`` in [0, 1).  A node whose positive mass lies
+    in one child is never returned (the child has the same p and more information), on both
+    plans alike (module docstring).
     """
 
     name = "confidence_threshold"
@@ -95,6 +139,11 @@ class ConfidenceThreshold(Decoder):
 
     def _decode_cpu(self, post) -> torch.Tensor:
         return most_informative_where(post.h, post.node > self.tau)
+
+    def _decode_gpu(self, post) -> torch.Tensor:
+        # A node whose mass lies in one child loses to that child in exact arithmetic (the same p, more
+        # informative): left out, so that p(n) rounded an ulp above tau cannot let it through.
+        return most_informative_where(post.h, (post.node > self.tau) & ~mass_in_one_child(post))
 
 
 class Majority(ConfidenceThreshold):
@@ -163,6 +212,10 @@ class Darts(Decoder):
     def _decode_cpu(self, post) -> torch.Tensor:
         return darts_predict(post.h, post.node, self.lam)
 
+    def _decode_gpu(self, post) -> torch.Tensor:
+        # a node whose mass lies in one child never beats it in exact arithmetic (same p, I at most the child's)
+        return darts_predict(post.h, post.node, self.lam, mask=~mass_in_one_child(post))
+
 
 class ExpectedInformation(Darts):
     """argmax_n I(n) p(n) (DARTS with lam = 0).  Ties: the deeper node, then the smallest id."""
@@ -177,9 +230,11 @@ class ExpectedInformation(Darts):
 class InformationThreshold(Decoder):
     """The most probable node with I(n) ≥ threshold.
 
-    Ties: the deeper node, then the smallest id.  Leaves have the largest information,
-    log L, so some node qualifies iff threshold ≤ log L; a larger threshold is a
-    ``ValueError`` at construction (``threshold = 0`` allows every node, hence the root).
+    Ties: the deeper node, then the smallest id, so a node whose positive mass lies in one
+    child (the same p, in exact arithmetic) loses to that child, on both plans alike (module
+    docstring).  Leaves have the largest information, log L, so some node qualifies iff
+    threshold ≤ log L; a larger threshold is a ``ValueError`` at construction
+    (``threshold = 0`` allows every node, hence the root).
     """
 
     name = "information_threshold"
@@ -198,11 +253,17 @@ class InformationThreshold(Decoder):
             )
 
 
+    def _allowed(self, h) -> torch.Tensor:
+        return h.cached(("heuristics.info_at_least", self.threshold), lambda: (h.information >= self.threshold)[:, None])
+
     def _decode_cpu(self, post) -> torch.Tensor:
-        h = post.h
-        allowed = h.cached(("heuristics.info_at_least", self.threshold),
-                           lambda: (h.information >= self.threshold)[:, None])
-        return argbest(h, post.node, higher_is_better=True, mask=allowed)
+        return argbest(post.h, post.node, higher_is_better=True, mask=self._allowed(post.h))
+
+    def _decode_gpu(self, post) -> torch.Tensor:
+        # A node whose mass lies in one child ties with it in exact arithmetic, and the child, deeper and
+        # at least as informative, wins: left out, so that rounding cannot break the tie the other way.
+        allowed = self._allowed(post.h) & ~mass_in_one_child(post)
+        return argbest(post.h, post.node, higher_is_better=True, mask=allowed)
 
 
 class HiE(Decoder):
@@ -214,11 +275,23 @@ class HiE(Decoder):
     name = "hie"
     description = "leaf maximising p(parent(l)) * p(l), Jain et al. 2023"
 
-    def _decode_cpu(self, post) -> torch.Tensor:
-        h = post.h
-        leaf_parent = h.cached("heuristics.leaf_parent", lambda: torch.where(
+    @staticmethod
+    def _leaf_parent(h) -> torch.Tensor:
+        return h.cached("heuristics.leaf_parent", lambda: torch.where(
             h.parent[: h.num_leaves] >= 0, h.parent[: h.num_leaves], torch.arange(h.num_leaves, device=h.device)))
-        return (post.node.index_select(0, leaf_parent) * post.probs.t()).argmax(dim=0)  # first max: smallest id
+
+    def _decode_cpu(self, post) -> torch.Tensor:
+        parent_p = post.node.index_select(0, self._leaf_parent(post.h))
+        return (parent_p * post.probs.t()).argmax(dim=0)  # first max: smallest id
+
+    def _decode_gpu(self, post) -> torch.Tensor:
+        # A parent whose mass lies in one child has that child's p in exact arithmetic: taken from the
+        # leaf itself (exact), not from the parent's rounded sum, so such ties break as on the CPU plan.
+        leaf_parent = self._leaf_parent(post.h)
+        leaf_p = post.probs.t()
+        alone = mass_in_one_child(post).index_select(0, leaf_parent)
+        parent_p = torch.where(alone, leaf_p, post.node.index_select(0, leaf_parent))
+        return (parent_p * leaf_p).argmax(dim=0)
 
 
 class CRM(Decoder):

@@ -52,8 +52,10 @@ class OptimalDecoder(Decoder):
     def __repr__(self) -> str:
         return f"OptimalDecoder({self.hierarchy!r}, metric={self.metric!r})"
 
-    def decode(self, leaf_probs, *, validate: bool | None = None, chunk_size: int | None = None) -> torch.Tensor:
-        return self.metric.decode(leaf_probs, validate=self._validate(validate), chunk_size=chunk_size)
+    def decode(self, leaf_probs, *, from_logits: bool | str = False, normalize: bool = False,
+               validate: bool | None = None, chunk_size: int | None = None) -> torch.Tensor:
+        return self.metric.decode(leaf_probs, from_logits=from_logits, normalize=normalize,
+                                  validate=self._validate(validate), chunk_size=chunk_size)
 
     def _decode(self, post) -> torch.Tensor:
         return self.metric._decode(post)

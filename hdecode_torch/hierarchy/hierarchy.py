@@ -240,12 +240,25 @@ class Hierarchy:
         return None if self._labels is None else list(self._labels)
 
     def name(self, node: int) -> Hashable:
-        return self._names[int(node)]
+        """Original id of ``node`` (a canonical id in 0..N-1; a negative id is an error, not an index
+        from the end)."""
+        return self._names[self._node_id(node)]
 
     def label(self, node: int) -> str:
-        """Readable label of ``node`` (its label, else its original id)."""
-        node = int(node)
+        """Readable label of ``node`` (its label, else its original id); ``node`` as in :meth:`name`."""
+        node = self._node_id(node)
         return self._labels[node] if self._labels is not None else str(self._names[node])
+
+    def _node_id(self, node, name: str = "node") -> int:
+        """``node`` as a canonical id: an integer (Python, numpy or a 0-d integer tensor) in 0..N-1."""
+        if isinstance(node, torch.Tensor) and node.dim() == 0 and not (
+                node.is_floating_point() or node.is_complex() or node.dtype == torch.bool):
+            node = node.item()
+        if isinstance(node, (bool, np.bool_)) or not isinstance(node, (int, np.integer)):
+            raise TypeError(f"Expected `{name}` to be an integer node id, but got {node!r} ({type(node).__name__})")
+        if not 0 <= node < self.num_nodes:
+            raise ValueError(f"Expected `{name}` to be a node id in 0..{self.num_nodes - 1}, but got {node}")
+        return int(node)
 
     def index(self, original_id: Hashable) -> int:
         """Canonical id of the node whose original id is ``original_id``."""
@@ -416,26 +429,45 @@ class Hierarchy:
     def from_paths(cls, paths: Sequence[str], sep: str = "/") -> "Hierarchy":
         """Build from one label path per class, in model column order, e.g. ``"animal/dog/beagle"``.
 
-        Node ids are the path prefixes.  If the paths do not share a first component, an
-        implicit root with id ``""`` is added.  A class path that is a prefix of another
-        class path is an error (use :meth:`with_stop_leaves` on a tree with internal labels).
+        Whitespace around each component is padding, never part of the name (as in the files of
+        :meth:`from_edges`): ``"animal / dog"`` and ``"animal/dog "`` are the path ``"animal/dog"``,
+        so ``["a/b", "a /c"]`` gives one node ``"a"`` with two children.  Node ids are the path
+        prefixes of the stripped components joined with ``sep``.  If the paths do not share a first
+        component, an implicit root with id ``""`` is added.  An empty component (after stripping),
+        a component holding an invisible character (a tab, a zero-width space: names that look the
+        same would differ), two paths that are equal after stripping, and a class path that is a
+        prefix of another class path (use :meth:`with_stop_leaves` on a tree with internal labels)
+        are errors naming the path.
         """
         if isinstance(paths, (str, bytes)):
             raise TypeError("Expected `paths` to be a sequence of strings, one per class, but got a single string")
         paths = list(paths)
         if not paths:
             raise ValueError("Expected a non-empty tree, but `paths` is empty")
+        if not isinstance(sep, str) or not sep:
+            raise TypeError(f"Expected `sep` to be a non-empty string, but got {sep!r}")
         split = []
         for i, p in enumerate(paths):
             if not isinstance(p, str):
                 raise TypeError(f"Expected `paths` to hold strings, but paths[{i}] is {type(p).__name__}")
-            parts = [x for x in p.strip(sep).split(sep)]
-            if not p.strip(sep) or any(x == "" for x in parts):
+            parts = [x.strip() for x in p.split(sep)]
+            # one separator at either end is allowed ("/animal/dog/")
+            parts = parts[1:] if len(parts) > 1 and not parts[0] else parts
+            parts = parts[:-1] if len(parts) > 1 and not parts[-1] else parts
+            if any(x == "" for x in parts):
                 raise ValueError(f"Expected non-empty path components, but paths[{i}] = {p!r}")
+            bad = next((ch for x in parts for ch in x if not ch.isprintable()), None)
+            if bad is not None:
+                raise ValueError(f"paths[{i}] = {p!r} contains the invisible character {bad!r} (U+{ord(bad):04X}) "
+                                 "inside a component: remove it")
             split.append(parts)
-        if len(set(map(tuple, split))) != len(split):
-            dup = next(p for p in paths if paths.count(p) > 1)
-            raise ValueError(f"Expected one path per class, but {dup!r} appears twice")
+        first: dict[tuple, int] = {}
+        for i, parts in enumerate(split):
+            j = first.setdefault(tuple(parts), i)
+            if j != i:
+                same = "" if paths[i] == paths[j] else " (equal once the whitespace around components is removed)"
+                raise ValueError(f"Expected one path per class, but {sep.join(parts)!r} appears twice: paths[{j}] = "
+                                 f"{paths[j]!r} and paths[{i}] = {paths[i]!r}{same}")
         firsts = {s[0] for s in split}
         implicit = len(firsts) > 1 or any(len(s) == 1 for s in split)
         pairs, leaves = [], []

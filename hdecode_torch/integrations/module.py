@@ -14,7 +14,6 @@ import re
 import threading
 import warnings
 import weakref
-from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -174,13 +173,23 @@ def _outside_graph():
 
 
 def _tracing() -> str | None:
-    """``"export"`` under torch.export (and the ONNX exporter), ``"compile"`` under Dynamo, else None."""
-    compiler = getattr(torch, "compiler", None)
-    if getattr(compiler, "is_exporting", None) is not None and compiler.is_exporting():
-        return "export"
-    if getattr(compiler, "is_compiling", None) is not None and compiler.is_compiling():
+    """``"compile"`` while Dynamo traces (``torch.compile``, strict export), ``"export"`` under non-strict
+    ``torch.export`` (and the ONNX exporter, which uses it), else None.
+
+    Dynamo is asked first: up to torch 2.12 it folds ``torch.compiler.is_exporting()`` to True in
+    every frame it traces, ``torch.compile`` included.  Non-strict export runs the Python code itself,
+    where ``is_dynamo_compiling()`` is False; torch versions without ``is_exporting`` (before 2.7) mark
+    it by ``is_compiling()`` alone.
+    """
+    compiler = torch.compiler
+    if compiler.is_dynamo_compiling():
         return "compile"
-    return None
+    if _is_exporting() if _is_exporting is not None else compiler.is_compiling():
+        return "export"
+    return "compile" if compiler.is_compiling() else None
+
+
+_is_exporting = getattr(torch.compiler, "is_exporting", None)
 
 
 class _CapturedGraph:
@@ -455,8 +464,14 @@ class DecodingHead(nn.Module):
         """``torch.export.export`` of this head: an ``ExportedProgram`` mapping scores to predictions.
 
         example: (B, L) float scores on the head's device, B >= 2 (checked once here when
-        ``validate=True``; the program does not check its input).  ``dynamic_batch``: the batch
+        ``validate=True``; the program does not check its values).  ``dynamic_batch``: the batch
         size is a symbolic dimension, so the program takes any B >= 1; else only the example's B.
+        The program takes batches only: its ``module()`` refuses any other shape than (B, L) with a
+        ``ValueError`` (a single sample is ``scores[None]``; unlike the eager head, a 1-D input
+        cannot give an unbatched output, as a graph's rank is fixed).  That check is a hook of the
+        returned module, which a program saved and loaded with ``torch.export`` (or a deep copy of
+        the module) no longer has: torch's own checks then reject a wrong shape (torch 2.13: a 1-D
+        input with an ``IndexError``).
         Non-strict tracing (Dynamo's strict mode cannot read the plan).  The program runs the plan of
         the example's device (or of an enclosing :func:`~hdecode_torch.plan_for`).  On the CPU plan it
         holds only standard ATen operators (trees of up to ``MAX_LEVELS`` levels): a saved
@@ -465,10 +480,10 @@ class DecodingHead(nn.Module):
         before ``torch.export.load``.  ValueError for a decoder without fixed sizes (:attr:`traceable`).
         """
         x = self._example(example)
-        dynamic_shapes = ({0: torch.export.Dim("batch")},) if dynamic_batch else None
         with self._export_context(None):
             self._build_tables(self.hierarchy, x)
-            return torch.export.export(self, (x,), dynamic_shapes=dynamic_shapes, strict=False)
+            program = torch.export.export(self, (x,), dynamic_shapes=_batch_dim(dynamic_batch), strict=False)
+        return _checked_program(program, self._hierarchy.num_leaves)
 
     def export_onnx(self, example: torch.Tensor, path=None, *, dynamic_batch: bool = True, **kwargs):
         """ONNX export of this head (``torch.onnx.export(dynamo=True)``); returns the ``ONNXProgram``.
@@ -476,7 +491,8 @@ class DecodingHead(nn.Module):
         example: (B, L) float scores, B >= 2 (checked once here when ``validate=True``; the model
         does not check its input).  ``path``: also save the model there.  Input ``"scores"``,
         output ``"prediction"`` ((B,) int64 or (B, N) bool), batch size dynamic unless
-        ``dynamic_batch=False``.  Traced on the CPU plan (per-level tree sums: ScatterND
+        ``dynamic_batch=False``.  A ``path`` whose folder is missing (``FileNotFoundError``) or which
+        is a folder (``IsADirectoryError``) is refused before anything is traced.  Traced on the CPU plan (per-level tree sums: ScatterND
         additions, gathers, argmax), so trees deeper than ``MAX_LEVELS`` levels, whose sums
         use fused ``hdecode::`` operators, cannot be exported.  Needs ``onnx`` and ``onnxscript``
         (``pip install "hdecode_torch[export]"``); ``kwargs`` go to ``torch.onnx.export``.
@@ -491,13 +507,14 @@ class DecodingHead(nn.Module):
         if fused_sums:
             raise ValueError(f"Cannot export a tree of {h.max_depth + 1} levels to ONNX: beyond {MAX_LEVELS} "
                              "levels the tree sums are fused hdecode:: operators, which ONNX does not know")
+        if path is not None:
+            _check_destination(path)
         x = self._example(example)
-        dynamic_shapes = ({0: torch.export.Dim("batch")},) if dynamic_batch else None
         kwargs.setdefault("input_names", ["scores"])
         kwargs.setdefault("output_names", ["prediction"])
         with self._export_context("cpu"):
             self._build_tables(self.hierarchy, x)
-            return torch.onnx.export(self, (x,), path, dynamo=True, dynamic_shapes=dynamic_shapes, **kwargs)
+            return torch.onnx.export(self, (x,), path, dynamo=True, dynamic_shapes=_batch_dim(dynamic_batch), **kwargs)
 
     def __getstate__(self):
         # A captured CUDA graph and its buffers belong to this process: captured again after loading.
@@ -509,6 +526,71 @@ class DecodingHead(nn.Module):
         return (f"metric={self.metric.key}, decoder={decoder_label(self.decoder, self.metric)}, "
                 f"from_logits={self.from_logits}, num_nodes={self.parent.numel()}"
                 + (", cuda_graph=True" if self.cuda_graph else ""))
+
+
+def _batch_dim(dynamic: bool):
+    """``dynamic_shapes`` of the scores argument: a symbolic batch size, or None (the example's)."""
+    # An upper bound below 2**63 - 1: some torch versions (2.6) guard sizes against that value, and an
+    # unbounded dimension then fails the export as a constraint violation.
+    return ({0: torch.export.Dim("batch", max=2**62)},) if dynamic else None
+
+
+class _ScoresCheck:
+    """A forward pre-hook of an exported head's module: ``scores`` must be a (B, L) tensor.
+
+    Prepended to torch's own input checks, which name no argument, and whose input guards (torch 2.13;
+    torch 2.8 has none) index the shape without checking its length first: a 1-D input is an
+    ``IndexError`` there.
+    """
+
+    def __init__(self, num_leaves: int):
+        self.num_leaves = num_leaves
+
+    def __call__(self, module, args):
+        scores = args[0] if args else None
+        if not isinstance(scores, torch.Tensor):
+            raise TypeError(f"Expected `scores` to be a torch.Tensor, but got {type(scores).__name__}")
+        if scores.dim() != 2 or scores.shape[1] != self.num_leaves:
+            one = " (the program takes batches: pass scores[None] for one sample)" if scores.dim() == 1 else ""
+            raise ValueError(f"Expected `scores` to have shape (B, {self.num_leaves}){one}, but got "
+                             f"{tuple(scores.shape)}")
+
+
+class _CheckedProgram(torch.export.ExportedProgram):
+    """The ExportedProgram of :meth:`DecodingHead.export`: its ``module()`` checks ``scores`` first
+    (:class:`_ScoresCheck`).  Saved and loaded with ``torch.export``, it is a plain ExportedProgram."""
+
+    _hdecode_num_leaves: int
+
+    def module(self, *args, **kwargs):
+        gm = super().module(*args, **kwargs)
+        gm.register_forward_pre_hook(_ScoresCheck(self._hdecode_num_leaves), prepend=True)  # before torch's own checks
+        return gm
+
+
+def _checked_program(program, num_leaves: int):
+    """``program`` as a :class:`_CheckedProgram` (the same object, nothing copied)."""
+    program.__class__ = _CheckedProgram
+    program._hdecode_num_leaves = num_leaves
+    return program
+
+
+def _check_destination(path) -> None:
+    """Refuse a save path whose folder is missing or which is a folder, before any export work."""
+    import os
+
+    try:
+        target = os.fspath(path)
+    except TypeError:
+        return  # a file object: torch.onnx.export says what it takes
+    if isinstance(target, bytes):
+        target = os.fsdecode(target)
+    folder = os.path.dirname(os.path.abspath(target))
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"Cannot save the ONNX model to {target!r}: the folder {folder!r} does not exist")
+    if os.path.isdir(target):
+        raise IsADirectoryError(f"Cannot save the ONNX model to {target!r}: it is a folder; give a file name "
+                                "such as head.onnx")
 
 
 def _rebuild_after_load(module: DecodingHead, incompatible_keys) -> None:

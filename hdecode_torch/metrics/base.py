@@ -69,31 +69,35 @@ class BaseMetric(HierarchyComponent):
         if "has_decoder" not in cls.__dict__:  # a class may say so itself
             cls.has_decoder = cls._decode_cpu is not HierarchyComponent._decode_cpu
 
-    def _posterior_with(self, leaf_probs, pred, convert, validate):
+    def _posterior_with(self, leaf_probs, pred, convert, validate, from_logits=False, normalize=False):
         """``(posterior, pred)`` with ``pred`` converted by ``convert(pred, device) -> (tensor, RangeCheck|None)``
         onto the probabilities' device, its range check fused into the probabilities' check (one host sync)."""
         if isinstance(leaf_probs, Posterior):
-            post = self._posterior(leaf_probs, validate)
+            post = self._posterior(leaf_probs, validate, from_logits, normalize)
             pred, check = convert(pred, post.device)
             check_ranges([check], validate)
             return post, pred
         x = as_tensor(leaf_probs, "leaf_probs")
         pred, check = convert(pred, x.device)
-        post = Posterior(self.hierarchy, x, validate=validate, extra_checks=[check])
+        post = self._posterior(x, validate, from_logits, normalize, extra_checks=[check], defer_check=False)
         return post, pred
 
-    def decode(self, leaf_probs, *, validate: bool | None = None, chunk_size: int | None = None) -> torch.Tensor:
+    def decode(self, leaf_probs, *, from_logits: bool | str = False, normalize: bool = False,
+               validate: bool | None = None, chunk_size: int | None = None) -> torch.Tensor:
         """The Bayes-optimal prediction for this metric.
 
-        leaf_probs: (B, L) or (L,) float probabilities (or a :class:`~hdecode_torch.Posterior`).  Returns
-        (B,) int64 node ids (leaf and node metrics) or (B, N) bool ancestor-closed node sets containing the
-        root (set metrics); a 1-D input gives an unbatched output.  Large batches are decoded in chunks
-        bounded by the memory budget.
+        leaf_probs: (B, L) or (L,) float probabilities (or a :class:`~hdecode_torch.Posterior`);
+        ``from_logits`` (False, True or "auto") and ``normalize`` as in
+        :meth:`HierarchyComponent.decode <hdecode_torch.core.component.HierarchyComponent.decode>`.
+        Returns (B,) int64 node ids (leaf and node metrics) or (B, N) bool ancestor-closed node sets
+        containing the root (set metrics); a 1-D input gives an unbatched output.  Large batches are
+        decoded in chunks bounded by the memory budget.
         """
         if not self.has_decoder:
             raise NotImplementedError(
                 f"`{self.name}` has no Bayes-optimal decoder; score a heuristic decoder's predictions with it")
-        return super().decode(leaf_probs, validate=validate, chunk_size=chunk_size)
+        return super().decode(leaf_probs, from_logits=from_logits, normalize=normalize, validate=validate,
+                              chunk_size=chunk_size)
 
 
 class NodeMetric(BaseMetric):
@@ -132,15 +136,17 @@ class NodeMetric(BaseMetric):
         pred, target = torch.broadcast_tensors(pred, target)
         return self._values(h, pred, target).to(dtype)
 
-    def expected(self, leaf_probs, pred, *, validate: bool | None = None, chunk_size: int | None = None) -> torch.Tensor:
+    def expected(self, leaf_probs, pred, *, from_logits: bool | str = False, normalize: bool = False,
+                 validate: bool | None = None, chunk_size: int | None = None) -> torch.Tensor:
         """Expected value ``Σ_l p(l) m(pred, l)``.
 
-        leaf_probs: (B, L) or (L,) float (or a :class:`~hdecode_torch.Posterior`); pred: (B,) or () int64
-        node ids (moved to the probabilities' device).  Returns (B,) (or ()) in the compute dtype
-        (float64 kept, float32 for every other floating dtype).
+        leaf_probs: (B, L) or (L,) float (or a :class:`~hdecode_torch.Posterior`), with ``from_logits``
+        and ``normalize`` as in ``decode``; pred: (B,) or () int64 node ids (moved to the probabilities'
+        device).  Returns (B,) (or ()) in the compute dtype (float64 kept, float32 for every other
+        floating dtype).
         """
         validate = self._validate(validate)
-        post, pred = self._posterior_with(leaf_probs, pred, self._node_ids, validate)
+        post, pred = self._posterior_with(leaf_probs, pred, self._node_ids, validate, from_logits, normalize)
         if pred.dim() != (0 if post.unbatched else 1) or (pred.dim() == 1 and pred.shape[0] != post.batch_size):
             raise ValueError(f"Expected `pred` to have shape {(post.batch_size,) if not post.unbatched else ()} "
                              f"(one node id per sample), but got {tuple(pred.shape)}")
@@ -230,12 +236,14 @@ class SetMetric(BaseMetric):
         out = self._from_counts(inter, size, ydepth + 1).to(dtype)
         return out[0] if unbatched and target.dim() == 0 else out
 
-    def expected(self, leaf_probs, pred, *, validate: bool | None = None, chunk_size: int | None = None) -> torch.Tensor:
-        """Expected value; leaf_probs (B, L) or (L,) float (or a Posterior); pred (B, N) bool sets or (B,)
-        int64 nodes ((N,) or () for a single distribution).  Returns (B,) (or ()) in the compute dtype (float64
-        kept, float32 for every other floating dtype)."""
+    def expected(self, leaf_probs, pred, *, from_logits: bool | str = False, normalize: bool = False,
+                 validate: bool | None = None, chunk_size: int | None = None) -> torch.Tensor:
+        """Expected value; leaf_probs (B, L) or (L,) float (or a Posterior; ``from_logits`` and
+        ``normalize`` as in ``decode``); pred (B, N) bool sets or (B,) int64 nodes ((N,) or () for a
+        single distribution).  Returns (B,) (or ()) in the compute dtype (float64 kept, float32 for every
+        other floating dtype)."""
         validate = self._validate(validate)
-        post, t = self._posterior_with(leaf_probs, pred, self._sets_or_ids, validate)
+        post, t = self._posterior_with(leaf_probs, pred, self._sets_or_ids, validate, from_logits, normalize)
         unbatched = t.dim() == (1 if t.dtype == torch.bool else 0)
         if unbatched != post.unbatched or (not unbatched and t.shape[0] != post.batch_size):
             want = (f"({self.hierarchy.num_nodes},) or ()" if post.unbatched

@@ -32,6 +32,29 @@ __all__ = ["StrategyNodeMetric", "dense_fits", "DENSE_MAX_ENTRIES"]
 DENSE_MAX_ENTRIES = 2_000_000
 
 
+#: Columns of every product of the dense strategy (the batch is cut into blocks of this width, the last
+#: one padded with zeros).
+DENSE_BLOCK = 64
+
+
+def _blocked_product(rows: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """(K, B) ``rows @ probs.T``, as products of one fixed shape (K, L) @ (L, DENSE_BLOCK).
+
+    A matrix product rounds a column differently with the number of columns (gemv for one, blocked
+    kernels beyond), so values that tie in exact arithmetic would be ordered by the batch size; with
+    one shape, a column's value depends on that column only.  In a traced graph (``torch.export``,
+    ONNX), whose batch size is symbolic, it is one product of the whole batch: there exact ties can
+    still depend on the batch size.
+    """
+    if torch.compiler.is_compiling():
+        return rows @ probs.t()
+    b = probs.shape[0]
+    padded = torch.nn.functional.pad(probs, (0, 0, 0, (-b) % DENSE_BLOCK))
+    blocks = padded.reshape(-1, DENSE_BLOCK, probs.shape[1]).transpose(1, 2)  # (blocks, L, DENSE_BLOCK)
+    out = torch.matmul(rows, blocks)  # one product per block, all of one shape
+    return out.permute(1, 0, 2).reshape(rows.shape[0], -1)[:, :b]
+
+
 def dense_fits(h, max_entries: int | None = None) -> bool:
     """Whether the dense (N, L) matrix of ``h`` is small enough to use."""
     return h.num_nodes * h.num_leaves <= (DENSE_MAX_ENTRIES if max_entries is None else max_entries)
@@ -101,6 +124,20 @@ class StrategyNodeMetric(NodeMetric):
             return self.similarity_matrix(h, torch.float64).to(dtype)
         return h.cached((self.name, "matrix", dtype), build)
 
+    def distinct_rows(self, h, dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(rows, row_of_node)``: the distinct rows (K, L) of :meth:`similarity_matrix` and each node's
+        row (N,) int64, cached on ``h``.
+
+        Nodes with equal rows (Zhao's unary chains: the same leaf set, hence the same information) tie
+        in exact arithmetic, but a matrix product rounds two equal rows differently in ways that change
+        with the batch size (blocked kernels); one product per distinct row gives them the same value,
+        so the tie rule decides, in any batch.
+        """
+        def build():
+            rows, inverse = torch.unique(self.similarity_matrix(h, dtype), dim=0, return_inverse=True)
+            return rows.contiguous(), inverse
+        return h.cached((self.name, "distinct_rows", dtype), build)
+
     def dense_pruning(self, h) -> PruningStatistics:
         """Exact Lemma 4.3 / Prop. E.6 statistics of the dense cost (−similarity), cached on ``h``."""
         return h.cached((self.name, "dense_pruning"), lambda: pruning_statistics(h, -self.similarity_matrix(h)))
@@ -120,7 +157,8 @@ class StrategyNodeMetric(NodeMetric):
         if strategy == "structural":
             return super()._decode_cpu(post)
         if strategy == "dense":
-            table = self.similarity_matrix(h, post.dtype) @ post.probs.t()
+            rows, row_of_node = self.distinct_rows(h, post.dtype)
+            table = _blocked_product(rows, post.probs).index_select(0, row_of_node)
             return argbest(h, table, self.higher_is_better)
         if self._dense_fits(h):
             # The dense matrix fits: exact statistics, and the candidates' values are sampled products.
