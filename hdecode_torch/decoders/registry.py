@@ -52,8 +52,10 @@ class OptimalDecoder(Decoder):
     def __repr__(self) -> str:
         return f"OptimalDecoder({self.hierarchy!r}, metric={self.metric!r})"
 
-    def decode(self, leaf_probs, *, validate: bool | None = None, chunk_size: int | None = None) -> torch.Tensor:
-        return self.metric.decode(leaf_probs, validate=self._validate(validate), chunk_size=chunk_size)
+    def decode(self, leaf_probs, *, validate: bool | None = None, chunk_size: int | None = None,
+               within=None) -> torch.Tensor:
+        return self.metric.decode(leaf_probs, validate=self._validate(validate), chunk_size=chunk_size,
+                                  within=within)
 
     def _decode(self, post) -> torch.Tensor:
         return self.metric._decode(post)
