@@ -503,6 +503,117 @@ def test_risk_coverage_curve():
     assert set(curve.lam.tolist()) == path_p | {0.0}
 
 
+# --------------------------------------------------------------------------- within a known subtree
+def rows_within(rng, info: ref.TreeInfo, n: int, bits: int):
+    """(probs (n, L) float64, targets (n,), within (n,)): each row puts exactly half its mass under its node (all
+    of it under the root), so that the probabilities renormalised there are dyadic too and every node sum is exact
+    in any order; the target is drawn from the renormalised row, under its node."""
+    probs, y, within = np.zeros((n, info.L)), [], []
+    nodes = [v for v in range(info.N) if v != info.root]
+    for i in range(n):
+        w = info.root if i % 4 == 0 else int(rng.choice(nodes))
+        inside = info.leaves_under(w)
+        outside = [leaf for leaf in range(info.L) if leaf not in inside]
+        part = dyadic(torch.as_tensor(ref.random_distribution(rng, len(inside), "dirichlet"))[None], bits)[0].numpy()
+        if outside:
+            rest = dyadic(torch.as_tensor(ref.random_distribution(rng, len(outside), "peaked"))[None], bits)[0]
+            probs[i, outside] = rest.numpy() / 2
+            part = part / 2
+        probs[i, inside] = part
+        y.append(int(rng.choice(inside, p=probs[i, inside] / probs[i, inside].sum())))
+        within.append(w)
+    return torch.as_tensor(probs), torch.tensor(y), torch.tensor(within)
+
+
+def test_decode_within_equals_the_family_on_the_explicit_subtree():
+    from test_subtree import explicit_subtree
+
+    for tree in ("random", "tieredimagenet-h"):
+        if tree == "random":
+            h, info, rng = random_tree(31, max_nodes=24)
+            probs, y, within = rows_within(rng, info, 120, 12)
+        else:
+            h, info = bundled(tree)
+            rng = np.random.default_rng(0)
+            probs, y = synthetic_outputs(h, 300, seed=15, dtype=torch.float64)
+            within = torch.tensor([rng.choice(info.ancestors(int(t))) for t in y])
+        rc = hd.RiskControl(h, alpha=0.2).fit(*synthetic_outputs(h, 500, seed=16))
+        got = rc.decode(probs, within=within)
+        for w in within.unique().tolist():
+            rows = (within == w).nonzero()[:, 0]
+            if w == h.root:
+                want = rc.decode(probs[rows])
+            elif info.is_leaf[w]:
+                want = torch.full((rows.numel(),), w)
+            else:
+                sub, nodes, leaves = explicit_subtree(info, w)
+                x = probs[rows][:, leaves]
+                pred = hd.decoders.ThresholdDescent(sub, rc.lam).decode(x / x.sum(1, keepdim=True))
+                want = torch.tensor(nodes)[pred]
+            assert torch.equal(got[rows], want), (tree, w)
+
+
+def brute_force_within(info, probs, y, within, kind, alpha, delta, bound):
+    """The smallest λ among 0 and every node probability of the rows' subtrees (renormalised: exact, the mass
+    under each node being 1/2 or 1) whose condition holds, each row walked in plain Python from its node down
+    the most probable children while the next one has p / p(node) > λ; also S at every λ."""
+    node_p = np.stack([ref.node_probs(info, row) for row in probs.numpy()])
+    scale = np.array([node_p[i, w] for i, w in enumerate(within.tolist())])
+    grid = np.unique(np.concatenate([[0.0], (node_p / scale[:, None]).ravel()]))
+    total = np.zeros(grid.size)
+    for i, w in enumerate(within.tolist()):
+        path = [w]
+        while info.children[path[-1]]:
+            path.append(max(info.children[path[-1]], key=lambda c: (node_p[i, c], -c)))
+        losses = np.array([ref_loss(info, kind, t, int(y[i])) for t in path])
+        depth = np.cumprod(node_p[i, path[1:]][None, :] / scale[i] > grid[:, None], axis=1).sum(1)
+        total += losses[depth]
+    binary = kind in ("miss", "budget1")
+    ok = [passes(t, len(y), alpha, delta, bound, binary) for t in total]
+    return float(grid[ok.index(True)]), grid, total
+
+
+@pytest.mark.parametrize("kind,alpha,delta", [c for c in FIT_CASES if c[0] != "custom"] + [("custom", 0.1, None)])
+def test_fit_within_equals_brute_force(kind, alpha, delta):
+    h, info, rng = random_tree(208, max_nodes=20)
+    probs, y, within = rows_within(rng, info, 80, 12)
+    assert info.N >= 12 and len(within.unique()) > 8
+    rc = make(h, kind, alpha=alpha, delta=delta).fit(probs, y, within=within)
+    want, grid, total = brute_force_within(info, probs, y, within, kind, alpha, delta, rc.bound)
+    assert rc.lam == want, (kind, alpha, delta, info)
+    assert rc.calibration_risk == pytest.approx(total[np.searchsorted(grid, want)] / 80, abs=1e-12)
+    # the fitted family within the rows' nodes is the family fitted on them: its calibration risk is its own
+    pred = rc.decode(probs, within=within)
+    assert np.mean([ref_loss(info, kind, int(n), int(t)) for n, t in zip(pred, y)]) == pytest.approx(
+        rc.calibration_risk, abs=1e-12)
+
+
+def test_risk_coverage_within():
+    h, info, rng = random_tree(41, max_nodes=24)
+    probs, y, within = rows_within(rng, info, 150, 12)
+    rc = hd.RiskControl(h, alpha=0.2).fit(probs, y, within=within)
+    curve = rc.risk_coverage(probs, y, within=within)
+    assert curve.fitted_lambda == rc.lam and curve.lam[0] == 0
+    for g in range(curve.lam.numel()):
+        pred = hd.decoders.ThresholdDescent(h, float(curve.lam[g])).decode(probs, within=within)
+        miss = np.mean([not info.is_ancestor(int(n), int(t)) for n, t in zip(pred, y)])
+        assert float(curve.risk[g]) == pytest.approx(miss, abs=1e-12)
+        assert float(curve.mean_depth[g]) == pytest.approx(float(h.depth[pred].double().mean()), abs=1e-12)
+
+
+def test_within_errors():
+    probs, y = synthetic_outputs(H, 40, seed=17)
+    within = H.parent[y]
+    within[7] = H.parent[(y[7] + 1) % H.num_leaves] if H.parent[(y[7] + 1) % H.num_leaves] != within[7] else 0
+    with pytest.raises(ValueError, match=rf"row 7's target {int(y[7])} is not under node {int(within[7])}"):
+        hd.RiskControl(H).fit(probs, y, within=within)
+    depth = hd.RiskControl(H, loss=lambda n, l: H.depth[n].double() / H.max_depth, loss_bound=1.0)
+    with pytest.raises(ValueError, match=r"`loss` to be 0 at each row's `within` node for its target"):
+        depth.fit(probs, y, within=H.parent[y])
+    with pytest.raises(RuntimeError, match="not fitted yet"):
+        hd.RiskControl(H).decode(probs, within=H.parent[y])
+
+
 # --------------------------------------------------------------------------- where users meet it
 def test_inside_a_decoding_head_and_a_hierarchical_metric():
     h = hd.load_hierarchy("tieredimagenet-h")

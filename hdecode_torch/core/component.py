@@ -11,6 +11,7 @@ from .chunking import chunk_ranges
 from .params import Param, bind_params, format_value
 from .posterior import Posterior
 from .validation import input_kind
+from .subtree import decode_within
 
 __all__ = ["HierarchyComponent"]
 
@@ -107,7 +108,7 @@ class HierarchyComponent:
                             _chunk_size(chunk_size))
 
     def decode(self, leaf_probs, *, from_logits: bool | str = False, normalize: bool = False,
-               validate: bool | None = None, chunk_size: int | None = None) -> torch.Tensor:
+               validate: bool | None = None, chunk_size: int | None = None, within=None) -> torch.Tensor:
         """Decode a batch.
 
         leaf_probs: (B, L) or (L,) float probabilities (or a :class:`~hdecode_torch.Posterior`, to share
@@ -117,11 +118,17 @@ class HierarchyComponent:
         an error with a Posterior, converted already).  Returns (B,) int64 node ids, or (B, N) bool
         ancestor-closed node sets for set metrics; a 1-D input gives an unbatched output.  Large
         batches are decoded in chunks bounded by the memory budget (``chunk_size`` overrides it);
-        ``validate=False`` skips the input check (one host sync).
+        ``validate=False`` skips the input check (one host sync).  ``within``: (B,) int64 node ids
+        (or one id for all rows), the node each row's answer must lie under: the row is decoded on
+        that node's subtree as if it were the whole tree, its probabilities renormalised there (the
+        root: no restriction; see :mod:`hdecode_torch.core.subtree`).
         """
         if isinstance(leaf_probs, torch.Tensor):
             leaf_probs = leaf_probs.detach()  # a decision has no gradient; none is recorded
         post = self._posterior(leaf_probs, validate, from_logits, normalize)
+        if within is not None:
+            out = decode_within(self, post, within, chunk_size)
+            return out[0] if post.unbatched else out
         chunks = self._chunks(post, chunk_size)
         try:
             if len(chunks) == 1:
@@ -133,6 +140,12 @@ class HierarchyComponent:
             raise
         post.settle()  # decoders that read nothing from the host: the check's one read
         return out[0] if post.unbatched else out
+
+    def on_subtree(self, sub):
+        """This component with the same parameters on the subtree ``sub`` (a
+        :class:`~hdecode_torch.core.subtree.Subtree`): what ``decode(..., within=)`` decodes with.
+        Components whose parameters are tied to the tree's ids (a cost matrix, a fitted table) restrict them."""
+        return type(self)(sub.hierarchy, validate=False, **{p.name: getattr(self, p.name) for p in self.PARAMS})
 
     def _decode(self, post) -> torch.Tensor:
         """The decoding of one chunk under its plan (``post.plan``)."""

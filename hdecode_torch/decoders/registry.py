@@ -53,9 +53,9 @@ class OptimalDecoder(Decoder):
         return f"OptimalDecoder({self.hierarchy!r}, metric={self.metric!r})"
 
     def decode(self, leaf_probs, *, from_logits: bool | str = False, normalize: bool = False,
-               validate: bool | None = None, chunk_size: int | None = None) -> torch.Tensor:
+               validate: bool | None = None, chunk_size: int | None = None, within=None) -> torch.Tensor:
         return self.metric.decode(leaf_probs, from_logits=from_logits, normalize=normalize,
-                                  validate=self._validate(validate), chunk_size=chunk_size)
+                                  validate=self._validate(validate), chunk_size=chunk_size, within=within)
 
     def _decode(self, post) -> torch.Tensor:
         return self.metric._decode(post)

@@ -89,6 +89,7 @@ even the root could not be certified (``min_calibration_rows``).
 
 from __future__ import annotations
 
+import copy
 import math
 import numbers
 from dataclasses import dataclass
@@ -96,6 +97,7 @@ import torch
 
 from ..core.params import Param
 from ..core.posterior import Posterior
+from ..core.subtree import as_within, split_within
 from ..core.validation import RangeCheck, as_targets, check_nonnegative
 from ..kernels.descent import widest_by_depth
 from .base import Decoder
@@ -467,16 +469,72 @@ class RiskControl(ThresholdDescent):
                              "a single (L,) row")
         return post, y.to(post.device)
 
-    def _walk(self, post, y) -> tuple[LossSteps, torch.Tensor]:
-        """The rows' :class:`LossSteps` and their path thresholds q (B, D), chunk by chunk."""
-        qs, vs = zip(*(self._walk_chunk(post.h, post.probs[a:b], y[a:b]) for a, b in self._chunks(post)))
-        q, v = torch.cat(qs), torch.cat(vs)
+    def _walk(self, post, y, within=None) -> tuple[LossSteps, torch.Tensor]:
+        """The rows' :class:`LossSteps` and their path thresholds q (B, D), chunk by chunk; with ``within``,
+        each row's path starts at its node, on its subtree (``_walk_within``)."""
+        if within is None:
+            qs, vs = zip(*(self._walk_chunk(post.h, post.probs[a:b], y[a:b]) for a, b in self._chunks(post)))
+            q, v = torch.cat(qs), torch.cat(vs)
+        else:
+            q, v = self._walk_within(post, y, within)
         if self._kind == "custom":
             self._check_path_losses(v, y, post.h)
         jump = v.diff(dim=1)
         if self.binary:  # one jump of 1 at most per row: keep its threshold, the critical value
             return LossSteps((q * jump).sum(1, keepdim=True), jump.sum(1, keepdim=True), self.bound, True), q
         return LossSteps(q, jump, self.bound, False), q
+
+    def _walk_within(self, post, y, within) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_walk``'s (q, v) of rows decoded within their subtrees: each group of rows with one ``within``
+        node walks down its subtree (probabilities renormalised there, the loss of the whole tree's ids),
+        its (b, D_w) thresholds padded with zeros (no step) and its losses with the last one to the
+        whole tree's D.  Every target must lie under its row's node."""
+        h = post.h
+        w, groups = split_within(post, within)
+        start, size = h.pos.index_select(0, w), h.size.index_select(0, w)
+        outside = (h.pos.index_select(0, y) < start) | (h.pos.index_select(0, y) >= start + size)
+        if bool(outside.any()):  # one host read
+            i = int(outside.nonzero()[0, 0])
+            raise ValueError(f"Expected every target to lie under its row's `within` node, but row {i}'s target "
+                             f"{int(y[i])} is not under node {int(w[i])}")
+        depth = h.max_depth
+        q = torch.zeros(w.shape[0], depth, dtype=torch.float64, device=w.device)
+        v = torch.zeros(w.shape[0], depth + 1, dtype=torch.float64, device=w.device)
+        for sub, rows, x in groups:
+            if sub is None:
+                sub_post = Posterior(h, x, validate=False)
+                parts = [self._walk_chunk(h, x[a:b], y[rows[a:b]]) for a, b in self._chunks(sub_post)]
+            elif sub.hierarchy is None:  # a leaf: no step, the loss of the leaf itself
+                at = torch.full_like(rows, sub.root)
+                loss = self._loss_at(at, y[rows]) if self._kind == "custom" else torch.zeros_like(at)
+                parts = [(q.new_zeros(rows.numel(), 0), loss.to(torch.float64)[:, None])]
+            else:
+                walker = self._on(sub)
+                sub_post = Posterior(sub.hierarchy, x, validate=False)
+                y_sub = torch.searchsorted(sub.leaves, y[rows])
+                parts = [walker._walk_chunk(sub.hierarchy, x[a:b], y_sub[a:b]) for a, b in walker._chunks(sub_post)]
+            qg, vg = torch.cat([a for a, _ in parts]), torch.cat([b for _, b in parts])
+            q[rows, :qg.shape[1]] = qg
+            v[rows] = torch.cat([vg, vg[:, -1:].expand(-1, depth + 1 - vg.shape[1])], 1)
+        if self._kind == "custom":
+            bad = v[:, 0] != 0
+            if bool(bad.any()):
+                i = int(bad.nonzero()[0, 0])
+                raise ValueError(f"Expected `loss` to be 0 at each row's `within` node for its target (the answer "
+                                 f"before any step), but loss({int(w[i])}, {int(y[i])}) = {float(v[i, 0]):g} on row {i}")
+        return q, v
+
+    def _on(self, sub) -> "RiskControl":
+        """A copy of this decoder on the subtree ``sub``: the same loss (of the whole tree's ids), λ and level."""
+        walker = copy.copy(self)
+        walker.hierarchy = sub.hierarchy
+        if self._kind == "custom":
+            walker._loss_at = lambda nodes, leaves: self._loss_at(sub.nodes[nodes], sub.leaves[leaves])
+        return walker
+
+    def on_subtree(self, sub) -> ThresholdDescent:
+        """The fitted member D_λ on the subtree ``sub`` (``decode(..., within=)``)."""
+        return ThresholdDescent(sub.hierarchy, self._threshold(), validate=False)
 
     def _walk_chunk(self, h, probs, y) -> tuple[torch.Tensor, torch.Tensor]:
         """One walk down every row's top-down path t_0..t_D (t_k = t_K once the path has ended).
@@ -542,23 +600,32 @@ class RiskControl(ThresholdDescent):
                              f"falls from {float(v[i, k]):g} at depth {k} to {float(v[i, k + 1]):g} at depth {k + 1} "
                              f"(target {int(y[i])})")
 
-    def loss_steps(self, probs, targets, from_logits: bool = False) -> LossSteps:
+    def loss_steps(self, probs, targets, from_logits: bool = False, *, within=None) -> LossSteps:
         """Each row's loss as a step function of λ (:class:`LossSteps`), for :meth:`fit_steps`.
 
         probs: (B, L) float probabilities (or logits with ``from_logits=True``); targets: (B,) int
         leaf ids in 0..L-1.  One walk down every row's top-down path: O(B·(L + Σ_d K_d)).
+        ``within``: (B,) int64 node ids, each row's path walked on its node's subtree (as
+        ``decode(..., within=)`` decodes); every target must lie under its row's node.
         """
         post, y = self._inputs(probs, targets, from_logits)
-        return self._walk(post, y)[0]
+        return self._walk(post, y, within)[0]
 
-    def fit(self, probs, targets, from_logits: bool = False) -> "RiskControl":
+    def fit(self, probs, targets, from_logits: bool = False, *, within=None) -> "RiskControl":
         """Fit λ on held-out rows (not used to train the model); returns ``self``.
 
         probs: (n, L) float probabilities, or logits with ``from_logits=True``; targets: (n,) int leaf
         ids in 0..L-1.  Needs n ≥ :meth:`min_calibration_rows`.  O(n·(L + Σ_d K_d) + nK log(nK)), a
         few host reads (the input check, the fitted λ).
+
+        ``within``: (n,) int64 node ids, a node each calibration row's answer is known to lie under (its
+        target among them): λ is fitted for ``decode(probs, within=...)``, each row's family walked on
+        its node's subtree with renormalised probabilities.  The family stays nested on every subtree,
+        so the guarantee holds as stated for new rows whose (probabilities, node, target) are
+        exchangeable with the calibration rows' — the nodes must be given the same way at both.  A
+        custom loss must be 0 at each row's node for its target.
         """
-        return self.fit_steps(self.loss_steps(probs, targets, from_logits))
+        return self.fit_steps(self.loss_steps(probs, targets, from_logits, within=within))
 
     def fit_steps(self, steps: LossSteps) -> "RiskControl":
         """Fit λ from precomputed :class:`LossSteps` (e.g. some rows: ``steps.rows(index)``); returns ``self``."""
@@ -589,18 +656,21 @@ class RiskControl(ThresholdDescent):
         return self.lam
 
     # ------------------------------------------------------------------ the curve
-    def risk_coverage(self, probs, targets, from_logits: bool = False) -> RiskCoverage:
+    def risk_coverage(self, probs, targets, from_logits: bool = False, *, within=None) -> RiskCoverage:
         """The risk–coverage curve of ``probs`` / ``targets`` (:class:`RiskCoverage`): the mean loss and the
         mean depth of the answers for every λ, with the fitted λ (None before :meth:`fit`).
 
-        probs: (B, L) float probabilities (or logits); targets: (B,) int leaf ids.  Evaluate it on rows
-        not used to fit, to see the fitted λ's miss rate next to the level.  O(BD log(BD)).
+        probs: (B, L) float probabilities (or logits); targets: (B,) int leaf ids; ``within``: as in
+        :meth:`fit` (the depths are still those of the whole tree).  Evaluate it on rows not used to
+        fit, to see the fitted λ's miss rate next to the level.  O(BD log(BD)).
         """
         post, y = self._inputs(probs, targets, from_logits)
-        steps, path = self._walk(post, y)
+        steps, path = self._walk(post, y, within)
         n = steps.num_rows
         q = path.reshape(-1)
         lam = torch.unique(torch.cat([q.new_zeros(1), q]))
         risk = _sums_above(steps.at.reshape(-1), steps.jump.reshape(-1), lam)[1] / n
         depth = _sums_above(q, torch.ones_like(q), lam)[1] / n
+        if within is not None:  # each path starts at its row's node
+            depth = depth + post.h.depth[as_within(within, post)].double().mean()
         return RiskCoverage(lam, risk, depth, self.lam, self.alpha, self.delta)

@@ -83,7 +83,7 @@ class BaseMetric(HierarchyComponent):
         return post, pred
 
     def decode(self, leaf_probs, *, from_logits: bool | str = False, normalize: bool = False,
-               validate: bool | None = None, chunk_size: int | None = None) -> torch.Tensor:
+               validate: bool | None = None, chunk_size: int | None = None, within=None) -> torch.Tensor:
         """The Bayes-optimal prediction for this metric.
 
         leaf_probs: (B, L) or (L,) float probabilities (or a :class:`~hdecode_torch.Posterior`);
@@ -91,13 +91,14 @@ class BaseMetric(HierarchyComponent):
         :meth:`HierarchyComponent.decode <hdecode_torch.core.component.HierarchyComponent.decode>`.
         Returns (B,) int64 node ids (leaf and node metrics) or (B, N) bool ancestor-closed node sets
         containing the root (set metrics); a 1-D input gives an unbatched output.  Large batches are
-        decoded in chunks bounded by the memory budget.
+        decoded in chunks bounded by the memory budget.  ``within``: (B,) int64 node ids the answers
+        must lie under, each row decoded optimally for this metric on that node's subtree.
         """
         if not self.has_decoder:
             raise NotImplementedError(
                 f"`{self.name}` has no Bayes-optimal decoder; score a heuristic decoder's predictions with it")
         return super().decode(leaf_probs, from_logits=from_logits, normalize=normalize, validate=validate,
-                              chunk_size=chunk_size)
+                              chunk_size=chunk_size, within=within)
 
 
 class NodeMetric(BaseMetric):

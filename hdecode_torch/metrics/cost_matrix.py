@@ -61,6 +61,12 @@ class CostMatrixMetric(NodeMetric):
         self._cost_on: dict = {}
         self._pruning: PruningStatistics | None = None
 
+    def on_subtree(self, sub):
+        """The cost restricted to the subtree's (node, leaf) pairs."""
+        nodes, leaves = sub.nodes.cpu(), sub.leaves.cpu()
+        return type(self)(sub.hierarchy, self.cost[nodes][:, leaves], self.higher_is_better, self.name,
+                          self.strategy, validate=False)
+
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_cost_on"] = {}  # copies of `cost` per device and dtype: rebuilt on first use
