@@ -347,7 +347,9 @@ def risk_curve(h, probs: torch.Tensor, targets: torch.Tensor, fit_rows: torch.Te
     rc, info = fit_risk_control(h, probs[fit_rows], targets[fit_rows], alpha, delta, where)
     curve = rc.risk_coverage(probs[other_rows], targets[other_rows])
     lam, risk, depth = (t.cpu() for t in (curve.lam, curve.risk, curve.mean_depth))
-    grid = torch.cat([torch.linspace(0.0, 1.0, points, dtype=torch.float64), torch.tensor([rc.lam])]).unique()
+    # i / (points - 1), each correctly rounded (linspace gives 0.30000000000000004 for 3/10)
+    grid = torch.arange(points, dtype=torch.float64) / (points - 1)
+    grid = torch.cat([grid, torch.tensor([rc.lam], dtype=torch.float64)]).unique()
     at = torch.searchsorted(lam, grid, right=True) - 1  # the step that holds each λ: lam[0] = 0
     fitted = int(torch.searchsorted(lam, torch.tensor([rc.lam], dtype=torch.float64), right=True)[0]) - 1
     n = int(other_rows.numel())
