@@ -13,10 +13,11 @@ import os
 
 from .io import CLIError, check_distinct_inputs, check_output_path, is_special_file, require_stdout
 from .options import (
-    DEFAULT_DPI, DEFAULT_GAIN_NOISE, DEFAULT_GAIN_SAMPLES, DEFAULT_GAIN_SEEDS, DEFAULT_METRICS, DEFAULT_NUM_SAMPLES,
-    DEFAULT_RESOLUTION, DEFAULT_SEED, DEFAULT_TABLE_WIDTH, HEURISTIC_NAMES, MAX_DPI, MAX_SEED, METRIC_NAMES,
-    SYNTHETIC_NOISE, add_calibration_args, add_decoder_param_args, add_hierarchy_args, add_input_kind_args,
-    add_metric_params, add_progress_arg, add_run_args, finite_float, int_in,
+    DEFAULT_ALPHA, DEFAULT_DPI, DEFAULT_GAIN_NOISE, DEFAULT_GAIN_SAMPLES, DEFAULT_GAIN_SEEDS,
+    DEFAULT_METRICS, DEFAULT_NUM_SAMPLES, DEFAULT_RESOLUTION, DEFAULT_RISK_POINTS, DEFAULT_SEED, DEFAULT_TABLE_WIDTH,
+    HEURISTIC_NAMES, MAX_DPI, MAX_SEED, METRIC_NAMES, SYNTHETIC_NOISE, add_calibration_args, add_decoder_param_args,
+    add_hierarchy_args, add_input_kind_args, add_metric_params, add_progress_arg, add_risk_args, add_run_args,
+    add_split_arg, finite_float, int_in,
 )
 
 __all__ = ["build_parser", "OUTPUT_FORMATS", "output_format"]
@@ -67,12 +68,19 @@ def _add_compare(sub) -> None:
             "Set metrics (hf_beta, hamming, jaccard) score a heuristic's node as the set of its\n"
             "ancestors.\n\n"
             "--calibrate (with --from-logits) fits a temperature on a random part of the rows and scores\n"
-            "the others with logits / T: over-confident models then get better optimal decisions."),
+            "the others with logits / T: over-confident models then get better optimal decisions.\n\n"
+            "--alpha A fits risk control (hd.RiskControl: descend from the root while the most probable\n"
+            "child has p > λ) on a random part of the rows, and shows, on the others, its miss rate (the\n"
+            "target not under the answer) and the mean depth of its answers next to every optimal and\n"
+            "heuristic decoder's: on rows exchangeable with the calibration rows, its expected miss rate\n"
+            "is at most A (with --delta D: at most A with probability 1 - D)."),
         epilog=("examples:\n"
                 "  hdecode compare\n"
                 "  hdecode compare --noise 1.5 --num-samples 50000 --json results.json\n"
                 "  hdecode compare --hierarchy inat19 --probs val_logits.npy --targets val_labels.npy --from-logits\n"
                 "  hdecode compare --probs val_logits.npy --targets val_labels.npy --from-logits --calibrate\n"
+                "  hdecode compare --alpha 0.1\n"
+                "  hdecode compare --probs val_probs.npy --targets val_labels.npy --alpha 0.05 --delta 0.1\n"
                 "  hdecode compare --metrics tree_distance,hf_beta --betas 1 --decoders argmax_leaf,majority"))
     p.set_defaults(_run="compare:run", _check=check_compare, _parser=p)
     add_hierarchy_args(p)
@@ -91,6 +99,7 @@ def _add_compare(sub) -> None:
     src.add_argument("--seed", type=int_in(0, MAX_SEED), default=None,
                      help=f"random seed of the synthetic outputs, or of the --calibrate split "
                           f"(default: {DEFAULT_SEED})")
+    add_risk_args(p.add_argument_group("risk control"), alpha_default=None)
     sel = p.add_argument_group("metrics and decoders")
     sel.add_argument("--metrics", "--metric", dest="metrics", nargs="+", metavar="NAME",
                      help="metric names or specs such as hf_beta[beta=0.5], comma or space separated (default: all: "
@@ -133,14 +142,17 @@ def check_compare(args) -> None:
         for flag, val in (("--num-samples", args.num_samples), ("--noise", args.noise)):
             if val is not None:
                 raise CLIError(f"{flag} applies to synthetic outputs, not to --probs")
-        if args.seed is not None and not args.calibrate:
-            raise CLIError("--seed applies to synthetic outputs or to the --calibrate split, not to --probs alone")
+        if args.seed is not None and not args.calibrate and args.alpha is None:
+            raise CLIError("--seed applies to synthetic outputs or to the --calibrate / --alpha split, not to --probs "
+                           "alone")
         if args.targets is None:
             raise CLIError("--probs needs --targets (the true leaf ids) to score decoders")
         if args.calibrate:
             _check_calibration_input(args)
-    if args.calibration_split is not None and not args.calibrate:
-        raise CLIError("--calibration-split applies to --calibrate")
+    if args.calibration_split is not None and not args.calibrate and args.alpha is None:
+        raise CLIError("--calibration-split applies to --calibrate and --alpha")
+    if args.delta is not None and args.alpha is None:
+        raise CLIError("--delta applies to --alpha (the confidence bound of risk control at level alpha)")
 
 
 # --------------------------------------------------------------------------- decode
@@ -234,9 +246,10 @@ def check_decode(args) -> None:
 
 # --------------------------------------------------------------------------- plot
 def _add_plot(sub) -> None:
-    p = sub.add_parser("plot", help="figures: decoder agreement on the simplex, gain of optimal decoding vs noise",
-                       allow_abbrev=False,
-                       description="Figures of the paper, recomputed: `plot agreement` and `plot gain`.")
+    p = sub.add_parser("plot", help="figures: decoder agreement on the simplex, gain of optimal decoding vs noise, "
+                                    "risk-coverage curve", allow_abbrev=False,
+                       description="Figures of the paper, recomputed: `plot agreement` and `plot gain`; and the "
+                                   "risk-coverage curve of risk control: `plot risk`.")
     psub = p.add_subparsers(dest="plot_command", required=True, metavar="FIGURE")
     image_help = ("image file to write: .png, .pdf, .svg, ... (no extension: .png is added); written to a temporary "
                   "file and moved into place when complete")
@@ -301,6 +314,66 @@ def _add_plot(sub) -> None:
     g.add_argument("--json", metavar="PATH", help="also write the plotted numbers as JSON (schema_version 1; NaN "
                                                   "gains are null)")
     g.add_argument("--dpi", type=int_in(10, MAX_DPI), default=DEFAULT_DPI, help=dpi_help)
+    _add_plot_risk(psub, image_help, dpi_help)
+
+
+def _add_plot_risk(psub, image_help: str, dpi_help: str) -> None:
+    r = psub.add_parser(
+        "risk", aliases=["risk-coverage"], help="risk-coverage curve of risk control: miss rate and depth vs lambda",
+        allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "The risk-coverage curve of hd.RiskControl (descend from the root while the most probable\n"
+            "child has p > λ): λ is fitted at --alpha (and --delta) on a random part of the rows\n"
+            "(--calibration-split, --seed); on the other rows, the miss rate (the target not under the\n"
+            "answer) and the mean depth of the answers as λ moves from 0 (deepest) to 1 (the root), with\n"
+            f"the fitted λ and the level marked, at {DEFAULT_RISK_POINTS} evenly spaced λ (--points) and the\n"
+            "fitted one.\n\n"
+            "Without --probs: synthetic calibrated outputs on the hierarchy.  With --probs/--targets:\n"
+            "your model's outputs."),
+        epilog="examples:\n  hdecode plot risk --output risk.png\n"
+               "  hdecode plot risk --probs val_probs.npy --targets val_labels.npy --alpha 0.05 --delta 0.1 "
+               "--output risk.png --json risk.json")
+    r.set_defaults(_run="plot:run_risk", _check=check_plot_risk, _parser=r)
+    add_hierarchy_args(r)
+    src = r.add_argument_group("model outputs")
+    src.add_argument("--probs", metavar="FILE", help="(B, L) probabilities (or logits with --from-logits): "
+                     ".npy, .pt, .csv, .tsv or .txt; '-' reads standard input")
+    src.add_argument("--targets", metavar="FILE", help="(B,) true leaf ids: .npy, .pt, .csv or .txt; '-' reads "
+                     "standard input")
+    add_input_kind_args(src)
+    src.add_argument("--num-samples", type=int_in(2, 10 ** 8), default=None, metavar="B",
+                     help=f"synthetic outputs: number of samples (default: {DEFAULT_NUM_SAMPLES})")
+    src.add_argument("--noise", type=finite_float(0.0, lo_open=True), default=None,
+                     help=f"synthetic outputs: temperature of the logit model (default: {SYNTHETIC_NOISE})")
+    src.add_argument("--seed", type=int_in(0, MAX_SEED), default=None,
+                     help=f"random seed of the synthetic outputs and of the split (default: {DEFAULT_SEED})")
+    risk = r.add_argument_group("risk control")
+    add_risk_args(risk, alpha_default=DEFAULT_ALPHA)
+    add_split_arg(risk, "the fraction of the rows, drawn at random (--seed), used to fit λ; the curve is drawn on "
+                        "the others")
+    risk.add_argument("--points", type=int_in(2, 1_000_000), default=DEFAULT_RISK_POINTS,
+                      help=f"evenly spaced λ in [0, 1] where the curve is drawn (default: {DEFAULT_RISK_POINTS})")
+    add_run_args(r, batch=False, imports=False)
+    r.add_argument("--output", "-o", required=True, metavar="IMAGE", help=image_help)
+    r.add_argument("--json", metavar="PATH", help="also write the plotted numbers as JSON (schema_version 1)")
+    r.add_argument("--dpi", type=int_in(10, MAX_DPI), default=DEFAULT_DPI, help=dpi_help)
+
+
+def check_plot_risk(args) -> None:
+    check_distinct_inputs({"--probs": args.probs, "--targets": args.targets, "--hierarchy": args.hierarchy,
+                           "--leaf-order": args.leaf_order})
+    if args.probs is None:
+        if args.targets is not None:
+            raise CLIError("--targets needs --probs (without --probs, plot risk draws synthetic outputs)")
+        for flag, given in (("--from-logits", args.from_logits), ("--normalize", args.normalize)):
+            if _given(given):
+                raise CLIError(f"{flag} applies to --probs (without --probs, plot risk draws synthetic outputs)")
+    else:
+        for flag, val in (("--num-samples", args.num_samples), ("--noise", args.noise)):
+            if val is not None:
+                raise CLIError(f"{flag} applies to synthetic outputs, not to --probs")
+        if args.targets is None:
+            raise CLIError("--probs needs --targets (the true leaf ids) to fit and draw the curve")
 
 
 # --------------------------------------------------------------------------- info

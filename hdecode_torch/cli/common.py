@@ -34,7 +34,8 @@ __all__ = [
     "default_info_threshold", "build_metrics", "build_heuristics", "heuristic_names", "split_names", "one_spec",
     "import_modules", "Progress",
     "check_applicable", "json_document", "json_safe", "int_in", "finite_float", "set_threads", "calibration_split",
-    "fit_calibration", "calibration_report",
+    "fit_calibration", "calibration_report", "held_out_split", "fit_risk_control",
+    "guarantee_text",
 ]
 
 SCHEMA_VERSION = 1
@@ -336,6 +337,46 @@ def calibration_report(info: dict) -> str:
         text += (f", {info['nll_other_before']:.4f} -> {info['nll_other_after']:.4f} on the {info['other_rows']} "
                  "held-out rows")
     return text
+
+
+# ---------------------------------------------------------------------------- risk control
+def held_out_split(num_rows: int, fraction: float, seed: int, fit_what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``calibration_split``, refusing a split that leaves no row on either side."""
+    fit_rows, other_rows = calibration_split(num_rows, fraction, seed)
+    if fit_rows.numel() == 0 or other_rows.numel() == 0:
+        raise CLIError(f"--calibration-split {fraction:g} of {num_rows} rows leaves no row to "
+                       f"{fit_what if fit_rows.numel() == 0 else 'score'}")
+    return fit_rows, other_rows
+
+
+def fit_risk_control(h: Hierarchy, probs: torch.Tensor, targets: torch.Tensor, alpha: float, delta: float | None,
+                     where: str):
+    """``(rc, info)``: ``hd.RiskControl(h, alpha, delta)`` fitted on checked probabilities (n, L) and their
+    targets (n,); info: λ, n, the calibration rows' miss rate, the guarantee in words, seconds.  Too few
+    rows for the level is an error that says how many are needed (``where``: how the rows were chosen)."""
+    from ..decoders.risk_control import RiskControl
+
+    t0 = time.perf_counter()
+    rc = RiskControl(h, alpha=alpha, delta=delta)
+    need, n = rc.min_calibration_rows(), int(probs.shape[0])
+    if n < need:
+        level = f"--alpha {alpha:g}" + ("" if delta is None else f" --delta {delta:g}")
+        raise CLIError(f"{level}: too few calibration rows: at least {need} are needed (with fewer, not even the "
+                       f"root can be certified at this level), but {where} holds {n}; give more rows, a larger "
+                       "--calibration-split or a larger --alpha")
+    rc.fit(probs, targets)
+    return rc, {"alpha": alpha, "delta": delta, "lambda": rc.lam, "calibration_rows": n,
+                "calibration_miss_rate": rc.calibration_risk, "guarantee": guarantee_text(alpha, delta),
+                "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def guarantee_text(alpha: float, delta: float | None) -> str:
+    """What the fitted decoder promises, and on which assumption."""
+    if delta is None:
+        return (f"conformal risk control: on new rows exchangeable with the calibration rows (e.g. i.i.d. from the "
+                f"same distribution), the expected miss rate is at most {alpha:g}")
+    return (f"upper confidence bound: with probability at least {1 - delta:g} over the calibration rows (i.i.d. "
+            f"like the new rows), the miss rate on new rows is at most {alpha:g}")
 
 
 # ---------------------------------------------------------------------------- JSON outputs

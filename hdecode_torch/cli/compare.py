@@ -18,10 +18,10 @@ from ..synthetic import synthetic_outputs
 from .common import (
     DEFAULT_BETAS, DEFAULT_C, DEFAULT_CALIBRATION_SPLIT, DEFAULT_METRICS, DEFAULT_SEED, CLIError, Progress,
     build_heuristics, build_metrics, calibration_report, calibration_split, check_applicable, fit_calibration,
-    heuristic_selection, hierarchy_description, json_document, load_any_hierarchy, load_probs, load_targets,
-    resolve_device, set_threads, split_names, import_modules,
+    fit_risk_control, held_out_split, heuristic_selection, hierarchy_description, json_document, load_any_hierarchy,
+    load_probs, load_targets, resolve_device, set_threads, split_names, import_modules,
 )
-from .evaluation import Evaluation, evaluate
+from .evaluation import Evaluation, evaluate, rows_probabilities
 from .io import STDIN, StagedWrites
 from .options import DEFAULT_NUM_SAMPLES, DEFAULT_TABLE_WIDTH, SYNTHETIC_NOISE
 
@@ -202,6 +202,28 @@ def to_json(ev: Evaluation) -> dict:
     return out
 
 
+COVERAGE_LEGEND = ("miss rate: how often the target is not under the answer (a node set: some node of it is not an "
+                   "ancestor of the target), ± its standard error; mean depth: of the answers (a node set: its nodes "
+                   "below the root). optimal:M is metric M's Bayes-optimal decoder.")
+
+
+def render_coverage(cov, *, width: int | None = None) -> str:
+    """A row per decoder (risk control first, then each metric's optimal decoder and each heuristic), its miss
+    rate and the mean depth of its answers, each ± its standard error."""
+    columns = []
+    for header, mean, se in (("miss rate", cov.miss, cov.miss_stderr), ("mean depth", cov.depth, cov.depth_stderr)):
+        dec = _decimals(se.tolist())
+        columns.append((header, [(f"{float(m):.{dec}f}±{float(e):.{dec}f}", False) for m, e in zip(mean, se)]))
+    return render_grid("decoder", list(cov.decoders), columns, width=width)
+
+
+def coverage_json(cov) -> dict:
+    """``{"miss_rate": {decoder: value}, "miss_rate_stderr": ..., "mean_depth": ..., "mean_depth_stderr": ...}``."""
+    return {name: dict(zip(cov.decoders, values.tolist())) for name, values in
+            (("miss_rate", cov.miss), ("miss_rate_stderr", cov.miss_stderr), ("mean_depth", cov.depth),
+             ("mean_depth_stderr", cov.depth_stderr))}
+
+
 # --------------------------------------------------------------------------- run
 def run(args: argparse.Namespace, progress: Progress) -> int:
     """The command line was checked by ``commands.check_compare``."""
@@ -221,15 +243,27 @@ def run(args: argparse.Namespace, progress: Progress) -> int:
         check_applicable(args, metrics=metrics, decoders=heuristics)
         setting = {"hierarchy": args.hierarchy, "num_nodes": h.num_nodes, "num_leaves": h.num_leaves}
         t0 = time.perf_counter()
+        split = DEFAULT_CALIBRATION_SPLIT if args.calibration_split is None else args.calibration_split
+        seed = DEFAULT_SEED if args.seed is None else args.seed
+        rc = risk = None
         if args.probs is None:
             num = DEFAULT_NUM_SAMPLES if args.num_samples is None else args.num_samples
             noise = SYNTHETIC_NOISE if args.noise is None else args.noise
-            seed = DEFAULT_SEED if args.seed is None else args.seed
             progress.stage(f"compare: drawing {num} synthetic samples")
             probs, targets = synthetic_outputs(h, num, noise, seed, device=device)
             setting.update(source="synthetic", noise=noise, seed=seed, num_samples=num)
             source = (f"{num} synthetic calibrated samples (noise {noise:g}, seed {seed}): the labels are drawn "
                       "from the probabilities, so each metric's optimal decoder is best up to sampling noise")
+            if args.alpha is not None:
+                lam_rows, other_rows = held_out_split(num, split, seed, "fit λ on")
+                progress.stage("compare: fitting risk control")
+                rc, risk = fit_risk_control(h, probs[lam_rows], targets[lam_rows], args.alpha, args.delta,
+                                            f"--calibration-split {split:g} of {num} rows")
+                probs, targets = probs[other_rows], targets[other_rows]
+                setting.update(calibration_split=split, scored_rows=int(other_rows.numel()))
+                source = (f"{other_rows.numel()} of {num} synthetic calibrated samples (noise {noise:g}, seed "
+                          f"{seed}; the other {lam_rows.numel()} fit risk control): the labels are drawn from the "
+                          "probabilities, so each metric's optimal decoder is best up to sampling noise")
         else:
             progress.stage("compare: reading the model outputs")
             probs = load_probs(args.probs, h)
@@ -237,29 +271,50 @@ def run(args: argparse.Namespace, progress: Progress) -> int:
             if probs.shape[0] == 0:
                 raise CLIError(f"--probs: {args.probs!r} has no rows")
             where = "standard input" if args.probs == STDIN else args.probs
+            num = int(probs.shape[0])
             setting.update(source="files", probs=args.probs if args.probs == STDIN else os.path.abspath(args.probs),
                            targets=args.targets if args.targets == STDIN else os.path.abspath(args.targets),
-                           from_logits=args.from_logits, normalize=bool(args.normalize),
-                           num_samples=int(probs.shape[0]))
+                           from_logits=args.from_logits, normalize=bool(args.normalize), num_samples=num)
             kind = {True: " (logits)", "auto": " (probabilities or logits, decided per chunk)"}.get(args.from_logits, "")
-            source = f"{probs.shape[0]} samples from {where}{kind}"
-            if args.calibrate:
-                split = DEFAULT_CALIBRATION_SPLIT if args.calibration_split is None else args.calibration_split
-                seed = DEFAULT_SEED if args.seed is None else args.seed
-                fit_rows, other_rows = calibration_split(probs.shape[0], split, seed)
-                if fit_rows.numel() == 0 or other_rows.numel() == 0:
-                    raise CLIError(f"--calibration-split {split:g} of {probs.shape[0]} rows leaves no row to "
-                                   f"{'fit the temperature on' if fit_rows.numel() == 0 else 'score'}")
-                progress.stage("compare: fitting the temperature")
-                scaler, calibration = fit_calibration(probs, targets, fit_rows, other_rows)
-                with torch.no_grad():
-                    probs = scaler(probs[other_rows].to(torch.float64))
-                targets = targets[other_rows]
-                timings["calibration_s"] = calibration["seconds"]
-                setting.update(calibrate=True, calibration_split=split, seed=seed, scored_rows=int(other_rows.numel()))
-                source = (f"{other_rows.numel()} held-out samples from {where} (logits / T, T = "
-                          f"{calibration['temperature']:.4g} fitted on the other {fit_rows.numel()})")
+            source = f"{num} samples from {where}{kind}"
+            if args.calibrate or args.alpha is not None:
+                what = "fit the temperature on" if args.calibrate else "fit λ on"
+                fit_rows, other_rows = held_out_split(num, split, seed, what)
+                t_rows = lam_rows = fit_rows
+                if args.calibrate and args.alpha is not None:  # T and λ each on half of the held-out rows
+                    if fit_rows.numel() < 2:
+                        raise CLIError(f"--calibrate with --alpha fits T and λ on half each of the "
+                                       f"--calibration-split {split:g} of {num} rows, but it holds "
+                                       f"{fit_rows.numel()} row")
+                    t_pick, lam_pick = calibration_split(fit_rows.numel(), 0.5, seed)
+                    t_rows, lam_rows = fit_rows[t_pick], fit_rows[lam_pick]
+                scaler = None
+                if args.calibrate:
+                    progress.stage("compare: fitting the temperature")
+                    scaler, calibration = fit_calibration(probs, targets, t_rows, other_rows)
+                    timings["calibration_s"] = calibration["seconds"]
+                    setting.update(calibrate=True)
+                    with torch.no_grad():
+                        probs = scaler(probs.to(torch.float64))  # logits / T
+                if args.alpha is not None:
+                    progress.stage("compare: fitting risk control")
+                    cal = rows_probabilities(h, probs, lam_rows, from_logits=args.from_logits,
+                                             normalize=args.normalize)
+                    part = "half of " if args.calibrate else ""
+                    rc, risk = fit_risk_control(h, cal, targets[lam_rows], args.alpha, args.delta,
+                                                f"{part}--calibration-split {split:g} of {num} rows")
+                probs, targets = probs[other_rows], targets[other_rows]
+                setting.update(calibration_split=split, seed=seed, scored_rows=int(other_rows.numel()))
+                held = []
+                if scaler is not None:
+                    held.append(f"logits / T, T = {calibration['temperature']:.4g} fitted on {t_rows.numel()}")
+                if rc is not None:
+                    held.append(f"risk control fitted on {lam_rows.numel()}")
+                source = f"{other_rows.numel()} held-out samples from {where}{kind} ({'; '.join(held)} other rows)"
             probs, targets = probs.to(device), targets.to(device)
+        if risk is not None:
+            timings["risk_control_s"] = risk.pop("seconds")
+            setting.update(alpha=args.alpha, delta=args.delta)
         timings["data_s"] = round(time.perf_counter() - t0, 3)
         setting.update(device=str(device), batch_size=args.batch_size, threads=args.threads,
                        decoders={d.key: {"name": d.name, **d.params} for d in heuristics},
@@ -267,7 +322,8 @@ def run(args: argparse.Namespace, progress: Progress) -> int:
         progress.stage("compare: decoding and scoring", total=int(probs.shape[0]))
         t0 = time.perf_counter()
         ev = evaluate(h, probs, targets, metrics, heuristics, batch_size=args.batch_size,
-                      from_logits=args.from_logits, normalize=args.normalize, progress=progress)
+                      from_logits=args.from_logits, normalize=args.normalize, progress=progress,
+                      coverage=None if rc is None else [rc])
         timings["evaluation_s"] = round(time.perf_counter() - t0, 3)
     progress.close()
     elapsed = time.perf_counter() - start
@@ -300,11 +356,23 @@ def run(args: argparse.Namespace, progress: Progress) -> int:
               f"better, ↓ lower is better. {gain}: relative improvement of optimal over the best heuristic. The "
               "names are the keys of --json.")
     print(textwrap.fill(legend, width, break_on_hyphens=False))
+    if rc is not None:
+        print()
+        say("risk:", f"{rc.key}: λ = {risk['lambda']:.4g} fitted on {risk['calibration_rows']} held-out rows "
+                     f"(their miss rate {risk['calibration_miss_rate']:.4f}); {risk['guarantee']}. On the "
+                     f"{ev.num_samples} scored rows:")
+        print()
+        print(render_coverage(ev.coverage, width=width))
+        print()
+        print(textwrap.fill(COVERAGE_LEGEND, width, break_on_hyphens=False))
     print(f"({elapsed:.1f} s on {device})")
     if args.json is not None:
         results = to_json(ev)
         if calibration is not None:
             results["calibration"] = {k: v for k, v in calibration.items() if k != "seconds"}
+        if rc is not None:
+            results["risk_control"] = {"decoder": rc.key, **risk, "scored_rows": ev.num_samples,
+                                       **coverage_json(ev.coverage)}
         doc = json_document("compare", {"setting": setting, "timings": timings}, results)
         with StagedWrites() as staged:
             staged.write(args.json, "--json", lambda f: json.dump(doc, f, indent=2, allow_nan=False), text=True)

@@ -17,9 +17,11 @@ from dataclasses import dataclass
 import torch
 
 from ..core.posterior import Posterior
+from ..kernels.ancestry import is_ancestor, path_counts
 from ..metrics import has_optimal_decoder
 
-__all__ = ["Evaluation", "evaluate", "has_optimal", "chunk_posterior", "OPTIMAL"]
+__all__ = ["Evaluation", "Coverage", "evaluate", "has_optimal", "chunk_posterior", "rows_probabilities",
+           "answer_coverage", "OPTIMAL"]
 
 OPTIMAL = "optimal"
 
@@ -55,6 +57,36 @@ class _Moments:
 
 
 @dataclass
+class Coverage:
+    """How often each decoder's answer misses the target, and how deep its answers are.
+
+    ``decoders``: keys (the ``extra`` decoders first, then ``optimal:<metric key>`` per metric with an
+    optimal decoder, then the heuristics); ``miss``/``miss_stderr``: (K,) float64 mean of 1{the target
+    is not under the answer} and its standard error; ``depth``/``depth_stderr``: (K,) float64 mean
+    depth of the answers (a node set: its nodes below the root).
+    """
+
+    decoders: list[str]
+    miss: torch.Tensor
+    miss_stderr: torch.Tensor
+    depth: torch.Tensor
+    depth_stderr: torch.Tensor
+
+
+def answer_coverage(h, pred: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(miss, depth), both (B,) float64, of answers ``pred`` for ``targets`` (B,) int64 leaf ids.
+
+    pred: (B,) int64 node ids (missed when the target is not under the node; its depth) or (B, N) bool
+    ancestor-closed node sets (missed when a node of the set is not an ancestor of the target, which
+    for the ancestor set of a node is the same; depth: the set's nodes below the root).
+    """
+    if pred.dtype == torch.bool:
+        size = pred.sum(1)
+        return (path_counts(h, pred, targets) < size).double(), (size - 1).double()
+    return (~is_ancestor(h, pred, targets)).double(), h.depth[pred].double()
+
+
+@dataclass
 class Evaluation:
     """Means over samples of every (metric, decoder) pair.
 
@@ -70,6 +102,7 @@ class Evaluation:
     stderr: torch.Tensor
     paired_stderr: torch.Tensor
     available: torch.Tensor  # (M, D) bool
+    coverage: Coverage | None = None
 
     def best(self, m: int) -> int:
         """Column of the best decoder for metric row ``m`` (first among exact ties)."""
@@ -104,18 +137,31 @@ def chunk_posterior(h, probs: torch.Tensor, start: int, stop: int, *, from_logit
         raise ValueError(_ROW.sub(lambda m: f"row {int(m.group(1)) + start}", str(exc))) from None
 
 
+def rows_probabilities(h, probs: torch.Tensor, rows: torch.Tensor, *, from_logits: bool | str = False,
+                       normalize: bool = False) -> torch.Tensor:
+    """(b, L) checked probabilities of ``probs[rows]`` (rows: (b,) int64; softmax of logits, rows renormalised
+    as asked); an input error names the row of the whole input."""
+    try:
+        return Posterior(h, probs[rows], from_logits=from_logits, normalize=normalize, name="probs").probs
+    except ValueError as exc:
+        raise ValueError(_ROW.sub(lambda m: f"row {int(rows[int(m.group(1))])}", str(exc))) from None
+
+
 def evaluate(h, probs: torch.Tensor, targets: torch.Tensor, metrics: list, heuristics: list, *,
              batch_size: int = 4096, from_logits: bool = False, normalize: bool = False,
-             progress=None) -> Evaluation:
+             progress=None, coverage: list | None = None) -> Evaluation:
     """Score ``optimal`` (per metric) and every heuristic on every metric.
 
     probs: (B, L) float on the compute device (logits with ``from_logits``); targets: (B,)
     int64 on the same device.  Set metrics score a heuristic's node as its ancestor set.
+    ``coverage``: decoders (e.g. a fitted RiskControl) whose answers are not scored on the metrics,
+    only by their miss rate and depth (:class:`Coverage`), next to every other decoder's; None: no
+    coverage.
     """
     optimal_ok = [has_optimal(m) for m in metrics]
     keys = [OPTIMAL] + [d.key for d in heuristics]
     M, D = len(metrics), len(keys)
-    single, paired = _Moments(), _Moments()
+    single, paired, covered = _Moments(), _Moments(), _Moments()
     B = probs.shape[0]
     if B == 0:
         raise ValueError("no samples to evaluate")
@@ -124,18 +170,29 @@ def evaluate(h, probs: torch.Tensor, targets: torch.Tensor, metrics: list, heuri
         post = chunk_posterior(h, probs, start, stop, from_logits=from_logits, normalize=normalize)
         y = targets[start:stop]
         preds = [d.decode(post) for d in heuristics]
+        optimal = [m.decode(post) if ok else None for m, ok in zip(metrics, optimal_ok)]
         rows = []
-        for m, ok in zip(metrics, optimal_ok):
+        for m, opt in zip(metrics, optimal):
             # float64 values: the moments below are sums over every sample.
-            opt = (m(m.decode(post), y, dtype=torch.float64) if ok
-                   else torch.full((stop - start,), math.nan, dtype=torch.float64, device=probs.device))
-            rows.append(torch.stack([opt] + [m(p, y, dtype=torch.float64) for p in preds], 1))
+            value = (m(opt, y, dtype=torch.float64) if opt is not None
+                     else torch.full((stop - start,), math.nan, dtype=torch.float64, device=probs.device))
+            rows.append(torch.stack([value] + [m(p, y, dtype=torch.float64) for p in preds], 1))
         values = torch.stack(rows, 1)  # (b, M, D) float64
         single.add(values)
         paired.add(values[:, :, :, None] - values[:, :, None, :])
+        if coverage is not None:
+            answers = [d.decode(post) for d in coverage] + [p for p in optimal if p is not None] + preds
+            covered.add(torch.stack([torch.stack(answer_coverage(post.h, p, y), 1) for p in answers], 1))
         if progress is not None:
             progress.update(stop - start)
     available = torch.ones(M, D, dtype=torch.bool)
     available[:, 0] = torch.tensor(optimal_ok)
+    cov = None
+    if coverage is not None:  # (K, 2): miss, depth
+        names = ([d.key for d in coverage] + [f"{OPTIMAL}:{m.key}" for m, ok in zip(metrics, optimal_ok) if ok]
+                 + keys[1:])
+        mean, se = covered.mean.cpu(), covered.stderr().cpu()
+        cov = Coverage(names, mean[:, 0], se[:, 0], mean[:, 1], se[:, 1])
     return Evaluation(metrics=metrics, decoders=keys, num_samples=B, mean=single.mean.cpu(),
-                      stderr=single.stderr().cpu(), paired_stderr=paired.stderr().cpu(), available=available)
+                      stderr=single.stderr().cpu(), paired_stderr=paired.stderr().cpu(), available=available,
+                      coverage=cov)

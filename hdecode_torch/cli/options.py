@@ -44,6 +44,10 @@ DEFAULT_THREADS = 1
 DEFAULT_DPI = 120
 DEFAULT_SEED = 0
 DEFAULT_CALIBRATION_SPLIT = 0.5
+DEFAULT_ALPHA = 0.1  # plot risk: the level of the fitted λ it marks
+# plot risk: the curve is drawn at this many evenly spaced λ in [0, 1] (and at the fitted λ): every row's
+# path has a threshold of its own, so the exact curve has up to B·D steps, too many for a JSON file.
+DEFAULT_RISK_POINTS = 1001
 # About 10 s on a loaded 2-core CPU (single thread); the standard error of a [0, 1] metric is then ~0.003
 # and that of a paired difference between decoders usually below 0.001.
 DEFAULT_NUM_SAMPLES = 20_000
@@ -159,7 +163,7 @@ def add_decoder_param_args(p) -> None:
                         "i.e. nodes with at most about √L leaves)")
 
 
-def add_run_args(p, *, batch: bool = True, threads: bool = True, device: bool = True) -> None:
+def add_run_args(p, *, batch: bool = True, threads: bool = True, device: bool = True, imports: bool = True) -> None:
     if device:
         p.add_argument("--device", default="auto",
                        help="cpu, cuda, cuda:1, ... (default: auto = cuda if available, else cpu)")
@@ -170,16 +174,37 @@ def add_run_args(p, *, batch: bool = True, threads: bool = True, device: bool = 
         p.add_argument("--threads", type=int_in(1, 4096), default=DEFAULT_THREADS,
                        help=f"CPU threads for torch (default: {DEFAULT_THREADS}: the kernels are many small per-level "
                             "operations, for which extra threads mostly add overhead, and thrash on a busy machine)")
+    if imports:
+        _add_import_arg(p)
+    add_progress_arg(p)
+
+
+def _add_import_arg(p) -> None:
     p.add_argument("--import", dest="imports", action="append", metavar="MODULE", default=None,
                    help="import this Python module first (repeatable): a module that registers metrics or decoders "
                         "of its own (hdecode_torch.register_metric / register_decoder) makes their names usable in "
                         "--metrics and --decoders")
-    add_progress_arg(p)
 
 
 def add_progress_arg(p) -> None:
     p.add_argument("--no-progress", action="store_true",
                    help="no progress line (it is shown on a terminal only, on standard error)")
+
+
+unit_open = finite_float(0.0, lo_open=True, hi=1.0, hi_open=True)
+
+
+def add_risk_args(p, *, alpha_default: float | None) -> None:
+    """``--alpha`` and ``--delta``: the level of risk control and the error probability of its confidence bound."""
+    default = "" if alpha_default is None else f" (default: {alpha_default:g})"
+    p.add_argument("--alpha", type=unit_open, default=alpha_default, metavar="A",
+                   help="risk control: the miss rate to allow, 0 < A < 1 (the target not under the answer): λ of "
+                        "hd.RiskControl is fitted on a held-out split of the rows (--calibration-split, --seed) by "
+                        "conformal risk control, so that on rows exchangeable with them the expected miss rate is at "
+                        f"most A{default}")
+    p.add_argument("--delta", type=unit_open, default=None, metavar="D",
+                   help="risk control with an upper confidence bound instead: with probability at least 1 - D over "
+                        "the calibration rows (i.i.d. like the new rows), the fitted decoder's miss rate is at most A")
 
 
 def add_calibration_args(p, *, decode: bool) -> None:
@@ -191,7 +216,11 @@ def add_calibration_args(p, *, decode: bool) -> None:
     p.add_argument("--calibrate", action="store_true",
                    help=f"temperature scaling of the logits (needs --from-logits): {what}; T and the NLL before/after "
                         f"are {where}")
-    p.add_argument("--calibration-split", type=finite_float(0.0, lo_open=True, hi=1.0, hi_open=not decode),
-                   default=None, metavar="FRACTION",
-                   help=f"--calibrate: the fraction of the rows, drawn at random (--seed), used to fit T "
-                        f"(default: {DEFAULT_CALIBRATION_SPLIT})")
+    add_split_arg(p, "--calibrate: the fraction of the rows, drawn at random (--seed), used to fit T" if decode else
+                  "--calibrate, --alpha: the fraction of the rows, drawn at random (--seed), held out to fit T and λ "
+                  "(with both: half of them each) and not scored", hi_open=not decode)
+
+
+def add_split_arg(p, what: str, *, hi_open: bool = True) -> None:
+    p.add_argument("--calibration-split", type=finite_float(0.0, lo_open=True, hi=1.0, hi_open=hi_open),
+                   default=None, metavar="FRACTION", help=f"{what} (default: {DEFAULT_CALIBRATION_SPLIT})")

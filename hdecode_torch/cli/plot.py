@@ -1,4 +1,5 @@
-"""``hdecode plot``: where decoders disagree on the simplex, and how the gain of optimal decoding grows with noise."""
+"""``hdecode plot``: where decoders disagree on the simplex, how the gain of optimal decoding grows with noise, and
+the risk-coverage curve of risk control."""
 
 from __future__ import annotations
 
@@ -13,14 +14,15 @@ import torch
 
 from ..synthetic import synthetic_outputs
 from .common import (
-    DEFAULT_BETA, DEFAULT_BETAS, DEFAULT_C, MAX_FIGURE_PIXELS, CLIError, Progress, build_heuristics, build_metrics,
-    check_applicable, heuristic_selection, json_document, load_any_hierarchy, resolve_device, set_threads,
-    split_names, import_modules, one_spec,
+    DEFAULT_BETA, DEFAULT_BETAS, DEFAULT_C, DEFAULT_CALIBRATION_SPLIT, DEFAULT_SEED, MAX_FIGURE_PIXELS, CLIError,
+    Progress, build_heuristics, build_metrics, check_applicable, fit_risk_control, held_out_split,
+    heuristic_selection, json_document, load_any_hierarchy, load_probs, load_targets, resolve_device,
+    set_threads, split_names, import_modules, one_spec,
 )
 from .compare import relative_gain
-from .evaluation import evaluate, has_optimal
-from .io import StagedWrites, check_distinct_inputs, check_output_path, is_special_file
-from .options import DEFAULT_GAIN_NOISE, DEFAULT_GAIN_SEEDS
+from .evaluation import evaluate, has_optimal, rows_probabilities
+from .io import STDIN, StagedWrites, check_distinct_inputs, check_output_path, is_special_file
+from .options import DEFAULT_GAIN_NOISE, DEFAULT_GAIN_SEEDS, DEFAULT_NUM_SAMPLES, SYNTHETIC_NOISE
 
 # Two-sided 95% Student t quantiles, for confidence bands from a handful of seeds.
 _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
@@ -330,6 +332,129 @@ def run_gain(args: argparse.Namespace, progress: Progress) -> int:
                 timings = {"evaluation_s": round(evaluation_s, 3), "total_s": round(time.perf_counter() - start, 3)}
                 results = {"noise": noise, "argmax_accuracy": acc, "gain_percent": summary}
                 doc = json_document("plot gain", {"setting": setting, "timings": timings}, results)
+                staged.write(args.json, "--json", lambda f: json.dump(doc, f, indent=2, allow_nan=False), text=True)
+    progress.close()
+    print(f"wrote {path}" + (f" and {args.json}" if args.json is not None else ""))
+    return 0
+
+
+# --------------------------------------------------------------------------- risk-coverage
+def risk_curve(h, probs: torch.Tensor, targets: torch.Tensor, fit_rows: torch.Tensor, other_rows: torch.Tensor,
+               alpha: float, delta: float | None, points: int, where: str) -> dict:
+    """RiskControl fitted on ``fit_rows``, its risk-coverage curve on ``other_rows`` read at ``points`` evenly
+    spaced λ in [0, 1] and at the fitted λ (ascending): ``{"lambda", "miss_rate", "mean_depth"}`` lists, the
+    values at the fitted λ (``at_fitted``), and the fit's report (``fit``: ``fit_risk_control``'s)."""
+    rc, info = fit_risk_control(h, probs[fit_rows], targets[fit_rows], alpha, delta, where)
+    curve = rc.risk_coverage(probs[other_rows], targets[other_rows])
+    lam, risk, depth = (t.cpu() for t in (curve.lam, curve.risk, curve.mean_depth))
+    # i / (points - 1), each correctly rounded (linspace gives 0.30000000000000004 for 3/10)
+    grid = torch.arange(points, dtype=torch.float64) / (points - 1)
+    grid = torch.cat([grid, torch.tensor([rc.lam], dtype=torch.float64)]).unique()
+    at = torch.searchsorted(lam, grid, right=True) - 1  # the step that holds each λ: lam[0] = 0
+    fitted = int(torch.searchsorted(lam, torch.tensor([rc.lam], dtype=torch.float64), right=True)[0]) - 1
+    n = int(other_rows.numel())
+    miss = float(risk[fitted])
+    stderr = math.sqrt(miss * (1 - miss) / (n - 1)) if n > 1 else math.nan
+    return {"lambda": grid.tolist(), "miss_rate": risk[at].tolist(), "mean_depth": depth[at].tolist(),
+            "scored_rows": n, "at_fitted": {"lambda": rc.lam, "miss_rate": miss, "miss_rate_stderr": stderr,
+                                            "mean_depth": float(depth[fitted])},
+            "fit": {"decoder": rc.key, **info}}
+
+
+def run_risk(args: argparse.Namespace, progress: Progress) -> int:
+    """The command line was checked by ``commands.check_plot_risk``."""
+    start = time.perf_counter()
+    Figure, Canvas = _matplotlib()
+    path, fmt = figure_path(args.output)
+    inputs = {"--probs": args.probs, "--targets": args.targets, "--hierarchy": args.hierarchy,
+              "--leaf-order": args.leaf_order}
+    check_distinct_inputs(inputs)
+    check_output_path(path, "--output", inputs=inputs)
+    if args.json is not None:
+        check_output_path(args.json, "--json", inputs=inputs, outputs={"--output": path})
+    size = (11.0, 4.4)
+    check_figure_size(*size, args.dpi)
+    split = DEFAULT_CALIBRATION_SPLIT if args.calibration_split is None else args.calibration_split
+    seed = DEFAULT_SEED if args.seed is None else args.seed
+    with set_threads(args.threads):
+        progress.stage("plot risk: loading the hierarchy")
+        h = load_any_hierarchy(args.hierarchy, args.leaf_order)
+        device = resolve_device(args.device)
+        setting = {"hierarchy": args.hierarchy, "num_nodes": h.num_nodes, "num_leaves": h.num_leaves}
+        if args.probs is None:
+            num = DEFAULT_NUM_SAMPLES if args.num_samples is None else args.num_samples
+            noise = SYNTHETIC_NOISE if args.noise is None else args.noise
+            progress.stage(f"plot risk: drawing {num} synthetic samples")
+            probs, targets = synthetic_outputs(h, num, noise, seed, device=device)
+            setting.update(source="synthetic", noise=noise, num_samples=num)
+            source = f"synthetic calibrated outputs (noise {noise:g})"
+        else:
+            progress.stage("plot risk: reading the model outputs")
+            raw = load_probs(args.probs, h)
+            num = int(raw.shape[0])
+            targets = load_targets(args.targets, h, num)
+            if num == 0:
+                raise CLIError(f"--probs: {args.probs!r} has no rows")
+            probs = rows_probabilities(h, raw, torch.arange(num), from_logits=args.from_logits,
+                                       normalize=args.normalize).to(device)
+            targets = targets.to(device)
+            setting.update(source="files", probs=args.probs if args.probs == STDIN else os.path.abspath(args.probs),
+                           targets=args.targets if args.targets == STDIN else os.path.abspath(args.targets),
+                           from_logits=args.from_logits, normalize=bool(args.normalize), num_samples=num)
+            source = "standard input" if args.probs == STDIN else os.path.basename(args.probs)
+        fit_rows, other_rows = held_out_split(num, split, seed, "fit λ on")
+        progress.stage("plot risk: fitting risk control and its curve")
+        t0 = time.perf_counter()
+        res = risk_curve(h, probs, targets, fit_rows.to(device), other_rows.to(device), args.alpha, args.delta,
+                         args.points, f"--calibration-split {split:g} of {num} rows")
+        evaluation_s = time.perf_counter() - t0
+
+        fig = Figure(figsize=size, layout="constrained")
+        ax, trade = fig.subplots(1, 2)
+        fit = res["at_fitted"]
+        level = f"α = {args.alpha:g}" + ("" if args.delta is None else f", δ = {args.delta:g}")
+        miss_color, depth_color = "#d62728", "#1f77b4"
+        ax.plot(res["lambda"], res["miss_rate"], drawstyle="steps-post", color=miss_color, lw=1.6, label="miss rate")
+        ax.axhline(args.alpha, color=miss_color, lw=0.9, ls=":", label=f"level {level}")
+        ax.axvline(fit["lambda"], color="0.3", lw=1.0, ls="--", label=f"fitted λ = {fit['lambda']:.4g}")
+        ax.set_xlabel("λ (descend while the most probable child has p > λ)")
+        ax.set_ylabel("miss rate (target not under the answer)", color=miss_color)
+        ax.set_xlim(0, 1)
+        ax.set_ylim(bottom=0)
+        depth_ax = ax.twinx()
+        depth_ax.plot(res["lambda"], res["mean_depth"], drawstyle="steps-post", color=depth_color, lw=1.6,
+                      label="mean depth")
+        depth_ax.set_ylabel("mean depth of the answers", color=depth_color)
+        depth_ax.set_ylim(bottom=0)
+        handles = ax.get_legend_handles_labels()
+        more = depth_ax.get_legend_handles_labels()
+        ax.legend(handles[0] + more[0], handles[1] + more[1], fontsize=8, loc="upper right", frameon=False)
+        ax.grid(alpha=0.3)
+        ax.set_title("miss rate and depth as λ moves", fontsize=10)
+
+        trade.plot(res["mean_depth"], res["miss_rate"], color="0.2", lw=1.4)
+        trade.axhline(args.alpha, color=miss_color, lw=0.9, ls=":", label=f"level {level}")
+        trade.plot([fit["mean_depth"]], [fit["miss_rate"]], marker="o", ms=7, color=miss_color, ls="none",
+                   label=f"fitted: miss rate {fit['miss_rate']:.4f}, mean depth {fit['mean_depth']:.3g}")
+        trade.set_xlabel("mean depth of the answers (deeper: more specific)")
+        trade.set_ylabel("miss rate")
+        trade.set_ylim(bottom=0)
+        trade.grid(alpha=0.3)
+        trade.legend(fontsize=8, loc="upper left", frameon=False)
+        trade.set_title("risk vs coverage", fontsize=10)
+        tree = "standard input" if args.hierarchy == "-" else os.path.basename(args.hierarchy)
+        fig.suptitle(f"Risk control on {tree}, {source}: λ fitted on {res['fit']['calibration_rows']} rows "
+                     f"({res['fit']['guarantee'].split(':')[0]}), curves on the other {res['scored_rows']}",
+                     fontsize=10)
+        progress.stage("plot risk: drawing")
+        with StagedWrites() as staged:
+            _save(fig, Canvas, path, fmt, args.dpi, staged)
+            if args.json is not None:
+                setting.update(seed=seed, calibration_split=split, alpha=args.alpha, delta=args.delta,
+                               points=args.points, device=str(device), threads=args.threads)
+                timings = {"fit_s": res["fit"].pop("seconds"), "evaluation_s": round(evaluation_s, 3),
+                           "total_s": round(time.perf_counter() - start, 3)}
+                doc = json_document("plot risk", {"setting": setting, "timings": timings}, res)
                 staged.write(args.json, "--json", lambda f: json.dump(doc, f, indent=2, allow_nan=False), text=True)
     progress.close()
     print(f"wrote {path}" + (f" and {args.json}" if args.json is not None else ""))
