@@ -293,7 +293,7 @@ def test_compiled_model_breaks_the_graph_at_the_head():
 
 
 def _dynamo_folds_is_exporting_to_true(real):
-    """torch.compiler.is_exporting as Dynamo up to torch 2.12 traced it: True in every traced frame."""
+    """torch.compiler.is_exporting as Dynamo of torch 2.7 to 2.11 traces it: True in every traced frame."""
     return lambda: torch.compiler.is_dynamo_compiling() or real()
 
 
@@ -301,7 +301,7 @@ def _dynamo_folds_is_exporting_to_true(real):
 def test_head_stays_out_of_the_graph_whatever_torch_says_about_exporting(torch_like, monkeypatch):
     """Issue 24: on torch 2.11, torch.compile of backbone + head raised "Expected a DecodingHead built with
     `validate=False` in an exported graph" (Dynamo folded is_exporting() to True).  Both older behaviours
-    are simulated here: is_exporting() True under Dynamo (2.7-2.12), no is_exporting at all (2.6)."""
+    are simulated here: is_exporting() True under Dynamo (2.7 to 2.11), no is_exporting at all (2.6)."""
     import torch._dynamo
 
     import hdecode_torch.integrations.module as module

@@ -45,7 +45,8 @@ from hdecode_torch.metrics.zhao import information_gain
 
 import harness  # tests/ is on sys.path (conftest.py, and the subprocesses' PYTHONPATH)
 
-from triton_testing import ROOT, check_compiles_for_sm90, interpreter_results, needs_triton, run_python  # noqa: E402
+from triton_testing import (  # noqa: E402
+    ROOT, block_imports, check_compiles_for_sm90, interpreter_results, needs_triton, run_python)
 
 BUNDLED = ["tieredimagenet-h", "inat19"]
 
@@ -749,14 +750,8 @@ def test_works_without_triton_and_imports_neither_triton_nor_dynamo():
     # Only the fused package is imported (its parents are stand-ins) with Triton, torch._dynamo and
     # torch._inductor unimportable; both ops run on the CPU and through the CUDA kernels' torch
     # fallback (on CPU tensors).  The tree: root 4 over leaf 2 and node 3, node 3 over leaves 0 and 1.
-    code = textwrap.dedent("""
-        import importlib.abc, os, sys, types
-        BLOCKED = ("triton", "torch._dynamo", "torch._inductor")
-        class Block(importlib.abc.MetaPathFinder):
-            def find_spec(self, name, path, target=None):
-                if any(name == b or name.startswith(b + ".") for b in BLOCKED):
-                    raise ImportError("blocked by the test: " + name)
-        sys.meta_path.insert(0, Block())
+    code = block_imports("triton", "torch._dynamo", "torch._inductor") + textwrap.dedent("""
+        import os, types
         import torch
         for name in ["hdecode_torch", "hdecode_torch.kernels"]:
             mod = types.ModuleType(name)
@@ -778,8 +773,7 @@ def test_works_without_triton_and_imports_neither_triton_nor_dynamo():
         print(F.path_score_best(x, *args).tolist(), OPS["path_score_best"].cuda(x, *args).tolist(),
               F.hf_beta_best_k(q, count, depths, 0.5)[0].tolist(),
               OPS["hf_beta_best_k"].cuda(q, count, depths, 0.5)[0].tolist())
-        print(sorted(m for m in sys.modules
-                     if m.split(".")[0] == "triton" or m.startswith(("torch._dynamo", "torch._inductor"))))
+        print(loaded("triton", "torch._dynamo", "torch._inductor"))
     """).replace("ROOT", repr(ROOT))
     proc = run_python(code)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -92,3 +94,80 @@ def test_deferred_check_reads_once_and_raises_the_same_error(h, plan, monkeypatc
             bad[5, 3] = -0.5
             with pytest.raises(ValueError, match="row 5 has a negative entry"):
                 m.decode(bad)
+
+
+# ---------------------------------------------------------------- what each entry point accepts (docs/validation.md)
+def _logits(h, b=5, seed=1):
+    return torch.randn(b, h.num_leaves, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 3
+
+
+def test_from_logits_values_and_normalize_with_logits(h):
+    """0 and 1 are False and True; other values are refused naming `from_logits`; normalize=True changes
+    nothing for logits (the softmax sums to 1), for every converting entry point."""
+    z, p = _logits(h), _probs(h)
+    m, d = hd.get_metric("wu_palmer", h), hd.get_decoder("majority", h)
+    soft = torch.softmax(z, 1)
+    assert torch.equal(hd.node_probabilities(h, z, from_logits=1), hd.node_probabilities(h, soft))
+    assert torch.equal(hd.node_probabilities(h, p, from_logits=0), hd.node_probabilities(h, p))
+    for kind in ("yes", None, 2, "Auto"):
+        with pytest.raises(ValueError, match="Expected `from_logits` to be False"):
+            m.decode(z, from_logits=kind)
+    assert torch.equal(hd.node_probabilities(h, z, from_logits=True, normalize=True),
+                       hd.node_probabilities(h, z, from_logits=True))
+    assert torch.equal(m.decode(z, from_logits=True, normalize=True), m.decode(soft))
+    assert torch.equal(d.decode(z, from_logits=True, normalize=True), d.decode(soft))
+    pred = m.decode(soft)
+    assert torch.equal(m.expected(z, pred, from_logits=True, normalize=True), m.expected(soft, pred))
+
+
+def test_head_and_metric_take_no_normalize(h):
+    """DecodingHead and HierarchicalMetric convert with from_logits only: `normalize=` is an unknown
+    metric parameter, refused by name, not ignored."""
+    for make in (lambda: hd.DecodingHead(h, "wu_palmer", normalize=True),
+                 lambda: hd.HierarchicalMetric(h, "wu_palmer", normalize=True)):
+        with pytest.raises(ValueError, match="unknown parameter\\(s\\) 'normalize'"):
+            make()
+    z = _logits(h)
+    head = hd.DecodingHead(h, "wu_palmer", from_logits="auto")
+    assert torch.equal(head(z), hd.get_metric("wu_palmer", h).decode(z, from_logits=True))
+    metric = hd.HierarchicalMetric(h, "wu_palmer", from_logits="auto")
+    target = torch.arange(z.shape[0])
+    metric.update(z[0], target[0])  # one (L,) row with a () target
+    metric.update(z[1:], target[1:])
+    want = hd.get_metric("wu_palmer", h)
+    torch.testing.assert_close(metric.compute(), want(want.decode(z, from_logits=True), target).mean())
+
+
+@pytest.mark.parametrize("key, from_logits", [("logits", True), ("logit", True), ("scores", True), ("probs", False),
+                                              ("probabilities", False), ("prob", False), ("leaf_probs", False),
+                                              ("out", None)])
+@pytest.mark.skipif(not any(importlib.util.find_spec(m) for m in ("lightning", "pytorch_lightning")),
+                    reason="needs lightning")
+def test_callback_reads_the_input_kind_from_its_output_key(h, key, from_logits):
+    from hdecode_torch.integrations import HierarchicalMetricsCallback
+
+    if from_logits is None:
+        with pytest.raises(ValueError, match=f"Cannot tell whether `output_key='{key}'` holds logits"):
+            HierarchicalMetricsCallback(h, metrics=["wu_palmer"], output_key=key)
+        return
+    cb = HierarchicalMetricsCallback(h, metrics=["wu_palmer"], output_key=key)
+    assert [m.from_logits for m in cb.metrics.values()] == [from_logits]
+
+
+def test_temperature_scaler_takes_logits_of_any_shape_and_fits_only_logits(h):
+    scaler = hd.TemperatureScaler(2.0)
+    z = _logits(h, 6).float().reshape(2, 3, h.num_leaves)
+    torch.testing.assert_close(scaler(z), z / 2)
+    assert scaler(z).dtype == torch.float32
+    with pytest.raises(TypeError, match="floating-point"):
+        scaler(torch.ones(3, h.num_leaves, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"shape \(B, L\)"):
+        hd.TemperatureScaler().fit(z, torch.zeros(2, dtype=torch.long))
+
+
+def test_calibrate_darts_decides_auto_as_the_explicit_kind(h):
+    z, p = _logits(h, 40), _probs(h, 40)
+    target = torch.randint(0, h.num_leaves, (40,), generator=torch.Generator().manual_seed(2))
+    assert hd.calibrate_darts(h, z, target, 0.3, from_logits="auto") == \
+        hd.calibrate_darts(h, z, target, 0.3, from_logits=True)
+    assert hd.calibrate_darts(h, p, target, 0.3, from_logits="auto") == hd.calibrate_darts(h, p, target, 0.3)

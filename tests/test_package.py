@@ -74,7 +74,9 @@ def _names(reqs):
 def test_dependencies_and_extras():
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     torch_req = [r for r in meta["dependencies"] if _names([r]) == {"torch"}]
-    assert torch_req == ["torch>=2.1"]  # no upper cap: the next torch release must install
+    assert torch_req == ["torch>=2.8"]  # no upper cap: the next torch release must install
+    # the README states the same bound
+    assert "`torch>=2.8`" in (ROOT / "README.md").read_text()
     extras = meta["optional-dependencies"]
     optional = set().union(*(_names(v) for k, v in extras.items() if k not in ("all", "test", "scatter")))
     assert _names(extras["all"]) == optional  # [all] is every optional feature...

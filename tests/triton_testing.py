@@ -38,6 +38,25 @@ def run_python(code: str, env_extra: dict | None = None, timeout: int = 300) -> 
                           cwd=ROOT)
 
 
+def block_imports(*names: str) -> str:
+    """Code that makes ``names`` absent for the rest of a fresh interpreter, run before ``import torch``,
+    and defines ``loaded(*names)``: the modules of ``names`` (and their submodules) really imported.
+
+    ``sys.modules[name] = None`` is Python's own way to say a module is missing: ``import name`` (and
+    of any submodule) raises ModuleNotFoundError and ``importlib.util.find_spec(name)`` returns None,
+    as where it is not installed.  A meta-path finder that raises ImportError in ``find_spec`` is not
+    the same: torch 2.15 calls ``find_spec("triton")`` at start-up and catches only ModuleNotFoundError.
+    """
+    return textwrap.dedent(f"""\
+        import sys
+        for _name in {names!r}:
+            sys.modules[_name] = None
+        def loaded(*names):
+            return sorted(m for m, mod in sys.modules.items()
+                          if mod is not None and any(m == n or m.startswith(n + ".") for n in names))
+    """)
+
+
 _SM90_PRELUDE = """\
 import triton
 from triton.backends.compiler import GPUTarget

@@ -152,6 +152,8 @@ def _torch_load(src, name: str):
                 found = f" ({', '.join(names[:4])})" if names else ""
             except Exception:  # noqa: BLE001 - only a detail of the message
                 pass
+            if "torch._utils._rebuild_nested_tensor" in found:  # torch >= 2.15 refuses to load one
+                raise CLIError(f"{name} holds a nested tensor; save one (B, L) tensor") from None
             raise CLIError(f"cannot read {name}: it holds Python objects that are not safe to load{found}; "
                            "save a tensor (torch.save(tensor, path)) or a numpy array (.npy)") from None
         raise CLIError(f"cannot read {name} as a .pt file (truncated or not a torch.save file?): "

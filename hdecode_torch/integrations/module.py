@@ -176,10 +176,10 @@ def _tracing() -> str | None:
     """``"compile"`` while Dynamo traces (``torch.compile``, strict export), ``"export"`` under non-strict
     ``torch.export`` (and the ONNX exporter, which uses it), else None.
 
-    Dynamo is asked first: up to torch 2.12 it folds ``torch.compiler.is_exporting()`` to True in
-    every frame it traces, ``torch.compile`` included.  Non-strict export runs the Python code itself,
-    where ``is_dynamo_compiling()`` is False; torch versions without ``is_exporting`` (before 2.7) mark
-    it by ``is_compiling()`` alone.
+    Dynamo is asked first: torch 2.7 to at least 2.11 (not 2.13) fold ``torch.compiler.is_exporting()``
+    to True in every frame Dynamo traces, ``torch.compile`` included.  Non-strict export runs the Python
+    code itself, where ``is_dynamo_compiling()`` is False; torch without ``is_exporting`` (2.6) marks it
+    by ``is_compiling()`` alone.
     """
     compiler = torch.compiler
     if compiler.is_dynamo_compiling():
