@@ -135,7 +135,9 @@ def test_head_and_metric_take_no_normalize(h):
     metric.update(z[0], target[0])  # one (L,) row with a () target
     metric.update(z[1:], target[1:])
     want = hd.get_metric("wu_palmer", h)
-    torch.testing.assert_close(metric.compute(), want(want.decode(z, from_logits=True), target).mean())
+    got = metric.compute()
+    assert got.dtype == z.dtype  # the mean comes back in the scores' dtype
+    torch.testing.assert_close(got, want(want.decode(z, from_logits=True), target).mean().to(z.dtype))
 
 
 @pytest.mark.parametrize("key, from_logits", [("logits", True), ("logit", True), ("scores", True), ("probs", False),
