@@ -7,6 +7,7 @@ import io
 import json
 import os
 import re
+import sys
 import warnings
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from decimal import Decimal
@@ -188,9 +189,12 @@ class Hierarchy:
         try:
             return self._cache[key]
         except KeyError:
-            if torch.compiler.is_compiling():
-                # Tree tables are built once, eagerly, with real tensors: never inside a traced graph
-                # (Dynamo is loaded when compiling, so the wrapper costs nothing then).
+            if "torch._dynamo" in sys.modules:
+                # Tree tables are built once, eagerly, with real tensors: never inside a traced graph.
+                # Under torch.compile a miss can also happen in the eager part after a graph break,
+                # where is_compiling() is False but Dynamo still compiles every new frame, so whenever
+                # Dynamo is loaded the build runs with it disabled (a miss is rare; without Dynamo
+                # loaded nothing can trace, and importing it would cost seconds).
                 build = torch.compiler.disable(build)
             value = self._cache[key] = build()
             return value
