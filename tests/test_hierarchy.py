@@ -314,3 +314,18 @@ def test_load_hierarchy_with_a_path_points_to_the_file_readers():
         hd.load_hierarchy("my_tree.json")
     with pytest.raises(ValueError, match=r"Unknown bundled hierarchy 'imagenet'; available: [a-z0-9, -]+$"):
         hd.load_hierarchy("imagenet")
+
+
+def test_cached_builds_any_callable_once_with_dynamo_loaded():
+    """With Dynamo loaded (any compile in the process), a cache miss builds under torch.compiler.disable;
+    a builder that is a class (a cache's container) must work as well as a function, and be built once."""
+    import collections
+
+    import torch._dynamo  # noqa: F401
+
+    h = hd.Hierarchy.from_parents([-1, 0, 0])
+    box = h.cached("test.box", collections.OrderedDict)
+    assert isinstance(box, collections.OrderedDict) and h.cached("test.box", collections.OrderedDict) is box
+    calls = []
+    assert h.cached("test.fn", lambda: calls.append(1) or 7) == 7 == h.cached("test.fn", lambda: 8)
+    assert calls == [1]

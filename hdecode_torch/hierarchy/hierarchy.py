@@ -195,7 +195,8 @@ class Hierarchy:
                 # where is_compiling() is False but Dynamo still compiles every new frame, so whenever
                 # Dynamo is loaded the build runs with it disabled (a miss is rare; without Dynamo
                 # loaded nothing can trace, and importing it would cost seconds).
-                build = torch.compiler.disable(build)
+                make = build  # may be a class (a cache's container): disable wraps functions only
+                build = torch.compiler.disable(lambda: make())
             value = self._cache[key] = build()
             return value
 
