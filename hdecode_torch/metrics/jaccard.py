@@ -332,13 +332,24 @@ def _screen(h, T, p, thr, batch_major):
 def _gains_at(T, q, depth, ks, kmax):
     """(M, J) g_k(n) at per-entry sizes ks (M, J) int64 in 1..kmax; -inf where k ≤ d(n).
 
-    The weights of the (entry, size) pairs only: O(M·J·E) memory, never a (D, K, E) table.
+    The weights w[d, k, e] come from a (D' + 1, K, E) table of every (depth, size) when it is no larger
+    than the weights of the (entry, size) pairs, from those pairs otherwise (deep trees, where the
+    table would not fit): O(min(D'·K, M·J)·E) memory, the same float64 values either way.
     """
-    dt = q.dtype
-    dd = depth.clamp(max=kmax).to(torch.float64)[:, None, None]  # (M, 1, 1)
-    m = ks.to(torch.float64)[:, :, None] - dd  # (M, J, 1)
-    x = m + T.depths
-    w = torch.where(m >= 1, (x + 1 + dd) / (x * (x + 1)), 0).to(dt)  # (M, J, E)
+    dt, dev = q.dtype, q.device
+    dcap = min(T.max_depth, kmax)
+    if (dcap + 1) * kmax <= ks.numel():
+        dd = torch.arange(dcap + 1, device=dev, dtype=torch.float64)[:, None, None]
+        m = torch.arange(1, kmax + 1, device=dev, dtype=torch.float64)[None, :, None] - dd  # (D'+1, K, 1)
+        x = m + T.depths
+        w = torch.where(m >= 1, (x + 1 + dd) / (x * (x + 1)), 0).to(dt)  # w[d, k − 1, e]
+        rows = (depth.clamp(max=dcap)[:, None] * kmax + ks - 1).view(-1)
+        w = w.view(-1, w.shape[2]).index_select(0, rows).view(ks.shape + w.shape[2:])
+    else:
+        dd = depth.clamp(max=kmax).to(torch.float64)[:, None, None]  # (M, 1, 1)
+        m = ks.to(torch.float64)[:, :, None] - dd  # (M, J, 1)
+        x = m + T.depths
+        w = torch.where(m >= 1, (x + 1 + dd) / (x * (x + 1)), 0).to(dt)  # (M, J, E)
     g = torch.bmm(w, q[:, :, None])[:, :, 0]
     return g.masked_fill_(ks <= depth[:, None], float("-inf"))
 

@@ -41,6 +41,8 @@ def wu_palmer_table(post) -> torch.Tensor:
     w = 2.0 / (h.depth.to(post.dtype)[:, None] + e[None, :])  # (N, E); d(h) + e >= 1
     # an elementwise product and a sum over the leaf depths: an einsum here is a batched matrix product
     # over the N nodes, which the CPU runs as one small product per node
+    if s.shape[1] == 1:  # leaves at one depth: no sum to take (it would cost a zeroed table and a pass)
+        return s[:, 0] * w[:, 0, None]
     return (s * w[:, :, None]).sum(1)
 
 
