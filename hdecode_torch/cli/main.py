@@ -171,25 +171,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _runner(spec: str):
-    """``"module:function"`` of this package, imported now (torch with it).
-
-    Ctrl-C while the imports run is held until they end, then raised: a KeyboardInterrupt raised
-    inside a third-party import can be swallowed there (a bare ``except:``), and the run would go on
-    as if nothing happened."""
+    """``"module:function"`` of this package, imported now (torch with it)."""
     module, function = spec.split(":")
-    held = []
-    try:
-        previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
-    except (ValueError, OSError):  # not the main thread: leave the signal alone
-        previous = None
-    try:
-        run = getattr(importlib.import_module(f".{module}", __package__), function)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
-    if held:
-        raise KeyboardInterrupt
-    return run
+    return getattr(importlib.import_module(f".{module}", __package__), function)
 
 
 def _main(argv) -> int:
