@@ -14,6 +14,7 @@ import importlib.util
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -435,6 +436,13 @@ with open(os.path.join(out_dir, "results.json"), "w") as f:
 """
 
 
+def _sigint_as_on_a_terminal():
+    """The child's SIGINT as a terminal gives it.  Under a parent that ignores SIGINT (a background job
+    of a non-interactive shell, as CI may run the suite) the child inherits SIG_IGN, and Python then
+    installs no KeyboardInterrupt handler: a Ctrl-C test would see the run finish."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_real_process_conditions(work, tmp_path):
     folder, paths, *_ = work
     if not os.path.exists("/dev/full"):
@@ -444,7 +452,8 @@ def test_real_process_conditions(work, tmp_path):
     np.save(tmp_path / "big.npy", big.numpy())
     proc = subprocess.run([sys.executable, "-c", _CHILD, paths["tree.csv"], paths["good.npy"],
                            str(tmp_path / "big.npy"), str(tmp_path)], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1"))
+                          env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1"),
+                          preexec_fn=_sigint_as_on_a_terminal)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads((tmp_path / "results.json").read_text())
     assert res["closed stdout"] == [2, "hdecode decode: error: standard output is closed, and no --output is given: "
@@ -625,7 +634,7 @@ def test_ctrl_c_while_torch_loads_is_one_line(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     proc = subprocess.Popen([sys.executable, "-m", "hdecode_torch", "compare", "--num-samples", "100", "--json",
                              str(tmp_path / "r.json")], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=slave, env=env)
+                            stderr=slave, env=env, preexec_fn=_sigint_as_on_a_terminal)
     os.close(slave)
     seen, deadline = b"", time.monotonic() + 60
     while b"loading" not in seen and time.monotonic() < deadline:
