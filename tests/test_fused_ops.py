@@ -949,7 +949,7 @@ def test_triton_kernels_compile_for_sm90():
               {"HAS_LO": True, "IN_REGS": False, "BLOCK_J": T.SCAN_BLOCK, "BLOCK_K": 2048}, 8)
         for x, stride in [("bf16", "i64"), ("fp32", "i32")]:
             build(rc._row_check_kernel, {"X": "*" + x, "stride_xb": stride, "stride_xm": stride, "OUT": "*i1",
-                                         "lo": "fp64", "hi": "fp64", "M": "i32", "BLOCK": "constexpr"},
+                                         "lo_bits": "i64", "hi_bits": "i64", "M": "i32", "BLOCK": "constexpr"},
                   {"BLOCK": rc.ROW_BLOCK}, 4)
     """)
 

@@ -159,6 +159,12 @@ class Posterior:
         """(N, B) node probabilities p(n)."""
         return self._get("node", lambda: self.leaf_sum(self.probs.t()))
 
+    @property
+    def positive_leaf_count(self) -> torch.Tensor:
+        """(N, B) float64 the number of leaves of positive probability under each node: exact integers,
+        the same on every plan and device (unlike the rounding of the computed p(n))."""
+        return self._get("positive_leaf_count", lambda: self.leaf_sum((self.probs > 0).t().to(torch.float64)))
+
     def weighted_node(self, key: Hashable, leaf_weights: torch.Tensor) -> torch.Tensor:
         """(N, B) ``Σ_{l ∈ L(n)} p(l) w(l)`` for a fixed per-leaf weight ``leaf_weights`` (L,)."""
         return self._get(("weighted", key), lambda: self.leaf_sum(self.probs.t() * leaf_weights.to(self.dtype)[:, None]))

@@ -77,7 +77,7 @@ def mass_in_one_child(post) -> torch.Tensor:
     sum of the counts and one scatter-add over parent links.
     """
     h = post.h
-    count = post.leaf_sum((post.probs > 0).t().to(torch.float64))  # (N, B), exact integers
+    count = post.positive_leaf_count  # (N, B), exact integers, shared by the decoders of this batch
     child, parent = h.cached("heuristics.parent_links", lambda: (
         torch.nonzero(h.parent >= 0).flatten(), h.parent[h.parent >= 0]))
     holds_all = (count.index_select(0, child) == count.index_select(0, parent)).to(torch.float64)

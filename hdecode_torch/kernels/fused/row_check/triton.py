@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import struct
+
 import torch
 import triton
 import triton.language as tl
@@ -16,7 +18,11 @@ ROW_BLOCK = 1024
 
 
 @triton.jit
-def _row_check_kernel(X, stride_xb, stride_xm, OUT, lo: tl.float64, hi: tl.float64, M, BLOCK: tl.constexpr):
+def _row_check_kernel(X, stride_xb, stride_xm, OUT, lo_bits, hi_bits, M, BLOCK: tl.constexpr):
+    # The bounds arrive as the bits of their float64 values: some Triton versions pass a Python float
+    # as float32 whatever the annotation, which moves a bound such as 1 - 1e-4 by up to 3e-9.
+    lo = lo_bits.to(tl.int64).to(tl.float64, bitcast=True)
+    hi = hi_bits.to(tl.int64).to(tl.float64, bitcast=True)
     row = tl.program_id(0).to(tl.int64)
     xrow = X + row * stride_xb
     acc = tl.zeros((BLOCK,), tl.float64)
@@ -42,6 +48,11 @@ def launch(x: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
     if b == 0:
         return out
     with T.launch_context(x):
-        _row_check_kernel[(b,)](x, x.stride(0), x.stride(1), out, float(lo), float(hi), m,
+        _row_check_kernel[(b,)](x, x.stride(0), x.stride(1), out, _bits(lo), _bits(hi), m,
                                 BLOCK=min(ROW_BLOCK, T.padded(m)), num_warps=4, enable_fp_fusion=False)
     return out
+
+
+def _bits(value: float) -> int:
+    """The IEEE-754 bits of ``float(value)`` as a signed 64-bit integer (the kernel bitcasts them back)."""
+    return struct.unpack("<q", struct.pack("<d", float(value)))[0]
