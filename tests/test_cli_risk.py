@@ -14,22 +14,10 @@ import hdecode_torch as hd
 from hdecode_torch.cli.main import main
 from hdecode_torch.decoders.risk_control import ThresholdDescent
 from hdecode_torch.synthetic import synthetic_outputs
+from test_cli import one_thread, tiered  # noqa: F401  (the fixtures: one thread, the bundled tree)
 
 HEURISTICS = ["argmax_leaf", "top_down", "confidence_threshold[tau=0.8]", "majority", "plurality", "darts[lam=1]",
               "expected_information", "information_threshold[threshold=3.21]", "hie", "crm"]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiered():
-    return hd.load_hierarchy("tieredimagenet-h")
 
 
 def split(num_rows: int, fraction: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

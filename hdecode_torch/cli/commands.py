@@ -130,23 +130,12 @@ def check_compare(args) -> None:
         check_output_path(args.json, "--json", inputs=inputs)
     else:
         require_stdout("no --json is given: the results would be lost")
-    if args.probs is None:
-        if args.targets is not None:
-            raise CLIError("--targets needs --probs (without --probs, compare draws synthetic outputs)")
-        for flag, given in (("--from-logits", args.from_logits), ("--normalize", args.normalize),
-                            ("--calibrate", args.calibrate)):
-            if _given(given):
-                raise CLIError(f"{flag} applies to --probs (without --probs, compare draws synthetic outputs, "
-                               "calibrated by construction)")
-    else:
-        for flag, val in (("--num-samples", args.num_samples), ("--noise", args.noise)):
-            if val is not None:
-                raise CLIError(f"{flag} applies to synthetic outputs, not to --probs")
+    _check_source(args, "compare", "score decoders", [("--calibrate", args.calibrate)],
+                  ", calibrated by construction")
+    if args.probs is not None:
         if args.seed is not None and not args.calibrate and args.alpha is None:
             raise CLIError("--seed applies to synthetic outputs or to the --calibrate / --alpha split, not to --probs "
                            "alone")
-        if args.targets is None:
-            raise CLIError("--probs needs --targets (the true leaf ids) to score decoders")
         if args.calibrate:
             _check_calibration_input(args)
     if args.calibration_split is not None and not args.calibrate and args.alpha is None:
@@ -362,18 +351,26 @@ def _add_plot_risk(psub, image_help: str, dpi_help: str) -> None:
 def check_plot_risk(args) -> None:
     check_distinct_inputs({"--probs": args.probs, "--targets": args.targets, "--hierarchy": args.hierarchy,
                            "--leaf-order": args.leaf_order})
+    _check_source(args, "plot risk", "fit and draw the curve")
+
+
+def _check_source(args, command: str, purpose: str, probs_only=(), synthetic_note: str = "") -> None:
+    """Where the outputs come from: synthetic ones (no --probs; the options of files refused) or files
+    (--probs with --targets; the options of synthetic outputs refused).  ``probs_only``: more
+    (flag, value) pairs that apply to files only."""
     if args.probs is None:
         if args.targets is not None:
-            raise CLIError("--targets needs --probs (without --probs, plot risk draws synthetic outputs)")
-        for flag, given in (("--from-logits", args.from_logits), ("--normalize", args.normalize)):
+            raise CLIError(f"--targets needs --probs (without --probs, {command} draws synthetic outputs)")
+        for flag, given in (("--from-logits", args.from_logits), ("--normalize", args.normalize), *probs_only):
             if _given(given):
-                raise CLIError(f"{flag} applies to --probs (without --probs, plot risk draws synthetic outputs)")
-    else:
-        for flag, val in (("--num-samples", args.num_samples), ("--noise", args.noise)):
-            if val is not None:
-                raise CLIError(f"{flag} applies to synthetic outputs, not to --probs")
-        if args.targets is None:
-            raise CLIError("--probs needs --targets (the true leaf ids) to fit and draw the curve")
+                raise CLIError(f"{flag} applies to --probs (without --probs, {command} draws synthetic outputs"
+                               f"{synthetic_note})")
+        return
+    for flag, val in (("--num-samples", args.num_samples), ("--noise", args.noise)):
+        if val is not None:
+            raise CLIError(f"{flag} applies to synthetic outputs, not to --probs")
+    if args.targets is None:
+        raise CLIError(f"--probs needs --targets (the true leaf ids) to {purpose}")
 
 
 # --------------------------------------------------------------------------- info
