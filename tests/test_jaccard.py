@@ -559,3 +559,28 @@ def test_closed_and_rooted_on_a_wide_star():
         assert out[:, 3000].all()
         got = hd.get_metric("jaccard", star).expected(torch.as_tensor(P), out).numpy()
         np.testing.assert_allclose(got, want, rtol=1e-12, err_msg=plan)
+
+
+@pytest.mark.parametrize("tree", ["tieredimagenet-h", "inat19"])
+def test_gains_at_reads_the_same_weights_from_the_table_and_per_pair(tree):
+    """_gains_at takes its weights from a (depth, size) table when it is no larger than the weights of
+    the (entry, size) pairs, from the pairs otherwise: both give the same float64 values, which are the
+    gains of every size (kernels' `gains`) at the asked sizes."""
+    from hdecode_torch.kernels.fused.jaccard_sets import gains
+
+    h, _ = bundled(tree)
+    T = J._tables(h)
+    kmax = h.max_depth + 1
+    rng = np.random.default_rng(4)
+    nodes = torch.as_tensor(rng.integers(0, h.num_nodes, 5))
+    q = torch.as_tensor(rng.random((5, T.depths.numel())))
+    ks = torch.as_tensor(rng.integers(1, kmax + 1, (5, 1)))
+    depth = h.depth[nodes]
+    few = J._gains_at(T, q, depth, ks, kmax)  # 5 pairs < the table's (D' + 1)·K rows: per pair
+    reps = (h.max_depth + 1) * kmax
+    many = J._gains_at(T, q.repeat(reps, 1), depth.repeat(reps), ks.repeat(reps, 1), kmax)  # the table
+    assert torch.equal(many[:5], few)
+    want = gains(q, depth, T.depths, kmax).gather(1, ks - 1)
+    assert torch.isneginf(few).equal(torch.isneginf(want)) and (ks <= depth[:, None]).equal(torch.isneginf(few))
+    fin = torch.isfinite(want)
+    torch.testing.assert_close(few[fin], want[fin], rtol=1e-12, atol=1e-15)
