@@ -3,14 +3,16 @@
 
     python -m benchmarks.risk_control                       # both bundled trees, 20,000 rows, one thread
     python -m benchmarks.risk_control --tree inat19 --rows 20000 --threads 1 --json out.json
+    python -m benchmarks.risk_control --chunk-bytes 19,20,21,22,23   # the fit by chunk size (2^k bytes)
 
 Calibrated synthetic outputs (``hdecode_torch.synthetic``).  Reports the median and the minimum wall time
 (ms) of: ``fit`` with conformal risk control and with a confidence bound (δ = 0.1) at α = 0.1; its parts,
-the input check (building the checked :class:`~hdecode_torch.Posterior`), the walk down every row's
-top-down path that yields the critical values (``loss_steps``) and within it the depth-first float64
+the input check (building the checked :class:`~hdecode_torch.Posterior`), the rows' critical values
+(``loss_steps``: one gather of the children of each target's ancestors) and within them the float64
 prefix sums of the leaf probabilities, and the choice of λ from the critical values (``fit_steps``: one
-sort); ``decode`` of the same rows; and the fit with one chunk of all rows instead of cache-sized chunks
-(``CPU_PREFIX_BYTES``).
+sort); ``decode`` of the same rows; and the walk down every row's top-down path that the other losses
+take (``loss_steps`` of ``loss="overshoot"``).  Before timing, it checks that the critical values equal
+the walk's.
 """
 
 from __future__ import annotations
@@ -27,44 +29,51 @@ import torch  # noqa: E402
 
 import hdecode_torch as hd  # noqa: E402
 import hdecode_torch.decoders.risk_control as rcm  # noqa: E402
+from hdecode_torch.kernels.top_down_path import leaf_prefix  # noqa: E402
 from hdecode_torch.synthetic import synthetic_outputs  # noqa: E402
 from benchmarks.measure import time_call  # noqa: E402
 
 CPU = torch.device("cpu")
 
 
-def bench_tree(tree: str, rows: int, repeats: int, min_time: float = 0.5) -> dict:
+def bench_tree(tree: str, rows: int, repeats: int, min_time: float = 0.5, chunk_bytes=()) -> dict:
     h = hd.load_hierarchy(tree)
     probs, targets = synthetic_outputs(h, rows, seed=0)
     crc = hd.RiskControl(h, alpha=0.1)
     ucb = hd.RiskControl(h, alpha=0.1, delta=0.1)
+    over = hd.RiskControl(h, alpha=1.0, loss="overshoot")
     steps = crc.loss_steps(probs, targets)
+    post, y = crc._inputs(probs, targets, False)
+    walked = crc._walk(post, y)[0]
+    if not (torch.equal(steps.at, walked.at) and torch.equal(steps.jump, walked.jump)):
+        raise AssertionError(f"{tree}: the critical values differ from the walk's")
     crc.fit_steps(steps)
     ucb.fit(probs, targets)
-    chunk = min(rows, rcm.CPU_PREFIX_BYTES // (8 * (h.num_leaves + 1)))
+    chunk = min(rows, rcm.CPU_CHAIN_BYTES // (8 * (h.num_leaves + 1)))
 
     def prefix_sums():
         for a in range(0, rows, chunk):
-            rcm._leaf_prefix(h, probs[a:a + chunk])
-
-    def one_chunk_fit():
-        saved = rcm.CPU_PREFIX_BYTES
-        rcm.CPU_PREFIX_BYTES = 2**62
-        try:
-            crc.fit(probs, targets)
-        finally:
-            rcm.CPU_PREFIX_BYTES = saved
+            leaf_prefix(h, probs[a:a + chunk])
 
     calls = {
         "fit (conformal)": lambda: crc.fit(probs, targets),
         "fit (confidence bound)": lambda: ucb.fit(probs, targets),
         "  input check": lambda: hd.Posterior(h, probs, name="probs"),
-        "  walk: loss_steps": lambda: crc.loss_steps(probs, targets),
+        "  critical values": lambda: crc.loss_steps(probs, targets),
         "    prefix sums": prefix_sums,
         "  choose lambda: fit_steps": lambda: crc.fit_steps(steps),
         "decode": lambda: crc.decode(probs),
-        "fit, one chunk": one_chunk_fit,
+        "walk (overshoot loss_steps)": lambda: over.loss_steps(probs, targets),
     }
+    saved = rcm.CPU_CHAIN_BYTES
+    for k in chunk_bytes:
+        def fit_at(k=k):
+            rcm.CPU_CHAIN_BYTES = 2**k
+            try:
+                crc.fit(probs, targets)
+            finally:
+                rcm.CPU_CHAIN_BYTES = saved
+        calls[f"fit, chunks of 2^{k} bytes"] = fit_at
     times = {name: time_call(fn, CPU, repeats=repeats, min_time=min_time) for name, fn in calls.items()}
     return {"tree": tree, "N": h.num_nodes, "L": h.num_leaves, "depth": h.max_depth, "rows": rows,
             "chunk_rows": chunk, "lambda": crc.lam, "lambda_ucb": ucb.lam,
@@ -78,12 +87,14 @@ def main(argv=None) -> list:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--min-time", type=float, default=0.5, help="seconds to spend at least on each timing")
+    ap.add_argument("--chunk-bytes", default="", help="comma-separated k: also time the fit with chunks of 2^k bytes")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     results = []
     for tree in args.tree.split(","):
-        r = bench_tree(tree, args.rows, args.repeats, args.min_time)
+        r = bench_tree(tree, args.rows, args.repeats, args.min_time,
+                       [int(k) for k in args.chunk_bytes.split(",") if k.strip()])
         results.append(r)
         print(f"{tree}: N = {r['N']}, L = {r['L']}, D = {r['depth']}, {r['rows']} rows in chunks of {r['chunk_rows']}, "
               f"threads = {args.threads}; fitted lambda {r['lambda']:.4g} (conformal), {r['lambda_ucb']:.4g} (bound)")

@@ -3,7 +3,8 @@
 **The family.**  For one row, the *top-down path* ``t_0 = root, t_1, ..., t_K`` starts at the root and
 steps to the most probable child until a leaf (ties: the child with the smallest id, as ``top_down``).
 With ``q_0 = +inf`` and ``q_k = min_{1 <= j <= k} p(t_j)`` (which is ``p(t_k)``: a child holds at most
-its parent's mass; the minimum only keeps rounding from breaking the order), the member at λ ≥ 0 is
+its parent's mass, and so do the node probabilities computed here, see below; the minimum states the
+order rather than relying on it), the member at λ ≥ 0 is
 
     D_λ(x) = t_{k(λ)},   k(λ) = max{k : q_k > λ}:
 
@@ -26,8 +27,10 @@ monotone in λ; D_λ is nested for every λ.
 The comparison is strict, p > λ, as in ``majority``, ``tree_distance_c`` and ``confidence_threshold``:
 then each row's loss is right-continuous in λ, and the fitted λ is one of the data's critical values
 (the infimum of the conformal rule is attained), never "just above" one.  Node probabilities are
-float64 differences of prefix sums of the leaf probabilities in depth-first order, the same in
-fitting and decoding, on every device and plan.
+float64 differences of prefix sums of the leaf probabilities in one depth-first order
+(:mod:`hdecode_torch.kernels.top_down_path`), the same bits in fitting and decoding, on every device
+and plan; a child's leaves are a sub-run of its parent's and the prefix sums never decrease, so a
+child's computed p never exceeds its parent's, rounding included.
 
 **Losses.**  A loss ℓ(n, y) ∈ [0, B] of the answer n for the target leaf y is controlled when it is
 *monotone along the family*: ℓ(root, y) = 0 and ℓ(parent(n), y) ≤ ℓ(n, y).  Then each row's loss
@@ -99,7 +102,7 @@ from ..core.params import Param
 from ..core.posterior import Posterior
 from ..core.subtree import as_within, split_within
 from ..core.validation import RangeCheck, as_targets, check_nonnegative
-from ..kernels.descent import widest_by_depth
+from ..kernels.top_down_path import best_child, child_slots, descend, leaf_prefix, miss_chains, miss_critical_values
 from .base import Decoder
 
 __all__ = ["ThresholdDescent", "RiskControl", "LossSteps", "RiskCoverage"]
@@ -107,72 +110,11 @@ __all__ = ["ThresholdDescent", "RiskControl", "LossSteps", "RiskCoverage"]
 
 # --------------------------------------------------------------------------- the family
 #: On the CPU plan a chunk's float64 prefix table (B_c, L + 1) is kept to about this many bytes: the walk
-#: gathers from it once per tree level, and chunks of this size made the fit of 20,000 rows about twice
-#: as fast as one chunk of all rows (``python -m benchmarks.risk_control``).
-CPU_PREFIX_BYTES = 2**24
-
-
-def _children_bounds(h):
-    """``(span, bounds, child, offsets)``, cached.  Node n's children, in increasing id order, are
-    ``child[span[n, 0]:span[n, 1]]`` and ``child[span[n, 1]] = n``; their leaves are consecutive ranges of
-    the depth-first leaf order, cut at ``bounds[span[n, 0]:span[n, 1] + 1]``, the last bound being n's
-    own end.
-
-    The depth-first order visits children in increasing id order, so the children of n split n's
-    leaf range into consecutive pieces: their probabilities are the differences of the prefix sums at
-    these bounds.  2N − 1 entries (N − 1 children, one end per node); ``offsets[d]`` is
-    ``arange(K_d + 1)``, the window of a node at depth d (K_d ≥ 1 so that a window is never empty).
-    """
-    def build():
-        n, dev = h.num_nodes, h.device
-        ptr, kids = h.children_ptr, h.children
-        start = ptr[:-1] + torch.arange(n, device=dev)
-        end = start + (ptr[1:] - ptr[:-1])
-        par = h.parent[kids]
-        slot = start[par] + torch.arange(kids.numel(), device=dev) - ptr[par]
-        bounds = torch.empty(2 * n - 1, dtype=torch.long, device=dev)
-        child = torch.empty_like(bounds)
-        bounds[slot], child[slot] = h.leaf_start[kids], kids
-        bounds[end], child[end] = h.leaf_start + h.leaf_count, torch.arange(n, device=dev)
-        offsets = [torch.arange(max(k, 1) + 1, device=dev) for k in widest_by_depth(h)]
-        return torch.stack([start, end], 1), bounds, child, offsets
-    return h.cached("risk_control.children_bounds", build)
-
-
-def _leaf_prefix(h, probs: torch.Tensor) -> torch.Tensor:
-    """probs: (B, L) float -> (B, L + 1) float64 prefix sums of the leaves in depth-first order:
-    ``out[:, j]`` is the sum of the first j leaves."""
-    out = probs.new_empty((probs.shape[0], h.num_leaves + 1), dtype=torch.float64)
-    out[:, 0] = 0.0
-    out[:, 1:] = probs.index_select(1, h.dfs_leaves)
-    return out.cumsum_(1)
-
-
-def _best_child(tables, prefix: torch.Tensor, cur: torch.Tensor, depth: int):
-    """One step down every row's top-down path, from ``cur`` (B,) int64 (nodes at ``depth``, or leaves).
-
-    Returns ``(real, child, p)``: (B,) bool, the node has children; (B,) int64, its most probable child
-    (the smallest id among equally probable ones), the node itself without children; (B,) float64,
-    that child's probability, 0 without children.  Reads a (B, K_d + 1) window of bounds, K_d the
-    widest node at depth d, and gathers the prefix sums there.
-    """
-    span, bounds, child, offsets = tables
-    first, last = span.index_select(0, cur).unbind(1)
-    at = torch.minimum(first[:, None] + offsets[depth], last[:, None])
-    best, j = prefix.gather(1, bounds.take(at)).diff(dim=1).max(1)  # the first maximum: the smallest child id
-    return last > first, child.take(first + j), best
-
-
-def _descend(h, probs: torch.Tensor, lam: float) -> torch.Tensor:
-    """D_λ for each row of checked probabilities (B, L): (B,) int64 node ids.  O(B·(L + Σ_d K_d))."""
-    prefix, tables = _leaf_prefix(h, probs), _children_bounds(h)
-    cur = torch.full((probs.shape[0],), h.root, dtype=torch.long, device=probs.device)
-    walking = torch.ones_like(cur, dtype=torch.bool)
-    for depth in range(h.max_depth):
-        _, child, p = _best_child(tables, prefix, cur, depth)
-        walking &= p > lam  # p = 0 without children: a leaf stops, as λ ≥ 0
-        cur = torch.where(walking, child, cur)
-    return cur
+#: gathers from it once per tree level, and chunks that stay in the cache gather fastest
+#: (``python -m benchmarks.risk_control --chunk-bytes``).
+CPU_PREFIX_BYTES = 2**22
+#: The same for the critical values of the miss loss, which gather once from each chunk.
+CPU_CHAIN_BYTES = 2**21
 
 
 class ThresholdDescent(Decoder):
@@ -191,10 +133,10 @@ class ThresholdDescent(Decoder):
     def _bytes_per_sample(self, h, plan) -> int:
         return 16 * h.num_leaves + 64 * (max(h.max_depth, 1) + 1)
 
-    def _chunks(self, post, chunk_size=None):
+    def _chunks(self, post, chunk_size=None, cache_bytes=None):
         if chunk_size is None and not post.plan.gpu:
             rows = min(post.plan.budget // self._bytes_per_sample(post.h, post.plan),
-                       CPU_PREFIX_BYTES // (8 * (post.h.num_leaves + 1)))
+                       (cache_bytes or CPU_PREFIX_BYTES) // (8 * (post.h.num_leaves + 1)))
             chunk_size = max(1, rows)
         return super()._chunks(post, chunk_size)
 
@@ -202,7 +144,7 @@ class ThresholdDescent(Decoder):
         return self.lam
 
     def _decode_cpu(self, post) -> torch.Tensor:
-        return _descend(post.h, post.probs, self._threshold())
+        return descend(post.h, post.probs, self._threshold())
 
 
 # --------------------------------------------------------------------------- per-row loss steps
@@ -484,6 +426,20 @@ class RiskControl(ThresholdDescent):
             return LossSteps((q * jump).sum(1, keepdim=True), jump.sum(1, keepdim=True), self.bound, True), q
         return LossSteps(q, jump, self.bound, False), q
 
+    def _miss_steps(self, post, y) -> LossSteps | None:
+        """The miss loss's :class:`LossSteps` straight from each row's critical value, without walking the
+        path (:func:`~hdecode_torch.kernels.top_down_path.miss_critical_values`: the same values as
+        ``_walk``'s, bit for bit); None for other losses, or when the tree's window table is too large."""
+        if self._kind != "miss" or self.budget:
+            return None
+        chains = miss_chains(post.h)
+        if chains is None:
+            return None
+        block = None if post.plan.gpu else max(1, CPU_CHAIN_BYTES // (8 * (post.h.num_leaves + 1)))
+        at, jump = zip(*(miss_critical_values(post.h, chains, post.probs[a:b], y[a:b], block)
+                         for a, b in self._chunks(post, cache_bytes=2**24)))
+        return LossSteps(torch.cat(at)[:, None], torch.cat(jump).to(torch.float64)[:, None], self.bound, True)
+
     def _walk_within(self, post, y, within) -> tuple[torch.Tensor, torch.Tensor]:
         """``_walk``'s (q, v) of rows decoded within their subtrees: each group of rows with one ``within``
         node walks down its subtree (probabilities renormalised there, the loss of the whole tree's ids),
@@ -545,7 +501,7 @@ class RiskControl(ThresholdDescent):
         steps it took since it left y's branch, d(t_k) − d(LCA(t_k, y)).
         """
         c, dev = probs.shape[0], probs.device
-        prefix, tables = _leaf_prefix(h, probs), _children_bounds(h)
+        prefix, slots = leaf_prefix(h, probs), child_slots(h)
         lo, hi = h.leaf_start, h.leaf_start + h.leaf_count
         where = lo.index_select(0, y)  # y's position among the leaves in depth-first order
         cur = torch.full((c,), h.root, dtype=torch.long, device=dev)
@@ -555,7 +511,7 @@ class RiskControl(ThresholdDescent):
         custom = self._kind == "custom"
         qs, values = [], [self._loss_at(cur, y) if custom else past]
         for depth in range(h.max_depth):
-            real, cur, p = _best_child(tables, prefix, cur, depth)  # a node without children stays
+            real, cur, p = best_child(slots, prefix, cur, depth)  # a node without children stays
             q = torch.minimum(q, p)  # p = 0 once the path has ended
             qs.append(q)
             if custom:
@@ -604,12 +560,15 @@ class RiskControl(ThresholdDescent):
         """Each row's loss as a step function of λ (:class:`LossSteps`), for :meth:`fit_steps`.
 
         probs: (B, L) float probabilities (or logits with ``from_logits=True``); targets: (B,) int
-        leaf ids in 0..L-1.  One walk down every row's top-down path: O(B·(L + Σ_d K_d)).
+        leaf ids in 0..L-1.  One walk down every row's top-down path: O(B·(L + Σ_d K_d)); for the miss
+        loss, one gather of the children of each target's ancestors instead, O(B·(L + W)) for W the most
+        such children of a leaf.
         ``within``: (B,) int64 node ids, each row's path walked on its node's subtree (as
         ``decode(..., within=)`` decodes); every target must lie under its row's node.
         """
         post, y = self._inputs(probs, targets, from_logits)
-        return self._walk(post, y, within)[0]
+        steps = self._miss_steps(post, y) if within is None else None
+        return steps if steps is not None else self._walk(post, y, within)[0]
 
     def fit(self, probs, targets, from_logits: bool = False, *, within=None) -> "RiskControl":
         """Fit λ on held-out rows (not used to train the model); returns ``self``.
