@@ -4,6 +4,7 @@
     python -m benchmarks.risk_control                       # both bundled trees, 20,000 rows, one thread
     python -m benchmarks.risk_control --tree inat19 --rows 20000 --threads 1 --json out.json
     python -m benchmarks.risk_control --chunk-bytes 19,20,21,22,23   # the fit by chunk size (2^k bytes)
+    python -m benchmarks.risk_control --segments 1,8,16,32          # the fit by the prefix sums' scan segment
 
 Calibrated synthetic outputs (``hdecode_torch.synthetic``).  Reports the median and the minimum wall time
 (ms) of: ``fit`` with conformal risk control and with a confidence bound (δ = 0.1) at α = 0.1; its parts,
@@ -29,6 +30,7 @@ import torch  # noqa: E402
 
 import hdecode_torch as hd  # noqa: E402
 import hdecode_torch.decoders.risk_control as rcm  # noqa: E402
+import hdecode_torch.kernels.top_down_path as tdp  # noqa: E402
 from hdecode_torch.kernels.top_down_path import leaf_prefix  # noqa: E402
 from hdecode_torch.synthetic import synthetic_outputs  # noqa: E402
 from benchmarks.measure import time_call  # noqa: E402
@@ -36,7 +38,7 @@ from benchmarks.measure import time_call  # noqa: E402
 CPU = torch.device("cpu")
 
 
-def bench_tree(tree: str, rows: int, repeats: int, min_time: float = 0.5, chunk_bytes=()) -> dict:
+def bench_tree(tree: str, rows: int, repeats: int, min_time: float = 0.5, chunk_bytes=(), segments=()) -> dict:
     h = hd.load_hierarchy(tree)
     probs, targets = synthetic_outputs(h, rows, seed=0)
     crc = hd.RiskControl(h, alpha=0.1)
@@ -74,6 +76,15 @@ def bench_tree(tree: str, rows: int, repeats: int, min_time: float = 0.5, chunk_
             finally:
                 rcm.CPU_CHAIN_BYTES = saved
         calls[f"fit, chunks of 2^{k} bytes"] = fit_at
+    for m in segments:
+        def fit_with(m=m):
+            saved_m = tdp.PREFIX_SEGMENT
+            tdp.PREFIX_SEGMENT = m
+            try:
+                crc.fit(probs, targets)
+            finally:
+                tdp.PREFIX_SEGMENT = saved_m
+        calls[f"fit, scan segments of {m}"] = fit_with
     times = {name: time_call(fn, CPU, repeats=repeats, min_time=min_time) for name, fn in calls.items()}
     return {"tree": tree, "N": h.num_nodes, "L": h.num_leaves, "depth": h.max_depth, "rows": rows,
             "chunk_rows": chunk, "lambda": crc.lam, "lambda_ucb": ucb.lam,
@@ -88,13 +99,16 @@ def main(argv=None) -> list:
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--min-time", type=float, default=0.5, help="seconds to spend at least on each timing")
     ap.add_argument("--chunk-bytes", default="", help="comma-separated k: also time the fit with chunks of 2^k bytes")
+    ap.add_argument("--segments", default="", help="comma-separated m: also time the fit with the prefix sums "
+                    "scanned in segments of m entries")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     results = []
     for tree in args.tree.split(","):
         r = bench_tree(tree, args.rows, args.repeats, args.min_time,
-                       [int(k) for k in args.chunk_bytes.split(",") if k.strip()])
+                       [int(k) for k in args.chunk_bytes.split(",") if k.strip()],
+                       [int(m) for m in args.segments.split(",") if m.strip()])
         results.append(r)
         print(f"{tree}: N = {r['N']}, L = {r['L']}, D = {r['depth']}, {r['rows']} rows in chunks of {r['chunk_rows']}, "
               f"threads = {args.threads}; fitted lambda {r['lambda']:.4g} (conformal), {r['lambda_ucb']:.4g} (bound)")

@@ -697,7 +697,14 @@ def test_bad_inputs_and_losses_are_named():
 def test_benchmark_reports_the_fitted_lambda():
     from benchmarks import risk_control as bench
 
-    (r,) = bench.main(["--tree", "inat19", "--rows", "300", "--repeats", "1", "--min-time", "0"])
+    import hdecode_torch.decoders.risk_control as rcm
+    import hdecode_torch.kernels.top_down_path as tdp
+
+    saved = (rcm.CPU_CHAIN_BYTES, tdp.PREFIX_SEGMENT)
+    (r,) = bench.main(["--tree", "inat19", "--rows", "300", "--repeats", "1", "--min-time", "0", "--segments", "8",
+                       "--chunk-bytes", "18"])
+    assert (rcm.CPU_CHAIN_BYTES, tdp.PREFIX_SEGMENT) == saved  # the sweeps put the settings back
+    assert {"fit, scan segments of 8", "fit, chunks of 2^18 bytes", "  critical values"} <= set(r["ms"])
     h = hd.load_hierarchy("inat19")
     probs, y = synthetic_outputs(h, 300, seed=0)
     assert r["lambda"] == hd.RiskControl(h, alpha=0.1).fit(probs, y).lam

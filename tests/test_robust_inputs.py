@@ -17,6 +17,7 @@ import torch
 
 import hdecode_torch as hd
 from hdecode_torch import Hierarchy
+import hdecode_torch.core.validation as validation
 from hdecode_torch.core.validation import ROW_SUM_TOLERANCE, prepare_leaf_probs, row_sum_tolerance
 
 PARENTS = [5, 5, 6, 6, 6, 7, 7, -1]  # leaves 0..4, internal 5, 6, root 7
@@ -208,6 +209,23 @@ def test_row_sum_tolerance_is_per_input_dtype(h):
         with pytest.raises(ValueError, match=f"tolerance {tol:g} for {dtype} input"):
             hd.node_probabilities(h, bad.to(dtype))
     assert hd.ROW_SUM_TOLERANCE is ROW_SUM_TOLERANCE
+
+
+def test_a_large_table_is_checked_block_by_block_with_the_same_result(monkeypatch):
+    """Row sums and the minimum read block by block equal the whole table's, and every error is still found
+    in whichever block it lies (the last one, a partial block, included)."""
+    big = hd.load_hierarchy("inat19")
+    x = torch.rand(1003, big.num_leaves, generator=torch.Generator().manual_seed(0)).softmax(1)
+    want = (validation.row_sums(x), x.amin())
+    monkeypatch.setattr(validation, "CHECK_BLOCK_BYTES", 7 * big.num_leaves * 4)  # blocks of 7 rows
+    sums, low = validation.row_sums_and_min(x)
+    assert torch.equal(sums, want[0]) and torch.equal(low, want[1])
+    hd.node_probabilities(big, x)
+    for row, value, match in [(1002, -1e-3, "negative entry"), (1001, float("nan"), "NaN"), (3, 0.5, "sum to 1")]:
+        bad = x.clone()
+        bad[row, 5] = value
+        with pytest.raises(ValueError, match=match):
+            hd.node_probabilities(big, bad)
 
 
 def test_normalize(h):

@@ -154,6 +154,29 @@ def row_sums(x: torch.Tensor) -> torch.Tensor:
     """
     return x.sum(dim=1).to(torch.float64)
 
+#: A large table is checked in blocks of rows of about this many bytes: each block is summed and searched
+#: for its minimum while it is still in the cache, one pass over memory instead of two.
+CHECK_BLOCK_BYTES = 2**21
+
+
+def row_sums_and_min(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(row_sums(x), x.amin())`` of a (B, L) float table: (B,) float64 and a 0-d tensor (NaN if any entry is).
+
+    On the CPU a table larger than ``CHECK_BLOCK_BYTES`` is read block by block of rows, both reductions on
+    a block while it is in the cache; each row is summed as :func:`row_sums` sums it.
+    """
+    rows = max(1, CHECK_BLOCK_BYTES // max(1, x.shape[1] * x.element_size()))
+    if x.shape[0] <= rows or x.device.type != "cpu":
+        return row_sums(x), x.amin()
+    sums = x.new_empty(x.shape[0])
+    lows = []
+    for a in range(0, x.shape[0], rows):
+        block = x[a:a + rows]
+        torch.sum(block, 1, out=sums[a:a + rows])
+        lows.append(block.amin())
+    return sums.to(torch.float64), torch.stack(lows).amin()
+
+
 def input_kind(from_logits) -> str:
     """``"probs"``, ``"logits"`` or ``"auto"`` from a ``from_logits`` argument (False, True or "auto")."""
     if from_logits is True or from_logits is False:
@@ -381,8 +404,8 @@ def _checked_probs(x, checks, name, tol, normalize, in_dtype, validate, fused_ch
         # float64 sums as the op takes them, only where the output needs them (or below, an error)
         sums = x.sum(dim=1, dtype=torch.float64) if normalize else None
     else:
-        sums = row_sums(x)
-        nonneg = x.amin() >= 0
+        sums, low = row_sums_and_min(x)
+        nonneg = low >= 0
         ok = nonneg & (((sums > 0) & torch.isfinite(sums)) if normalize else ((sums - 1).abs() <= tol)).all()
     # divided in float64: a float32 row may sum past float32's range
     out = (x / sums.clamp(min=torch.finfo(torch.float64).tiny)[:, None]).to(x.dtype) if normalize else x

@@ -32,9 +32,12 @@ import torch
 
 from .descent import widest_by_depth
 
-__all__ = ["leaf_layout", "leaf_prefix", "child_slots", "best_child", "descend", "miss_chains",
+__all__ = ["leaf_layout", "leaf_prefix", "prefix_width", "child_slots", "best_child", "descend", "miss_chains",
            "miss_critical_values", "MISS_CHAIN_MAX_ENTRIES"]
 
+#: :func:`leaf_prefix` scans each row in segments of this many entries (``python -m benchmarks.risk_control``
+#: times the fit by segment length with ``--segments``).
+PREFIX_SEGMENT = 16
 #: :func:`miss_chains` builds its (L, 4W + D) table only up to this many entries; beyond it (very wide
 #: nodes on the way to many leaves) :func:`miss_chains` returns None and callers walk the path.
 MISS_CHAIN_MAX_ENTRIES = 2**24
@@ -75,16 +78,41 @@ def leaf_layout(h) -> tuple[torch.Tensor | None, torch.Tensor]:
     return h.cached("top_down_path.leaf_layout", build)
 
 
+def prefix_width(h) -> int:
+    """The number of columns of :func:`leaf_prefix`'s buffer: L + 1 rounded up to whole segments."""
+    return -(-(h.num_leaves + 1) // PREFIX_SEGMENT) * PREFIX_SEGMENT
+
+
 def leaf_prefix(h, probs: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """probs: (B, L) float -> (B, L + 1) float64 prefix sums of the leaves in the leaf order: ``out[:, j]``
-    is the sum of the first j leaves.  One pass (two when the leaf order is not the identity).  ``out``:
-    a (B, L + 1) float64 tensor to write them to (contiguous rows)."""
-    order, _ = leaf_layout(h)
+    """probs: (B, L) float -> (B, L + 1) float64 prefix sums of the leaves in the leaf order: column j holds
+    the sum of the first j leaves.
+
+    Summed as independent scans of ``PREFIX_SEGMENT`` entries, then one scan of their totals added to
+    each segment: a row's single scan is a chain of dependent additions, which short independent chains
+    let the CPU overlap.  Each row is summed the same way whatever its batch, and the sums never
+    decrease along a row (every rounding is monotone).  ``out``: a contiguous (B, :func:`prefix_width`)
+    float64 buffer to work in; the result is a view of it.  O(B·L), a fixed number of operators.
+    """
     if out is None:
-        out = probs.new_empty((probs.shape[0], h.num_leaves + 1), dtype=torch.float64)
+        out = probs.new_empty((probs.shape[0], prefix_width(h)), dtype=torch.float64)
+    segments, before = _scan_segments(h, probs, out)
+    segments[:, 1:] += before[:, :, None]
+    return out[:, :h.num_leaves + 1]
+
+
+def _scan_segments(h, probs: torch.Tensor, out: torch.Tensor):
+    """:func:`leaf_prefix` but the last addition: ``(segments, before)``, the (B, S, PREFIX_SEGMENT) view of
+    ``out`` holding each segment's own prefix sums (the first one's being final) and (B, S − 1) float64
+    the sum of everything before segments 1..S − 1.  Column j's prefix sum is
+    ``segments[j // M, j % M] + before[j // M − 1]`` from the second segment on."""
+    order, _ = leaf_layout(h)
+    rows, n, width = probs.shape[0], h.num_leaves, out.shape[1]
     out[:, 0] = 0.0
-    out[:, 1:] = probs if order is None else probs.index_select(1, order)
-    return out.cumsum_(1)
+    out[:, 1:n + 1] = probs if order is None else probs.index_select(1, order)
+    out[:, n + 1:] = 0.0
+    segments = out.view(rows, width // PREFIX_SEGMENT, PREFIX_SEGMENT)
+    segments.cumsum_(2)
+    return segments, segments[:, :-1, -1].cumsum(1)
 
 
 def child_slots(h):
@@ -226,19 +254,24 @@ def miss_critical_values(h, chains, probs: torch.Tensor, targets: torch.Tensor, 
     t_{m+1} ≠ a_{m+1} and s = q_{m+1} = min(p(a_1), ..., p(a_m), p(t_{m+1})) = p(t_{m+1}): a child's
     run lies inside its parent's and P is non-decreasing, so even in floating point a child's p is at
     most its parent's.  The same p(n) and tie rule as :func:`best_child`, so s equals the threshold a
-    walk finds there, bit for bit.
-    O(B·(L + E)); a fixed number of operators besides two per block of the prefix sums.
+    walk finds there, bit for bit.  O(B·(L + E)), a fixed number of operators besides about ten per
+    block of the prefix sums.
     """
     runs_table, bar_table, on_table, rank_table = chains
     d_max, batch, width = h.max_depth, probs.shape[0], runs_table.shape[1]
     runs = runs_table.index_select(0, targets)
     step = max(1, prefix_rows or batch)
     bounds = probs.new_empty((batch, width), dtype=torch.float64)
-    block = probs.new_empty((min(step, batch), h.num_leaves + 1), dtype=torch.float64)
+    block = probs.new_empty((min(step, batch), prefix_width(h)), dtype=torch.float64)
+    # the segments' offsets are added at the E gathered positions only, not at all L + 1
+    offsets = probs.new_zeros((min(step, batch), block.shape[1] // PREFIX_SEGMENT), dtype=torch.float64)
+    segment_of = runs // PREFIX_SEGMENT
     for a in range(0, batch, step):  # blocks of rows: the prefix sums are read while still in the cache
         rows = slice(a, a + step)
-        prefix = leaf_prefix(h, probs[rows], out=block[:bounds[rows].shape[0]])
-        torch.gather(prefix, 1, runs[rows], out=bounds[rows])
+        size = bounds[rows].shape[0]
+        _, offsets[:size, 1:] = _scan_segments(h, probs[rows], block[:size])
+        torch.gather(block[:size], 1, runs[rows], out=bounds[rows])
+        bounds[rows] += offsets[:size].gather(1, segment_of[rows])
     p = bounds.diff(dim=1)  # (B, E − 1) the children of the target's ancestors
     on = p.gather(1, on_table.index_select(0, targets))  # (B, D) p(a_{k+1})
     inf = on.new_full((batch, 1), math.inf)
