@@ -155,3 +155,21 @@ def test_a_single_leaf_is_never_missed_and_an_empty_batch_has_no_rows():
         steps = hd.RiskControl(h, alpha=alpha, loss=loss).loss_steps(torch.zeros(0, h.num_leaves),
                                                                       torch.zeros(0, dtype=torch.long))
         assert steps.at.shape == (0, width) and steps.jump.shape == (0, width)
+
+
+@pytest.mark.parametrize("segment", [1, 3, 16, 2048])
+def test_prefix_sums_by_segments_are_exact_enough_batch_free_and_shared_by_both_kernels(segment, monkeypatch):
+    monkeypatch.setattr(tdp, "PREFIX_SEGMENT", segment)
+    h = hd.load_hierarchy("tieredimagenet-h")
+    probs, y = synthetic_outputs(h, 257, seed=6)
+    prefix = tdp.leaf_prefix(h, probs)
+    order = tdp.leaf_layout(h)[0]
+    exact = torch.cat([torch.zeros(257, 1, dtype=torch.float64), probs.double()[:, order].cumsum(1)], 1)
+    torch.testing.assert_close(prefix, exact, rtol=0, atol=1e-14)
+    assert bool((prefix.diff(dim=1) >= 0).all())
+    for i in (0, 100, 256):  # a row alone gets the same bits as in its batch
+        assert torch.equal(tdp.leaf_prefix(h, probs[i:i + 1])[0], prefix[i])
+    rc = hd.RiskControl(h, alpha=0.1)
+    want = walked(rc, probs, y)
+    at, _ = tdp.miss_critical_values(h, tdp.miss_chains(h), probs, y, 50)
+    assert torch.equal(at, want.at[:, 0])
