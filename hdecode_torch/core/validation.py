@@ -392,10 +392,10 @@ def _checked_probs(x, checks, name, tol, normalize, in_dtype, validate, fused_ch
         return (x / x.sum(dim=1, keepdim=True) if normalize else x), None
     if x.numel() == 0:
         return x, _range_check(checks, x.device)
-    # Two passes over the data (a float64 sum and a min), or one fused pass whose per-row flags give
-    # the batch's flag at once; no host read here.  NaN and +inf make a row sum non-finite and NaN
-    # makes the min NaN, so the one flag covers finiteness too; the error path then finds out exactly
-    # what is wrong.
+    # Row sums and a min (one pass over memory, block by block, on a large CPU table), or one fused pass
+    # whose per-row flags give the batch's flag at once; no host read here.  NaN and +inf make a row sum
+    # non-finite and NaN makes the min NaN, so the one flag covers finiteness too; the error path then
+    # finds out exactly what is wrong.
     if fused_check:
         from ..kernels.fused.row_check import POSITIVE_FINITE, row_check, unit_sum_bounds
 

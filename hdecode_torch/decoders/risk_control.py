@@ -110,11 +110,14 @@ __all__ = ["ThresholdDescent", "RiskControl", "LossSteps", "RiskCoverage"]
 
 # --------------------------------------------------------------------------- the family
 #: On the CPU plan a chunk's float64 prefix table (B_c, L + 1) is kept to about this many bytes: the walk
-#: gathers from it once per tree level, and chunks that stay in the cache gather fastest
-#: (``python -m benchmarks.risk_control --chunk-bytes``).
+#: gathers from it once per tree level, and a chunk that stays in the cache is gathered from fastest
+#: (benchmarks/README.md, "Risk control").
 CPU_PREFIX_BYTES = 2**22
-#: The same for the critical values of the miss loss, which gather once from each chunk.
+#: The miss loss's critical values build and read their prefix sums in blocks of about this many bytes
+#: (``python -m benchmarks.risk_control --chunk-bytes``), in chunks of rows of ``CPU_CHAIN_ROWS_BYTES``
+#: worth of prefix sums: the chunk's (B_c, E) tables stay small enough to be reused from the allocator.
 CPU_CHAIN_BYTES = 2**21
+CPU_CHAIN_ROWS_BYTES = 2**24
 
 
 class ThresholdDescent(Decoder):
@@ -437,7 +440,7 @@ class RiskControl(ThresholdDescent):
             return None
         block = None if post.plan.gpu else max(1, CPU_CHAIN_BYTES // (8 * (post.h.num_leaves + 1)))
         at, jump = zip(*(miss_critical_values(post.h, chains, post.probs[a:b], y[a:b], block)
-                         for a, b in self._chunks(post, cache_bytes=2**24)))
+                         for a, b in self._chunks(post, cache_bytes=CPU_CHAIN_ROWS_BYTES)))
         return LossSteps(torch.cat(at)[:, None], torch.cat(jump).to(torch.float64)[:, None], self.bound, True)
 
     def _walk_within(self, post, y, within) -> tuple[torch.Tensor, torch.Tensor]:
