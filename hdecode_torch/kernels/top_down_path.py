@@ -19,8 +19,8 @@ Two kernels walk the path:
 - :func:`miss_critical_values`, for a row whose target leaf y is known: the largest λ at which
   descending "while the most probable child has p > λ" leaves y's branch.  The path can only leave
   y's branch at a child of one of y's ancestors, so the row's window is fixed by y: the children of
-  every ancestor, read in one gather, with no step depending on the previous one.  O(B·(L + W)) for
-  W the largest number of such children of a leaf.
+  every ancestor, read in one gather, with no step depending on the previous one.  O(B·(L + E)) for
+  E the most bounds of such children along a leaf's ancestors.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ __all__ = ["leaf_layout", "leaf_prefix", "prefix_width", "child_slots", "best_ch
 #: :func:`leaf_prefix` scans each row in segments of this many entries (``python -m benchmarks.risk_control``
 #: times the fit by segment length with ``--segments``).
 PREFIX_SEGMENT = 16
-#: :func:`miss_chains` builds its (L, 4W + D) table only up to this many entries; beyond it (very wide
-#: nodes on the way to many leaves) :func:`miss_chains` returns None and callers walk the path.
+#: :func:`miss_chains` builds its (L, E) and (L, D) tables only up to this many entries in all (2E + D per
+#: leaf); beyond it (very wide nodes on the way to many leaves) it returns None and callers walk the path.
 MISS_CHAIN_MAX_ENTRIES = 2**24
 
 
