@@ -577,8 +577,9 @@ class RiskControl(ThresholdDescent):
         """Fit λ on held-out rows (not used to train the model); returns ``self``.
 
         probs: (n, L) float probabilities, or logits with ``from_logits=True``; targets: (n,) int leaf
-        ids in 0..L-1.  Needs n ≥ :meth:`min_calibration_rows`.  O(n·(L + Σ_d K_d) + nK log(nK)), a
-        few host reads (the input check, the fitted λ).
+        ids in 0..L-1.  Needs n ≥ :meth:`min_calibration_rows`.  O(n·(L + Σ_d K_d) + nK log(nK)) (for the
+        miss loss O(n·(L + E) + n log n), :meth:`loss_steps`), a few host reads (the input check, the
+        fitted λ).
 
         ``within``: (n,) int64 node ids, a node each calibration row's answer is known to lie under (its
         target among them): λ is fitted for ``decode(probs, within=...)``, each row's family walked on
