@@ -213,21 +213,22 @@ def miss_chains(h):
         j = np.arange(reps.sum()) - np.repeat(np.cumsum(reps) - reps, reps)  # bound j of a's K + 1
         col = np.repeat((np.cumsum(count, 1) - count)[rows, ks], reps) + j
         is_kid = j < degree[a]
-        kid = np.where(is_kid, kids[np.minimum(t.children_ptr[a] + j, max(kids.size - 1, 0))], -1)
-        runs = np.zeros((num_leaves, width), dtype=np.int64)
-        runs[row_of, col] = np.where(is_kid, lo[np.maximum(kid, 0)], hi[a])
-        total = count.sum(1)  # each row's last position is repeated as padding
-        pad = np.arange(width)[None, :] >= total[:, None]
-        runs[:, :width] = np.where(pad, runs[np.arange(num_leaves), total - 1][:, None], runs[:, :width])
-        bar = np.full((num_leaves, width - 1), 2 * d_max, dtype=np.int64)
-        rank = np.zeros((num_leaves, width - 1), dtype=_rank_dtype(d_max))
-        on_path = anc[row_of, k_of + 1]
+        kid = kids[np.minimum(t.children_ptr[a] + j, max(kids.size - 1, 0))]
+        total = count.sum(1)
+        # each row's last position (its last ancestor's end) repeated as padding; flat indices: 2-D fancy
+        # indexing is several times slower on the millions of entries of a large tree
+        runs = np.repeat(hi[owner[np.arange(num_leaves), (count > 0).sum(1) - 1]], width).reshape(num_leaves, width)
+        runs.reshape(-1)[row_of * width + col] = np.where(is_kid, lo[kid], hi[a])
         r, c, k, kid = row_of[is_kid], col[is_kid], k_of[is_kid], kid[is_kid]
-        bar[r, c] = np.select([kid < on_path[is_kid], kid > on_path[is_kid]], [k, d_max + k], 2 * d_max)
-        rank[r, c] = d_max - k
+        flat = r * (width - 1) + c
+        on_path = anc[r, k + 1]
+        bar = np.full((num_leaves, width - 1), 2 * d_max, dtype=np.int64)
+        bar.reshape(-1)[flat] = np.where(kid < on_path, k, np.where(kid > on_path, d_max + k, 2 * d_max))
+        rank = np.zeros((num_leaves, width - 1), dtype=_rank_dtype(d_max))
+        rank.reshape(-1)[flat] = d_max - k
         on = np.zeros((num_leaves, d_max), dtype=np.int64)
-        mine = kid == on_path[is_kid]
-        on[r[mine], k[mine]] = c[mine]
+        mine = kid == on_path
+        on.reshape(-1)[r[mine] * d_max + k[mine]] = c[mine]
         return tuple(torch.as_tensor(np.ascontiguousarray(a), device=h.device) for a in (runs, bar, on, rank))
     return h.cached("top_down_path.miss_chains", build)
 
