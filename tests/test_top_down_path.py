@@ -173,3 +173,19 @@ def test_prefix_sums_by_segments_are_exact_enough_batch_free_and_shared_by_both_
     want = walked(rc, probs, y)
     at, _ = tdp.miss_critical_values(h, tdp.miss_chains(h), probs, y, 50)
     assert torch.equal(at, want.at[:, 0])
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_critical_values_equal_the_walk_on_a_large_random_recursive_tree(seed):
+    """Thousands of nodes, leaves at every depth, nodes with many children: the tables' padding and
+    indexing at scale."""
+    rng = np.random.default_rng(seed)
+    h = hd.Hierarchy.from_parents([-1] + [int(rng.integers(0, i)) for i in range(1, 3000)])
+    probs = torch.as_tensor(batch(rng, 300, h.num_leaves), dtype=torch.float32)
+    y = torch.as_tensor(rng.integers(0, h.num_leaves, 300))
+    y[::2] = probs[::2].argmax(1)  # one-hot rows (every sixth) lead straight to their target
+    rc = hd.RiskControl(h, alpha=0.1)
+    steps, want = rc.loss_steps(probs, y), walked(rc, probs, y)
+    assert tdp.miss_chains(h) is not None
+    assert torch.equal(steps.at, want.at) and torch.equal(steps.jump, want.jump)
+    assert 0 < float(steps.jump.mean()) < 1  # some rows leave their target's branch, some never do
