@@ -14,7 +14,7 @@ import hdecode_torch as hd
 from hdecode_torch.cli.main import main
 from hdecode_torch.decoders.risk_control import ThresholdDescent
 from hdecode_torch.synthetic import synthetic_outputs
-from test_cli import one_thread, tiered  # noqa: F401  (the fixtures: one thread, the bundled tree)
+from test_cli import one_thread, run_cli, tiered  # noqa: F401  (the fixtures: one thread, the bundled tree)
 
 HEURISTICS = ["argmax_leaf", "top_down", "confidence_threshold[tau=0.8]", "majority", "plurality", "darts[lam=1]",
               "expected_information", "information_threshold[threshold=3.21]", "hie", "crm"]
@@ -36,15 +36,6 @@ def miss_and_depth(h, answers: torch.Tensor, targets: torch.Tensor) -> tuple[tor
         on_path[torch.arange(answers.shape[0])[:, None], path] = True
         return (answers & ~on_path[:, :-1]).any(1).double(), (answers.sum(1) - 1).double()
     return (~(path == answers[:, None]).any(1)).double(), h.depth[answers].double()
-
-
-def run_cli(argv, capsys) -> tuple[int, str, str]:
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 # --------------------------------------------------------------------------- compare --alpha
