@@ -218,8 +218,16 @@ def test_a_large_table_is_checked_block_by_block_with_the_same_result(monkeypatc
     x = torch.rand(1003, big.num_leaves, generator=torch.Generator().manual_seed(0)).softmax(1)
     want = (validation.row_sums(x), x.amin())
     monkeypatch.setattr(validation, "CHECK_BLOCK_BYTES", 7 * big.num_leaves * 4)  # blocks of 7 rows
-    sums, low = validation.row_sums_and_min(x)
+    monkeypatch.setattr(validation, "CHECK_BLOCKED_FROM_BYTES", 0)
+    with monkeypatch.context() as m:  # the whole-table path would call row_sums: the blocks are read
+        m.setattr(validation, "row_sums", lambda _: pytest.fail("read as a whole, not block by block"))
+        sums, low = validation.row_sums_and_min(x)
     assert torch.equal(sums, want[0]) and torch.equal(low, want[1])
+    calls = []
+    with monkeypatch.context() as m:  # a table no larger than the limit: read as a whole, two passes
+        m.setattr(validation, "CHECK_BLOCKED_FROM_BYTES", x.numel() * x.element_size())
+        m.setattr(validation, "row_sums", lambda t: calls.append(t.shape) or t.sum(1).double())
+        assert torch.equal(validation.row_sums_and_min(x)[0], want[0]) and calls == [x.shape]
     hd.node_probabilities(big, x)
     for row, value, match in [(1002, -1e-3, "negative entry"), (1001, float("nan"), "NaN"), (3, 0.5, "sum to 1")]:
         bad = x.clone()

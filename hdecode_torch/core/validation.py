@@ -154,19 +154,22 @@ def row_sums(x: torch.Tensor) -> torch.Tensor:
     """
     return x.sum(dim=1).to(torch.float64)
 
-#: A large table is checked in blocks of rows of about this many bytes: each block is summed and searched
-#: for its minimum while it is still in the cache, one pass over memory instead of two.
+#: A table larger than ``CHECK_BLOCKED_FROM_BYTES`` (it does not stay in the cache between two passes) is
+#: checked in blocks of rows of about ``CHECK_BLOCK_BYTES``: each block is summed and searched for its
+#: minimum while it is still in the cache, one pass over memory instead of two.  Smaller tables take the
+#: two passes, fewer operators (benchmarks/README.md, "Risk control").
 CHECK_BLOCK_BYTES = 2**21
+CHECK_BLOCKED_FROM_BYTES = 2**25
 
 
 def row_sums_and_min(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(row_sums(x), x.amin())`` of a (B, L) float table: (B,) float64 and a 0-d tensor (NaN if any entry is).
 
-    On the CPU a table larger than ``CHECK_BLOCK_BYTES`` is read block by block of rows, both reductions on
-    a block while it is in the cache; each row is summed as :func:`row_sums` sums it.
+    On the CPU a table larger than ``CHECK_BLOCKED_FROM_BYTES`` is read block by block of rows, both
+    reductions on a block while it is in the cache; each row is summed as :func:`row_sums` sums it.
     """
     rows = max(1, CHECK_BLOCK_BYTES // max(1, x.shape[1] * x.element_size()))
-    if x.shape[0] <= rows or x.device.type != "cpu":
+    if x.numel() * x.element_size() <= CHECK_BLOCKED_FROM_BYTES or x.shape[0] <= rows or x.device.type != "cpu":
         return row_sums(x), x.amin()
     sums = x.new_empty(x.shape[0])
     lows = []
