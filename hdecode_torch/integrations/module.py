@@ -1,9 +1,7 @@
 """``DecodingHead``: an ``nn.Module`` that turns a trained model's scores into hierarchical predictions.
 
 Also home of the small helpers the torchmetrics and Lightning layers share (they import
-only torch): building a (metric, decoder) pair from specifications, naming it, and the
-last-batch :class:`~hdecode_torch.Posterior` cache that lets several metrics of one batch
-compute the node probabilities once.
+only torch): building a (metric, decoder) pair from specifications and naming it.
 """
 
 from __future__ import annotations
@@ -11,9 +9,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import re
-import threading
 import warnings
-import weakref
 
 import torch
 from torch import nn
@@ -25,7 +21,7 @@ from ..decoders import Decoder, get_decoder
 from ..hierarchy import Hierarchy
 from ..metrics import METRICS, BaseMetric, get_metric
 
-__all__ = ["DecodingHead", "resolve_pair", "shared_posterior", "clear_posterior_cache", "pair_name", "decoder_label"]
+__all__ = ["DecodingHead", "resolve_pair", "pair_name", "decoder_label"]
 
 
 # --------------------------------------------------------------------------- specifications
@@ -68,52 +64,8 @@ def pair_name(metric_key: str, decoder_key: str, prefix: str = "") -> str:
     return "_".join(p for p in (prefix, _slug(metric_key), _slug(decoder_key)) if p)
 
 
-# --------------------------------------------------------------------------- last-batch posterior cache
-# One entry per thread: the Posterior of the last (tensor, hierarchy, options) seen.  A
-# MetricCollection calls every member's update with the *same* tensor object, so an
-# identity check (weakref + in-place version counter) is enough to share the node sums
-# without hashing or comparing the data.  One batch stays referenced until the next one.
-_local = threading.local()
-
-
-def _version(x: torch.Tensor):
-    try:
-        return x._version
-    except RuntimeError:  # inference tensors have no version counter
-        return None
-
-
 def _same_tree(a: Hierarchy, b: Hierarchy) -> bool:
     return a is b or a.same_tree(b)
-
-
-def shared_posterior(hierarchy: Hierarchy, scores, *, from_logits: bool = False, validate: bool = True) -> Posterior:
-    """The :class:`Posterior` of ``scores`` (B, L), reused if the same tensor object was just seen.
-
-    ``scores``: (B, L) or (L,) float probabilities, or logits when ``from_logits``; a
-    :class:`Posterior` is returned as is.  Reuse requires the same tensor object, not
-    modified in place since, the same tree and the same options; tensors made under
-    ``torch.inference_mode()`` have no in-place version counter and are never reused.
-    """
-    if isinstance(scores, Posterior):
-        return scores
-    if not isinstance(scores, torch.Tensor) or _version(scores) is None:
-        # Inference tensors have no version counter: a buffer refilled in place would look unchanged.
-        return Posterior(hierarchy, scores, from_logits=from_logits, validate=validate, name="scores")
-    entry = getattr(_local, "entry", None)
-    options = (input_kind(from_logits), bool(validate))
-    if (entry is not None and entry["ref"]() is scores and entry["version"] == _version(scores)
-            and entry["options"] == options and _same_tree(entry["hierarchy"], hierarchy)):
-        return entry["post"]
-    post = Posterior(hierarchy, scores, from_logits=from_logits, validate=validate, name="scores")
-    _local.entry = {"ref": weakref.ref(scores), "version": _version(scores), "options": options,
-                    "hierarchy": hierarchy, "post": post}
-    return post
-
-
-def clear_posterior_cache() -> None:
-    """Drop this thread's cached last-batch Posterior (frees that batch's node tables)."""
-    _local.entry = None
 
 
 # --------------------------------------------------------------------------- the head
