@@ -316,6 +316,25 @@ def test_fit_from_logits_and_from_steps():
     assert c.lam == hd.RiskControl(h, alpha=0.1, delta=0.1).fit(logits[idx], y[idx], from_logits=True).lam
 
 
+def test_fit_detaches_scores_that_require_grad():
+    """Fitting is not differentiable: logits from a model or a TemperatureScaler, outside no_grad, fit the same
+    λ as their detached values (the walk's preallocated tables made autograd refuse them)."""
+    P, y = synthetic_outputs(H, 400, seed=2)
+    logits = torch.log(P).requires_grad_()
+    scaled = hd.TemperatureScaler(1.5)(torch.log(P))  # requires grad through the temperature
+    for loss in ("miss", "overshoot"):
+        for x in (logits, scaled, torch.softmax(scaled, 1)):
+            kind = {"from_logits": bool((x.detach() < 0).any())}  # probabilities are >= 0
+            assert x.requires_grad
+            want = hd.RiskControl(H, alpha=0.2, loss=loss).fit(x.detach(), y, **kind)
+            rc = hd.RiskControl(H, alpha=0.2, loss=loss).fit(x, y, **kind)
+            assert rc.lam == want.lam and rc.calibration_risk == want.calibration_risk
+            assert torch.equal(rc.decode(x, **kind), want.decode(x.detach(), **kind))
+            assert torch.equal(rc.loss_steps(x, y, **kind).at, want.loss_steps(x.detach(), y, **kind).at)
+            assert rc.risk_coverage(x, y, **kind).fitted_lambda == want.lam
+    assert logits.grad is None
+
+
 def test_min_calibration_rows_is_exact():
     h = hd.load_hierarchy("tieredimagenet-h")
     probs, y = synthetic_outputs(h, 200, seed=10)

@@ -402,6 +402,10 @@ class RiskControl(ThresholdDescent):
         h = self.hierarchy
         if isinstance(probs, Posterior):
             raise TypeError("Expected `probs` to be a (B, L) tensor of probabilities (or logits), not a Posterior")
+        if isinstance(probs, torch.Tensor):
+            # Fitting is not differentiable (λ is a selected candidate, not a function of the scores with a
+            # gradient), and the walk writes into preallocated tables, which autograd refuses.
+            probs = probs.detach()
         shape = getattr(probs, "shape", ())
         batch = int(shape[0]) if len(shape) == 2 else None
         y = as_targets(targets, h.num_leaves, batch, name="targets")
@@ -579,7 +583,9 @@ class RiskControl(ThresholdDescent):
         probs: (n, L) float probabilities, or logits with ``from_logits=True``; targets: (n,) int leaf
         ids in 0..L-1.  Needs n ≥ :meth:`min_calibration_rows`.  O(n·(L + Σ_d K_d) + nK log(nK)) (for the
         miss loss O(n·(L + E) + n log n), :meth:`loss_steps`), a few host reads (the input check, the
-        fitted λ).
+        fitted λ).  Not differentiable: ``probs`` is detached (λ is selected among the rows' critical values,
+        it has no gradient), so the output of a model or a :class:`~hdecode_torch.TemperatureScaler` can be
+        passed as it is; :meth:`loss_steps` and :meth:`risk_coverage` detach it too.
 
         ``within``: (n,) int64 node ids, a node each calibration row's answer is known to lie under (its
         target among them): λ is fitted for ``decode(probs, within=...)``, each row's family walked on
