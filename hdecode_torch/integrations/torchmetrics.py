@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import weakref
 
 import torch
 from torchmetrics import Metric
@@ -83,11 +84,12 @@ class HierarchicalMetric(Metric):
     each decoder's predictions, decoded once and scored by every metric that uses that decoder (a
     built-in heuristic with the same parameters counts as the same decoder; optimal and user
     decoders are shared by object); decoded predictions are scored once per metric object.  A batch
-    is recognised by its values: the first update keeps a copy of ``preds`` (a Posterior's
-    probabilities) and ``target``, and a later instance shares the batch only if its arguments are
-    bit for bit equal to that copy, compared on their device (one host read per instance).  A
-    buffer refilled in place is therefore a new batch however it was written (under
-    ``torch.inference_mode()``, through a numpy view or ``.data``, which bump no version counter).
+    is recognised by its objects and their values: the first update keeps a copy of ``preds`` (a
+    Posterior's probabilities) and ``target``, and a later instance shares the batch only if its
+    arguments are the same objects, bit for bit equal to that copy, compared on their device (one
+    host read per instance).  A buffer refilled in place is therefore a new batch however it was
+    written (under ``torch.inference_mode()``, through a numpy view or ``.data``, which bump no
+    version counter).
     An instance updated twice starts a new batch.  The copy (the size of the arguments) is held
     until the next batch.  Each instance's values are exactly those of an unshared update.
     """
@@ -207,7 +209,7 @@ class _SharedBatch:
 
     def __init__(self, h, post: Posterior | None, decoded: torch.Tensor | None, target: torch.Tensor, key: tuple):
         self.h, self.post, self.decoded, self.target, self.key = h, post, decoded, target, key
-        self.snapshot: tuple | None = None  # copies of the arguments' values, when shared across calls
+        self.snapshot: tuple | None = None  # the arguments and copies of their values, to share across calls
         self.dtype = post.dtype if post is not None else torch.get_default_dtype()
         self.preds: dict = {}
         self.scored: dict = {}
@@ -278,16 +280,20 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def _snapshot(preds, target):
-    """Copies of the values of an update's arguments, to recognise the same batch later; None when they
-    cannot be recognised (arrays and lists are converted anew at every call)."""
+    """Weak references to an update's arguments and copies of their values, to recognise the same batch later;
+    None when they cannot be recognised (arrays and lists are converted anew at every call)."""
     xs = (_content(preds), target)
     if not all(isinstance(x, torch.Tensor) for x in xs):
         return None
-    return tuple(x.detach().clone() for x in xs)
+    return (weakref.ref(preds), weakref.ref(target)), tuple(x.detach().clone() for x in xs)
 
 
-def _same_values(snapshot, preds, target) -> bool:
-    """Whether ``preds`` and ``target`` hold bit for bit the values copied in ``snapshot`` (one host read)."""
+def _same_batch(snapshot, preds, target) -> bool:
+    """Whether ``preds`` and ``target`` are the objects of ``snapshot`` and hold bit for bit the values copied
+    there (one host read; none when the objects differ)."""
+    (ref_p, ref_t), snapshot = snapshot
+    if ref_p() is not preds or ref_t() is not target:
+        return False
     xs = (_content(preds), target)
     if not all(isinstance(x, torch.Tensor) and x.shape == s.shape and x.dtype == s.dtype and x.device == s.device
                for x, s in zip(xs, snapshot)):
@@ -329,7 +335,7 @@ def _shared_batch(metric: "HierarchicalMetric", preds, target) -> _SharedBatch:
     # under inference_mode, through a numpy view or .data bump no counter): only the values can.
     if (entry is not None and id(metric) not in entry.users and entry.key == options and entry.snapshot is not None
             and (entry.h is metric.hierarchy or entry.h.same_tree(metric.hierarchy))
-            and _same_values(entry.snapshot, preds, target)):
+            and _same_batch(entry.snapshot, preds, target)):
         entry.users.add(id(metric))
         return entry
     entry = _new_batch(metric, kind, x, target, options)
