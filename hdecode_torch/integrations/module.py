@@ -417,7 +417,8 @@ class DecodingHead(nn.Module):
 
         example: (B, L) float scores on the head's device, B >= 2 (checked once here when
         ``validate=True``; the program does not check its values).  ``dynamic_batch``: the batch
-        size is a symbolic dimension, so the program takes any B >= 1; else only the example's B.
+        size is a symbolic dimension, so the program takes any B >= 0 (an empty batch gives an empty
+        prediction, as the eager head does); else only the example's B.
         The program takes batches only: its ``module()`` refuses any other shape than (B, L) with a
         ``ValueError`` (a single sample is ``scores[None]``; unlike the eager head, a 1-D input
         cannot give an unbatched output, as a graph's rank is fixed).  That check is a hook of the
