@@ -144,6 +144,36 @@ def test_head_buffers_and_state_dict_round_trip():
     assert fresh.metric.key == "hf_beta[beta=0.5]"
 
 
+def test_head_takes_a_decoder_positionally_as_the_readme_writes_it():
+    P, y = hd.synthetic.synthetic_outputs(H, 300, seed=3)
+    rc = hd.RiskControl(H, alpha=0.1).fit(P[:200], y[:200])
+    assert torch.equal(DecodingHead(H, rc)(P[200:]), DecodingHead(H, decoder=rc)(P[200:]))
+    assert torch.equal(DecodingHead(H, rc)(P[200:]), rc.decode(P[200:]))
+    majority = hd.get_decoder("majority", H)
+    head = DecodingHead(H, majority, from_logits=True)
+    assert head.decoder is majority and head.metric.key == "accuracy"
+    assert torch.equal(head(P.log()), majority.decode(P))
+    with pytest.raises(TypeError, match=r"Expected `metric` to be a metric, but got the decoder .* together with "
+                                        r"decoder='plurality'"):
+        DecodingHead(H, majority, decoder="plurality")
+
+
+def test_head_saves_and_loads_a_fitted_risk_control_lambda():
+    P, y = hd.synthetic.synthetic_outputs(H, 300, seed=4)
+    rc = hd.RiskControl(H, alpha=0.1)
+    head = DecodingHead(H, decoder=rc)
+    assert list(head.state_dict()) == ["parent", "lam"] and head.state_dict()["lam"].isnan()
+    rc.fit(P[:200], y[:200])  # fitted after the head was built: the state holds the λ of now
+    buf = io.BytesIO()
+    torch.save(head.state_dict(), buf)
+    buf.seek(0)
+    fresh = DecodingHead(H, decoder=hd.RiskControl(H, alpha=0.1))
+    fresh.load_state_dict(torch.load(buf, weights_only=True))
+    assert fresh.decoder.lam == rc.lam  # exactly: a float64 buffer
+    assert torch.equal(fresh(P[200:]), head(P[200:]))
+    assert list(DecodingHead(H, decoder="majority").state_dict()) == ["parent"]
+
+
 def test_head_torch_save_load(tmp_path):
     model = _model(3).eval()
     pipeline = nn.Sequential(model, DecodingHead(H, "zhao", from_logits=True))

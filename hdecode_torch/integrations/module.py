@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import re
 import warnings
 
@@ -18,6 +19,7 @@ from ..core.plan import MAX_LEVELS, plan_for, resolve_plan
 from ..core.posterior import Posterior
 from ..core.validation import compute_dtype, input_kind
 from ..decoders import Decoder, get_decoder
+from ..decoders.risk_control import RiskControl
 from ..hierarchy import Hierarchy
 from ..metrics import METRICS, BaseMetric, get_metric
 
@@ -163,6 +165,8 @@ class DecodingHead(nn.Module):
         hierarchy: the class tree; its leaves ``0..L-1`` are the model's output columns.
         metric: a metric name, ``(name, params)`` or built metric; ``params`` are its
             parameters (``beta=``, ``c=``).  Kept as :attr:`metric` to score the predictions.
+            A built Decoder here is taken as the decoder (``DecodingHead(h, rc)`` is
+            ``DecodingHead(h, decoder=rc)``, the metric then ``"accuracy"``).
         decoder: ``"optimal"`` (the metric's Bayes-optimal decoder), a heuristic name,
             ``(name, params)`` such as ``("darts", {"lam": 0.5})``, or a built Decoder.
         from_logits: what the input holds.  ``False`` (default): probabilities, each row
@@ -179,7 +183,10 @@ class DecodingHead(nn.Module):
     The tree's ``parent`` array (N,) int64 is a buffer, so ``.to(device)``, ``state_dict``
     and ``torch.save`` carry it; ``forward`` uses the hierarchy's cached copy on the
     buffer's device.  Loading a ``state_dict`` saved from another tree of the same size
-    rebuilds the hierarchy (canonical ids; original names and labels are not stored).
+    rebuilds the hierarchy (canonical ids; original names and labels are not stored).  With a
+    :class:`~hdecode_torch.RiskControl` decoder, its fitted λ is the 0-d float64 buffer ``lam``
+    (NaN before ``fit``; saved as the decoder holds it at saving time), and loading sets the
+    decoder's λ.
 
     **Graphs.**  A decoder can be part of a graph when no size inside it depends on the data
     (:attr:`traceable`): every heuristic decoder and the optimal decoders of every node and
@@ -224,9 +231,19 @@ class DecodingHead(nn.Module):
         self.validate = bool(validate)
         self.cuda_graph = cuda_graph
         self.register_buffer("parent", hierarchy.parent.detach().to("cpu", torch.long).clone())
+        if isinstance(metric, Decoder):
+            # DecodingHead(h, rc): a decoder object cannot be the metric, so it is the decoder (the metric
+            # only names the pair then, as with decoder=...).
+            if not (isinstance(decoder, str) and decoder == "optimal"):
+                raise TypeError(f"Expected `metric` to be a metric, but got the decoder {metric!r} together with "
+                                f"decoder={decoder!r}: pass one decoder, as decoder=...")
+            metric, decoder = "accuracy", metric
         self._metric_spec = (metric, dict(params))
         self._decoder_spec = decoder
         self._build(hierarchy.to("cpu"))
+        if isinstance(self.decoder, RiskControl):
+            # The fitted λ is state: saved and loaded with the head (NaN: not fitted).
+            self.register_buffer("lam", _lam_tensor(self.decoder))
         if cuda_graph and not self.traceable:
             raise ValueError(f"Expected a decoder with fixed sizes for `cuda_graph=True`, but {self._untraceable_reason()}")
         self.register_load_state_dict_post_hook(_rebuild_after_load)
@@ -469,6 +486,12 @@ class DecodingHead(nn.Module):
             self._build_tables(self.hierarchy, x)
             return torch.onnx.export(self, (x,), path, dynamo=True, dynamic_shapes=_batch_dim(dynamic_batch), **kwargs)
 
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        if "lam" in self._buffers and isinstance(self.decoder, RiskControl):
+            # The decoder may have been fitted after the head was built: save its λ as it is now.
+            self._buffers["lam"] = _lam_tensor(self.decoder).to(self._buffers["lam"].device)
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+
     def __getstate__(self):
         # A captured CUDA graph and its buffers belong to this process: captured again after loading.
         state = dict(super().__getstate__())
@@ -550,3 +573,11 @@ def _rebuild_after_load(module: DecodingHead, incompatible_keys) -> None:
     loaded = module.parent.detach().cpu()
     if not torch.equal(loaded, module._hierarchy.parent.cpu()):
         module._build(Hierarchy.from_parents(loaded.numpy()))
+    if isinstance(module.decoder, RiskControl) and "lam" in module._buffers:
+        lam = float(module.lam)
+        module.decoder.lam = None if math.isnan(lam) else lam
+
+
+def _lam_tensor(decoder: "RiskControl") -> torch.Tensor:
+    """A fitted RiskControl's λ as a 0-d float64 tensor (NaN before ``fit``; a float64 holds the float exactly)."""
+    return torch.tensor(math.nan if decoder.lam is None else decoder.lam, dtype=torch.float64)
