@@ -713,6 +713,20 @@ def test_bad_inputs_and_losses_are_named():
         hd.decoders.ThresholdDescent(H, -0.1)
 
 
+def test_a_callable_loss_may_return_numpy_and_other_types_are_named():
+    """A loss returning numpy got "expected shape (400,), got (400,)"."""
+    probs, y = synthetic_outputs(H, 400, seed=15)
+    loss = imprecision(H)
+    want = hd.RiskControl(H, loss=loss, loss_bound=float(H.max_depth), alpha=0.5).fit(probs, y)
+    as_numpy = hd.RiskControl(H, loss=lambda n, l: loss(n, l).numpy(), loss_bound=float(H.max_depth), alpha=0.5)
+    assert as_numpy.fit(probs, y).lam == want.lam and as_numpy.calibration_risk == want.calibration_risk
+    with pytest.raises(TypeError, match=r"Expected `loss\(nodes, leaves\)` to return a torch.Tensor \(or a numpy "
+                                        r"array of numbers\) of shape \(400,\), but got builtins.list"):
+        hd.RiskControl(H, loss=lambda n, l: loss(n, l).tolist(), loss_bound=9.0).fit(probs, y)
+    with pytest.raises(ValueError, match=r"shape \(400,\) \(one value per pair\), but got \(400, 1\)"):
+        hd.RiskControl(H, loss=lambda n, l: loss(n, l)[:, None], loss_bound=9.0).fit(probs, y)
+
+
 def test_benchmark_reports_the_fitted_lambda():
     from benchmarks import risk_control as bench
 

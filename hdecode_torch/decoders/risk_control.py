@@ -50,9 +50,9 @@ is a non-increasing, right-continuous step function of λ, zero for λ ≥ q_1.
   goes past the target's branch; unit jumps at q_{m+1}, ..., q_K.  (The tree distance itself adds
   d(y) − d(LCA(n, y)), which *falls* as the answer steps towards y: it is not monotone along the
   family and cannot be controlled this way; its part on the answer's side can.)
-- a callable ``loss(nodes, leaves)`` on (M,) int64 tensors returning (M,) float values in [0, B] (give
-  ``loss_bound=B``), or an (N, L) float tensor ``loss[n, y]`` (B defaults to its maximum), monotone
-  along the family.  A table is checked on every node when the decoder is built; a callable on every
+- a callable ``loss(nodes, leaves)`` on (M,) int64 tensors returning (M,) values in [0, B] as a tensor
+  or a numpy array (give ``loss_bound=B``), or an (N, L) float tensor ``loss[n, y]`` (B defaults to
+  its maximum), monotone along the family.  A table is checked on every node when the decoder is built; a callable on every
   (path node, target) pair of the calibration rows and on (root, every leaf).
 
 **Fitting** on n calibration rows, with ``S(λ) = Σ_i L_i(λ)``:
@@ -96,6 +96,8 @@ import copy
 import math
 import numbers
 from dataclasses import dataclass
+
+import numpy as np
 import torch
 
 from ..core.params import Param
@@ -536,9 +538,14 @@ class RiskControl(ThresholdDescent):
                 self._table = self._table.to(nodes.device)
             return self._table[nodes, leaves]
         out = self.loss(nodes, leaves)
-        if not isinstance(out, torch.Tensor) or out.shape != nodes.shape:
+        if isinstance(out, np.ndarray) and out.dtype.kind in "biuf":
+            out = torch.from_numpy(out)  # a loss written with numpy: its values are as good as a tensor's
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"Expected `loss(nodes, leaves)` to return a torch.Tensor (or a numpy array of numbers) "
+                            f"of shape {tuple(nodes.shape)}, but got {type(out).__module__}.{type(out).__qualname__}")
+        if out.shape != nodes.shape:
             raise ValueError(f"Expected `loss(nodes, leaves)` to return a tensor of shape {tuple(nodes.shape)} (one "
-                             f"value per pair), but got {getattr(out, 'shape', type(out).__name__)}")
+                             f"value per pair), but got {tuple(out.shape)}")
         return out.to(device=nodes.device, dtype=torch.float64)
 
     def _check_path_losses(self, v: torch.Tensor, y: torch.Tensor, h) -> None:
