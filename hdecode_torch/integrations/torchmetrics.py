@@ -87,9 +87,9 @@ class HierarchicalMetric(Metric):
     is recognised by its objects and their values: the first update keeps a copy of ``preds`` (a
     Posterior's probabilities) and ``target``, and a later instance shares the batch only if its
     arguments are the same objects, bit for bit equal to that copy, compared on their device (one
-    host read per instance).  A buffer refilled in place is therefore a new batch however it was
-    written (under ``torch.inference_mode()``, through a numpy view or ``.data``, which bump no
-    version counter).
+    host read per instance; two when ``preds`` and ``target`` are on different devices).  A buffer
+    refilled in place is therefore a new batch however it was written (under
+    ``torch.inference_mode()``, through a numpy view or ``.data``, which bump no version counter).
     An instance updated twice starts a new batch.  The copy (the size of the arguments) is held
     until the next batch.  Each instance's values are exactly those of an unshared update.
     """
