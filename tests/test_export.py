@@ -260,7 +260,7 @@ def test_graph_body_reads_nothing_on_the_host_on_the_gpu_plan():
 
 # --------------------------------------------------------------------------- ONNX
 ONNX_HEADS = [("tree_distance", {}, "optimal", False), ("hamming", {}, "optimal", False),
-              ("wu_palmer", {}, "optimal", True)]
+              ("wu_palmer", {}, "optimal", True), ("zhao", {}, "optimal", "auto")]
 
 
 @pytest.mark.parametrize("name,params,decoder,logits", ONNX_HEADS, ids=[f"{m}-{d if isinstance(d, str) else d[0]}"
@@ -278,11 +278,11 @@ def test_onnx_round_trip_through_onnxruntime(name, params, decoder, logits, tmp_
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     assert [i.name for i in session.get_inputs()] == ["scores"]
     for batch in (0, 1, 3, 50):  # an empty batch gives an empty prediction, as the eager head does
-        x = make(batch)
-        (got,) = session.run(None, {"scores": x.numpy()})
-        want = head(x).numpy()
-        assert got.dtype == want.dtype and got.shape == want.shape
-        assert np.array_equal(got, want), (name, batch)
+        for x in [make(batch)] + ([torch.softmax(make(batch), 1)] if logits == "auto" else []):
+            (got,) = session.run(None, {"scores": x.numpy()})
+            want = head(x).numpy()
+            assert got.dtype == want.dtype and got.shape == want.shape
+            assert np.array_equal(got, want), (name, batch)
 
 
 def test_onnx_export_refuses_fused_trees(monkeypatch):

@@ -203,8 +203,8 @@ class DecodingHead(nn.Module):
       works for traceable heads; :meth:`export` does it with a dynamic batch size.
     - ONNX: :meth:`export_onnx` exports on the CPU plan, whose per-level tree sums are standard
       operators (trees of up to ``MAX_LEVELS`` levels); the GPU plan's fused ``hdecode::``
-      operators are unknown to ONNX.  ``from_logits="auto"`` does not convert (the exporter has
-      no translation of its all-dimension minimum): export with ``True`` or ``False``.
+      operators are unknown to ONNX.  ``from_logits="auto"`` decides per batch inside the model, as
+      the eager head does.
     - ``torch.compile``: outside export, the head is excluded from compiled graphs (a graph
       break; it runs eagerly), because its decoders branch on data and read sizes from the
       device, and compiling them gained little or lost.  A compiled model ending in the head
