@@ -361,15 +361,30 @@ def test_hostile_tree_paths(tmp_path):
     (tmp_path / "d.json").mkdir()
     (tmp_path / "bin.json").write_bytes(b"\xff\xfe\x00")
     (tmp_path / "bin.csv").write_bytes(b"\xff\xfe\x00")
+    (tmp_path / "nul.csv").write_bytes(b"\x00" * 64)  # valid UTF-8, not text
     cases = [(lambda: Hierarchy.from_json(tmp_path / "d.json"), IsADirectoryError, "d.json"),
              (lambda: Hierarchy.from_json(tmp_path / "nope.json"), FileNotFoundError, "nope.json"),
              (lambda: Hierarchy.from_json(tmp_path / "bin.json"), ValueError, "bin.json': not UTF-8"),
              (lambda: Hierarchy.from_edges(tmp_path / "bin.csv"), ValueError, "bin.csv': not UTF-8"),
+             (lambda: Hierarchy.from_edges(tmp_path / "nul.csv"), ValueError,
+              r"nul.csv': not a text file \(character 0 is a NUL byte\)"),
              (lambda: Hierarchy.from_edges(tmp_path / "d.json"), IsADirectoryError, "d.json"),
              (lambda: hd.load_hierarchy(str(tmp_path / "nope.json")), ValueError, "Hierarchy.from_json")]
     for build, exc, match in cases:
         with pytest.raises(exc, match=match):
             build()
+
+
+def test_a_csv_of_nul_bytes_is_not_a_text_table(tmp_path, capsys):
+    """It was "has a header line but no data" (one line of one non-numeric cell)."""
+    from test_cli import run_cli
+
+    for content in (b"\x00" * 64, b"\x00" * 64 + b"\n", b"0.5,0.5\n\x00,1\n"):
+        (tmp_path / "nul.csv").write_bytes(content)
+        code, _, err = run_cli(["decode", "--metric", "tree_distance", "--probs", tmp_path / "nul.csv"], capsys)
+        assert code == 2 and "nul.csv' is not a text table" in err and "NUL byte" in err, err
+        code, _, err = run_cli(["info", "--hierarchy", tmp_path / "nul.csv"], capsys)
+        assert code == 2 and "not a text file" in err and "NUL byte" in err, err
 
 
 # --------------------------------------------------------------------------- a real process

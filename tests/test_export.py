@@ -182,6 +182,25 @@ def test_exported_program_from_logits_and_unbatched_input():
     assert torch.equal(torch.export.export(single, (x[0],), strict=False).module()(x[1]), head(x[1]))
 
 
+@pytest.mark.parametrize("plan", ["cpu", "cuda"])
+@pytest.mark.parametrize("name,from_logits", [("zhao", True), ("hamming", True), ("tree_distance", "auto"),
+                                              ("wu_palmer", False)])
+def test_exported_program_takes_an_empty_batch(name, from_logits, plan):
+    """An empty batch gives the eager head's empty prediction (the logits' statistics were reduced over the
+    whole batch, which an empty one has no value for: amin's error)."""
+    head = DecodingHead(H, name, from_logits=from_logits)
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(6, L, generator=g) * 3
+    x = torch.softmax(x, 1) if from_logits is False else x
+    with hd.plan_for(plan):
+        module = head.export(x).module()
+        got, want = module(x[:0]), head(x[:0])
+        assert got.dtype == want.dtype and got.shape == want.shape and want.shape[0] == 0
+        assert torch.equal(module(x), head(x))
+        if from_logits == "auto":
+            assert torch.equal(module(x.softmax(1)), head(x.softmax(1)))
+
+
 def test_exported_program_refuses_other_shapes_by_name():
     """Issue 24: a 1-D input to head.export()'s program was an IndexError from torch's guards."""
     head = DecodingHead(H, "tree_distance")
@@ -241,7 +260,7 @@ def test_graph_body_reads_nothing_on_the_host_on_the_gpu_plan():
 
 # --------------------------------------------------------------------------- ONNX
 ONNX_HEADS = [("tree_distance", {}, "optimal", False), ("hamming", {}, "optimal", False),
-              ("wu_palmer", {}, "optimal", True)]
+              ("wu_palmer", {}, "optimal", True), ("zhao", {}, "optimal", "auto")]
 
 
 @pytest.mark.parametrize("name,params,decoder,logits", ONNX_HEADS, ids=[f"{m}-{d if isinstance(d, str) else d[0]}"
@@ -258,12 +277,12 @@ def test_onnx_round_trip_through_onnxruntime(name, params, decoder, logits, tmp_
         head.export_onnx(make(8), path)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     assert [i.name for i in session.get_inputs()] == ["scores"]
-    for batch in (1, 3, 50):
-        x = make(batch)
-        (got,) = session.run(None, {"scores": x.numpy()})
-        want = head(x).numpy()
-        assert got.dtype == want.dtype and got.shape == want.shape
-        assert np.array_equal(got, want), (name, batch)
+    for batch in (0, 1, 3, 50):  # an empty batch gives an empty prediction, as the eager head does
+        for x in [make(batch)] + ([torch.softmax(make(batch), 1)] if logits == "auto" else []):
+            (got,) = session.run(None, {"scores": x.numpy()})
+            want = head(x).numpy()
+            assert got.dtype == want.dtype and got.shape == want.shape
+            assert np.array_equal(got, want), (name, batch)
 
 
 def test_onnx_export_refuses_fused_trees(monkeypatch):

@@ -35,6 +35,12 @@ def _same(a, b):
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
 
 
+def _within(h, y):
+    """(B,) node ids to decode within: each target's grandparent (the root for shallow targets), so the answer
+    is known to lie two levels above the target."""
+    return h.parent_or_root[h.parent_or_root[y]]  # a class index is its leaf's node id
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("tree", TREES)
 @pytest.mark.parametrize("name,params", metric_cases())
@@ -55,6 +61,9 @@ def test_metric_functions_equal_the_class_methods(name, params, tree, dtype):
     assert _same(decode(probs, h, **params), m.decode(probs))
     assert _same(F.decode(name, probs, h, **params), m.decode(probs))
     assert _same(decode(probs[0], h, **params), m.decode(probs[0]))  # unbatched
+    within = _within(h, y)
+    assert _same(decode(probs, h, within=within, **params), m.decode(probs, within=within))
+    assert _same(F.decode(name, probs, h, within=within, **params), m.decode(probs, within=within))
     # scores: decoded by the metric's own decoder, then scored; values in the scores' dtype
     exact = m(m.decode(probs), y, dtype=torch.float64)
     assert _same(value(probs, y, h, **params), exact.to(dtype))
@@ -79,6 +88,11 @@ def test_decoder_functions_equal_the_classes(name, params, tree):
     assert _same(getattr(F, f"decode_{name}")(probs, h, **params), want)
     assert _same(F.decode_with(name, probs, h, **params), want)
     assert _same(getattr(F, f"decode_{name}")(probs.double(), h, **params), d.decode(probs.double()))
+    within = _within(h, y)
+    if name != "information_threshold":  # its threshold may exceed what a subtree offers (a ValueError)
+        inside = d.decode(probs, within=within)
+        assert _same(getattr(F, f"decode_{name}")(probs, h, within=within, **params), inside)
+        assert _same(F.decode_with(name, probs, h, within=within, **params), inside)
     # a heuristic's predictions scored by a metric function: decoder= or decoding first give the same
     wp = hd.get_metric("wu_palmer", h)
     assert _same(F.wu_palmer(probs, y, h, decoder=d), wp(want, y))

@@ -15,7 +15,7 @@ from torch import nn
 
 import hdecode_torch as hd
 import hdecode_torch.core.posterior as posterior_module
-from hdecode_torch.integrations import DecodingHead, HierarchicalMetric, clear_posterior_cache, shared_posterior
+from hdecode_torch.integrations import DecodingHead, HierarchicalMetric
 from harness import DEVICES, devices
 
 H = hd.load_hierarchy("tieredimagenet-h")
@@ -142,6 +142,36 @@ def test_head_buffers_and_state_dict_round_trip():
     assert fresh.hierarchy.same_tree(H)
     assert torch.equal(fresh(x), head(x))
     assert fresh.metric.key == "hf_beta[beta=0.5]"
+
+
+def test_head_takes_a_decoder_positionally_as_the_readme_writes_it():
+    P, y = hd.synthetic.synthetic_outputs(H, 300, seed=3)
+    rc = hd.RiskControl(H, alpha=0.1).fit(P[:200], y[:200])
+    assert torch.equal(DecodingHead(H, rc)(P[200:]), DecodingHead(H, decoder=rc)(P[200:]))
+    assert torch.equal(DecodingHead(H, rc)(P[200:]), rc.decode(P[200:]))
+    majority = hd.get_decoder("majority", H)
+    head = DecodingHead(H, majority, from_logits=True)
+    assert head.decoder is majority and head.metric.key == "accuracy"
+    assert torch.equal(head(P.log()), majority.decode(P))
+    with pytest.raises(TypeError, match=r"Expected `metric` to be a metric, but got the decoder .* together with "
+                                        r"decoder='plurality'"):
+        DecodingHead(H, majority, decoder="plurality")
+
+
+def test_head_saves_and_loads_a_fitted_risk_control_lambda():
+    P, y = hd.synthetic.synthetic_outputs(H, 300, seed=4)
+    rc = hd.RiskControl(H, alpha=0.1)
+    head = DecodingHead(H, decoder=rc)
+    assert list(head.state_dict()) == ["parent", "lam"] and head.state_dict()["lam"].isnan()
+    rc.fit(P[:200], y[:200])  # fitted after the head was built: the state holds the λ of now
+    buf = io.BytesIO()
+    torch.save(head.state_dict(), buf)
+    buf.seek(0)
+    fresh = DecodingHead(H, decoder=hd.RiskControl(H, alpha=0.1))
+    fresh.load_state_dict(torch.load(buf, weights_only=True))
+    assert fresh.decoder.lam == rc.lam  # exactly: a float64 buffer
+    assert torch.equal(fresh(P[200:]), head(P[200:]))
+    assert list(DecodingHead(H, decoder="majority").state_dict()) == ["parent"]
 
 
 def test_head_torch_save_load(tmp_path):
@@ -278,7 +308,6 @@ def test_collection_computes_node_probabilities_once_per_batch(monkeypatch):
         "jac_topdown": HierarchicalMetric(H, "jaccard", decoder="top_down"),
         "acc_cthr": HierarchicalMetric(H, "accuracy", decoder=("confidence_threshold", {"tau": 0.3})),
     }, compute_groups=False)
-    clear_posterior_cache()
     for seed in range(3):
         p = torch.softmax(_scores(seed, 12), 1)
         y = torch.randint(0, L, (12,), generator=torch.Generator().manual_seed(seed))
@@ -307,7 +336,6 @@ def test_collection_with_optimal_decoders_adds_no_recomputation(monkeypatch):
     shared_cost = calls["n"]
     coll = MetricCollection({f"{m}/{d}": HierarchicalMetric(H, m, decoder=d, **prm) for m, prm, d in specs},
                             compute_groups=False)
-    clear_posterior_cache()
     calls["n"] = 0
     coll.update(p, y)
     assert calls["n"] == shared_cost
@@ -343,21 +371,8 @@ def test_collection_compute_groups_do_not_merge_different_pairs():
     assert torch.allclose(out["optimal"], want_opt, rtol=1e-12)
 
 
-def test_posterior_cache_is_keyed_on_identity_and_version():
+def test_metric_updated_with_an_in_place_modified_batch_sees_the_new_values():
     p = torch.softmax(_scores(14, 5), 1)
-    a = shared_posterior(H, p)
-    assert shared_posterior(H, p) is a
-    assert shared_posterior(hd.Hierarchy.from_parents(H.parents_list), p) is a  # same tree, other object
-    assert shared_posterior(H, p.clone()) is not a
-    q = p.clone()
-    b = shared_posterior(H, q)
-    q[0] = torch.roll(q[0], 1)  # in-place change: the cached node sums would be stale
-    c = shared_posterior(H, q)
-    assert c is not b and torch.equal(c.probs, q)
-    assert shared_posterior(H, q, from_logits=True) is not c
-    small = hd.Hierarchy.from_parents([-1, 0, 0, 1, 1])
-    assert shared_posterior(small, torch.full((2, 3), 1 / 3)).h.same_tree(small)
-    # A metric updated with an in-place modified batch sees the new values.
     m = HierarchicalMetric(H, "accuracy", decoder="argmax_leaf")
     y = p.argmax(1)
     m.update(p, y)

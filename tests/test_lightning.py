@@ -264,6 +264,47 @@ def test_callback_logs_bitwise_what_per_batch_decoding_gives(plan):
         assert torch.equal(small[name], value), name
 
 
+class _Refilled(pl.LightningModule):
+    """Returns the same two buffers at every step, refilled with ``scores[batch_idx]`` and ``targets[batch_idx]``
+    by ``refill`` (as a loader or a model reusing its output buffers does)."""
+
+    def __init__(self, scores, targets, refill):
+        super().__init__()
+        self.scores, self.targets, self.refill = scores, targets, refill
+        self.buf, self.y = torch.empty_like(scores[0]), torch.empty_like(targets[0])
+
+    def validation_step(self, batch, batch_idx):
+        self.refill(self.buf, self.scores[batch_idx])
+        self.refill(self.y, self.targets[batch_idx])
+        return {"logits": self.buf, "target": self.y}
+
+
+@pytest.mark.parametrize("pattern", ["copy", "no_grad", "inference_mode", "numpy_view", "data"])
+def test_callback_sees_every_refill_of_reused_output_buffers(pattern):
+    from test_torchmetrics import REFILLS
+
+    metrics, decoders = ["tree_distance", "wu_palmer"], ["majority", "optimal"]
+    scores, targets = _batches(3, 8, seed=9)
+    want = _per_batch_means(scores, targets, metrics, decoders)
+    # A standalone metric updated with the same buffers inside the steps must not share the callback's batches.
+    alone = hd.HierarchicalMetric(H, "zhao", decoder="majority", from_logits=True)
+
+    class _AlsoAlone(_Refilled):
+        def validation_step(self, batch, batch_idx):
+            out = super().validation_step(batch, batch_idx)
+            alone.update(self.buf, self.y)
+            return out
+
+    logged = _validate(HierarchicalMetricsCallback(H, metrics=metrics, decoders=decoders),
+                       _AlsoAlone(scores, targets, REFILLS[pattern]), 3)
+    for name, value in want.items():
+        assert torch.equal(logged[name], value), name
+    zhao = hd.get_metric("zhao", H)
+    v = torch.cat([zhao(hd.get_decoder("majority", H).decode(torch.softmax(s, 1)), y, dtype=torch.float64)
+                   for s, y in zip(scores, targets)])
+    assert torch.equal(alone.compute(), (torch.sort(v).values.sum() / v.numel()).float())
+
+
 def test_callback_batch_hooks_only_copy_and_each_decoder_runs_once_per_epoch(monkeypatch):
     from benchmarks.plan_cost import Cost
     from hdecode_torch.core.component import HierarchyComponent

@@ -176,6 +176,32 @@ def test_strategies_agree(name, strategy):
         torch.testing.assert_close(got, ref_m.expected(P, ref_m.decode(P)), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("plan", ["cpu", "cuda"])
+@pytest.mark.parametrize("name,params,p_a", [("tree_distance", {}, 0.5), ("tree_distance_c", {"c": 0.5}, 0.75)])
+def test_tree_distance_exact_tie_goes_to_the_shallower_node(name, params, p_a, plan):
+    """p(a) = (1+c)/2 exactly: predicting a and predicting its parent (the root) have the same expected
+    distance, and the strict rule p(n) > (1+c)/2 keeps the root.  Just above, a's leaf 0 (all of a's mass) is
+    taken."""
+    h = hd.Hierarchy.from_parents([3, 3, 4, 5, 5, -1])  # leaves 0, 1 under a = 3, leaf 2 under b = 4, root 5
+    probs = torch.tensor([[p_a, 0.0, 1 - p_a], [p_a + 2**-20, 0.0, 1 - p_a - 2**-20]], dtype=torch.float64)
+    with hd.plan_for(plan):
+        m = hd.get_metric(name, h, **params)
+        tie = m.expected(probs[:1], torch.tensor([3])), m.expected(probs[:1], torch.tensor([5]))
+        assert torch.equal(*tie)
+        assert m.decode(probs).tolist() == [5, 0]
+        assert m.decode(probs.float()).tolist() == [5, 0]
+
+
+def test_readme_states_the_tie_rule_the_code_follows():
+    """The README said node metrics' ties all go to the deepest node; tree_distance's go to the shallower one."""
+    import pathlib
+
+    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    start = text.index("Ties are broken deterministically")
+    rule = " ".join(text[start:text.index("\n\n", start)].split())
+    assert "except `tree_distance` and `tree_distance_c`" in rule and "goes to the shallower node" in rule
+
+
 def test_cost_matrix_metric_reasonable_and_not():
     rng = np.random.default_rng(3)
     for h, info in random_trees(9, 30, num_nodes_max=12):

@@ -316,6 +316,25 @@ def test_fit_from_logits_and_from_steps():
     assert c.lam == hd.RiskControl(h, alpha=0.1, delta=0.1).fit(logits[idx], y[idx], from_logits=True).lam
 
 
+def test_fit_detaches_scores_that_require_grad():
+    """Fitting is not differentiable: logits from a model or a TemperatureScaler, outside no_grad, fit the same
+    λ as their detached values (the walk's preallocated tables made autograd refuse them)."""
+    P, y = synthetic_outputs(H, 400, seed=2)
+    logits = torch.log(P).requires_grad_()
+    scaled = hd.TemperatureScaler(1.5)(torch.log(P))  # requires grad through the temperature
+    for loss in ("miss", "overshoot"):
+        for x in (logits, scaled, torch.softmax(scaled, 1)):
+            kind = {"from_logits": bool((x.detach() < 0).any())}  # probabilities are >= 0
+            assert x.requires_grad
+            want = hd.RiskControl(H, alpha=0.2, loss=loss).fit(x.detach(), y, **kind)
+            rc = hd.RiskControl(H, alpha=0.2, loss=loss).fit(x, y, **kind)
+            assert rc.lam == want.lam and rc.calibration_risk == want.calibration_risk
+            assert torch.equal(rc.decode(x, **kind), want.decode(x.detach(), **kind))
+            assert torch.equal(rc.loss_steps(x, y, **kind).at, want.loss_steps(x.detach(), y, **kind).at)
+            assert rc.risk_coverage(x, y, **kind).fitted_lambda == want.lam
+    assert logits.grad is None
+
+
 def test_min_calibration_rows_is_exact():
     h = hd.load_hierarchy("tieredimagenet-h")
     probs, y = synthetic_outputs(h, 200, seed=10)
@@ -692,6 +711,20 @@ def test_bad_inputs_and_losses_are_named():
         hd.RiskControl(H, loss="overshoot", alpha=2.0).fit_steps(hd.RiskControl(H).loss_steps(probs, y))
     with pytest.raises(ValueError, match=r"`lam` to be a float >= 0"):
         hd.decoders.ThresholdDescent(H, -0.1)
+
+
+def test_a_callable_loss_may_return_numpy_and_other_types_are_named():
+    """A loss returning numpy got "expected shape (400,), got (400,)"."""
+    probs, y = synthetic_outputs(H, 400, seed=15)
+    loss = imprecision(H)
+    want = hd.RiskControl(H, loss=loss, loss_bound=float(H.max_depth), alpha=0.5).fit(probs, y)
+    as_numpy = hd.RiskControl(H, loss=lambda n, l: loss(n, l).numpy(), loss_bound=float(H.max_depth), alpha=0.5)
+    assert as_numpy.fit(probs, y).lam == want.lam and as_numpy.calibration_risk == want.calibration_risk
+    with pytest.raises(TypeError, match=r"Expected `loss\(nodes, leaves\)` to return a torch.Tensor \(or a numpy "
+                                        r"array of numbers\) of shape \(400,\), but got builtins.list"):
+        hd.RiskControl(H, loss=lambda n, l: loss(n, l).tolist(), loss_bound=9.0).fit(probs, y)
+    with pytest.raises(ValueError, match=r"shape \(400,\) \(one value per pair\), but got \(400, 1\)"):
+        hd.RiskControl(H, loss=lambda n, l: loss(n, l)[:, None], loss_bound=9.0).fit(probs, y)
 
 
 def test_benchmark_reports_the_fitted_lambda():

@@ -168,8 +168,9 @@ def test_collection_checks_once_and_decodes_each_decoder_once(monkeypatch, mode,
             assert sorted(calls[before:]) == ["accuracy", "darts[lam=0.5]", "darts[lam=0.5]", "majority",
                                               "tree_distance"]
     # After the first batch (which builds the tree's tables): the scores' and targets' check, fused, for the
-    # whole collection; these decoders read nothing.
-    assert reads[1:] == [1, 1]
+    # whole collection, and one comparison with the first member's copy of the batch per other member; these
+    # decoders read nothing.
+    assert reads[1:] == [len(members)] * 2
     out = coll.compute()
     for m in members:
         want = torch.cat([_direct(m, p, y) for p, y in batches])
@@ -194,6 +195,104 @@ def test_a_buffer_refilled_in_place_is_a_new_batch():
     for m in members:
         want = torch.cat([_direct(m, p, t) for p, t in batches])
         assert _same(out[m.name], (torch.sort(want).values.sum() / want.numel()).float()), m.name
+
+
+# Ways a data loader or a user refills one buffer with the next batch.  Only the first two bump the
+# tensor's in-place version counter; inference tensors have none.
+def _fill_copy(buf, new):
+    buf.copy_(new)
+
+
+def _fill_no_grad(buf, new):
+    with torch.no_grad():
+        buf.copy_(new)
+
+
+def _fill_inference(buf, new):
+    with torch.inference_mode():
+        buf.copy_(new)
+
+
+def _fill_numpy_view(buf, new):
+    buf.numpy()[...] = new.numpy()
+
+
+def _fill_data(buf, new):
+    buf.data.copy_(new)
+
+
+REFILLS = {"copy": _fill_copy, "no_grad": _fill_no_grad, "inference_mode": _fill_inference,
+           "numpy_view": _fill_numpy_view, "data": _fill_data}
+
+
+def _buffers(pattern, like):
+    """Reused buffers shaped like ``like``: inference tensors for the inference_mode pattern; pinned where
+    an accelerator allows it, as a loader with ``pin_memory=True`` gives them."""
+    with torch.inference_mode(pattern == "inference_mode"):
+        return [torch.empty_like(x, pin_memory=torch.cuda.is_available()) for x in like]
+
+
+def _pooled(values):
+    v = torch.cat(values)
+    return (torch.sort(v).values.sum() / v.numel()).float()
+
+
+def test_issue_reproducer_metric_updated_after_a_refill_scores_the_new_batch():
+    h = hd.load_hierarchy("tieredimagenet-h")
+    P, y = hd.synthetic.synthetic_outputs(h, 200, seed=2)
+    A = HierarchicalMetric(h, "tree_distance", decoder="majority")
+    B = HierarchicalMetric(h, "wu_palmer", decoder="majority")
+    with torch.inference_mode():
+        buf, yb = P[:100].clone(), y[:100].clone()
+        A.update(buf, yb)
+        buf.copy_(P[100:])
+        yb.copy_(y[100:])
+        B.update(buf, yb)
+    assert _same(B.compute(), _pooled([_direct(B, P[100:], y[100:])]))
+    assert abs(float(B.compute()) - 0.861) < 5e-4  # 0.318 when the first batch's predictions were reused
+
+
+@pytest.mark.parametrize("pattern", sorted(REFILLS))
+def test_a_refilled_buffer_is_never_taken_for_the_batch_it_held(monkeypatch, pattern):
+    """A metric updated after the buffer was refilled, however it was written, scores the new values; one
+    updated with the same values shares the decoding."""
+    refill = REFILLS[pattern]
+    a = HierarchicalMetric(H, "tree_distance", decoder="majority")
+    b = HierarchicalMetric(H, "wu_palmer", decoder="majority")
+    c = HierarchicalMetric(H, "hamming", decoder="majority")
+    batches = [_batch(seed, 10) for seed in (40, 41, 42)]
+    probs, y = _buffers(pattern, batches[0])
+    calls = _count_decodes(monkeypatch)
+    for (p, t), metrics in zip(batches, [(a,), (b, c), (a,)]):
+        refill(probs, p)
+        refill(y, t)
+        for m in metrics:
+            m.update(probs, y)
+    assert calls == ["majority"] * 3  # c shared b's batch; each refill was decoded anew
+    for m, seen in [(a, [0, 2]), (b, [1]), (c, [1])]:
+        assert _same(m.compute(), _pooled([_direct(m, *batches[i]) for i in seen])), m.name
+
+
+@pytest.mark.parametrize("pattern", sorted(REFILLS))
+def test_a_collection_and_a_metric_after_it_see_each_refill(pattern):
+    from torchmetrics import MetricCollection
+
+    refill = REFILLS[pattern]
+    coll = MetricCollection([HierarchicalMetric(H, "tree_distance", decoder="plurality"),
+                             HierarchicalMetric(H, "hf_beta", beta=2.0)])
+    alone = HierarchicalMetric(H, "zhao", decoder="plurality")
+    batches = [_batch(seed, 10) for seed in (43, 44, 45)]
+    probs, y = _buffers(pattern, batches[0])
+    for i, (p, t) in enumerate(batches):
+        refill(probs, p)
+        refill(y, t)
+        if i != 1:
+            coll.update(probs, y)
+        alone.update(probs, y)
+    out = coll.compute()
+    for m in coll.values():
+        assert _same(out[m.name], _pooled([_direct(m, p, t) for p, t in (batches[0], batches[2])])), m.name
+    assert _same(alone.compute(), _pooled([_direct(alone, p, t) for p, t in batches]))
 
 
 def test_decoder_identity_follows_exact_parameters():
@@ -246,8 +345,9 @@ def test_update_scores_decoded_predictions_without_decoding(monkeypatch, metric,
 
 
 def test_a_collection_shares_decoded_predictions():
-    """Members updated with the same decoded predictions: one check (one host read) for the collection, the
-    values of each metric object computed once, each member's value that of its metric."""
+    """Members updated with the same decoded predictions: one check for the collection (one host read, and
+    one per other member comparing the batch with the first member's copy), the values of each metric object
+    computed once, each member's value that of its metric."""
     from torchmetrics import MetricCollection
 
     from benchmarks.plan_cost import Cost
@@ -263,7 +363,7 @@ def test_a_collection_shares_decoded_predictions():
         with Cost() as c:
             coll.update(pred, y)
         reads.append(c.reads)
-    assert reads[1:] == [1, 1]
+    assert reads[1:] == [len(members)] * 2
     out = coll.compute()
     for m in members:
         metric = hd.get_metric(m.metric.name, H)

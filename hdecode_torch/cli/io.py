@@ -171,6 +171,10 @@ def _parse_number_table(text: str, name: str, delimiter: str | None, index_heade
     """
     import numpy as np
 
+    nul = text.find("\x00")
+    if nul >= 0:  # UTF-8 allows NUL, which no text table holds: a binary file, not one line of a header
+        raise CLIError(f"{name} is not a text table (character {nul} is a NUL byte); binary arrays go in .npy or "
+                       ".pt files")
     lines = [(k + 1, ln) for k, ln in enumerate(text.splitlines()) if ln.strip() and not ln.lstrip().startswith("#")]
     if not lines:
         raise CLIError(f"{name} has no data")

@@ -319,12 +319,17 @@ def _range_check(checks, device) -> Check:
 
 
 def _checked_logits(x, checks, name, tol, normalize, kind, validate, num_leaves):
+    if kind == "logits" and not validate:
+        # Nothing to check: no statistics (an exported graph, whose batch may be empty, then holds no
+        # reduction over the whole batch, which has no value on an empty one).
+        return torch.softmax(x, dim=1), None
     # The shared statistics: float64 row sums (NaN and +inf make them non-finite), the row maxima
-    # (NaN or +inf if a row holds one, -inf if every entry is -inf) and the extremes of the batch.
+    # (NaN or +inf if a row holds one, -inf if every entry is -inf) and minima.  The batch's extremes are
+    # compared through the rows' (all/any): a whole-batch amin has no value on an empty batch, which an
+    # exported graph (whose batch size is symbolic) must still take.
     sums = row_sums(x)
-    row_max = x.amax(dim=1)
-    lowest, highest = x.amin(), row_max.amax()
-    nonneg = lowest >= 0
+    row_max, row_min = x.amax(dim=1), x.amin(dim=1)
+    nonneg = (row_min >= 0).all()
     if kind == "auto":
         if normalize:
             probs_like = nonneg
@@ -336,7 +341,7 @@ def _checked_logits(x, checks, name, tol, normalize, kind, validate, num_leaves)
         if not validate:
             return out, None
         finite = ((row_max > float("-inf")) & (row_max < float("inf"))).all()  # logits may hold -inf
-        clearly_logits = (lowest < -AUTO_MARGIN) | (highest > 1 + AUTO_MARGIN)
+        clearly_logits = (row_min < -AUTO_MARGIN).any() | (row_max > 1 + AUTO_MARGIN).any()
         decided = probs_like | clearly_logits
         ok_normalize = nonneg | ~torch.tensor(normalize, device=x.device)
         sums_ok = ((sums > 0) & torch.isfinite(sums)).all() | ~probs_like | ~torch.tensor(normalize, device=x.device)
@@ -346,7 +351,7 @@ def _checked_logits(x, checks, name, tol, normalize, kind, validate, num_leaves)
                 _raise_logits_error(x, name)
             if not oks[1]:
                 raise ValueError(f"normalize=True is for unnormalised probabilities, but `{name}` has negative "
-                                 f"entries (smallest {float(lowest):.4g}): pass from_logits=True for logits")
+                                 f"entries (smallest {float(row_min.min()):.4g}): pass from_logits=True for logits")
             if not oks[2]:
                 _raise_probs_error(x, sums, (True, True), name, tol, True, x.dtype)
             if not oks[3]:

@@ -50,9 +50,9 @@ is a non-increasing, right-continuous step function of λ, zero for λ ≥ q_1.
   goes past the target's branch; unit jumps at q_{m+1}, ..., q_K.  (The tree distance itself adds
   d(y) − d(LCA(n, y)), which *falls* as the answer steps towards y: it is not monotone along the
   family and cannot be controlled this way; its part on the answer's side can.)
-- a callable ``loss(nodes, leaves)`` on (M,) int64 tensors returning (M,) float values in [0, B] (give
-  ``loss_bound=B``), or an (N, L) float tensor ``loss[n, y]`` (B defaults to its maximum), monotone
-  along the family.  A table is checked on every node when the decoder is built; a callable on every
+- a callable ``loss(nodes, leaves)`` on (M,) int64 tensors returning (M,) values in [0, B] as a tensor
+  or a numpy array (give ``loss_bound=B``), or an (N, L) float tensor ``loss[n, y]`` (B defaults to
+  its maximum), monotone along the family.  A table is checked on every node when the decoder is built; a callable on every
   (path node, target) pair of the calibration rows and on (root, every leaf).
 
 **Fitting** on n calibration rows, with ``S(λ) = Σ_i L_i(λ)``:
@@ -96,6 +96,8 @@ import copy
 import math
 import numbers
 from dataclasses import dataclass
+
+import numpy as np
 import torch
 
 from ..core.params import Param
@@ -402,6 +404,10 @@ class RiskControl(ThresholdDescent):
         h = self.hierarchy
         if isinstance(probs, Posterior):
             raise TypeError("Expected `probs` to be a (B, L) tensor of probabilities (or logits), not a Posterior")
+        if isinstance(probs, torch.Tensor):
+            # Fitting is not differentiable (λ is a selected candidate, not a function of the scores with a
+            # gradient), and the walk writes into preallocated tables, which autograd refuses.
+            probs = probs.detach()
         shape = getattr(probs, "shape", ())
         batch = int(shape[0]) if len(shape) == 2 else None
         y = as_targets(targets, h.num_leaves, batch, name="targets")
@@ -532,9 +538,14 @@ class RiskControl(ThresholdDescent):
                 self._table = self._table.to(nodes.device)
             return self._table[nodes, leaves]
         out = self.loss(nodes, leaves)
-        if not isinstance(out, torch.Tensor) or out.shape != nodes.shape:
+        if isinstance(out, np.ndarray) and out.dtype.kind in "biuf":
+            out = torch.from_numpy(out)  # a loss written with numpy: its values are as good as a tensor's
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"Expected `loss(nodes, leaves)` to return a torch.Tensor (or a numpy array of numbers) "
+                            f"of shape {tuple(nodes.shape)}, but got {type(out).__module__}.{type(out).__qualname__}")
+        if out.shape != nodes.shape:
             raise ValueError(f"Expected `loss(nodes, leaves)` to return a tensor of shape {tuple(nodes.shape)} (one "
-                             f"value per pair), but got {getattr(out, 'shape', type(out).__name__)}")
+                             f"value per pair), but got {tuple(out.shape)}")
         return out.to(device=nodes.device, dtype=torch.float64)
 
     def _check_path_losses(self, v: torch.Tensor, y: torch.Tensor, h) -> None:
@@ -579,7 +590,9 @@ class RiskControl(ThresholdDescent):
         probs: (n, L) float probabilities, or logits with ``from_logits=True``; targets: (n,) int leaf
         ids in 0..L-1.  Needs n ≥ :meth:`min_calibration_rows`.  O(n·(L + Σ_d K_d) + nK log(nK)) (for the
         miss loss O(n·(L + E) + n log n), :meth:`loss_steps`), a few host reads (the input check, the
-        fitted λ).
+        fitted λ).  Not differentiable: ``probs`` is detached (λ is selected among the rows' critical values,
+        it has no gradient), so the output of a model or a :class:`~hdecode_torch.TemperatureScaler` can be
+        passed as it is; :meth:`loss_steps` and :meth:`risk_coverage` detach it too.
 
         ``within``: (n,) int64 node ids, a node each calibration row's answer is known to lie under (its
         target among them): λ is fitted for ``decode(probs, within=...)``, each row's family walked on

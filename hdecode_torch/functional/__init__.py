@@ -5,8 +5,8 @@ One rule names them all, for every registered metric ``<metric>`` and decoder ``
 
     <metric>(preds, target, hierarchy, *, <params>)           per-sample values (or their mean, sum)
     expected_<metric>(leaf_probs, preds, hierarchy, *, <params>)   Σ_l p(l) <metric>(preds, l)
-    decode_<metric>(leaf_probs, hierarchy, *, <params>)        the metric's Bayes-optimal prediction
-    decode_<decoder>(leaf_probs, hierarchy, *, <params>)       a heuristic decoder's prediction
+    decode_<metric>(leaf_probs, hierarchy, *, <params>, within=None)   the metric's Bayes-optimal prediction
+    decode_<decoder>(leaf_probs, hierarchy, *, <params>, within=None)  a heuristic decoder's prediction
 
 e.g. ``wu_palmer(preds, target, h)``, ``hf_beta(preds, target, h, beta=0.5)``,
 ``expected_wu_palmer(probs, preds, h)``, ``decode_hf_beta(probs, h, beta=0.5)``,
@@ -104,7 +104,7 @@ def expected(metric, leaf_probs, preds, hierarchy, *, from_logits: bool | str = 
 
 
 def decode(metric, leaf_probs, hierarchy, *, from_logits: bool | str = False, normalize: bool = False,
-           validate: bool | None = None, chunk_size: int | None = None, **params) -> torch.Tensor:
+           validate: bool | None = None, chunk_size: int | None = None, within=None, **params) -> torch.Tensor:
     """The Bayes-optimal prediction for ``metric``: the prediction of best expected value.
 
     Args:
@@ -112,6 +112,9 @@ def decode(metric, leaf_probs, hierarchy, *, from_logits: bool | str = False, no
         leaf_probs: (B, L) or (L,) float probabilities (or a :class:`~hdecode_torch.Posterior`).
         hierarchy: the :class:`~hdecode_torch.Hierarchy`.
         from_logits, normalize, validate, chunk_size: as for :func:`expected`.
+        within: (B,) int64 node ids (or one id for all rows), the node each row's answer must lie under:
+            the row is decoded on that node's subtree, its probabilities renormalised there (None or the
+            root: the whole tree).
 
     Returns:
         (B,) int64 node ids for leaf and node metrics, (B, N) bool ancestor-closed node sets for set
@@ -120,11 +123,12 @@ def decode(metric, leaf_probs, hierarchy, *, from_logits: bool | str = False, no
     """
     m = _metric(metric, hierarchy, params)
     return m.decode(_leaf_input(m, leaf_probs, from_logits, normalize, validate, defer=True), validate=validate,
-                    chunk_size=chunk_size)
+                    chunk_size=chunk_size, within=within)
 
 
 def decode_with(decoder, leaf_probs, hierarchy, *, from_logits: bool | str = False, normalize: bool = False,
-                validate: bool | None = None, chunk_size: int | None = None, **params) -> torch.Tensor:
+                validate: bool | None = None, chunk_size: int | None = None, within=None,
+                **params) -> torch.Tensor:
     """The prediction of any decoder.
 
     Args:
@@ -132,7 +136,7 @@ def decode_with(decoder, leaf_probs, hierarchy, *, from_logits: bool | str = Fal
             built decoder on ``hierarchy``; ``params`` are its parameters (``lam=0.5``).
         leaf_probs: (B, L) or (L,) float probabilities (or a :class:`~hdecode_torch.Posterior`).
         hierarchy: the :class:`~hdecode_torch.Hierarchy`.
-        from_logits, normalize, validate, chunk_size: as for :func:`expected`.
+        from_logits, normalize, validate, chunk_size: as for :func:`expected`; within: as for :func:`decode`.
 
     Returns:
         (B,) int64 node ids (optimal decoders of set metrics: (B, N) bool sets), unbatched for a (L,)
@@ -140,7 +144,7 @@ def decode_with(decoder, leaf_probs, hierarchy, *, from_logits: bool | str = Fal
     """
     d = _same_tree(get_decoder(decoder, _hierarchy(hierarchy), **params), hierarchy)
     return d.decode(_leaf_input(d, leaf_probs, from_logits, normalize, validate, defer=True), validate=validate,
-                    chunk_size=chunk_size)
+                    chunk_size=chunk_size, within=within)
 
 
 # --------------------------------------------------------------------------- shared steps
@@ -192,6 +196,7 @@ _KW = inspect.Parameter.KEYWORD_ONLY
 _VALUE_KEYWORDS = (("decoder", "optimal"), ("from_logits", False), ("reduction", "none"), ("dtype", None),
                    ("validate", None))
 _PROBS_KEYWORDS = (("from_logits", False), ("normalize", False), ("validate", None), ("chunk_size", None))
+_DECODE_KEYWORDS = _PROBS_KEYWORDS + (("within", None),)
 
 _VALUE_DOC = """{title}{better}
 
@@ -214,8 +219,11 @@ Returns:
 _PROBS_ARGS = """Args:
     leaf_probs: (B, L) or (L,) float probabilities (or a Posterior).{preds_arg}
     hierarchy: the Hierarchy.{params}
-    from_logits, normalize, validate, chunk_size: as for :func:`hdecode_torch.functional.expected`.
+    from_logits, normalize, validate, chunk_size: as for :func:`hdecode_torch.functional.expected`.{within}
 """
+_WITHIN_ARG = """
+    within: (B,) int64 node ids (or one for all rows) the answers must lie under, as for
+        :func:`hdecode_torch.functional.decode`."""
 
 _EXPECTED_DOC = """Expected {name}: Σ_l p(l) {name}(preds, l) for each leaf distribution.
 
@@ -283,7 +291,7 @@ def _fields(cls) -> dict:
     fields = {"name": cls.name, "cls": f"{cls.__module__}.{cls.__qualname__}", "params": _params_doc(cls),
               "call": "".join(f", {p.name}={p.name}" for p in cls.PARAMS),
               "title": description[:1].upper() + description[1:], "description": description}
-    return {**fields, "args": _PROBS_ARGS.format(preds_arg="", **fields)}
+    return {**fields, "args": _PROBS_ARGS.format(preds_arg="", within=_WITHIN_ARG, **fields)}
 
 
 def _make(name: str, signature: inspect.Signature, doc: str, body):
@@ -320,7 +328,7 @@ def metric_functions(cls) -> dict:
                    else f"  {'Higher' if cls.higher_is_better else 'Lower'} is better.")
     f["preds"] = ("(B, N) bool node sets (closed under ancestors) or (B,) int64 node ids\n        (their ancestor sets)"
                   if cls.kind == "set" else "(B,) int64 node ids")
-    expected_args = _PROBS_ARGS.format(preds_arg=f"\n    preds: {f['preds']}.", **f)
+    expected_args = _PROBS_ARGS.format(preds_arg=f"\n    preds: {f['preds']}.", within="", **f)
 
     def value_body(a):
         params, rest = _split(cls, a)
@@ -338,7 +346,7 @@ def metric_functions(cls) -> dict:
         params, rest = _split(cls, a)
         return decode(cls(_hierarchy(rest["hierarchy"]), **params), rest["leaf_probs"], rest["hierarchy"],
                       from_logits=rest["from_logits"], normalize=rest["normalize"], validate=rest["validate"],
-                      chunk_size=rest["chunk_size"])
+                      chunk_size=rest["chunk_size"], within=rest["within"])
 
     out = {
         cls.name: _make(cls.name, _signature(("preds", "target", "hierarchy"), cls, _VALUE_KEYWORDS),
@@ -351,7 +359,7 @@ def metric_functions(cls) -> dict:
         f["returns"] = ("(B, N) bool ancestor-closed node sets holding the root" if cls.kind == "set"
                         else "(B,) int64 node ids")
         out[f"decode_{cls.name}"] = _make(f"decode_{cls.name}",
-                                          _signature(("leaf_probs", "hierarchy"), cls, _PROBS_KEYWORDS),
+                                          _signature(("leaf_probs", "hierarchy"), cls, _DECODE_KEYWORDS),
                                           _DECODE_DOC.format(**f), decode_body)
     return out
 
@@ -363,9 +371,9 @@ def decoder_function(cls):
         params, rest = _split(cls, a)
         return decode_with(cls(_hierarchy(rest["hierarchy"]), **params), rest["leaf_probs"], rest["hierarchy"],
                            from_logits=rest["from_logits"], normalize=rest["normalize"], validate=rest["validate"],
-                           chunk_size=rest["chunk_size"])
+                           chunk_size=rest["chunk_size"], within=rest["within"])
 
-    return _make(f"decode_{cls.name}", _signature(("leaf_probs", "hierarchy"), cls, _PROBS_KEYWORDS),
+    return _make(f"decode_{cls.name}", _signature(("leaf_probs", "hierarchy"), cls, _DECODE_KEYWORDS),
                  _DECODER_DOC.format(**_fields(cls)), body)
 
 

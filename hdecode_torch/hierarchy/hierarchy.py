@@ -700,6 +700,10 @@ def _read_edge_file(source, delimiter: str | None) -> tuple[list[tuple[str, str]
     except OSError as exc:
         raise _os_error(exc, f"Cannot read edge list {name}") from None
     text = text.lstrip("\ufeff")
+    nul = text.find("\x00")
+    if nul >= 0:  # valid UTF-8, but no text file holds NUL: a binary file, not a line of one odd name
+        raise ValueError(f"Cannot read edge list {name}: not a text file (character {nul} is a NUL byte); an edge "
+                         "list is a text file of parent,child lines")
     lines = [(k + 1, ln) for k, ln in enumerate(text.splitlines()) if ln.strip() and not ln.lstrip().startswith("#")]
     if not lines:
         raise ValueError(f"Expected (parent, child) lines in {name}, but it is empty")

@@ -6,10 +6,10 @@ Thin layers over :func:`~hdecode_torch.get_metric`, :func:`~hdecode_torch.get_de
 access, so ``import hdecode_torch`` does not pay for them.
 """
 
-from .module import DecodingHead, clear_posterior_cache, shared_posterior
+from .module import DecodingHead
 
 # The Lightning names stay out of __all__: a star import must not need Lightning.
-__all__ = ["DecodingHead", "HierarchicalMetric", "shared_posterior", "clear_posterior_cache"]
+__all__ = ["DecodingHead", "HierarchicalMetric"]
 
 _LAZY = {"HierarchicalMetric": "torchmetrics", "HierarchicalMetricsCallback": "lightning",
          "callback_class": "lightning"}

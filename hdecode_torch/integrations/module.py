@@ -1,19 +1,16 @@
 """``DecodingHead``: an ``nn.Module`` that turns a trained model's scores into hierarchical predictions.
 
 Also home of the small helpers the torchmetrics and Lightning layers share (they import
-only torch): building a (metric, decoder) pair from specifications, naming it, and the
-last-batch :class:`~hdecode_torch.Posterior` cache that lets several metrics of one batch
-compute the node probabilities once.
+only torch): building a (metric, decoder) pair from specifications and naming it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import re
-import threading
 import warnings
-import weakref
 
 import torch
 from torch import nn
@@ -22,10 +19,11 @@ from ..core.plan import MAX_LEVELS, plan_for, resolve_plan
 from ..core.posterior import Posterior
 from ..core.validation import compute_dtype, input_kind
 from ..decoders import Decoder, get_decoder
+from ..decoders.risk_control import RiskControl
 from ..hierarchy import Hierarchy
 from ..metrics import METRICS, BaseMetric, get_metric
 
-__all__ = ["DecodingHead", "resolve_pair", "shared_posterior", "clear_posterior_cache", "pair_name", "decoder_label"]
+__all__ = ["DecodingHead", "resolve_pair", "pair_name", "decoder_label"]
 
 
 # --------------------------------------------------------------------------- specifications
@@ -68,52 +66,8 @@ def pair_name(metric_key: str, decoder_key: str, prefix: str = "") -> str:
     return "_".join(p for p in (prefix, _slug(metric_key), _slug(decoder_key)) if p)
 
 
-# --------------------------------------------------------------------------- last-batch posterior cache
-# One entry per thread: the Posterior of the last (tensor, hierarchy, options) seen.  A
-# MetricCollection calls every member's update with the *same* tensor object, so an
-# identity check (weakref + in-place version counter) is enough to share the node sums
-# without hashing or comparing the data.  One batch stays referenced until the next one.
-_local = threading.local()
-
-
-def _version(x: torch.Tensor):
-    try:
-        return x._version
-    except RuntimeError:  # inference tensors have no version counter
-        return None
-
-
 def _same_tree(a: Hierarchy, b: Hierarchy) -> bool:
     return a is b or a.same_tree(b)
-
-
-def shared_posterior(hierarchy: Hierarchy, scores, *, from_logits: bool = False, validate: bool = True) -> Posterior:
-    """The :class:`Posterior` of ``scores`` (B, L), reused if the same tensor object was just seen.
-
-    ``scores``: (B, L) or (L,) float probabilities, or logits when ``from_logits``; a
-    :class:`Posterior` is returned as is.  Reuse requires the same tensor object, not
-    modified in place since, the same tree and the same options; tensors made under
-    ``torch.inference_mode()`` have no in-place version counter and are never reused.
-    """
-    if isinstance(scores, Posterior):
-        return scores
-    if not isinstance(scores, torch.Tensor) or _version(scores) is None:
-        # Inference tensors have no version counter: a buffer refilled in place would look unchanged.
-        return Posterior(hierarchy, scores, from_logits=from_logits, validate=validate, name="scores")
-    entry = getattr(_local, "entry", None)
-    options = (input_kind(from_logits), bool(validate))
-    if (entry is not None and entry["ref"]() is scores and entry["version"] == _version(scores)
-            and entry["options"] == options and _same_tree(entry["hierarchy"], hierarchy)):
-        return entry["post"]
-    post = Posterior(hierarchy, scores, from_logits=from_logits, validate=validate, name="scores")
-    _local.entry = {"ref": weakref.ref(scores), "version": _version(scores), "options": options,
-                    "hierarchy": hierarchy, "post": post}
-    return post
-
-
-def clear_posterior_cache() -> None:
-    """Drop this thread's cached last-batch Posterior (frees that batch's node tables)."""
-    _local.entry = None
 
 
 # --------------------------------------------------------------------------- the head
@@ -211,6 +165,8 @@ class DecodingHead(nn.Module):
         hierarchy: the class tree; its leaves ``0..L-1`` are the model's output columns.
         metric: a metric name, ``(name, params)`` or built metric; ``params`` are its
             parameters (``beta=``, ``c=``).  Kept as :attr:`metric` to score the predictions.
+            A built Decoder here is taken as the decoder (``DecodingHead(h, rc)`` is
+            ``DecodingHead(h, decoder=rc)``, the metric then ``"accuracy"``).
         decoder: ``"optimal"`` (the metric's Bayes-optimal decoder), a heuristic name,
             ``(name, params)`` such as ``("darts", {"lam": 0.5})``, or a built Decoder.
         from_logits: what the input holds.  ``False`` (default): probabilities, each row
@@ -227,7 +183,10 @@ class DecodingHead(nn.Module):
     The tree's ``parent`` array (N,) int64 is a buffer, so ``.to(device)``, ``state_dict``
     and ``torch.save`` carry it; ``forward`` uses the hierarchy's cached copy on the
     buffer's device.  Loading a ``state_dict`` saved from another tree of the same size
-    rebuilds the hierarchy (canonical ids; original names and labels are not stored).
+    rebuilds the hierarchy (canonical ids; original names and labels are not stored).  With a
+    :class:`~hdecode_torch.RiskControl` decoder, its fitted λ is the 0-d float64 buffer ``lam``
+    (NaN before ``fit``; saved as the decoder holds it at saving time), and loading sets the
+    decoder's λ.
 
     **Graphs.**  A decoder can be part of a graph when no size inside it depends on the data
     (:attr:`traceable`): every heuristic decoder and the optimal decoders of every node and
@@ -244,8 +203,8 @@ class DecodingHead(nn.Module):
       works for traceable heads; :meth:`export` does it with a dynamic batch size.
     - ONNX: :meth:`export_onnx` exports on the CPU plan, whose per-level tree sums are standard
       operators (trees of up to ``MAX_LEVELS`` levels); the GPU plan's fused ``hdecode::``
-      operators are unknown to ONNX.  ``from_logits="auto"`` does not convert (the exporter has
-      no translation of its all-dimension minimum): export with ``True`` or ``False``.
+      operators are unknown to ONNX.  ``from_logits="auto"`` decides per batch inside the model, as
+      the eager head does.
     - ``torch.compile``: outside export, the head is excluded from compiled graphs (a graph
       break; it runs eagerly), because its decoders branch on data and read sizes from the
       device, and compiling them gained little or lost.  A compiled model ending in the head
@@ -272,9 +231,19 @@ class DecodingHead(nn.Module):
         self.validate = bool(validate)
         self.cuda_graph = cuda_graph
         self.register_buffer("parent", hierarchy.parent.detach().to("cpu", torch.long).clone())
+        if isinstance(metric, Decoder):
+            # DecodingHead(h, rc): a decoder object cannot be the metric, so it is the decoder (the metric
+            # only names the pair then, as with decoder=...).
+            if not (isinstance(decoder, str) and decoder == "optimal"):
+                raise TypeError(f"Expected `metric` to be a metric, but got the decoder {metric!r} together with "
+                                f"decoder={decoder!r}: pass one decoder, as decoder=...")
+            metric, decoder = "accuracy", metric
         self._metric_spec = (metric, dict(params))
         self._decoder_spec = decoder
         self._build(hierarchy.to("cpu"))
+        if isinstance(self.decoder, RiskControl):
+            # The fitted λ is state: saved and loaded with the head (NaN: not fitted).
+            self.register_buffer("lam", _lam_tensor(self.decoder))
         if cuda_graph and not self.traceable:
             raise ValueError(f"Expected a decoder with fixed sizes for `cuda_graph=True`, but {self._untraceable_reason()}")
         self.register_load_state_dict_post_hook(_rebuild_after_load)
@@ -465,7 +434,8 @@ class DecodingHead(nn.Module):
 
         example: (B, L) float scores on the head's device, B >= 2 (checked once here when
         ``validate=True``; the program does not check its values).  ``dynamic_batch``: the batch
-        size is a symbolic dimension, so the program takes any B >= 1; else only the example's B.
+        size is a symbolic dimension, so the program takes any B >= 0 (an empty batch gives an empty
+        prediction, as the eager head does); else only the example's B.
         The program takes batches only: its ``module()`` refuses any other shape than (B, L) with a
         ``ValueError`` (a single sample is ``scores[None]``; unlike the eager head, a 1-D input
         cannot give an unbatched output, as a graph's rank is fixed).  That check is a hook of the
@@ -515,6 +485,12 @@ class DecodingHead(nn.Module):
         with self._export_context("cpu"):
             self._build_tables(self.hierarchy, x)
             return torch.onnx.export(self, (x,), path, dynamo=True, dynamic_shapes=_batch_dim(dynamic_batch), **kwargs)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        if "lam" in self._buffers and isinstance(self.decoder, RiskControl):
+            # The decoder may have been fitted after the head was built: save its λ as it is now.
+            self._buffers["lam"] = _lam_tensor(self.decoder).to(self._buffers["lam"].device)
+        super()._save_to_state_dict(destination, prefix, keep_vars)
 
     def __getstate__(self):
         # A captured CUDA graph and its buffers belong to this process: captured again after loading.
@@ -597,3 +573,11 @@ def _rebuild_after_load(module: DecodingHead, incompatible_keys) -> None:
     loaded = module.parent.detach().cpu()
     if not torch.equal(loaded, module._hierarchy.parent.cpu()):
         module._build(Hierarchy.from_parents(loaded.numpy()))
+    if isinstance(module.decoder, RiskControl) and "lam" in module._buffers:
+        lam = float(module.lam)
+        module.decoder.lam = None if math.isnan(lam) else lam
+
+
+def _lam_tensor(decoder: "RiskControl") -> torch.Tensor:
+    """A fitted RiskControl's λ as a 0-d float64 tensor (NaN before ``fit``; a float64 holds the float exactly)."""
+    return torch.tensor(math.nan if decoder.lam is None else decoder.lam, dtype=torch.float64)

@@ -79,15 +79,19 @@ class HierarchicalMetric(Metric):
     world size.  :attr:`higher_is_better` comes from the metric.
 
     **Sharing.**  Instances updated one after another with the same ``preds`` and ``target``
-    objects (a ``MetricCollection``, with or without compute groups, or a loop) share the batch:
-    one input check (one host read); for scores, one :class:`~hdecode_torch.Posterior` (node
-    probabilities summed once) and each decoder's predictions, decoded once and scored by every
-    metric that uses that decoder (a built-in heuristic with the same parameters counts as the
-    same decoder; optimal and user decoders are shared by object); decoded predictions are scored
-    once per metric object.  A batch is recognised by the identity of
-    its tensors, their in-place version counter, and the rule that an instance updated twice
-    starts a new batch, which also covers inference tensors (they have no version counter).
-    Each instance's values are exactly those of an unshared update.
+    (a ``MetricCollection``, with or without compute groups, or a loop) share the batch: one input
+    check; for scores, one :class:`~hdecode_torch.Posterior` (node probabilities summed once) and
+    each decoder's predictions, decoded once and scored by every metric that uses that decoder (a
+    built-in heuristic with the same parameters counts as the same decoder; optimal and user
+    decoders are shared by object); decoded predictions are scored once per metric object.  A batch
+    is recognised by its objects and their values: the first update keeps a copy of ``preds`` (a
+    Posterior's probabilities) and ``target``, and a later instance shares the batch only if its
+    arguments are the same objects, bit for bit equal to that copy, compared on their device (one
+    host read per instance; two when ``preds`` and ``target`` are on different devices).  A buffer
+    refilled in place is therefore a new batch however it was written (under
+    ``torch.inference_mode()``, through a numpy view or ``.data``, which bump no version counter).
+    An instance updated twice starts a new batch.  The copy (the size of the arguments) is held
+    until the next batch.  Each instance's values are exactly those of an unshared update.
     """
 
     is_differentiable = False
@@ -205,6 +209,7 @@ class _SharedBatch:
 
     def __init__(self, h, post: Posterior | None, decoded: torch.Tensor | None, target: torch.Tensor, key: tuple):
         self.h, self.post, self.decoded, self.target, self.key = h, post, decoded, target, key
+        self.snapshot: tuple | None = None  # the arguments and copies of their values, to share across calls
         self.dtype = post.dtype if post is not None else torch.get_default_dtype()
         self.preds: dict = {}
         self.scored: dict = {}
@@ -260,29 +265,43 @@ class _SharedBatch:
 _local = threading.local()
 
 
-def _argument_key(x):
-    """(weak reference, in-place version) of an update argument; None when it cannot be recognised."""
-    if isinstance(x, Posterior):
-        return weakref.ref(x), None
-    if not isinstance(x, torch.Tensor):
-        return None  # converted anew at every call
-    try:
-        version = x._version
-    except RuntimeError:  # an inference tensor: the "updated twice" rule stands in for the version
-        version = None
-    return weakref.ref(x), version
+def _content(x):
+    """The tensor whose values decide a batch's answer: scores, decoded predictions or targets; a Posterior's
+    probabilities."""
+    return x.probs if isinstance(x, Posterior) else x
 
 
-def _same_argument(key, x) -> bool:
-    if key is None:
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with floats read as integers of their width: equal exactly when bit for bit equal (a NaN equals
+    itself, -0.0 differs from 0.0), which is what makes two batches give the same answer."""
+    if t.is_floating_point():
+        return t.view({1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+    return t
+
+
+def _snapshot(preds, target):
+    """Weak references to an update's arguments and copies of their values, to recognise the same batch later;
+    None when they cannot be recognised (arrays and lists are converted anew at every call)."""
+    xs = (_content(preds), target)
+    if not all(isinstance(x, torch.Tensor) for x in xs):
+        return None
+    return (weakref.ref(preds), weakref.ref(target)), tuple(x.detach().clone() for x in xs)
+
+
+def _same_batch(snapshot, preds, target) -> bool:
+    """Whether ``preds`` and ``target`` are the objects of ``snapshot`` and hold bit for bit the values copied
+    there (one host read; none when the objects differ)."""
+    (ref_p, ref_t), snapshot = snapshot
+    if ref_p() is not preds or ref_t() is not target:
         return False
-    ref, version = key
-    if ref() is not x:
+    xs = (_content(preds), target)
+    if not all(isinstance(x, torch.Tensor) and x.shape == s.shape and x.dtype == s.dtype and x.device == s.device
+               for x, s in zip(xs, snapshot)):
         return False
-    try:
-        return version == (x._version if isinstance(x, torch.Tensor) else None)
-    except RuntimeError:
-        return version is None
+    if snapshot[0].device != snapshot[1].device:
+        return all(torch.equal(_bits(s), _bits(x)) for s, x in zip(snapshot, xs))
+    same = [(_bits(s) == _bits(x)).all() for s, x in zip(snapshot, xs)]
+    return bool(torch.stack(same).all())
 
 
 def _options(metric: "HierarchicalMetric", kind: str) -> tuple:
@@ -290,48 +309,67 @@ def _options(metric: "HierarchicalMetric", kind: str) -> tuple:
     return kind, input_kind(metric.from_logits) if kind == "scores" else None, metric.validate
 
 
-def _shared_batch(metric: "HierarchicalMetric", preds, target, use: bool = True) -> _SharedBatch:
-    """The batch ``(preds, target)`` checked (scores with their Posterior), shared with the metrics updated
-    before with the same objects (see the class docstring); ``use``: ``metric`` is being updated with it."""
-    kind, x = prediction_kind(preds)
-    options = _options(metric, kind)
-    entry = getattr(_local, "batch", None)
-    if (entry is not None and id(metric) not in entry.users and entry.key[2:] == options
-            and _same_argument(entry.key[0], preds) and _same_argument(entry.key[1], target)
-            and (entry.h is metric.hierarchy or entry.h.same_tree(metric.hierarchy))):
-        if use:
-            entry.users.add(id(metric))
-        return entry
+def _new_batch(metric: "HierarchicalMetric", kind: str, x, target, options: tuple) -> _SharedBatch:
     h = metric.hierarchy
-    key = (_argument_key(preds), _argument_key(target)) + options
     if kind == "scores":
         post, t = checked_scores(h, x, target, from_logits=metric.from_logits, validate=metric.validate)
-        entry = _SharedBatch(h, post, None, t, key)
-    else:
-        decoded, t = checked_predictions(h, kind, x, target, validate=metric.validate)
-        entry = _SharedBatch(h, None, decoded, t, key)
-    if use:
+        return _SharedBatch(h, post, None, t, options)
+    decoded, t = checked_predictions(h, kind, x, target, validate=metric.validate)
+    return _SharedBatch(h, None, decoded, t, options)
+
+
+def _shared_batch(metric: "HierarchicalMetric", preds, target) -> _SharedBatch:
+    """The batch ``(preds, target)`` checked (scores with their Posterior), shared with the metrics updated
+    with it before (see the class docstring); ``metric`` is being updated with it."""
+    kind, x = prediction_kind(preds)
+    options = _options(metric, kind)
+    scope = getattr(_local, "scope", None)
+    if scope is not None:  # inside one update_together call: the same objects are the same batch
+        entry, args = scope
+        if (id(metric) not in entry.users and entry.key == options and args[0] is preds and args[1] is target
+                and (entry.h is metric.hierarchy or entry.h.same_tree(metric.hierarchy))):
+            entry.users.add(id(metric))
+            return entry
+    entry = getattr(_local, "batch", None)
+    # Identity and in-place version counters cannot tell a refilled buffer from the batch it held (writes
+    # under inference_mode, through a numpy view or .data bump no counter): only the values can.
+    if (entry is not None and id(metric) not in entry.users and entry.key == options and entry.snapshot is not None
+            and (entry.h is metric.hierarchy or entry.h.same_tree(metric.hierarchy))
+            and _same_batch(entry.snapshot, preds, target)):
         entry.users.add(id(metric))
+        return entry
+    entry = _new_batch(metric, kind, x, target, options)
+    entry.snapshot = _snapshot(preds, target)
+    entry.users.add(id(metric))
     _local.batch = entry
     return entry
 
 
 def update_together(members, preds, target) -> None:
-    """``m.update(preds, target)`` for every ``m`` of ``members``, with the values of each metric object
-    computed in one call for all its decoders' node-id predictions (what a grouped caller such as the
-    Lightning callback knows in advance; members updated one by one share the decoding only)."""
+    """``m.update(preds, target)`` for every ``m`` of ``members``, sharing one checked batch, with the values of
+    each metric object computed in one call for all its decoders' node-id predictions (what a grouped caller
+    such as the Lightning callback knows in advance; members updated one by one share the decoding only).
+
+    Within this one call the arguments cannot change, so they are shared without comparing their values.
+    """
     members = list(members)
     if not members:
         return
-    batch = _shared_batch(members[0], preds, target, use=False)
-    kind = batch.key[2]
-    batch.score([m for m in members if _options(m, kind) == _options(members[0], kind)])
-    for m in members:
-        m.update(preds, target)
+    kind, x = prediction_kind(preds)
+    options = _options(members[0], kind)
+    batch = _new_batch(members[0], kind, x, target, options)
+    batch.score([m for m in members if _options(m, kind) == options])
+    outer = getattr(_local, "scope", None)
+    _local.scope = (batch, (preds, target))
+    try:
+        for m in members:
+            m.update(preds, target)
+    finally:
+        _local.scope = outer
 
 
 def release_shared_batch() -> None:
-    """Drop this thread's shared batch (its Posterior's tables and the predictions)."""
+    """Drop this thread's shared batch (its Posterior's tables, the predictions and the copy of its values)."""
     _local.batch = None
 
 

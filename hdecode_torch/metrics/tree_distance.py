@@ -8,7 +8,9 @@ Optimal decoder (closed form): moving from a node n to its child m changes the e
 1 − 2 p(m) (+ c), so the risk falls along the path of children with p(m) > (1 + c)/2 and rises
 elsewhere: the answer is the deepest node with p(n) > (1 + c)/2, the root if none (Ramaswamy et al.
 2015; Cao et al. 2024).  The nodes with p(n) > 1/2 form one root path, so there are no ties between
-nodes of equal depth; on a single-child chain the deeper node wins.  O(B·N).
+nodes of equal depth; on a single-child chain the deeper node wins.  The rule is strict: a child m with
+p(m) exactly (1 + c)/2 has the expected distance of its parent and is not taken, so that exact tie goes
+to the shallower node.  O(B·N).
 """
 
 from __future__ import annotations
