@@ -182,3 +182,35 @@ def test_with_import_names_wait_for_the_module(tmp_path):
     check_before_torch(Namespace(hierarchy=None, imports=["my_metrics"]), metrics=["depth_gap"])
     with pytest.raises(CLIError, match="unknown metric 'depth_gap'"):
         check_before_torch(Namespace(hierarchy=None, imports=None), metrics=["depth_gap"])
+
+
+def test_benchmarks_default_to_one_thread_and_say_so(tmp_path, capsys):
+    """`python -m benchmarks.run --quick` printed nonsense medians on a busy machine unless --threads 1:
+    one thread is the default, whatever torch's own, and the table headers print the count."""
+    import json
+
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    try:
+        from benchmarks import run
+    finally:
+        sys.path.remove(str(ROOT))
+    assert run.parse_args([]).threads == 1
+    with pytest.raises(SystemExit):
+        run.parse_args(["--help"])
+    assert "torch.set_num_threads (default: 1, which the table header prints" in " ".join(capsys.readouterr().out.split())
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        path = tmp_path / "b.json"
+        run.main(["--quick", "--device", "cpu", "--trees", "synthetic-tiny", "--batch-sizes", "8",
+                  "--decoders", "majority", "--baseline-samples", "4", "--python-baseline-samples", "0",
+                  "--repeats", "1", "--min-time", "0", "--no-backend-compare", "--no-memory", "--json", str(path)])
+        assert torch.get_num_threads() == 2  # restored
+    finally:
+        torch.set_num_threads(before)
+    out = capsys.readouterr().out
+    assert json.loads(path.read_text())["meta"]["torch_threads"] == 1
+    assert " cores, 1 torch threads)" in out
+    assert "torch threads=1" in out
