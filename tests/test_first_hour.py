@@ -214,3 +214,15 @@ def test_benchmarks_default_to_one_thread_and_say_so(tmp_path, capsys):
     assert json.loads(path.read_text())["meta"]["torch_threads"] == 1
     assert " cores, 1 torch threads)" in out
     assert "torch threads=1" in out
+
+
+def test_a_library_warning_in_a_test_is_an_error():
+    """The suite turns the library's own warnings into errors (pyproject's filterwarnings): a test that
+    triggers one must say so with pytest.warns."""
+    import torch
+
+    constant = torch.zeros(4, 3)
+    with pytest.raises(UserWarning, match="constant within every row"):
+        hd.TemperatureScaler().fit(constant, torch.tensor([0, 1, 2, 0]))
+    with pytest.warns(UserWarning, match="constant within every row"):
+        hd.TemperatureScaler().fit(constant, torch.tensor([0, 1, 2, 0]))

@@ -354,7 +354,8 @@ def test_posterior_cache_is_keyed_on_identity_and_version():
     q[0] = torch.roll(q[0], 1)  # in-place change: the cached node sums would be stale
     c = shared_posterior(H, q)
     assert c is not b and torch.equal(c.probs, q)
-    assert shared_posterior(H, q, from_logits=True) is not c
+    with pytest.warns(UserWarning, match="looks like probabilities"):  # probabilities as logits: another key
+        assert shared_posterior(H, q, from_logits=True) is not c
     small = hd.Hierarchy.from_parents([-1, 0, 0, 1, 1])
     assert shared_posterior(small, torch.full((2, 3), 1 / 3)).h.same_tree(small)
     # A metric updated with an in-place modified batch sees the new values.
