@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pathlib
 import re
+import textwrap
 
 import pytest
 import torch
@@ -22,7 +23,9 @@ FILES = {"edges.csv": "parent,child\nroot,animal\nroot,vehicle\nanimal,dog\nanim
 
 
 def _blocks() -> list[str]:
-    return re.findall(r"^```python\n(.*?)^```", README.read_text(encoding="utf-8"), flags=re.S | re.M)
+    """The ```python blocks, in order; one indented under a list item is dedented."""
+    found = re.findall(r"^([ \t]*)```python[ \t]*\n(.*?)^\1```", README.read_text(encoding="utf-8"), flags=re.S | re.M)
+    return [textwrap.dedent(block) for _, block in found]
 
 
 @pytest.fixture
@@ -76,4 +79,4 @@ def test_every_block_runs_in_order(readme_namespace):
 def test_blocks_are_found_whole():
     """The test sees every block: each opening fence has its closing one, and nothing is left out."""
     text = README.read_text(encoding="utf-8")
-    assert len(_blocks()) == len(re.findall(r"^```python$", text, flags=re.M))
+    assert len(_blocks()) == len(re.findall(r"^[ \t]*```python[ \t]*$", text, flags=re.M))
