@@ -367,7 +367,8 @@ def print_rows(rows, tb, checks):
               if c["tree"] == tb.name and c["kind"] == "correctness"}
     memst = {(c["decoder"], c["device"]): c["status"] for c in checks if c["tree"] == tb.name and c["kind"] == "memory"
              and c.get("batch") == r0["batch"]}
-    print(f"\n  {tb.name}  device={r0['device']}  B={r0['batch']}  backend={r0['backend']}")
+    print(f"\n  {tb.name}  device={r0['device']}  B={r0['batch']}  backend={r0['backend']}  "
+          f"torch threads={torch.get_num_threads()}")
     hdr = (f"  {'decoder':34s} {'µs/sample':>10s} {'samples/s':>11s} {'peak MiB':>8s} {'maxalloc':>8s} {'RSS MiB':>8s}"
            f" {'np µs':>9s} {'speed-up':>8s} {'py µs':>9s} {'vs py':>7s} {'floor×':>8s}  check")
     print(hdr)
@@ -472,7 +473,10 @@ def parse_args(argv=None):
     ap.add_argument("--backend", default="torch", choices=["torch", "scatter"], help="segment backend for the main rows")
     ap.add_argument("--no-backend-compare", dest="backend_compare", action="store_false",
                     help="skip the torch-scatter vs torch comparison (run when torch-scatter is installed)")
-    ap.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (default: torch's choice)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch.set_num_threads (default: 1, which the table header prints: on a shared or busy "
+                         "machine more threads wait for each other at every operator and the medians mean nothing; "
+                         "0 = torch's choice, one per core, for an idle machine)")
     ap.add_argument("--plan", default=None, choices=["cpu", "cuda"],
                     help="make every device-dependent choice as for this device (hd.plan_for), whatever the device "
                          "timed: e.g. --plan cuda times the GPU plan on the CPU (default: each device's own plan)")

@@ -41,7 +41,7 @@ def train_mlp(x, y, num_classes: int, epochs: int, hidden: int = 128, batch_size
             opt.zero_grad()
             loss.backward()
             opt.step()
-            total, count = total + float(loss) * len(idx), count + len(idx)
+            total, count = total + float(loss.detach()) * len(idx), count + len(idx)
         print(f"  epoch {epoch}/{epochs}: training loss {total / count:.3f} ({time.perf_counter() - start:.1f}s)",
               flush=True)
     return model.eval()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,10 +27,14 @@ def _load(name):
 
 
 def _run(name, *args, timeout=120):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    """Run an example as a user does: its own process, Python's default warning filters (what a user
+    sees), and no warning may be printed."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    env["OMP_NUM_THREADS"] = "1"
     proc = subprocess.run([sys.executable, str(EXAMPLES / f"{name}.py"), "--threads", "1", *map(str, args)],
                           capture_output=True, text=True, timeout=timeout, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not re.search(r"Warning\b", proc.stderr + proc.stdout), proc.stderr[-3000:]
     return proc.stdout, proc.stderr
 
 
@@ -55,6 +60,12 @@ def test_decoding_head_example(tmp_path):
     losses = [float(ln.split("training loss ")[1].split()[0]) for ln in epochs]
     assert losses[1] < losses[0]
     assert stdout.index("epoch 2/2") < stdout.index("decoding the 200 test samples") < stdout.index("least confident")
+    # The printed table is the JSON's values, rounded.
+    for key, r in res["results"].items():
+        row = next(ln.split() for ln in stdout.splitlines() if ln.split()[:1] == [key])
+        assert row[1] == ("+" if r["higher_is_better"] else "-")
+        assert [float(x) for x in row[2:]] == [round(r[k], 4) for k in ("test_optimal", "test_argmax_leaf",
+                                                                         "expected_optimal", "expected_argmax_leaf")]
 
 
 def test_batch_inference_example(tmp_path):
@@ -122,3 +133,24 @@ def test_lightning_example():
         # the callback logs the float64 mean cast to the scores' dtype (float32)
         want = float(m(pred, y, dtype=torch.float64).mean())
         assert logged[name] == pytest.approx(want, rel=torch.finfo(torch.float32).eps), (metric, label)
+
+
+def test_lightning_example_as_run(tmp_path):
+    """Run as a user runs it: no warning printed, and the printed table is the logged values."""
+    pytest.importorskip("pytorch_lightning")
+    from hdecode_torch.integrations.lightning import default_name
+
+    stdout, _ = _run("lightning_synthetic", "--epochs", 1, "--samples", 600, "--val-samples", 200, "--seed", 1,
+                     "--json", tmp_path / "out.json", timeout=300)
+    logged = json.loads((tmp_path / "out.json").read_text())["logged"]
+    lines = stdout.splitlines()
+    top = next(i for i, ln in enumerate(lines) if ln.startswith("metric "))
+    decoders = lines[top].split()[1:]
+    rows = [ln.split() for ln in lines[top + 1:top + 8]]
+    assert [r[0] for r in rows] == ["accuracy", "tree_distance", "wu_palmer", "zhao", "hf_beta[beta=0.5]", "hamming",
+                                    "jaccard"]
+    for metric, _arrow, *cells in rows:
+        assert len(cells) == len(decoders) == 7
+        for decoder, cell in zip(decoders, cells):
+            assert float(cell.rstrip("*")) == round(logged[default_name("val", metric, decoder)], 4), (metric, decoder)
+    assert logged["val_tree_distance_optimal"] == logged["val_tree_distance_majority"]

@@ -160,9 +160,9 @@ def test_registered_metric_and_decoder_on_the_command_line(tmp_path):
 
 def test_command_line_parameter_flags_name_declared_parameters():
     """--beta, --c, --tau, --lam, --info-threshold are short for parameters the classes declare."""
-    from hdecode_torch.cli.common import _PARAM_OWNERS
+    from hdecode_torch.cli.names import PARAM_OWNERS
 
-    for attr, flag, kind, owner in _PARAM_OWNERS:
+    for attr, flag, kind, owner in PARAM_OWNERS:
         cls = hd.metrics.metric_class(owner) if kind == "metric" else hd.decoders.decoder_class(owner)
         declared = {p.name for p in cls.PARAMS}
         want = {"betas": "beta", "info_threshold": "threshold"}.get(attr, attr)

@@ -12,6 +12,7 @@ import argparse
 import os
 
 from .io import CLIError, check_distinct_inputs, check_output_path, is_special_file, require_stdout
+from .names import check_before_torch
 from .options import (
     DEFAULT_ALPHA, DEFAULT_DPI, DEFAULT_GAIN_NOISE, DEFAULT_GAIN_SAMPLES, DEFAULT_GAIN_SEEDS,
     DEFAULT_METRICS, DEFAULT_NUM_SAMPLES, DEFAULT_RESOLUTION, DEFAULT_RISK_POINTS, DEFAULT_SEED, DEFAULT_TABLE_WIDTH,
@@ -142,6 +143,8 @@ def check_compare(args) -> None:
         raise CLIError("--calibration-split applies to --calibrate and --alpha")
     if args.delta is not None and args.alpha is None:
         raise CLIError("--delta applies to --alpha (the confidence bound of risk control at level alpha)")
+    check_before_torch(args, metrics=args.metrics or DEFAULT_METRICS, decoders=args.decoders or HEURISTIC_NAMES,
+                       files=("--probs", "--targets"))
 
 
 # --------------------------------------------------------------------------- decode
@@ -231,6 +234,9 @@ def check_decode(args) -> None:
                             ("--seed", args.seed)):
             if value is not None:
                 raise CLIError(f"{flag} applies to --calibrate")
+    check_before_torch(args, metrics=[args.metric] if args.metric is not None else [],
+                       decoders=[args.decoder] if args.decoder is not None else [], metric_flag="--metric",
+                       decoder_flag="--decoder", heuristics_only=False, single=True, files=("--probs", "--targets"))
 
 
 # --------------------------------------------------------------------------- plot
@@ -255,7 +261,7 @@ def _add_plot(sub) -> None:
         epilog="example:\n"
                "  hdecode plot agreement --metric hf_beta --beta 1 --decoders majority --output agreement.png\n"
                "  hdecode plot agreement --metric wu_palmer --decoders all --output wu_palmer.png")
-    a.set_defaults(_run="plot:run_agreement", _check=None, _parser=a)
+    a.set_defaults(_run="plot:run_agreement", _check=check_plot_agreement, _parser=a)
     a.add_argument("--metric", "--metrics", dest="metric", default="hf_beta",
                    help="metric whose optimal decoder is mapped (default: hf_beta)")
     add_metric_params(a, multi=False)
@@ -281,7 +287,7 @@ def _add_plot(sub) -> None:
         epilog="example:\n  hdecode plot gain --output gain.png\n"
                "  hdecode plot gain --metrics tree_distance,wu_palmer --num-seeds 5 --num-samples 5000 "
                "--output gain.png")
-    g.set_defaults(_run="plot:run_gain", _check=None, _parser=g)
+    g.set_defaults(_run="plot:run_gain", _check=check_plot_gain, _parser=g)
     add_hierarchy_args(g)
     g.add_argument("--metrics", "--metric", dest="metrics", nargs="+", metavar="NAME",
                    help="metrics, one panel each (default: hf_beta at each --betas)")
@@ -304,6 +310,15 @@ def _add_plot(sub) -> None:
                                                   "gains are null)")
     g.add_argument("--dpi", type=int_in(10, MAX_DPI), default=DEFAULT_DPI, help=dpi_help)
     _add_plot_risk(psub, image_help, dpi_help)
+
+
+def check_plot_agreement(args) -> None:
+    check_before_torch(args, metrics=[args.metric], decoders=args.decoders or ["majority"], metric_flag="--metric",
+                       single=True)
+
+
+def check_plot_gain(args) -> None:
+    check_before_torch(args, metrics=args.metrics or ["hf_beta"], decoders=args.decoders or HEURISTIC_NAMES)
 
 
 def _add_plot_risk(psub, image_help: str, dpi_help: str) -> None:
@@ -352,6 +367,7 @@ def check_plot_risk(args) -> None:
     check_distinct_inputs({"--probs": args.probs, "--targets": args.targets, "--hierarchy": args.hierarchy,
                            "--leaf-order": args.leaf_order})
     _check_source(args, "plot risk", "fit and draw the curve")
+    check_before_torch(args, files=("--probs", "--targets"))
 
 
 def _check_source(args, command: str, purpose: str, probs_only=(), synthetic_note: str = "") -> None:

@@ -17,6 +17,7 @@ import torch
 
 from ..hierarchy import Hierarchy, list_hierarchies, load_hierarchy
 from .io import STDIN, CLIError, describe, load_array, one_line, read_input_text
+from .names import check_applicable_names
 from .options import (  # noqa: F401 - re-exported for the subcommands
     DEFAULT_BATCH_SIZE, DEFAULT_BETA, DEFAULT_BETAS, DEFAULT_C, DEFAULT_CALIBRATION_SPLIT, DEFAULT_DPI,
     DEFAULT_HIERARCHY, DEFAULT_LAM, DEFAULT_METRICS, DEFAULT_SEED, DEFAULT_TAU, DEFAULT_THREADS, MAX_FIGURE_PIXELS,
@@ -193,14 +194,42 @@ def one_spec(text: str, flag: str) -> str:
 
 
 def import_modules(names) -> None:
-    """``--import MODULE``: import each module, which may register metrics and decoders of its own."""
+    """``--import MODULE``: import each module, which may register metrics and decoders of its own.
+
+    A module name is looked up as ``python -m`` would: in the current folder first, then on the
+    Python path (the ``hdecode`` console script alone would not see the current folder).  A path
+    ending in ``.py`` is run as that file, as module ``<file name without .py>``, with its folder on
+    the path for its own imports.
+    """
     import importlib
+    import importlib.util
+    import sys
 
     for name in names or ():
         try:
-            importlib.import_module(name)
+            if name.endswith(".py"):
+                path = os.path.abspath(name)
+                folder, module = os.path.dirname(path), os.path.basename(path)[:-3]
+                if folder not in sys.path:
+                    sys.path.insert(0, folder)
+                spec = importlib.util.spec_from_file_location(module, path)
+                loaded = importlib.util.module_from_spec(spec)
+                sys.modules[module] = loaded
+                try:
+                    spec.loader.exec_module(loaded)
+                except BaseException:
+                    del sys.modules[module]
+                    raise
+            else:
+                cwd = os.getcwd()
+                if cwd not in sys.path and "" not in sys.path:
+                    sys.path.insert(0, cwd)
+                importlib.import_module(name)
         except Exception as exc:  # a user's module: any failure is reported as the CLI's error
-            raise CLIError(f"--import {name}: {type(exc).__name__}: {one_line(exc)}") from None
+            hint = ""
+            if isinstance(exc, ModuleNotFoundError) and exc.name == name.split(".")[0]:
+                hint = " (looked in the current folder and on the Python path; a file can be given as PATH.py)"
+            raise CLIError(f"--import {name}: {type(exc).__name__}: {one_line(exc)}{hint}") from None
 
 
 def build_metrics(h: Hierarchy, specs, betas, c) -> list:
@@ -279,24 +308,10 @@ def build_heuristics(h: Hierarchy, specs, tau: float | None, lam: float | None, 
     return out
 
 
-# (args attribute, flag, "metric"/"decoder", the one it belongs to)
-_PARAM_OWNERS = [
-    ("beta", "--beta", "metric", "hf_beta"), ("betas", "--betas", "metric", "hf_beta"),
-    ("c", "--c", "metric", "tree_distance_c"),
-    ("tau", "--tau", "decoder", "confidence_threshold"), ("lam", "--lam", "decoder", "darts"),
-    ("info_threshold", "--info-threshold", "decoder", "information_threshold"),
-]
-
-
 def check_applicable(args, metrics=(), decoders=(), *, metric_flag="--metrics", decoder_flag="--decoders") -> None:
     """A metric or decoder parameter given on the command line for one that is not selected is an error."""
-    selected = {"metric": [m.name for m in metrics], "decoder": [d.name for d in decoders]}
-    for attr, flag, kind, owner in _PARAM_OWNERS:
-        if getattr(args, attr, None) is None or owner in selected[kind]:
-            continue
-        chosen = ", ".join(dict.fromkeys(selected[kind])) or "none"
-        which = metric_flag if kind == "metric" else decoder_flag
-        raise CLIError(f"{flag} applies to the {kind} {owner}, which is not selected ({which}: {chosen})")
+    check_applicable_names(args, [m.name for m in metrics], [d.name for d in decoders], metric_flag=metric_flag,
+                           decoder_flag=decoder_flag)
 
 
 # ---------------------------------------------------------------------------- calibration

@@ -6,8 +6,9 @@ output could not be written, out of memory), 130 on Ctrl-C and 143 on SIGTERM (o
 are removed); never a traceback (``HDECODE_DEBUG=1`` shows it).  Library warnings are shown the same
 way, as ``hdecode <command>: warning: ...``.
 
-The command line is parsed and checked before torch is imported: ``--help``, ``--version`` and a bad
-option answer at once, and a run puts its progress line up before the ~2 s import of torch.
+The command line is parsed and checked before torch is imported: ``--help``, ``--version``, a bad
+option, a misspelt metric, decoder or tree and a missing input file answer at once (:mod:`.names`), and
+a run puts its progress line up before the ~2 s import of torch.
 """
 
 from __future__ import annotations

@@ -181,9 +181,10 @@ def add_run_args(p, *, batch: bool = True, threads: bool = True, device: bool = 
 
 def _add_import_arg(p) -> None:
     p.add_argument("--import", dest="imports", action="append", metavar="MODULE", default=None,
-                   help="import this Python module first (repeatable): a module that registers metrics or decoders "
-                        "of its own (hdecode_torch.register_metric / register_decoder) makes their names usable in "
-                        "--metrics and --decoders")
+                   help="import this Python module first (repeatable), found in the current folder or on the Python "
+                        "path, or a file PATH.py: a module that registers metrics or decoders of its own "
+                        "(hdecode_torch.register_metric / register_decoder) makes their names usable in --metrics "
+                        "and --decoders")
 
 
 def add_progress_arg(p) -> None:
