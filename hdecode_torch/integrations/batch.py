@@ -67,7 +67,7 @@ class BatchDecoder:
                        concurrency=4, batch_size=4096)                          # Ray Data
         predict_batch_udf(lambda: hd.BatchDecoder(h, [...], keep_scores=False).predict, ...)  # Spark
 
-    An instance pickles as its tree's parent array, the decoder specs and the calibrator's
+    An instance pickles as its tree's arrays (no derived table), the decoder specs and the calibrator's
     parameters; unpickled (on a worker), it builds the tree's tables and the decoders on its device
     again.  Every row's prediction is the one ``get_decoder(spec, hierarchy).decode`` gives for that
     row alone: it does not depend on how the rows are batched or partitioned.
