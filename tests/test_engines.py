@@ -69,7 +69,8 @@ def test_ray_data_map_batches_equals_a_direct_decode(ray_cluster):
     blocks = [ray.data.from_items([{"id": i, "logits": z[i]} for i in range(a, b)]) for a, b in zip(CUTS, CUTS[1:])]
     ds = blocks[0].union(*blocks[1:]).materialize()
     assert ds.num_blocks() >= len(blocks)
-    out = ds.map_batches(hd.BatchDecoder, batch_format="numpy", batch_size=64, concurrency=2,
+    out = ds.map_batches(hd.BatchDecoder, batch_format="numpy", batch_size=64,
+                         compute=ray.data.ActorPoolStrategy(size=2),
                          fn_constructor_kwargs={"hierarchy": _tree(), "decoders": SPECS, "calibrator": scaler,
                                                 "keep_scores": False, "device": "cpu"})
     rows = out.take_all()
