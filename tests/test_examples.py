@@ -142,7 +142,7 @@ def test_distributed_decoding_example(tmp_path):
                                          for k in range(6)]))
     with np.load(preds) as got:
         np.testing.assert_array_equal(got["id"], np.arange(3000))
-        for col, spec in (("wu_palmer_optimal", "optimal:wu_palmer"), ("tree_distance_optimal", "optimal:tree_distance"),
-                          ("majority", "majority")):
+        for col, spec in (("wu_palmer_optimal", "optimal:wu_palmer"),
+                          ("tree_distance_optimal", "optimal:tree_distance"), ("majority", "majority")):
             np.testing.assert_array_equal(got[col], hd.get_decoder(spec, h).decode(z, from_logits=True).numpy(),
                                           err_msg=col)

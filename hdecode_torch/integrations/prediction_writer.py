@@ -82,7 +82,8 @@ class DecodingPredictionWriter(_pl.callbacks.BasePredictionWriter):
                                  "from_logits=None")
             prediction = {"logits" if kind is True or self._decoder.calibrator is not None else "probs": prediction}
         if not isinstance(prediction, Mapping):
-            raise TypeError(f"Expected `predict_step` to return a tensor or a dict, but got {type(prediction).__name__}")
+            raise TypeError(f"Expected `predict_step` to return a tensor or a dict, but got "
+                            f"{type(prediction).__name__}")
         out = self._decoder(dict(prediction))
         rows = {k: _numpy(v) for k, v in out.items()}
         if batch_indices is not None:
