@@ -25,18 +25,20 @@ _LAZY = {
     "calibrate_darts": ".decoders", "get_decoder": ".decoders", "list_decoders": ".decoders",
     "register_decoder": ".decoders", "RiskControl": ".decoders",
     "DecodingHead": ".integrations.module", "TemperatureScaler": ".integrations.temperature",
+    "BatchDecoder": ".integrations.batch", "merge_shards": ".integrations.shards",
     # torchmetrics and Lightning load with these only.
     "HierarchicalMetric": ".integrations", "HierarchicalMetricsCallback": ".integrations",
+    "DecodingPredictionWriter": ".integrations",
 }
 _SUBMODULES = {"cli", "core", "decoders", "functional", "hierarchy", "integrations", "kernels", "metrics", "synthetic"}
 
-# HierarchicalMetricsCallback stays out of __all__: a star import must not need Lightning.
+# HierarchicalMetricsCallback and DecodingPredictionWriter stay out of __all__: a star import must not need Lightning.
 __all__ = [
     "Hierarchy", "load_hierarchy", "list_hierarchies", "node_probabilities",
     "get_metric", "list_metrics", "has_optimal_decoder", "register_metric", "CostMatrixMetric", "Posterior",
     "ROW_SUM_TOLERANCE", "row_sum_tolerance", "get_memory_budget", "set_memory_budget", "set_backend", "get_backend",
     "plan_for", "__version__", "get_decoder", "list_decoders", "register_decoder", "calibrate_darts", "RiskControl",
-    "DecodingHead", "TemperatureScaler", "HierarchicalMetric",
+    "DecodingHead", "TemperatureScaler", "HierarchicalMetric", "BatchDecoder", "merge_shards",
 ]
 
 
@@ -61,6 +63,9 @@ if TYPE_CHECKING:  # what static analysis sees: the same names, imported eagerly
     from .decoders import RiskControl, calibrate_darts, get_decoder, list_decoders, register_decoder
     from .hierarchy import Hierarchy, list_hierarchies, load_hierarchy
     from .integrations import HierarchicalMetric, HierarchicalMetricsCallback
+    from .integrations.batch import BatchDecoder
+    from .integrations.prediction_writer import DecodingPredictionWriter
+    from .integrations.shards import merge_shards
     from .integrations.module import DecodingHead
     from .integrations.temperature import TemperatureScaler
     from .metrics import CostMatrixMetric, get_metric, has_optimal_decoder, list_metrics, register_metric

@@ -154,3 +154,27 @@ def test_lightning_example_as_run(tmp_path):
         for decoder, cell in zip(decoders, cells):
             assert float(cell.rstrip("*")) == round(logged[default_name("val", metric, decoder)], 4), (metric, decoder)
     assert logged["val_tree_distance_optimal"] == logged["val_tree_distance_majority"]
+
+
+@pytest.mark.slow
+def test_distributed_decoding_example(tmp_path):
+    pytest.importorskip("ray.data")
+    out, preds = tmp_path / "dd.json", tmp_path / "preds.npz"
+    stdout, _ = _run("distributed_decoding", "--rows", 3000, "--chunk", 500, "--json", out,
+                     "--output", preds, timeout=300)
+    res = json.loads(out.read_text())
+    assert res["rows"] == 3000 and res["identical"] is True
+    assert sum(w["rows"] for w in res["workers"].values()) == 3000
+    assert all(w["rows_per_s"] > 0 for w in res["workers"].values())
+    assert "rows/s decoding" in stdout and "predictions identical both ways: True" in stdout
+    # The Ray predictions are the library's decode of the rows the example makes.
+    example = _load("distributed_decoding")
+    h = hd.load_hierarchy("tieredimagenet-h")
+    z = torch.from_numpy(np.concatenate([example.make_chunk(k, 500, 3000, h.num_leaves, 0)["logits"]
+                                         for k in range(6)]))
+    with np.load(preds) as got:
+        np.testing.assert_array_equal(got["id"], np.arange(3000))
+        for col, spec in (("wu_palmer_optimal", "optimal:wu_palmer"),
+                          ("tree_distance_optimal", "optimal:tree_distance"), ("majority", "majority")):
+            np.testing.assert_array_equal(got[col], hd.get_decoder(spec, h).decode(z, from_logits=True).numpy(),
+                                          err_msg=col)

@@ -1,4 +1,5 @@
-"""PyTorch ecosystem integrations: a decoding ``nn.Module``, torchmetrics metrics, a Lightning callback.
+"""PyTorch ecosystem integrations: a decoding ``nn.Module``, torchmetrics metrics, a Lightning callback,
+a batch-dict decoder for data engines (Ray Data, Spark) and a Lightning prediction writer.
 
 Thin layers over :func:`~hdecode_torch.get_metric`, :func:`~hdecode_torch.get_decoder` and
 :class:`~hdecode_torch.Posterior`.  ``HierarchicalMetric`` (torchmetrics) and
@@ -12,7 +13,7 @@ from .module import DecodingHead
 __all__ = ["DecodingHead", "HierarchicalMetric"]
 
 _LAZY = {"HierarchicalMetric": "torchmetrics", "HierarchicalMetricsCallback": "lightning",
-         "callback_class": "lightning"}
+         "callback_class": "lightning", "DecodingPredictionWriter": "prediction_writer"}
 
 
 def __getattr__(name: str):
