@@ -329,3 +329,24 @@ def test_cached_builds_any_callable_once_with_dynamo_loaded():
     calls = []
     assert h.cached("test.fn", lambda: calls.append(1) or 7) == 7 == h.cached("test.fn", lambda: 8)
     assert calls == [1]
+
+
+def test_a_tree_unpickled_with_read_only_arrays_builds_without_warning():
+    """Ray's object store hands workers read-only arrays; torch.as_tensor warned on them (seen in every Ray
+    worker decoding with hd.BatchDecoder)."""
+    import dataclasses
+    import warnings
+
+    h = hd.load_hierarchy("tieredimagenet-h")
+    state = h.__getstate__()
+    tree = state["_tree"]
+    fields = {f.name: getattr(tree, f.name) for f in dataclasses.fields(tree)}
+    fields = {k: v.copy() for k, v in fields.items() if isinstance(v, np.ndarray)}
+    for value in fields.values():
+        value.flags.writeable = False
+    state["_tree"] = dataclasses.replace(tree, **fields)
+    copy = hd.Hierarchy.__new__(hd.Hierarchy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        copy.__setstate__(state)
+    assert torch.equal(copy.parent, h.parent) and torch.equal(copy.depth, h.depth)

@@ -102,7 +102,10 @@ class Hierarchy:
         t, dev = self._tree, self._device
 
         def T(a):
-            return torch.as_tensor(np.ascontiguousarray(a)).to(dev)
+            a = np.ascontiguousarray(a)
+            # A tree unpickled from shared memory (Ray's object store) holds read-only arrays: torch would warn
+            # that writing through the tensor is undefined; the tables are never written, a copy is O(N).
+            return torch.as_tensor(a if a.flags.writeable else a.copy()).to(dev)
 
         self.parent = T(t.parent)
         #: (N,) int64 the parent, with the root as its own parent (for gathers with no -1)
