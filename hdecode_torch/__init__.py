@@ -25,6 +25,7 @@ _LAZY = {
     "calibrate_darts": ".decoders", "get_decoder": ".decoders", "list_decoders": ".decoders",
     "register_decoder": ".decoders", "RiskControl": ".decoders",
     "DecodingHead": ".integrations.module", "TemperatureScaler": ".integrations.temperature",
+    "HierarchicalScaler": ".integrations.hierarchical_scaler",
     # torchmetrics and Lightning load with these only.
     "HierarchicalMetric": ".integrations", "HierarchicalMetricsCallback": ".integrations",
 }
@@ -36,7 +37,7 @@ __all__ = [
     "get_metric", "list_metrics", "has_optimal_decoder", "register_metric", "CostMatrixMetric", "Posterior",
     "ROW_SUM_TOLERANCE", "row_sum_tolerance", "get_memory_budget", "set_memory_budget", "set_backend", "get_backend",
     "plan_for", "__version__", "get_decoder", "list_decoders", "register_decoder", "calibrate_darts", "RiskControl",
-    "DecodingHead", "TemperatureScaler", "HierarchicalMetric",
+    "DecodingHead", "TemperatureScaler", "HierarchicalScaler", "HierarchicalMetric",
 ]
 
 
@@ -62,5 +63,6 @@ if TYPE_CHECKING:  # what static analysis sees: the same names, imported eagerly
     from .hierarchy import Hierarchy, list_hierarchies, load_hierarchy
     from .integrations import HierarchicalMetric, HierarchicalMetricsCallback
     from .integrations.module import DecodingHead
+    from .integrations.hierarchical_scaler import HierarchicalScaler
     from .integrations.temperature import TemperatureScaler
     from .metrics import CostMatrixMetric, get_metric, has_optimal_decoder, list_metrics, register_metric
