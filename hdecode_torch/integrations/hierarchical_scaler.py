@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from ..hierarchy import Hierarchy
-from ..kernels.conditionals import conditional_log_probs, leaf_ancestor_slots, leaf_rows, node_log_probs, recompose
+from ..kernels.conditionals import (conditional_log_probs, leaf_rows, node_log_probs, path_log_likelihood,
+                                    path_sibling_groups, recompose)
 from .temperature import TemperatureScaler, _check_inputs
 
 __all__ = ["HierarchicalScaler", "FAMILIES", "LOSSES"]
@@ -132,8 +133,10 @@ class HierarchicalScaler(nn.Module):
 
     def _tempered(self, logits: torch.Tensor) -> torch.Tensor:
         """log softmax(logits / T), (B, L)."""
-        return torch.log_softmax(logits / self.log_temperature.exp().to(device=logits.device, dtype=logits.dtype),
-                                 dim=1)
+        t = self.log_temperature.exp().to(device=logits.device, dtype=logits.dtype)
+        finite = torch.isfinite(logits)
+        # A masked class (-inf) stays -inf, without the NaN gradient (-inf) * 0 would give T.
+        return torch.log_softmax(torch.where(finite, torch.where(finite, logits, 0.0) / t, float("-inf")), dim=1)
 
     def _conditionals(self, h, logits: torch.Tensor) -> list[torch.Tensor]:
         return conditional_log_probs(h, node_log_probs(h, self._tempered(logits).t()))
@@ -170,10 +173,11 @@ class HierarchicalScaler(nn.Module):
             h = self.hierarchy.to(z.device)
             conds = self._conditionals(h, z)
             scale, shift = self._node_params(torch.float64)
-            return float(_loss(h, conds, scale.to(z.device), None if shift is None else shift.to(z.device), y, loss))
+            return float(_loss(_groups(h, conds, y, loss), scale.to(z.device),
+                               None if shift is None else shift.to(z.device), y.shape[0]))
 
     def fit(self, logits: torch.Tensor, targets: torch.Tensor, loss: str = "nll", max_iter: int = 100,
-            ) -> "HierarchicalScaler":
+            prior_scale: float | None = 1.0) -> "HierarchicalScaler":
         """Fit the parameters on held-out ``logits`` and ``targets``; returns ``self``.
 
         logits: (B, L) float (``-inf`` allowed for a masked class, not at a target); targets: (B,) int
@@ -181,58 +185,86 @@ class HierarchicalScaler(nn.Module):
         search, float64, at most ``max_iter`` iterations each):
 
         1. the global T by :meth:`TemperatureScaler.fit` (the NLL of the leaves; its checks and warnings);
-        2. with T fixed, the conditionals' temperatures (and shifts) from the identity, minimising
-           ``loss``: ``"nll"`` (``−log q(y)``) or ``"hierarchical"`` (``−Σ_{a ∈ A(y), a ≠ root} log q(a)``,
-           the log-likelihood of the target's ancestor at every depth).
+        2. with T fixed to that value, and again with T = 1, keeping whichever reaches the lower objective:
+           the conditionals' temperatures (and shifts) from the identity, minimising the
+           mean ``loss`` over the B rows, ``"nll"`` (``−log q(y)``) or ``"hierarchical"``
+           (``−Σ_{a ∈ A(y), a ≠ root} log q(a)``, the log-likelihood of the target's ancestor at every
+           depth), plus ``Σ_k θ_k² / (2 σ² B)`` for every fitted ``θ = log T_k`` (and ``β_d``), σ =
+           ``prior_scale``: the maximum a posteriori estimate under a N(0, σ²) prior.  The prior keeps a
+           depth whose conditionals rank every target first (separable: the likelihood alone pushes
+           its T to 0, seen on a few hundred rows at the top of tieredImageNet-H) finite, and weighs
+           less the more rows there are; ``None`` fits the likelihood alone.
 
-        Step 2 starts at the identity, so the fitted loss is never above the temperature's.  The
-        conditionals are computed once; each L-BFGS evaluation costs O(B·N).  Works under
+        Step 2 starts at the identity, so the fitted loss plus penalty is never above the temperature's.  The
+        conditionals are computed once per T (O(B·N)); the loss depends only on the sibling groups along each
+        target's root path, so each L-BFGS evaluation costs O(E) for E = Σ over rows of the fan-outs
+        along the target's path (about B·D·mean fan-out, far below B·N).  Works under
         ``torch.no_grad()`` and ``torch.inference_mode()``.
         """
         _check_loss(loss)
         if isinstance(max_iter, bool) or not isinstance(max_iter, numbers.Integral) or max_iter < 1:
             raise ValueError(f"Expected `max_iter` to be an int >= 1, but got {max_iter!r}")
+        if prior_scale is not None and (isinstance(prior_scale, bool) or not isinstance(prior_scale, numbers.Real)
+                                        or not 0 < float(prior_scale) < math.inf):
+            raise ValueError(f"Expected `prior_scale` to be a finite float > 0 or None, but got {prior_scale!r}")
         z, y = _check_inputs(logits, targets)
         if z.shape[1] != self._hierarchy.num_leaves:
             raise ValueError(f"Expected `logits` to have shape (B, {self._hierarchy.num_leaves}), but got "
                              f"{tuple(z.shape)}")
-        first = TemperatureScaler(self.temperature).fit(z, y, max_iter=max_iter)
+        fitted = float(TemperatureScaler(self.temperature).fit(z, y, max_iter=max_iter).log_temperature.detach())
+        best = (0.0, fitted, [])
+        if self.num_parameters > 1:
+            penalty = 0.0 if prior_scale is None else 0.5 / (float(prior_scale) ** 2 * y.shape[0])
+            # T = 1 too: a global temperature is not a tempering of the conditionals, and where the logits'
+            # miscalibration is one of the conditionals alone, T = 1 lets the family undo it exactly.
+            starts = [fitted] if fitted == 0.0 else [fitted, 0.0]
+            fits = [self._fit_conditionals(z, y, log_t, loss, max_iter, penalty) for log_t in starts]
+            best = min(((value, log_t, found) for (value, found), log_t in zip(fits, starts)), key=lambda f: f[0])
         with torch.inference_mode() if self.log_temperature.is_inference() else torch.no_grad():
-            self.log_temperature.copy_(first.log_temperature.detach())
-        if self.num_parameters == 1:
-            return self
+            self.log_temperature.copy_(torch.tensor(best[1], dtype=torch.float64))
+            for param, value in zip([self.log_temperatures, self.shift], best[2]):
+                param.copy_(value.to(param.device))
+        return self
+
+    def _fit_conditionals(self, z, y, log_t: float, loss: str, max_iter: int, penalty: float):
+        """``(objective, [log_temperatures, shift])`` fitted by L-BFGS from the identity after the global
+        temperature ``exp(log_t)``; z: (B, L) float64 checked logits, y: (B,) int64."""
         with torch.inference_mode(False), torch.no_grad():
             h = self.hierarchy.to(z.device)
-            z = z.clone()
-            conds = self._conditionals(h, z)
+            z = torch.where(torch.isfinite(z), z / math.exp(log_t), z)
+            groups = _groups(h, conditional_log_probs(h, node_log_probs(h, torch.log_softmax(z, 1).t())), y, loss)
         with torch.inference_mode(False):
-            params = [torch.zeros_like(self.log_temperatures.detach(), device=z.device).requires_grad_(True)]
+            params = [torch.zeros(self.log_temperatures.shape, dtype=torch.float64, device=z.device,
+                                  requires_grad=True)]
             if self.shift is not None:
-                params.append(torch.zeros_like(self.shift.detach(), device=z.device).requires_grad_(True))
-            node_class = self.node_class.to(z.device)
-            log_count = self.log_leaf_count.to(z.device)
+                params.append(torch.zeros(self.shift.shape, dtype=torch.float64, device=z.device, requires_grad=True))
+            # Clones: buffers made under inference_mode are inference tensors, which autograd cannot save.
+            node_class = self.node_class.to(z.device).clone()
+            log_count = self.log_leaf_count.to(z.device).clone()
             opt = torch.optim.LBFGS(params, lr=1.0, max_iter=int(max_iter), tolerance_grad=1e-9,
                                     tolerance_change=1e-12, history_size=10, line_search_fn="strong_wolfe")
 
-            def closure():
-                opt.zero_grad()
+            def objective():
                 scale = torch.exp(-params[0]).index_select(0, node_class)
                 shift = params[1].index_select(0, node_class) * log_count if len(params) > 1 else None
-                value = _loss(h, conds, scale, shift, y, loss)
+                value = _loss(groups, scale, shift, y.shape[0])
+                return value + penalty * sum(p.square().sum() for p in params) if penalty else value
+
+            def closure():
+                opt.zero_grad()
+                value = objective()
                 value.backward()
                 return value
 
             with torch.enable_grad():
                 opt.step(closure)
+            with torch.no_grad():
+                value = float(objective())
             found = [p.detach() for p in params]
-        if not all(bool(torch.isfinite(p).all()) for p in found):
+        if not (math.isfinite(value) and all(bool(torch.isfinite(p).all()) for p in found)):
             raise ValueError("Hierarchical calibration diverged: the loss has no finite minimiser on these logits; "
-                             "check the logits and targets")
-        targets_of = [self.log_temperatures] + ([self.shift] if self.shift is not None else [])
-        with torch.inference_mode() if self.log_temperatures.is_inference() else torch.no_grad():
-            for param, value in zip(targets_of, found):
-                param.copy_(value.to(param.device))
-        return self
+                             "check the logits and targets (or pass a `prior_scale`)")
+        return value, found
 
     def extra_repr(self) -> str:
         temps = ", ".join(f"{t:.3g}" for t in self.temperatures)
@@ -247,18 +279,10 @@ def _check_loss(loss) -> None:
         raise ValueError(f"Expected `loss` to be one of {LOSSES}, but got {loss!r}")
 
 
-def _loss(h, conds, scale, shift, y, kind: str) -> torch.Tensor:
-    """Mean loss of leaf targets ``y`` (B,) under the recomposed distribution (module docstring)."""
-    levels = recompose(h, conds, scale, shift)
-    cols = torch.arange(y.shape[0], device=y.device)
-    if kind == "nll":
-        return -leaf_rows(h, levels)[y, cols].mean()
-    total = torch.zeros(y.shape[0], dtype=levels[0].dtype, device=y.device)
-    for d, slots in enumerate(leaf_ancestor_slots(h)):
-        if d == 0:
-            continue  # log q(root) = 0
-        slot = slots[y]
-        here = slot >= 0
-        total = total + torch.where(here, levels[d][slot.clamp(min=0), cols], 0.0)
-    return -total.mean()
+def _groups(h, conds, y, kind: str):
+    return path_sibling_groups(h, conds, y, "leaf" if kind == "nll" else "ancestors")
 
+
+def _loss(groups, scale, shift, batch: int) -> torch.Tensor:
+    """Mean loss over ``batch`` rows: minus the weighted path log-likelihood of the sibling groups."""
+    return -path_log_likelihood(groups, scale, shift) / batch

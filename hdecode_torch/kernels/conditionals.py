@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 __all__ = ["segment_logsumexp", "level_layout", "node_log_probs", "conditional_log_probs", "recompose",
-           "leaf_ancestor_slots", "leaf_rows"]
+           "leaf_ancestor_slots", "leaf_rows", "level_slot", "path_sibling_groups", "path_log_likelihood"]
 
 
 def segment_logsumexp(x: torch.Tensor, index: torch.Tensor, size: int) -> torch.Tensor:
@@ -118,14 +118,22 @@ def conditional_log_probs(h, node_logp: list[torch.Tensor]) -> list[torch.Tensor
     return out
 
 
+def level_slot(h) -> torch.Tensor:
+    """(N,) int64: each node's position in its level, ``level_layout(h)[0][depth[n]]``.  Cached."""
+    def build():
+        slot = torch.empty(h.num_nodes, dtype=torch.long, device=h.device)
+        for lvl in level_layout(h)[0]:
+            slot[lvl] = torch.arange(lvl.shape[0], device=h.device)
+        return slot
+    return h.cached("conditionals.level_slot", build)
+
+
 def leaf_ancestor_slots(h) -> list[torch.Tensor]:
     """For each depth d, (L,) int64: the position in ``level_layout(h)[0][d]`` of each leaf's ancestor at
     depth d (the leaf itself at its own depth), −1 below the leaf's depth.  Cached; O(L·D)."""
     def build():
         nodes, _, _, _ = level_layout(h)
-        slot = torch.empty(h.num_nodes, dtype=torch.long, device=h.device)
-        for lvl in nodes:
-            slot[lvl] = torch.arange(lvl.shape[0], device=h.device)
+        slot = level_slot(h)
         cur = torch.arange(h.num_leaves, device=h.device)
         out = [None] * len(nodes)
         for d in range(len(nodes) - 1, -1, -1):
@@ -171,3 +179,69 @@ def leaf_rows(h, levels: list[torch.Tensor]) -> torch.Tensor:
     """The leaves' rows of per-level tables, as one (L, B) leaf-major table in leaf order."""
     _, counts, _, leaf_order = level_layout(h)
     return torch.cat([lvl[:k] for lvl, k in zip(levels, counts)]).index_select(0, leaf_order)
+
+
+def path_sibling_groups(h, conditionals: list[torch.Tensor], targets: torch.Tensor, weighting: str = "leaf"):
+    """The sibling groups the likelihood of ``targets`` depends on, flattened: for each row and each
+    ancestor ``a`` of its target below the root, the children of ``parent(a)`` (groups of one child
+    are left out: their conditional is 1 whatever the tempering).
+
+    conditionals: :func:`conditional_log_probs`'s tables, (n_d, B) each; targets: (B,) int64 leaf ids;
+    weighting: ``"leaf"`` (every group weighs 1: the sum of the groups' chosen conditionals is
+    ``log q(y)``) or ``"ancestors"`` (a group at depth d weighs ``d(y) − d + 1``: the sum is
+    ``Σ_{a ∈ A(y), a ≠ root} log q(a)``).
+
+    Returns ``(node, value, group, chosen, weight)``: (E,) int64 child ids, (E,) their conditionals
+    ``log p(c | parent)`` (detached), (E,) int64 group ids (groups contiguous), (G,) int64 the entry of
+    the target's ancestor in each group, (G,) float weights.  E = Σ over rows of the fan-outs along the
+    target's path: far fewer than B·N entries, so a fit evaluates its loss on these alone.
+    """
+    nodes, _, _, _ = level_layout(h)
+    slots, slot = leaf_ancestor_slots(h), level_slot(h)
+    fan = h.num_children
+    depth_y = h.depth[targets]
+    parts = []
+    base = 0
+    for d in range(1, len(nodes)):
+        anc_slot = slots[d][targets]
+        rows = (anc_slot >= 0).nonzero().squeeze(1)
+        anc = nodes[d][anc_slot[rows]]
+        parent = h.parent[anc]
+        keep = fan[parent] > 1
+        rows, anc, parent = rows[keep], anc[keep], parent[keep]
+        count = fan[parent]
+        g = rows.shape[0]
+        owner = torch.repeat_interleave(torch.arange(g, device=targets.device), count)
+        start = torch.cumsum(count, 0) - count
+        child = h.children[h.children_ptr[parent][owner] + torch.arange(owner.shape[0], device=targets.device)
+                           - start[owner]]
+        value = conditionals[d].detach()[slot[child], rows[owner]]
+        chosen = (child == anc[owner]).nonzero().squeeze(1)
+        weight = torch.ones(g, dtype=value.dtype, device=value.device) if weighting == "leaf" \
+            else (depth_y[rows] - d + 1).to(value.dtype)
+        parts.append((child, value, owner + base, chosen, weight))
+        base += g
+    offsets, total = [], 0
+    for child, *_ in parts:
+        offsets.append(total)
+        total += child.shape[0]
+    if not parts:  # a tree of one node
+        empty = torch.zeros(0, dtype=torch.long, device=targets.device)
+        values = torch.zeros(0, dtype=conditionals[0].dtype, device=targets.device)
+        return empty, values, empty, empty, values
+    return (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]), torch.cat([p[2] for p in parts]),
+            torch.cat([p[3] + o for p, o in zip(parts, offsets)]), torch.cat([p[4] for p in parts]))
+
+
+def path_log_likelihood(groups, scale: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``Σ_g weight_g · log q(chosen_g | parent)`` over :func:`path_sibling_groups`'s groups, with the
+    conditionals re-tempered by ``scale`` (N,) and ``bias`` (N,) or None as in :func:`recompose`.
+    A 0-d tensor, differentiable in ``scale`` and ``bias``.  O(E)."""
+    node, value, group, chosen, weight = groups
+    finite = torch.isfinite(value)
+    t = scale.to(value.dtype).index_select(0, node) * torch.where(finite, value, 0.0)
+    if bias is not None:
+        t = t + bias.to(value.dtype).index_select(0, node)
+    t = torch.where(finite, t, float("-inf"))
+    norm = segment_logsumexp(t.unsqueeze(1), group, weight.shape[0]).squeeze(1)
+    return (weight * (t.index_select(0, chosen) - norm)).sum()
