@@ -310,3 +310,74 @@ def test_synthetic_miscalibrated_distortions():
         synthetic_miscalibrated(h, 10, "depth", -1.0)
     assert synthetic_miscalibrated(h, 0)[0].shape == (0, h.num_leaves)
 
+
+
+# --------------------------------------------------------------------------- what it buys the decoders
+ACCEPTANCE_METRICS = {"hf_1": ("hf_beta", {"beta": 1.0}), "wu_palmer": ("wu_palmer", {}), "jaccard": ("jaccard", {})}
+
+
+def _realised(h, logp_by_method, y):
+    """(method -> metric -> (B,) float64 values) of each metric's Bayes-optimal decision."""
+    metrics = {k: hd.get_metric(name, h, **params) for k, (name, params) in ACCEPTANCE_METRICS.items()}
+    return {method: {k: m(m.decode(torch.softmax(lp, 1)), y, dtype=torch.float64) for k, m in metrics.items()}
+            for method, lp in logp_by_method.items()}
+
+
+def _fitted_and_scored(distortion, strength):
+    """Fitted on 8,000 rows, scored on 8,000 others (tieredImageNet-H): the realised values per row."""
+    h = hd.load_hierarchy("tieredimagenet-h")
+    z, y, p = synthetic_miscalibrated(h, 16000, distortion, strength, seed=11, dtype=torch.float64)
+    fit, held = slice(0, 8000), slice(8000, 16000)
+    temperature = hd.TemperatureScaler().fit(z[fit], y[fit])
+    scaler = hd.HierarchicalScaler(h).fit(z[fit], y[fit])
+    with torch.no_grad():
+        logp = {"temperature": temperature(z[held]), "hierarchical": scaler(z[held]), "oracle": p[held].log()}
+    return _realised(h, logp, y[held])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strength", [3.0, 1 / 3], ids=["deep-sharp", "deep-flat"])
+def test_recovers_most_of_the_gap_to_the_oracle_on_per_depth_distortions(strength):
+    """≥ 70% of the realised-score gap between one temperature and the oracle p*, on hF_1, Wu-Palmer and
+    Jaccard.  The gap itself is several standard errors of the paired per-row differences."""
+    values = _fitted_and_scored("depth", strength)
+    for k in ACCEPTANCE_METRICS:
+        t, s, o = (values[m][k] for m in ("temperature", "hierarchical", "oracle"))
+        gap = o - t
+        assert float(gap.mean()) > 4 * float(gap.std()) / gap.numel() ** 0.5, k
+        assert float((s - t).mean()) >= 0.7 * float(gap.mean()), (k, float((s - t).mean()), float(gap.mean()))
+
+
+@pytest.mark.slow
+def test_never_worse_than_a_temperature_on_a_calibrated_model():
+    """On a calibrated model (q = p*) the scaler's realised scores are the temperature's, within two standard
+    errors of the paired per-row differences (the noise of 8,000 scored rows)."""
+    values = _fitted_and_scored("none", 1.0)
+    for k in ACCEPTANCE_METRICS:
+        diff = values["hierarchical"][k] - values["temperature"][k]
+        assert float(diff.mean()) >= -2 * float(diff.std()) / diff.numel() ** 0.5, k
+
+
+def test_risk_control_composes_with_the_scaler():
+    """The scaler fitted on one split, RiskControl's λ on a second, the miss rate measured on a third: the
+    conformal guarantee holds (over random second/third splits), with the calibrated probabilities."""
+    from test_risk_control import crc_holds, splits
+
+    h = hd.load_hierarchy("inat19")
+    z, y, _ = synthetic_miscalibrated(h, 8000, "sharp_leaves", 2.0, seed=12)
+    scaler = hd.HierarchicalScaler(h).fit(z[:2000], y[:2000])
+    with torch.no_grad():
+        probs = torch.softmax(scaler(z[2000:]), 1)
+    rest = y[2000:]
+    for alpha in (0.1,):
+        rc = hd.RiskControl(h, alpha=alpha)
+        steps = rc.loss_steps(probs, rest)
+        losses = torch.stack([steps.rows(test).losses(rc.fit_steps(steps.rows(cal)).lam).mean()
+                              for cal, test in splits(steps.num_rows, n_cal=2000, count=60)])
+        assert crc_holds(losses, alpha), (alpha, float(losses.mean()))
+        assert float(losses.mean()) >= alpha - 0.02  # not vacuous
+        # The fitted decoder is a decoder like any other, on the scaler's output.
+        rc.fit(probs[:2000], rest[:2000])
+        miss = ~hd.kernels.is_ancestor(h, rc.decode(probs[2000:]), rest[2000:])
+        assert float(miss.double().mean()) == pytest.approx(float(steps.rows(torch.arange(2000, 6000))
+                                                                  .losses(rc.lam).mean()), abs=1e-12)
