@@ -28,6 +28,7 @@ _LAZY = {
     "HierarchicalScaler": ".integrations.hierarchical_scaler",
     # torchmetrics and Lightning load with these only.
     "HierarchicalMetric": ".integrations", "HierarchicalMetricsCallback": ".integrations",
+    "NodeCalibrationError": ".integrations",
 }
 _SUBMODULES = {"cli", "core", "decoders", "functional", "hierarchy", "integrations", "kernels", "metrics", "synthetic"}
 
@@ -37,7 +38,7 @@ __all__ = [
     "get_metric", "list_metrics", "has_optimal_decoder", "register_metric", "CostMatrixMetric", "Posterior",
     "ROW_SUM_TOLERANCE", "row_sum_tolerance", "get_memory_budget", "set_memory_budget", "set_backend", "get_backend",
     "plan_for", "__version__", "get_decoder", "list_decoders", "register_decoder", "calibrate_darts", "RiskControl",
-    "DecodingHead", "TemperatureScaler", "HierarchicalScaler", "HierarchicalMetric",
+    "DecodingHead", "TemperatureScaler", "HierarchicalScaler", "HierarchicalMetric", "NodeCalibrationError",
 ]
 
 
@@ -61,7 +62,7 @@ if TYPE_CHECKING:  # what static analysis sees: the same names, imported eagerly
                        row_sum_tolerance, set_backend, set_memory_budget)
     from .decoders import RiskControl, calibrate_darts, get_decoder, list_decoders, register_decoder
     from .hierarchy import Hierarchy, list_hierarchies, load_hierarchy
-    from .integrations import HierarchicalMetric, HierarchicalMetricsCallback
+    from .integrations import HierarchicalMetric, HierarchicalMetricsCallback, NodeCalibrationError
     from .integrations.module import DecodingHead
     from .integrations.hierarchical_scaler import HierarchicalScaler
     from .integrations.temperature import TemperatureScaler

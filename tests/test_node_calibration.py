@@ -119,3 +119,18 @@ def test_empty_batch_and_errors():
         F.node_reliability(p, torch.tensor([0, h.num_leaves]), h)
     with pytest.raises(ValueError, match="sum to 1|sums to|rows"):
         F.node_calibration_error(p * 2, torch.zeros(2, dtype=torch.long), h)
+
+
+def test_the_torchmetrics_class_accumulates_the_same_error():
+    pytest.importorskip("torchmetrics")
+    h = hd.load_hierarchy("inat19")
+    z, y, _ = synthetic_miscalibrated(h, 400, "depth", 2.0, seed=4)
+    metric = hd.NodeCalibrationError(h, n_bins=10, from_logits=True)
+    for rows in torch.arange(400).split(150):
+        metric.update(z[rows], y[rows])
+    torch.testing.assert_close(metric.compute(), F.node_calibration_error(z, y, h, n_bins=10, from_logits=True),
+                               atol=1e-12, rtol=0)
+    metric.reset()
+    assert float(metric.counts.sum()) == 0
+    with pytest.raises(ValueError, match="`n_bins`"):
+        hd.NodeCalibrationError(h, n_bins=0)
