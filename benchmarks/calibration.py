@@ -109,6 +109,7 @@ def main(argv=None) -> int:
     ap.add_argument("--distortions", default=",".join(DISTORTIONS), help="name:strength, comma-separated")
     ap.add_argument("--rows", type=int, default=8000, help="rows fitted on, and as many scored on")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--families", default=",".join(FAMILIES), help="HierarchicalScaler families, comma-separated")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=None)
     ap.add_argument("--print-json", default=None, help="print the tables of a --json file and exit")
@@ -123,7 +124,7 @@ def main(argv=None) -> int:
     for tree in args.tree.split(","):
         for spec in args.distortions.split(","):
             name, strength = spec.split(":")
-            result = evaluate(tree, name, float(strength), args.rows, args.seed)
+            result = evaluate(tree, name, float(strength), args.rows, args.seed, tuple(args.families.split(",")))
             print_table(result)
             sys.stdout.flush()
             results.append(result)
