@@ -201,7 +201,7 @@ def path_sibling_groups(h, conditionals: list[torch.Tensor], targets: torch.Tens
     fan = h.num_children
     depth_y = h.depth[targets]
     parts = []
-    base = 0
+    groups = entries = 0  # running totals: the ids of this depth's groups and entries follow them
     for d in range(1, len(nodes)):
         anc_slot = slots[d][targets]
         rows = (anc_slot >= 0).nonzero().squeeze(1)
@@ -219,18 +219,14 @@ def path_sibling_groups(h, conditionals: list[torch.Tensor], targets: torch.Tens
         chosen = (child == anc[owner]).nonzero().squeeze(1)
         weight = torch.ones(g, dtype=value.dtype, device=value.device) if weighting == "leaf" \
             else (depth_y[rows] - d + 1).to(value.dtype)
-        parts.append((child, value, owner + base, chosen, weight))
-        base += g
-    offsets, total = [], 0
-    for child, *_ in parts:
-        offsets.append(total)
-        total += child.shape[0]
+        parts.append((child, value, owner + groups, chosen + entries, weight))
+        groups += g
+        entries += child.shape[0]
     if not parts:  # a tree of one node
         empty = torch.zeros(0, dtype=torch.long, device=targets.device)
         values = torch.zeros(0, dtype=conditionals[0].dtype, device=targets.device)
         return empty, values, empty, empty, values
-    return (torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]), torch.cat([p[2] for p in parts]),
-            torch.cat([p[3] + o for p, o in zip(parts, offsets)]), torch.cat([p[4] for p in parts]))
+    return tuple(torch.cat(column) for column in zip(*parts))
 
 
 def path_log_likelihood(groups, scale: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
