@@ -9,10 +9,11 @@ access, so ``import hdecode_torch`` does not pay for them.
 from .module import DecodingHead, clear_posterior_cache, shared_posterior
 
 # The Lightning names stay out of __all__: a star import must not need Lightning.
-__all__ = ["DecodingHead", "HierarchicalMetric", "NodeCalibrationError", "shared_posterior", "clear_posterior_cache"]
+__all__ = ["DecodingHead", "HierarchicalMetric", "NodeCalibrationError", "shared_posterior",
+           "clear_posterior_cache"]
 
-_LAZY = {"HierarchicalMetric": "torchmetrics", "NodeCalibrationError": "torchmetrics", "HierarchicalMetricsCallback": "lightning",
-         "callback_class": "lightning"}
+_LAZY = {"HierarchicalMetric": "torchmetrics", "NodeCalibrationError": "torchmetrics",
+         "HierarchicalMetricsCallback": "lightning", "callback_class": "lightning"}
 
 
 def __getattr__(name: str):

@@ -113,7 +113,7 @@ def conditional_log_probs(h, node_logp: list[torch.Tensor]) -> list[torch.Tensor
     out = [node_logp[0]]
     for d in range(1, len(node_logp)):
         parent = node_logp[d - 1][counts[d - 1]:].index_select(0, parent_slot[d])
-        # A parent of log-probability −inf has children of −inf: subtract 0 there rather than form −inf − (−inf).
+        # A parent of log-probability −inf has children of −inf: subtract 0 there, not −inf − (−inf).
         out.append(node_logp[d] - torch.where(torch.isfinite(parent), parent, 0.0))
     return out
 
