@@ -26,9 +26,10 @@ _LAZY = {
     "register_decoder": ".decoders", "RiskControl": ".decoders",
     "DecodingHead": ".integrations.module", "TemperatureScaler": ".integrations.temperature",
     "BatchDecoder": ".integrations.batch", "merge_shards": ".integrations.shards",
+    "HierarchicalScaler": ".integrations.hierarchical_scaler",
     # torchmetrics and Lightning load with these only.
     "HierarchicalMetric": ".integrations", "HierarchicalMetricsCallback": ".integrations",
-    "DecodingPredictionWriter": ".integrations",
+    "DecodingPredictionWriter": ".integrations", "NodeCalibrationError": ".integrations",
 }
 _SUBMODULES = {"cli", "core", "decoders", "functional", "hierarchy", "integrations", "kernels", "metrics", "synthetic"}
 
@@ -38,7 +39,8 @@ __all__ = [
     "get_metric", "list_metrics", "has_optimal_decoder", "register_metric", "CostMatrixMetric", "Posterior",
     "ROW_SUM_TOLERANCE", "row_sum_tolerance", "get_memory_budget", "set_memory_budget", "set_backend", "get_backend",
     "plan_for", "__version__", "get_decoder", "list_decoders", "register_decoder", "calibrate_darts", "RiskControl",
-    "DecodingHead", "TemperatureScaler", "HierarchicalMetric", "BatchDecoder", "merge_shards",
+    "DecodingHead", "TemperatureScaler", "HierarchicalScaler", "HierarchicalMetric", "NodeCalibrationError",
+    "BatchDecoder", "merge_shards",
 ]
 
 
@@ -62,10 +64,11 @@ if TYPE_CHECKING:  # what static analysis sees: the same names, imported eagerly
                        row_sum_tolerance, set_backend, set_memory_budget)
     from .decoders import RiskControl, calibrate_darts, get_decoder, list_decoders, register_decoder
     from .hierarchy import Hierarchy, list_hierarchies, load_hierarchy
-    from .integrations import HierarchicalMetric, HierarchicalMetricsCallback
+    from .integrations import HierarchicalMetric, HierarchicalMetricsCallback, NodeCalibrationError
     from .integrations.batch import BatchDecoder
     from .integrations.prediction_writer import DecodingPredictionWriter
     from .integrations.shards import merge_shards
     from .integrations.module import DecodingHead
+    from .integrations.hierarchical_scaler import HierarchicalScaler
     from .integrations.temperature import TemperatureScaler
     from .metrics import CostMatrixMetric, get_metric, has_optimal_decoder, list_metrics, register_metric

@@ -29,9 +29,13 @@ import warnings
 import torch
 
 from .kernels.ancestry import ancestor_mask
+from .kernels.conditionals import conditional_log_probs, leaf_rows, node_log_probs, recompose
 from .kernels.tree_sums import path_sum
 
-__all__ = ["synthetic_outputs", "tree_gaussian_features", "DEFAULT_NOISE"]
+__all__ = ["synthetic_outputs", "synthetic_miscalibrated", "tree_gaussian_features", "DEFAULT_NOISE", "DISTORTIONS"]
+
+#: The miscalibrations :func:`synthetic_miscalibrated` knows.
+DISTORTIONS = ("none", "global", "depth", "sharp_leaves", "flat_leaves")
 
 #: Default temperature: on tieredImageNet-H the argmax leaf is right about half the time,
 #: like a mid-range ImageNet model, and decoders disagree often enough to be told apart.
@@ -90,6 +94,66 @@ def synthetic_outputs(hierarchy, num_samples: int, noise: float = DEFAULT_NOISE,
     cdf = probs.cumsum(1)
     targets = torch.searchsorted(cdf, uniforms * cdf[:, -1:], right=True).squeeze(1).clamp_(max=L - 1)
     return probs.to(device=device, dtype=dtype), targets.to(device)
+
+
+def synthetic_miscalibrated(hierarchy, num_samples: int, distortion: str = "depth", strength: float = 2.0,
+                            noise: float = DEFAULT_NOISE, seed: int = 0, device: torch.device | str | None = None,
+                            dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A model with a known miscalibration: labels drawn from a true ``p*``, the model reporting a distorted ``q``.
+
+    ``p*`` and the labels are :func:`synthetic_outputs`'s (same ``noise`` and ``seed``).  The model's
+    log-probabilities ``log q`` re-temper the conditionals ``p*(c | parent(c))`` with a power ``s_c`` per
+    child node and recompose the leaves (:mod:`hdecode_torch.kernels.conditionals`), with ``k = strength``:
+
+    - ``"none"``: ``q = p*`` (a calibrated model);
+    - ``"global"``: ``q ∝ p*^k`` on the leaves (one temperature 1/k: over-confident for k > 1, under-
+      confident for k < 1);
+    - ``"depth"``: ``s_c = k^u`` with ``u`` going linearly from −1 for the children of the root to +1 at
+      the deepest level D (``u = 0`` when D = 1): flatter conditionals near the root, sharper ones deep
+      down for k > 1 (the reverse for k < 1);
+    - ``"sharp_leaves"``: ``s_c = k`` for a leaf, ``1/k`` for an internal node: confident about the leaf
+      given its parent, not about the branch (k > 1);
+    - ``"flat_leaves"``: the reverse, ``s_c = 1/k`` for a leaf and ``k`` for an internal node.
+
+    Args:
+        hierarchy: the :class:`~hdecode_torch.Hierarchy`.
+        num_samples: B >= 0.
+        distortion: one of ``DISTORTIONS``.
+        strength: k, a finite float > 0 (1 is no distortion).
+        noise, seed, device: as for :func:`synthetic_outputs`.
+        dtype: float32 (default) or float64 for ``logits`` and ``true_probs`` (computed in float64).
+    Returns:
+        ``(logits, targets, true_probs)``: (B, L) the model's logits (``log q``, rows log-softmax-
+        normalised), (B,) int64 leaf ids drawn from ``p*``, and (B, L) ``p*`` itself (the oracle).
+        O(B·N).
+    """
+    if distortion not in DISTORTIONS:
+        raise ValueError(f"Expected `distortion` to be one of {DISTORTIONS}, but got {distortion!r}")
+    if isinstance(strength, bool) or not isinstance(strength, numbers.Real) \
+            or not (0 < float(strength) < float("inf")):
+        raise ValueError(f"Expected `strength` to be a finite float > 0, but got {strength!r}")
+    probs, targets = synthetic_outputs(hierarchy, num_samples, noise, seed, device="cpu", dtype=torch.float64)
+    device = torch.device(device) if device is not None else hierarchy.device
+    h = hierarchy.to("cpu")
+    k = float(strength)
+    logp = probs.log()
+    if distortion == "none":
+        logits = logp
+    elif distortion == "global":
+        logits = torch.log_softmax(k * logp, dim=1)
+    else:
+        is_leaf = torch.arange(h.num_nodes) < h.num_leaves
+        if distortion == "depth":
+            top = max(h.max_depth - 1, 1)
+            u = torch.where(h.depth >= 1, 2.0 * (h.depth - 1).double() / top - 1.0, 0.0) if h.max_depth > 1 \
+                else torch.zeros(h.num_nodes, dtype=torch.float64)
+            power = k ** u
+        else:
+            sharp = is_leaf if distortion == "sharp_leaves" else ~is_leaf
+            power = torch.where(sharp, k, 1.0 / k).double()
+        levels = recompose(h, conditional_log_probs(h, node_log_probs(h, logp.t())), power)
+        logits = torch.log_softmax(leaf_rows(h, levels).t(), dim=1)
+    return logits.to(device=device, dtype=dtype), targets.to(device), probs.to(device=device, dtype=dtype)
 
 
 def tree_gaussian_features(h, num_samples: int, dim: int = 32, noise: float = 1.0, seed: int = 0,

@@ -101,3 +101,18 @@ def test_plan_rules_times_both_tree_sums_and_restores_the_rule(tmp_path):
     assert [(r["extra"], r["levels"]) for r in rows] == [(0, 13), (5, 18)]  # tieredImageNet-H: depth 12
     assert all(r[f"{m}_{n}_ms"] > 0 for r in rows for m in ("levels", "prefix")
                for n in ("node_probabilities", "lca_height", "zhao"))
+
+
+def test_calibration_benchmark_runs_and_prints_its_table(tmp_path, capsys):
+    calibration = pytest.importorskip("benchmarks.calibration")
+    path = tmp_path / "calibration.json"
+    assert calibration.main(["--tree", "inat19", "--distortions", "depth:3", "--rows", "400", "--json",
+                             str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "| depth_leaf |" in out and "| oracle |" in out
+    with open(path) as f:
+        methods = json.load(f)["results"][0]["methods"]
+    assert set(methods) == {"raw", "temperature", "depth", "depth_leaf", "oracle"}
+    # the oracle's row is the gap itself
+    assert methods["oracle"]["hF_1"]["recovered"] == pytest.approx(1.0)
+    assert methods["depth_leaf"]["nll"] < methods["temperature"]["nll"]

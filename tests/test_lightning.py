@@ -402,3 +402,27 @@ def test_printed_table_marks_which_way_is_better():
     assert lines[1].startswith("hf_beta[beta=0.5] ↑") and "0.8000*" in lines[1]
     assert lines[2].startswith("tree_distance ↓") and "2.0000*" in lines[2]
     assert lines[-1].startswith("↑ higher is better, ↓ lower is better")
+
+
+def test_callback_scores_a_hierarchical_scalers_output_through_extract():
+    """The callback takes no calibrator of its own: ``extract`` applies one (a HierarchicalScaler, as a
+    TemperatureScaler would be), and the logged values are those of the calibrated log-probabilities."""
+    from hdecode_torch.synthetic import synthetic_miscalibrated
+
+    z, y, _ = synthetic_miscalibrated(H, 96, "sharp_leaves", 2.0, seed=13)
+    scaler = hd.HierarchicalScaler(H).fit(z, y)
+    scores, targets = list(z.split(32)), list(y.split(32))
+
+    def calibrated(outputs, batch):
+        with torch.no_grad():
+            return scaler(outputs["logits"]), outputs["target"]
+
+    metrics, decoders = [("hf_beta", {"beta": 1.0}), ("wu_palmer", {})], ["optimal"]
+    cb = HierarchicalMetricsCallback(H, metrics=metrics, decoders=decoders, extract=calibrated, from_logits=True)
+    logged = _validate(cb, _Fixed(scores, targets), 3)
+    with torch.no_grad():
+        want = _per_batch_means([scaler(s) for s in scores], targets, metrics, decoders)
+    raw = _per_batch_means(scores, targets, metrics, decoders)
+    for name, value in want.items():
+        assert torch.equal(logged[name], value), name
+    assert any(not torch.equal(want[n], raw[n]) for n in want)  # the calibration is what was scored

@@ -41,11 +41,14 @@ from ..decoders.registry import DECODERS, OptimalDecoder, get_decoder
 from ..hierarchy import Hierarchy
 from ..metrics.base import BaseMetric
 from ..metrics.registry import METRICS, get_metric
+from ._calibration import NodeReliability, node_calibration_error, node_reliability
 from ._pieces import (
     REDUCTIONS, checked_scores, prediction_kind, values_compute, values_update,
 )
 
-__all__ = ["value", "expected", "decode", "decode_with"]  # the named functions are added below
+# the named functions are added below
+__all__ = ["value", "expected", "decode", "decode_with", "node_calibration_error", "node_reliability",
+           "NodeReliability"]
 
 
 # --------------------------------------------------------------------------- the generic entry points

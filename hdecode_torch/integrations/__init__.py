@@ -10,10 +10,11 @@ access, so ``import hdecode_torch`` does not pay for them.
 from .module import DecodingHead
 
 # The Lightning names stay out of __all__: a star import must not need Lightning.
-__all__ = ["DecodingHead", "HierarchicalMetric"]
+__all__ = ["DecodingHead", "HierarchicalMetric", "NodeCalibrationError"]
 
-_LAZY = {"HierarchicalMetric": "torchmetrics", "HierarchicalMetricsCallback": "lightning",
-         "callback_class": "lightning", "DecodingPredictionWriter": "prediction_writer"}
+_LAZY = {"HierarchicalMetric": "torchmetrics", "NodeCalibrationError": "torchmetrics",
+         "HierarchicalMetricsCallback": "lightning", "callback_class": "lightning",
+         "DecodingPredictionWriter": "prediction_writer"}
 
 
 def __getattr__(name: str):

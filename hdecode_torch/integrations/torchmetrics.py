@@ -12,13 +12,14 @@ from ..core.posterior import Posterior
 from ..core.validation import input_kind
 from ..decoders import Decoder, OptimalDecoder
 from ..decoders.registry import DECODERS
+from ..functional._calibration import _check_bins, _node_calibration_compute, _node_calibration_update
 from ..functional._pieces import (
     checked_predictions, checked_scores, prediction_kind, values_compute, values_update,
 )
 from ..hierarchy import Hierarchy
 from .module import decoder_label, pair_name, resolve_pair
 
-__all__ = ["HierarchicalMetric"]
+__all__ = ["HierarchicalMetric", "NodeCalibrationError"]
 
 #: Range of the per-sample value of each registered metric (plot axes): similarities and scores in
 #: [0, 1], costs from 0 up.
@@ -200,6 +201,45 @@ def decoder_identity(decoder: Decoder):
 
 _BUILTIN_HEURISTICS = frozenset(cls for name in DECODERS.names()
                                  if (cls := DECODERS.get_class(name)) is not OptimalDecoder)
+
+
+class NodeCalibrationError(Metric):
+    """Expected calibration error of the node probabilities p(n), per depth, as a torchmetrics ``Metric``.
+
+    ``update(probs, target)``: probs (B, L) float probabilities (logits with ``from_logits=True``),
+    target (B,) int leaf ids.  ``compute()``: (D+1,) float64, the ECE of p(n) over the (row, node) pairs
+    of each depth in ``n_bins`` equal-width bins of [0, 1] (see
+    :func:`~hdecode_torch.functional.node_calibration_error`, which gives the same values on the
+    concatenated batches up to rounding).  The states are the (D+1, n_bins) float64 sums of counts,
+    confidences and hits, summed across processes under DDP.  O(B·N·log n_bins) per update.
+    """
+
+    higher_is_better = False
+    full_state_update = False
+
+    def __init__(self, hierarchy: Hierarchy, n_bins: int = 15, from_logits: bool | str = False,
+                 validate: bool = True, **kwargs):
+        super().__init__(**kwargs)
+        if not isinstance(hierarchy, Hierarchy):
+            raise TypeError(f"Expected `hierarchy` to be a Hierarchy, but got {type(hierarchy).__name__}")
+        input_kind(from_logits)
+        self.hierarchy = hierarchy
+        self.n_bins = _check_bins(n_bins)
+        self.from_logits = from_logits
+        self.validate = bool(validate)
+        shape = (hierarchy.max_depth + 1, self.n_bins)
+        for name in ("counts", "confidence_sum", "hit_sum"):
+            self.add_state(name, torch.zeros(shape, dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, probs: torch.Tensor, target: torch.Tensor) -> None:
+        counts, conf, hits = _node_calibration_update(probs, target, self.hierarchy.to(self.counts.device),
+                                                      self.n_bins, self.from_logits, self.validate)
+        self.counts += counts
+        self.confidence_sum += conf
+        self.hit_sum += hits
+
+    def compute(self) -> torch.Tensor:
+        return _node_calibration_compute(self.counts, self.confidence_sum, self.hit_sum)
 
 
 class _SharedBatch:
