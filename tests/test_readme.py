@@ -3,6 +3,11 @@
 What a block may rely on: the blocks above it (their names), the files of ``FILES`` in the working
 folder (a temporary one), and the packages of the ``[test]`` extra.  Metrics and decoders a block
 registers are unregistered after the run.  The values the blocks compute are then checked.
+
+Blocks fenced ```python engine are snippets that run inside an engine's job (a Ray dataset, a Spark
+DataFrame, several Lightning devices): tests/test_engines.py and tests/test_prediction_writer.py run the
+same calls under a local Ray cluster, a local Spark session and two Lightning processes, and
+``test_engine_snippets_are_the_tested_calls`` checks that each snippet's calls are there.
 """
 
 from __future__ import annotations
@@ -80,3 +85,18 @@ def test_blocks_are_found_whole():
     """The test sees every block: each opening fence has its closing one, and nothing is left out."""
     text = README.read_text(encoding="utf-8")
     assert len(_blocks()) == len(re.findall(r"^[ \t]*```python[ \t]*$", text, flags=re.M))
+
+
+def test_engine_snippets_are_the_tested_calls():
+    """Each ```python engine snippet's library calls appear in the tests that start the engine."""
+    text = README.read_text(encoding="utf-8")
+    snippets = re.findall(r"^```python engine\n(.*?)^```", text, flags=re.S | re.M)
+    assert len(snippets) == 3
+    tests = pathlib.Path(__file__).parent
+    engines = (tests / "test_engines.py").read_text() + (tests / "test_prediction_writer.py").read_text()
+    wanted = [["map_batches(", "ActorPoolStrategy(", "fn_constructor_kwargs", "BatchDecoder"],
+              ["predict_batch_udf(", "BatchDecoder(", ".predict", "input_tensor_shapes"],
+              ["DecodingPredictionWriter(", "merge_shards(", "strategy=\"ddp\""]]
+    for snippet, calls in zip(snippets, wanted):
+        for call in calls:
+            assert call in snippet and call in engines, call
