@@ -87,7 +87,8 @@ Nothing is assumed about the model: its probabilities may be miscalibrated, they
 deep the answers can be at the level α.  The model must not have been trained or tuned on the
 calibration rows, and under a distribution shift between calibration and use the guarantee is void.
 It needs n ≥ B/α − 1 rows (conformal) or n ≥ log δ / log(1 − α/B) (confidence bound), below which
-even the root could not be certified (``min_calibration_rows``).
+even the root could not be certified (``min_calibration_rows``); a level that needs more than 2^40 rows
+is refused.
 """
 
 from __future__ import annotations
@@ -198,32 +199,80 @@ def _sums_above(values: torch.Tensor, weights: torch.Tensor, points: torch.Tenso
 
 
 # --------------------------------------------------------------------------- the fit's conditions
-def _binom_logcdf(n: int, a: float, device) -> torch.Tensor:
-    """(n + 1,) float64 log P(Bin(n, a) ≤ k) for k = 0..n."""
-    k = torch.arange(n + 1, dtype=torch.float64, device=device)
+def _binom_logcdf(n: int, a: float, device, upto: int | None = None) -> torch.Tensor:
+    """(m + 1,) float64 log P(Bin(n, a) ≤ k) for k = 0..m, m = min(n, ``upto``) (n by default).
+
+    Each term is computed on its own and summed in order, so the first m + 1 are the same bits whatever m.
+    """
+    k = torch.arange((n if upto is None else min(n, upto)) + 1, dtype=torch.float64, device=device)
     logpmf = (math.lgamma(n + 1) - torch.lgamma(k + 1) - torch.lgamma(n - k + 1)
               + k * math.log(a) + (n - k) * math.log1p(-a))
     return torch.logcumsumexp(logpmf, 0)
 
 
 def _certified(total: torch.Tensor, n: int, alpha: float, delta: float | None, bound: float,
-               binary: bool) -> torch.Tensor:
-    """Which candidate λ pass the fit's condition, given S(λ) = ``total`` (G,) float64 on n rows."""
+               binary: bool, upto: int | None = None) -> torch.Tensor:
+    """Which candidate λ pass the fit's condition, given S(λ) = ``total`` (G,) float64 on n rows.
+
+    ``upto``: an upper bound of ⌈S / B⌉ when the caller knows one (0 for S = 0): the binomial CDF is
+    then built on k = 0..upto only, O(upto) instead of O(n) memory, with the same result (its terms are
+    the same bits, and the log-sum never decreases along k, rounding included).
+    """
     if delta is None:
         return total + bound <= alpha * (n + 1)
     log_delta = math.log(delta)
     if binary:
-        logcdf = _binom_logcdf(n, alpha, total.device)
-        allowed = int((logcdf <= log_delta).sum()) - 1  # the CDF grows with k: the largest passing k
+        logcdf = _binom_logcdf(n, alpha, total.device, upto)
+        # the CDF grows with k: the largest passing k (capped at upto, which no total exceeds)
+        allowed = int((logcdf <= log_delta).sum()) - 1
         return total <= allowed
     a = alpha / bound
     r = (total / (n * bound)).clamp(0.0, 1.0)
     rr = torch.minimum(r, torch.full_like(r, a))
     h = torch.xlogy(rr, rr / a) + torch.xlogy(1 - rr, (1 - rr) / (1 - a))
-    logcdf = _binom_logcdf(n, a, total.device)
+    logcdf = _binom_logcdf(n, a, total.device, upto)
     k = torch.ceil(total / bound).clamp(0, n).long()
     log_p = torch.minimum(-n * h, 1.0 + logcdf[k])
     return log_p <= log_delta
+
+
+#: The most calibration rows a level may need (:meth:`RiskControl.min_calibration_rows`): 2^40 ≈ 1.1·10^12,
+#: more than any calibration set holds (8 TiB of float32 probabilities for two classes), and where the
+#: confidence bound's binomial tail, whose float64 rounding grows like lgamma(n + 1) ≈ n log n, is still
+#: right to about 1%.
+MAX_CALIBRATION_ROWS = 2**40
+#: :meth:`RiskControl.min_calibration_rows` walks this many rows one at a time before it gallops (see
+#: :func:`_first_true_from`).
+ROWS_WALK = 64
+
+
+def _first_true_from(test, n: int, step: int, last: int | None = None) -> int:
+    """The first of n, n + step, n + 2·step, ... where ``test`` is true (``last``, if given, must pass):
+    what a walk one row at a time finds, in O(ROWS_WALK + log distance) calls.
+
+    ``ROWS_WALK`` single steps, then steps doubling until one passes (never beyond ``last``), then a
+    bisection between the last failure and the first pass.  The bisection finds the walk's answer when
+    ``test`` does not flicker between the two: true of every condition of the fit but the exact binomial
+    tail, which flickers only over the few rows around where it turns true (the rounding of
+    lgamma(n + 1) ~ n log n), and those the single steps cover, since the closed form starts among them.
+    """
+    for _ in range(ROWS_WALK):
+        if test(n):
+            return n
+        n += step
+    gap = 1
+    while not test(n):
+        failed, gap = n, 2 * gap
+        n += step * gap
+        if last is not None and (n - last) * step > 0:
+            n = last
+    while abs(n - failed) > 1:  # test(failed) is false, test(n) true
+        mid = (n + failed) // 2
+        if test(mid):
+            n = mid
+        else:
+            failed = mid
+    return n
 
 
 # --------------------------------------------------------------------------- losses
@@ -385,17 +434,33 @@ class RiskControl(ThresholdDescent):
         """The fewest calibration rows at which the fit can certify anything at this ``alpha`` (and ``delta``).
 
         Conformal: B/(n + 1) ≤ α; confidence bound: (1 − α/B)^n ≤ δ.  Below it, not even the root would pass.
+        The fit's own condition at S = 0, searched from the closed form in O(log n) evaluations of O(1)
+        each (milliseconds for any level).  A level that needs more than ``MAX_CALIBRATION_ROWS`` (2^40)
+        rows raises ValueError: no calibration set holds that many.
         """
+        a = self.alpha / self.bound
+        if self.delta is None:
+            estimate = self.bound / self.alpha - 1
+        else:  # a = 0 (alpha/B underflows): (1 - a)^n = 1 > delta for every n
+            estimate = math.log(self.delta) / math.log1p(-a) if a > 0 else math.inf
+        if estimate > MAX_CALIBRATION_ROWS:
+            level = f"alpha={self.alpha:g}" + ("" if self.delta is None else f" with delta={self.delta:g}")
+            bound = "" if self.binary else f" (loss bound B = {self.bound:g})"
+            about = f" (about {estimate:.3g})" if math.isfinite(estimate) else ""
+            raise ValueError(f"Expected `alpha` to be certifiable on a calibration set that can exist, but {level}"
+                             f"{bound} needs more than 2^40 = {MAX_CALIBRATION_ROWS:,} calibration rows{about}: use "
+                             "a larger alpha")
         if self.delta is None:
             n = max(1, math.ceil(self.bound / self.alpha) - 1)
         else:
-            n = max(1, math.ceil(math.log(self.delta) / math.log1p(-self.alpha / self.bound)))
+            n = max(1, math.ceil(math.log(self.delta) / math.log1p(-a)))
         zero = torch.zeros(1, dtype=torch.float64)
-        while not bool(_certified(zero, n, self.alpha, self.delta, self.bound, self.binary)):
-            n += 1  # the closed form rounded the wrong way
-        while n > 1 and bool(_certified(zero, n - 1, self.alpha, self.delta, self.bound, self.binary)):
-            n -= 1
-        return n
+
+        def passes(rows: int) -> bool:  # the root, S = 0: the binomial CDF at k = 0 only, O(1)
+            return bool(_certified(zero, rows, self.alpha, self.delta, self.bound, self.binary, upto=0))
+
+        n = _first_true_from(passes, n, 1)  # the closed form rounded the wrong way
+        return _first_true_from(lambda rows: rows == 1 or not passes(rows - 1), n, -1, last=1)
 
     # ------------------------------------------------------------------ fitting
     def _inputs(self, probs, targets, from_logits) -> tuple[Posterior, torch.Tensor]:
