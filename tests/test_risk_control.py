@@ -422,6 +422,34 @@ def test_fit_refuses_an_unreachable_level():
         hd.RiskControl(h, alpha=1e-13, loss="overshoot").fit(probs, y)
 
 
+_DEEP_FIT = """
+import resource, sys, time, torch
+import hdecode_torch as hd
+depth, rows = int(sys.argv[1]), int(sys.argv[2])
+# test_edge_cases.caterpillar(depth): a spine of `depth` internal nodes, one leaf under each, two under the last
+h = hd.Hierarchy.from_parents([-1] + list(range(depth - 1)) + list(range(depth)) + [depth - 1])
+g = torch.Generator().manual_seed(0)
+probs = torch.softmax(3 * torch.randn(rows, h.num_leaves, generator=g, dtype=torch.float64), 1)
+y = torch.multinomial(probs, 1, generator=g)[:, 0]
+before, t = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.perf_counter()
+rc = hd.RiskControl(h, alpha=0.2).fit(probs, y)
+grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+print(grown, time.perf_counter() - t, rc.lam, rc.calibration_risk)
+"""
+
+
+def test_fit_on_a_deep_caterpillar_stays_small():
+    """A 16,001-node caterpillar (depth 8,000): 2eafccb built the miss loss's (L, D + 1) tables before finding
+    them too large, 1.5 GiB and 26 s at 64 rows; now the size check comes first and the fit walks the paths.
+    Peak memory measured in a subprocess (ru_maxrss) around the fit."""
+    proc = subprocess.run([sys.executable, "-c", _DEEP_FIT, "8000", "64"], capture_output=True, text=True,
+                          timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    grown, seconds, lam, risk = (float(v) for v in proc.stdout.split())
+    assert grown < 128, grown  # MiB; the rows' (64, 8,001) probabilities are 4 MiB
+    assert 0 < lam < 1 and 64 * risk + 1 <= 0.2 * 65  # the conformal condition at the fitted λ
+
+
 # --------------------------------------------------------------------------- the guarantee in simulation
 SPLITS, N_CAL, N_TEST = 200, 2000, 10000
 _POOLS: dict = {}

@@ -479,9 +479,15 @@ class RiskControl(ThresholdDescent):
                              "a single (L,) row")
         return post, y.to(post.device)
 
-    def _walk(self, post, y, within=None) -> tuple[LossSteps, torch.Tensor]:
+    def _walk(self, post, y, within=None, path: bool = True) -> tuple[LossSteps, torch.Tensor | None]:
         """The rows' :class:`LossSteps` and their path thresholds q (B, D), chunk by chunk; with ``within``,
-        each row's path starts at its node, on its subtree (``_walk_within``)."""
+        each row's path starts at its node, on its subtree (``_walk_within``).  ``path=False``: q is
+        None, and a 0/1 loss keeps only each chunk's critical values, not its (B_c, D) tables (a deep
+        tree's D is in the thousands)."""
+        if within is None and self.binary and not path:
+            at, jump = zip(*(self._critical(*self._walk_chunk(post.h, post.probs[a:b], y[a:b]))
+                             for a, b in self._chunks(post)))
+            return LossSteps(torch.cat(at), torch.cat(jump), self.bound, True), None
         if within is None:
             qs, vs = zip(*(self._walk_chunk(post.h, post.probs[a:b], y[a:b]) for a, b in self._chunks(post)))
             q, v = torch.cat(qs), torch.cat(vs)
@@ -489,10 +495,16 @@ class RiskControl(ThresholdDescent):
             q, v = self._walk_within(post, y, within)
         if self._kind == "custom":
             self._check_path_losses(v, y, post.h)
+        if self.binary:
+            return LossSteps(*self._critical(q, v), self.bound, True), q
+        return LossSteps(q, v.diff(dim=1), self.bound, False), q
+
+    @staticmethod
+    def _critical(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A 0/1 loss's (at, jump), each (B, 1) float64, from the walk's (q, v): one jump of 1 at most per
+        row, so the sums are exact, the critical value (0 without a jump) and the jump itself."""
         jump = v.diff(dim=1)
-        if self.binary:  # one jump of 1 at most per row: keep its threshold, the critical value
-            return LossSteps((q * jump).sum(1, keepdim=True), jump.sum(1, keepdim=True), self.bound, True), q
-        return LossSteps(q, jump, self.bound, False), q
+        return (q * jump).sum(1, keepdim=True), jump.sum(1, keepdim=True)
 
     def _miss_steps(self, post, y) -> LossSteps | None:
         """The miss loss's :class:`LossSteps` straight from each row's critical value, without walking the
@@ -636,7 +648,7 @@ class RiskControl(ThresholdDescent):
         """
         post, y = self._inputs(probs, targets, from_logits)
         steps = self._miss_steps(post, y) if within is None else None
-        return steps if steps is not None else self._walk(post, y, within)[0]
+        return steps if steps is not None else self._walk(post, y, within, path=False)[0]
 
     def fit(self, probs, targets, from_logits: bool = False, *, within=None) -> "RiskControl":
         """Fit λ on held-out rows (not used to train the model); returns ``self``.
