@@ -484,7 +484,9 @@ class RiskControl(ThresholdDescent):
         each row's path starts at its node, on its subtree (``_walk_within``).  ``path=False``: q is
         None, and a 0/1 loss keeps only each chunk's critical values, not its (B_c, D) tables (a deep
         tree's D is in the thousands)."""
-        if within is None and self.binary and not path:
+        if self.binary and not path:
+            if within is not None:
+                return LossSteps(*self._walk_within(post, y, within, critical=True), self.bound, True), None
             at, jump = zip(*(self._critical(*self._walk_chunk(post.h, post.probs[a:b], y[a:b]))
                              for a, b in self._chunks(post)))
             return LossSteps(torch.cat(at), torch.cat(jump), self.bound, True), None
@@ -520,11 +522,13 @@ class RiskControl(ThresholdDescent):
                          for a, b in self._chunks(post, cache_bytes=CPU_CHAIN_ROWS_BYTES)))
         return LossSteps(torch.cat(at)[:, None], torch.cat(jump).to(torch.float64)[:, None], self.bound, True)
 
-    def _walk_within(self, post, y, within) -> tuple[torch.Tensor, torch.Tensor]:
+    def _walk_within(self, post, y, within, critical: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """``_walk``'s (q, v) of rows decoded within their subtrees: each group of rows with one ``within``
         node walks down its subtree (probabilities renormalised there, the loss of the whole tree's ids),
         its (b, D_w) thresholds padded with zeros (no step) and its losses with the last one to the
-        whole tree's D.  Every target must lie under its row's node."""
+        whole tree's D.  Every target must lie under its row's node.  ``critical`` (a 0/1 loss): each
+        chunk's (at, jump) instead, (B, 1) each, without the (B, D) tables (:meth:`_critical`; the padding
+        adds exact zeros)."""
         h = post.h
         w, groups = split_within(post, within)
         start, size = h.pos.index_select(0, w), h.size.index_select(0, w)
@@ -534,24 +538,29 @@ class RiskControl(ThresholdDescent):
             raise ValueError(f"Expected every target to lie under its row's `within` node, but row {i}'s target "
                              f"{int(y[i])} is not under node {int(w[i])}")
         depth = h.max_depth
-        q = torch.zeros(w.shape[0], depth, dtype=torch.float64, device=w.device)
-        v = torch.zeros(w.shape[0], depth + 1, dtype=torch.float64, device=w.device)
+        width = (1, 1) if critical else (depth, depth + 1)
+        q = torch.zeros(w.shape[0], width[0], dtype=torch.float64, device=w.device)
+        v = torch.zeros(w.shape[0], width[1], dtype=torch.float64, device=w.device)
         for sub, rows, x in groups:
             if sub is None:
                 sub_post = Posterior(h, x, validate=False)
-                parts = [self._walk_chunk(h, x[a:b], y[rows[a:b]]) for a, b in self._chunks(sub_post)]
+                parts = ((rows[a:b], *self._walk_chunk(h, x[a:b], y[rows[a:b]])) for a, b in self._chunks(sub_post))
             elif sub.hierarchy is None:  # a leaf: no step, the loss of the leaf itself
                 at = torch.full_like(rows, sub.root)
                 loss = self._loss_at(at, y[rows]) if self._kind == "custom" else torch.zeros_like(at)
-                parts = [(q.new_zeros(rows.numel(), 0), loss.to(torch.float64)[:, None])]
+                parts = [(rows, q.new_zeros(rows.numel(), 0), loss.to(torch.float64)[:, None])]
             else:
                 walker = self._on(sub)
                 sub_post = Posterior(sub.hierarchy, x, validate=False)
                 y_sub = torch.searchsorted(sub.leaves, y[rows])
-                parts = [walker._walk_chunk(sub.hierarchy, x[a:b], y_sub[a:b]) for a, b in walker._chunks(sub_post)]
-            qg, vg = torch.cat([a for a, _ in parts]), torch.cat([b for _, b in parts])
-            q[rows, :qg.shape[1]] = qg
-            v[rows] = torch.cat([vg, vg[:, -1:].expand(-1, depth + 1 - vg.shape[1])], 1)
+                parts = ((rows[a:b], *walker._walk_chunk(sub.hierarchy, x[a:b], y_sub[a:b]))
+                         for a, b in walker._chunks(sub_post))
+            for part, qg, vg in parts:  # chunk by chunk: a group's (b, D) tables are never whole
+                if critical:
+                    q[part], v[part] = self._critical(qg, vg)
+                else:
+                    q[part, :qg.shape[1]] = qg
+                    v[part] = torch.cat([vg, vg[:, -1:].expand(-1, depth + 1 - vg.shape[1])], 1)
         if self._kind == "custom":
             bad = v[:, 0] != 0
             if bool(bad.any()):
