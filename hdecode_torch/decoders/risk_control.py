@@ -139,8 +139,10 @@ class ThresholdDescent(Decoder):
 
     def _chunks(self, post, chunk_size=None, cache_bytes=None):
         if chunk_size is None and not post.plan.gpu:
+            # at least D rows: on a deep tree the walk's ten or so operators per level and chunk cost more
+            # than reading a prefix table out of the cache saves (benchmarks/README.md, "Risk control")
             rows = min(post.plan.budget // self._bytes_per_sample(post.h, post.plan),
-                       (cache_bytes or CPU_PREFIX_BYTES) // (8 * (post.h.num_leaves + 1)))
+                       max((cache_bytes or CPU_PREFIX_BYTES) // (8 * (post.h.num_leaves + 1)), post.h.max_depth))
             chunk_size = max(1, rows)
         return super()._chunks(post, chunk_size)
 
