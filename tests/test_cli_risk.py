@@ -237,6 +237,12 @@ def test_plot_risk_from_files_with_delta(tmp_path, tiered, capsys):
     (["compare", "--alpha", "0.1", "--num-samples", "2", "--calibration-split", "0.01"],
      "--calibration-split 0.01 of 2 rows leaves no row to fit λ on"),
     (["compare", "--alpha", "1"], "argument --alpha: expected a finite number > 0 and < 1, got 1"),
+    # 2eafccb: an OverflowError ("internal error"), and a hang without --delta
+    (["compare", "--alpha", "1e-40", "--delta", "0.1"],
+     "--alpha 1e-40 --delta 0.1: needs more than 2^40 = 1,099,511,627,776 calibration rows (with fewer, not even the "
+     "root can be certified at this level); use a larger --alpha"),
+    (["compare", "--alpha", "1e-40"], "--alpha 1e-40: needs more than 2^40 = 1,099,511,627,776 calibration rows"),
+    (["plot", "risk", "--alpha", "1e-13", "-o", "{d}/r.png"], "--alpha 1e-13: needs more than 2^40"),
     (["compare", "--alpha", "0.1", "--delta", "0"], "argument --delta: expected a finite number > 0 and < 1, got 0"),
     (["compare", "--probs", "{d}/p.npy", "--targets", "{d}/y.npy", "--seed", "1"],
      "--seed applies to synthetic outputs or to the --calibrate / --alpha split"),

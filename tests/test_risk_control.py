@@ -15,6 +15,10 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+import textwrap
 from fractions import Fraction
 
 import numpy as np
@@ -345,6 +349,123 @@ def test_min_calibration_rows_is_exact():
         rc.fit(probs[:need], y[:need])
         with pytest.raises(ValueError, match=f"at least {need} rows.*but got {need - 1}"):
             hd.RiskControl(h, **kw).fit(probs[:need - 1], y[:need - 1])
+
+
+def _walked_min_rows(alpha, delta, bound, binary):
+    """min_calibration_rows as 2eafccb computed it: one row at a time from the closed form, the binomial
+    CDF built on all n + 1 values at every step (O(n) each)."""
+    def logcdf(n, a):
+        k = torch.arange(n + 1, dtype=torch.float64)
+        logpmf = (math.lgamma(n + 1) - torch.lgamma(k + 1) - torch.lgamma(n - k + 1)
+                  + k * math.log(a) + (n - k) * math.log1p(-a))
+        return torch.logcumsumexp(logpmf, 0)
+
+    def certified(n):
+        total = torch.zeros(1, dtype=torch.float64)
+        if delta is None:
+            return bool(total + bound <= alpha * (n + 1))
+        if binary:
+            return bool(total <= int((logcdf(n, alpha) <= math.log(delta)).sum()) - 1)
+        a = alpha / bound
+        r = (total / (n * bound)).clamp(0.0, 1.0)
+        rr = torch.minimum(r, torch.full_like(r, a))
+        h = torch.xlogy(rr, rr / a) + torch.xlogy(1 - rr, (1 - rr) / (1 - a))
+        k = torch.ceil(total / bound).clamp(0, n).long()
+        return bool(torch.minimum(-n * h, 1.0 + logcdf(n, a)[k]) <= math.log(delta))
+
+    n = (max(1, math.ceil(bound / alpha) - 1) if delta is None
+         else max(1, math.ceil(math.log(delta) / math.log1p(-alpha / bound))))
+    while not certified(n):
+        n += 1
+    while n > 1 and certified(n - 1):
+        n -= 1
+    return n
+
+
+def test_min_calibration_rows_equals_the_row_by_row_walk():
+    h = hd.load_hierarchy("tieredimagenet-h")  # overshoot: B = 12
+    table = torch.zeros(h.num_nodes, h.num_leaves, dtype=torch.float64)
+    table[:h.num_leaves] = 7.0 * (torch.arange(h.num_leaves)[:, None] != torch.arange(h.num_leaves))  # B = 7
+    losses = [("miss", 1.0), ("overshoot", float(h.max_depth)), (table, 7.0)]
+    for e in np.linspace(-4.5, -0.02, 23):
+        for delta in [None, 1e-12, 0.01, 0.1, 0.5, 0.95]:
+            for loss, bound in losses:
+                alpha = float(10**e) * bound
+                rc = hd.RiskControl(h, alpha=alpha, delta=delta, loss=loss)
+                assert rc.bound == bound
+                want = _walked_min_rows(alpha, delta, bound, rc.binary)
+                assert rc.min_calibration_rows() == want, (alpha, delta, bound)
+
+
+def test_min_calibration_rows_of_tiny_levels_answers_at_once():
+    """2eafccb counted row by row from ~1/alpha (alpha = 1e-40 never returned; with delta it raised OverflowError,
+    at 3e-8 it took 2.6 GB and 44 s): now milliseconds, or a refusal beyond 2^40 rows.  In a subprocess, so
+    that a hang is a failure and memory is capped (1.5 GiB of address space, torch included)."""
+    code = textwrap.dedent("""
+        import resource, time
+        resource.setrlimit(resource.RLIMIT_AS, (3 * 2**29, 3 * 2**29))
+        import hdecode_torch as hd
+        h = hd.Hierarchy.from_parents([2, 2, -1])
+        t = time.perf_counter()
+        print(hd.RiskControl(h, alpha=3e-8, delta=0.05).min_calibration_rows())
+        print(hd.RiskControl(h, alpha=1e-11).min_calibration_rows())
+        for kw in [dict(alpha=1e-40), dict(alpha=1e-40, delta=0.1), dict(alpha=5e-324, delta=0.5),
+                   dict(alpha=1e-12, delta=0.05)]:
+            try:
+                hd.RiskControl(h, **kw).min_calibration_rows()
+            except ValueError as exc:
+                print(exc)
+        print(f"{time.perf_counter() - t:.3f}")
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[:2] == ["99857741", "100000000000"]  # 2eafccb's walk, measured (96 s); 1/alpha - 1
+    refusals = lines[2:6]
+    assert refusals[0] == ("Expected `alpha` to be certifiable on a calibration set that can exist, but alpha=1e-40 "
+                           "needs more than 2^40 = 1,099,511,627,776 calibration rows (about 1e+40): use a larger "
+                           "alpha")
+    assert "alpha=1e-40 with delta=0.1 needs more than 2^40" in refusals[1]
+    assert "alpha=4.94066e-324 with delta=0.5 needs more than 2^40 = 1,099,511,627,776 calibration rows: use" \
+        in refusals[2]  # the estimate overflows: no number to print
+    assert "alpha=1e-12 with delta=0.05 needs more than 2^40" in refusals[3] and "(about 3e+12)" in refusals[3]
+    assert float(lines[6]) < 1.0
+
+
+def test_fit_refuses_an_unreachable_level():
+    h = hd.load_hierarchy("tieredimagenet-h")
+    probs, y = synthetic_outputs(h, 20, seed=1)
+    with pytest.raises(ValueError, match=r"but alpha=1e-13 \(loss bound B = 12\) needs more than 2\^40"):
+        hd.RiskControl(h, alpha=1e-13, loss="overshoot").fit(probs, y)
+
+
+_DEEP_FIT = """
+import resource, sys, time, torch
+import hdecode_torch as hd
+depth, rows = int(sys.argv[1]), int(sys.argv[2])
+# test_edge_cases.caterpillar(depth): a spine of `depth` internal nodes, one leaf under each, two under the last
+h = hd.Hierarchy.from_parents([-1] + list(range(depth - 1)) + list(range(depth)) + [depth - 1])
+g = torch.Generator().manual_seed(0)
+probs = torch.softmax(3 * torch.randn(rows, h.num_leaves, generator=g, dtype=torch.float64), 1)
+y = torch.multinomial(probs, 1, generator=g)[:, 0]
+before, t = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, time.perf_counter()
+rc = hd.RiskControl(h, alpha=0.2).fit(probs, y)
+grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+print(grown, time.perf_counter() - t, rc.lam, rc.calibration_risk)
+"""
+
+
+def test_fit_on_a_deep_caterpillar_stays_small():
+    """A 16,001-node caterpillar (depth 8,000): 2eafccb built the miss loss's (L, D + 1) tables before finding
+    them too large, 1.5 GiB and 26 s at 64 rows; now the size check comes first and the fit walks the paths.
+    Peak memory measured in a subprocess (ru_maxrss) around the fit."""
+    proc = subprocess.run([sys.executable, "-c", _DEEP_FIT, "8000", "64"], capture_output=True, text=True,
+                          timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    grown, seconds, lam, risk = (float(v) for v in proc.stdout.split())
+    assert grown < 128, grown  # MiB; the rows' (64, 8,001) probabilities are 4 MiB
+    assert 0 < lam < 1 and 64 * risk + 1 <= 0.2 * 65  # the conformal condition at the fitted λ
 
 
 # --------------------------------------------------------------------------- the guarantee in simulation

@@ -369,13 +369,18 @@ def fit_risk_control(h: Hierarchy, probs: torch.Tensor, targets: torch.Tensor, a
     """``(rc, info)``: ``hd.RiskControl(h, alpha, delta)`` fitted on checked probabilities (n, L) and their
     targets (n,); info: λ, n, the calibration rows' miss rate, the guarantee in words, seconds.  Too few
     rows for the level is an error that says how many are needed (``where``: how the rows were chosen)."""
-    from ..decoders.risk_control import RiskControl
+    from ..decoders.risk_control import MAX_CALIBRATION_ROWS, RiskControl
 
     t0 = time.perf_counter()
     rc = RiskControl(h, alpha=alpha, delta=delta)
-    need, n = rc.min_calibration_rows(), int(probs.shape[0])
+    level = f"--alpha {alpha:g}" + ("" if delta is None else f" --delta {delta:g}")
+    try:
+        need = rc.min_calibration_rows()
+    except ValueError:  # the level needs more rows than any calibration set holds
+        raise CLIError(f"{level}: needs more than 2^40 = {MAX_CALIBRATION_ROWS:,} calibration rows (with fewer, not "
+                       "even the root can be certified at this level); use a larger --alpha") from None
+    n = int(probs.shape[0])
     if n < need:
-        level = f"--alpha {alpha:g}" + ("" if delta is None else f" --delta {delta:g}")
         raise CLIError(f"{level}: too few calibration rows: at least {need} are needed (with fewer, not even the "
                        f"root can be certified at this level), but {where} holds {n}; give more rows, a larger "
                        "--calibration-split or a larger --alpha")

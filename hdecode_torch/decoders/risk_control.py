@@ -87,7 +87,8 @@ Nothing is assumed about the model: its probabilities may be miscalibrated, they
 deep the answers can be at the level α.  The model must not have been trained or tuned on the
 calibration rows, and under a distribution shift between calibration and use the guarantee is void.
 It needs n ≥ B/α − 1 rows (conformal) or n ≥ log δ / log(1 − α/B) (confidence bound), below which
-even the root could not be certified (``min_calibration_rows``).
+even the root could not be certified (``min_calibration_rows``); a level that needs more than 2^40 rows
+is refused.
 """
 
 from __future__ import annotations
@@ -140,8 +141,10 @@ class ThresholdDescent(Decoder):
 
     def _chunks(self, post, chunk_size=None, cache_bytes=None):
         if chunk_size is None and not post.plan.gpu:
+            # at least D rows: on a deep tree the walk's ten or so operators per level and chunk cost more
+            # than reading a prefix table out of the cache saves (benchmarks/README.md, "Risk control")
             rows = min(post.plan.budget // self._bytes_per_sample(post.h, post.plan),
-                       (cache_bytes or CPU_PREFIX_BYTES) // (8 * (post.h.num_leaves + 1)))
+                       max((cache_bytes or CPU_PREFIX_BYTES) // (8 * (post.h.num_leaves + 1)), post.h.max_depth))
             chunk_size = max(1, rows)
         return super()._chunks(post, chunk_size)
 
@@ -200,32 +203,80 @@ def _sums_above(values: torch.Tensor, weights: torch.Tensor, points: torch.Tenso
 
 
 # --------------------------------------------------------------------------- the fit's conditions
-def _binom_logcdf(n: int, a: float, device) -> torch.Tensor:
-    """(n + 1,) float64 log P(Bin(n, a) ≤ k) for k = 0..n."""
-    k = torch.arange(n + 1, dtype=torch.float64, device=device)
+def _binom_logcdf(n: int, a: float, device, upto: int | None = None) -> torch.Tensor:
+    """(m + 1,) float64 log P(Bin(n, a) ≤ k) for k = 0..m, m = min(n, ``upto``) (n by default).
+
+    Each term is computed on its own and summed in order, so the first m + 1 are the same bits whatever m.
+    """
+    k = torch.arange((n if upto is None else min(n, upto)) + 1, dtype=torch.float64, device=device)
     logpmf = (math.lgamma(n + 1) - torch.lgamma(k + 1) - torch.lgamma(n - k + 1)
               + k * math.log(a) + (n - k) * math.log1p(-a))
     return torch.logcumsumexp(logpmf, 0)
 
 
 def _certified(total: torch.Tensor, n: int, alpha: float, delta: float | None, bound: float,
-               binary: bool) -> torch.Tensor:
-    """Which candidate λ pass the fit's condition, given S(λ) = ``total`` (G,) float64 on n rows."""
+               binary: bool, upto: int | None = None) -> torch.Tensor:
+    """Which candidate λ pass the fit's condition, given S(λ) = ``total`` (G,) float64 on n rows.
+
+    ``upto``: an upper bound of ⌈S / B⌉ when the caller knows one (0 for S = 0): the binomial CDF is
+    then built on k = 0..upto only, O(upto) instead of O(n) memory, with the same result (its terms are
+    the same bits, and the log-sum never decreases along k, rounding included).
+    """
     if delta is None:
         return total + bound <= alpha * (n + 1)
     log_delta = math.log(delta)
     if binary:
-        logcdf = _binom_logcdf(n, alpha, total.device)
-        allowed = int((logcdf <= log_delta).sum()) - 1  # the CDF grows with k: the largest passing k
+        logcdf = _binom_logcdf(n, alpha, total.device, upto)
+        # the CDF grows with k: the largest passing k (capped at upto, which no total exceeds)
+        allowed = int((logcdf <= log_delta).sum()) - 1
         return total <= allowed
     a = alpha / bound
     r = (total / (n * bound)).clamp(0.0, 1.0)
     rr = torch.minimum(r, torch.full_like(r, a))
     h = torch.xlogy(rr, rr / a) + torch.xlogy(1 - rr, (1 - rr) / (1 - a))
-    logcdf = _binom_logcdf(n, a, total.device)
+    logcdf = _binom_logcdf(n, a, total.device, upto)
     k = torch.ceil(total / bound).clamp(0, n).long()
     log_p = torch.minimum(-n * h, 1.0 + logcdf[k])
     return log_p <= log_delta
+
+
+#: The most calibration rows a level may need (:meth:`RiskControl.min_calibration_rows`): 2^40 ≈ 1.1·10^12,
+#: more than any calibration set holds (8 TiB of float32 probabilities for two classes), and where the
+#: confidence bound's binomial tail, whose float64 rounding grows like lgamma(n + 1) ≈ n log n, is still
+#: right to about 1%.
+MAX_CALIBRATION_ROWS = 2**40
+#: :meth:`RiskControl.min_calibration_rows` walks this many rows one at a time before it gallops (see
+#: :func:`_first_true_from`).
+ROWS_WALK = 64
+
+
+def _first_true_from(test, n: int, step: int, last: int | None = None) -> int:
+    """The first of n, n + step, n + 2·step, ... where ``test`` is true (``last``, if given, must pass):
+    what a walk one row at a time finds, in O(ROWS_WALK + log distance) calls.
+
+    ``ROWS_WALK`` single steps, then steps doubling until one passes (never beyond ``last``), then a
+    bisection between the last failure and the first pass.  The bisection finds the walk's answer when
+    ``test`` does not flicker between the two: true of every condition of the fit but the exact binomial
+    tail, which flickers only over the few rows around where it turns true (the rounding of
+    lgamma(n + 1) ~ n log n), and those the single steps cover, since the closed form starts among them.
+    """
+    for _ in range(ROWS_WALK):
+        if test(n):
+            return n
+        n += step
+    gap = 1
+    while not test(n):
+        failed, gap = n, 2 * gap
+        n += step * gap
+        if last is not None and (n - last) * step > 0:
+            n = last
+    while abs(n - failed) > 1:  # test(failed) is false, test(n) true
+        mid = (n + failed) // 2
+        if test(mid):
+            n = mid
+        else:
+            failed = mid
+    return n
 
 
 # --------------------------------------------------------------------------- losses
@@ -387,17 +438,33 @@ class RiskControl(ThresholdDescent):
         """The fewest calibration rows at which the fit can certify anything at this ``alpha`` (and ``delta``).
 
         Conformal: B/(n + 1) ≤ α; confidence bound: (1 − α/B)^n ≤ δ.  Below it, not even the root would pass.
+        The fit's own condition at S = 0, searched from the closed form in O(log n) evaluations of O(1)
+        each (milliseconds for any level).  A level that needs more than ``MAX_CALIBRATION_ROWS`` (2^40)
+        rows raises ValueError: no calibration set holds that many.
         """
+        a = self.alpha / self.bound
+        if self.delta is None:
+            estimate = self.bound / self.alpha - 1
+        else:  # a = 0 (alpha/B underflows): (1 - a)^n = 1 > delta for every n
+            estimate = math.log(self.delta) / math.log1p(-a) if a > 0 else math.inf
+        if estimate > MAX_CALIBRATION_ROWS:
+            level = f"alpha={self.alpha:g}" + ("" if self.delta is None else f" with delta={self.delta:g}")
+            bound = "" if self.binary else f" (loss bound B = {self.bound:g})"
+            about = f" (about {estimate:.3g})" if math.isfinite(estimate) else ""
+            raise ValueError(f"Expected `alpha` to be certifiable on a calibration set that can exist, but {level}"
+                             f"{bound} needs more than 2^40 = {MAX_CALIBRATION_ROWS:,} calibration rows{about}: use "
+                             "a larger alpha")
         if self.delta is None:
             n = max(1, math.ceil(self.bound / self.alpha) - 1)
         else:
-            n = max(1, math.ceil(math.log(self.delta) / math.log1p(-self.alpha / self.bound)))
+            n = max(1, math.ceil(math.log(self.delta) / math.log1p(-a)))
         zero = torch.zeros(1, dtype=torch.float64)
-        while not bool(_certified(zero, n, self.alpha, self.delta, self.bound, self.binary)):
-            n += 1  # the closed form rounded the wrong way
-        while n > 1 and bool(_certified(zero, n - 1, self.alpha, self.delta, self.bound, self.binary)):
-            n -= 1
-        return n
+
+        def passes(rows: int) -> bool:  # the root, S = 0: the binomial CDF at k = 0 only, O(1)
+            return bool(_certified(zero, rows, self.alpha, self.delta, self.bound, self.binary, upto=0))
+
+        n = _first_true_from(passes, n, 1)  # the closed form rounded the wrong way
+        return _first_true_from(lambda rows: rows == 1 or not passes(rows - 1), n, -1, last=1)
 
     # ------------------------------------------------------------------ fitting
     def _inputs(self, probs, targets, from_logits) -> tuple[Posterior, torch.Tensor]:
@@ -420,9 +487,17 @@ class RiskControl(ThresholdDescent):
                              "a single (L,) row")
         return post, y.to(post.device)
 
-    def _walk(self, post, y, within=None) -> tuple[LossSteps, torch.Tensor]:
+    def _walk(self, post, y, within=None, path: bool = True) -> tuple[LossSteps, torch.Tensor | None]:
         """The rows' :class:`LossSteps` and their path thresholds q (B, D), chunk by chunk; with ``within``,
-        each row's path starts at its node, on its subtree (``_walk_within``)."""
+        each row's path starts at its node, on its subtree (``_walk_within``).  ``path=False``: q is
+        None, and a 0/1 loss keeps only each chunk's critical values, not its (B_c, D) tables (a deep
+        tree's D is in the thousands)."""
+        if self.binary and not path:
+            if within is not None:
+                return LossSteps(*self._walk_within(post, y, within, critical=True), self.bound, True), None
+            at, jump = zip(*(self._critical(*self._walk_chunk(post.h, post.probs[a:b], y[a:b]))
+                             for a, b in self._chunks(post)))
+            return LossSteps(torch.cat(at), torch.cat(jump), self.bound, True), None
         if within is None:
             qs, vs = zip(*(self._walk_chunk(post.h, post.probs[a:b], y[a:b]) for a, b in self._chunks(post)))
             q, v = torch.cat(qs), torch.cat(vs)
@@ -430,10 +505,16 @@ class RiskControl(ThresholdDescent):
             q, v = self._walk_within(post, y, within)
         if self._kind == "custom":
             self._check_path_losses(v, y, post.h)
+        if self.binary:
+            return LossSteps(*self._critical(q, v), self.bound, True), q
+        return LossSteps(q, v.diff(dim=1), self.bound, False), q
+
+    @staticmethod
+    def _critical(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A 0/1 loss's (at, jump), each (B, 1) float64, from the walk's (q, v): one jump of 1 at most per
+        row, so the sums are exact, the critical value (0 without a jump) and the jump itself."""
         jump = v.diff(dim=1)
-        if self.binary:  # one jump of 1 at most per row: keep its threshold, the critical value
-            return LossSteps((q * jump).sum(1, keepdim=True), jump.sum(1, keepdim=True), self.bound, True), q
-        return LossSteps(q, jump, self.bound, False), q
+        return (q * jump).sum(1, keepdim=True), jump.sum(1, keepdim=True)
 
     def _miss_steps(self, post, y) -> LossSteps | None:
         """The miss loss's :class:`LossSteps` straight from each row's critical value, without walking the
@@ -449,11 +530,13 @@ class RiskControl(ThresholdDescent):
                          for a, b in self._chunks(post, cache_bytes=CPU_CHAIN_ROWS_BYTES)))
         return LossSteps(torch.cat(at)[:, None], torch.cat(jump).to(torch.float64)[:, None], self.bound, True)
 
-    def _walk_within(self, post, y, within) -> tuple[torch.Tensor, torch.Tensor]:
+    def _walk_within(self, post, y, within, critical: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """``_walk``'s (q, v) of rows decoded within their subtrees: each group of rows with one ``within``
         node walks down its subtree (probabilities renormalised there, the loss of the whole tree's ids),
         its (b, D_w) thresholds padded with zeros (no step) and its losses with the last one to the
-        whole tree's D.  Every target must lie under its row's node."""
+        whole tree's D.  Every target must lie under its row's node.  ``critical`` (a 0/1 loss): each
+        chunk's (at, jump) instead, (B, 1) each, without the (B, D) tables (:meth:`_critical`; the padding
+        adds exact zeros)."""
         h = post.h
         w, groups = split_within(post, within)
         start, size = h.pos.index_select(0, w), h.size.index_select(0, w)
@@ -463,24 +546,29 @@ class RiskControl(ThresholdDescent):
             raise ValueError(f"Expected every target to lie under its row's `within` node, but row {i}'s target "
                              f"{int(y[i])} is not under node {int(w[i])}")
         depth = h.max_depth
-        q = torch.zeros(w.shape[0], depth, dtype=torch.float64, device=w.device)
-        v = torch.zeros(w.shape[0], depth + 1, dtype=torch.float64, device=w.device)
+        width = (1, 1) if critical else (depth, depth + 1)
+        q = torch.zeros(w.shape[0], width[0], dtype=torch.float64, device=w.device)
+        v = torch.zeros(w.shape[0], width[1], dtype=torch.float64, device=w.device)
         for sub, rows, x in groups:
             if sub is None:
                 sub_post = Posterior(h, x, validate=False)
-                parts = [self._walk_chunk(h, x[a:b], y[rows[a:b]]) for a, b in self._chunks(sub_post)]
+                parts = ((rows[a:b], *self._walk_chunk(h, x[a:b], y[rows[a:b]])) for a, b in self._chunks(sub_post))
             elif sub.hierarchy is None:  # a leaf: no step, the loss of the leaf itself
                 at = torch.full_like(rows, sub.root)
                 loss = self._loss_at(at, y[rows]) if self._kind == "custom" else torch.zeros_like(at)
-                parts = [(q.new_zeros(rows.numel(), 0), loss.to(torch.float64)[:, None])]
+                parts = [(rows, q.new_zeros(rows.numel(), 0), loss.to(torch.float64)[:, None])]
             else:
                 walker = self._on(sub)
                 sub_post = Posterior(sub.hierarchy, x, validate=False)
                 y_sub = torch.searchsorted(sub.leaves, y[rows])
-                parts = [walker._walk_chunk(sub.hierarchy, x[a:b], y_sub[a:b]) for a, b in walker._chunks(sub_post)]
-            qg, vg = torch.cat([a for a, _ in parts]), torch.cat([b for _, b in parts])
-            q[rows, :qg.shape[1]] = qg
-            v[rows] = torch.cat([vg, vg[:, -1:].expand(-1, depth + 1 - vg.shape[1])], 1)
+                parts = ((rows[a:b], *walker._walk_chunk(sub.hierarchy, x[a:b], y_sub[a:b]))
+                         for a, b in walker._chunks(sub_post))
+            for part, qg, vg in parts:  # chunk by chunk: a group's (b, D) tables are never whole
+                if critical:
+                    q[part], v[part] = self._critical(qg, vg)
+                else:
+                    q[part, :qg.shape[1]] = qg
+                    v[part] = torch.cat([vg, vg[:, -1:].expand(-1, depth + 1 - vg.shape[1])], 1)
         if self._kind == "custom":
             bad = v[:, 0] != 0
             if bool(bad.any()):
@@ -582,7 +670,7 @@ class RiskControl(ThresholdDescent):
         """
         post, y = self._inputs(probs, targets, from_logits)
         steps = self._miss_steps(post, y) if within is None else None
-        return steps if steps is not None else self._walk(post, y, within)[0]
+        return steps if steps is not None else self._walk(post, y, within, path=False)[0]
 
     def fit(self, probs, targets, from_logits: bool = False, *, within=None) -> "RiskControl":
         """Fit λ on held-out rows (not used to train the model); returns ``self``.

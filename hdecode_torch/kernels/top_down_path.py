@@ -190,6 +190,13 @@ def miss_chains(h):
         t = h._tree
         num_leaves, d_max = h.num_leaves, h.max_depth
         degree = t.children_ptr[1:] - t.children_ptr[:-1]
+        # E first, in O(N): the (L, D + 1) tables below are what the size check is there to avoid
+        bounds_above = np.zeros(h.num_nodes, dtype=np.int64)  # Σ (K + 1) over a node's proper ancestors
+        for lvl in h.levels[1:]:
+            lvl = lvl.cpu().numpy()
+            bounds_above[lvl] = bounds_above[t.parent[lvl]] + degree[t.parent[lvl]] + 1
+        if num_leaves * (2 * int(bounds_above[:num_leaves].max()) + d_max) > MISS_CHAIN_MAX_ENTRIES:
+            return None
         lo, hi = (b.cpu().numpy() for b in leaf_layout(h)[1].unbind(1))
         kids = t.children[np.lexsort((lo[t.children], t.parent[t.children]))]  # each node's children in leaf order
         # y's ancestors by depth, y itself at d(y) (−1 beyond)
@@ -203,8 +210,6 @@ def miss_chains(h):
         count = np.where(owner >= 0, degree[np.maximum(owner, 0)] + 1, 0)  # K + 1 bounds
         width = int(count.sum(1).max())
         if width == 0:
-            return None
-        if num_leaves * (2 * width + d_max) > MISS_CHAIN_MAX_ENTRIES:
             return None
         rows, ks = np.nonzero(count)
         reps = count[rows, ks]
