@@ -242,7 +242,8 @@ def test_plot_risk_from_files_with_delta(tmp_path, tiered, capsys):
      "--seed applies to synthetic outputs or to the --calibrate / --alpha split"),
     (["compare", "--probs", "{d}/z.npy", "--targets", "{d}/y.npy", "--from-logits", "--calibrate", "--alpha", "0.1",
       "--calibration-split", "0.05"],
-     "--calibrate with --alpha fits T and λ on half each of the --calibration-split 0.05 of 20 rows, but it holds "
+     "--calibrate with --alpha fits the calibration and λ on half each of the --calibration-split 0.05 of 20 rows, "
+     "but it holds "
      "1 row"),
     (["compare", "--probs", "{d}/z.npy", "--targets", "{d}/y.npy", "--from-logits", "--calibrate", "--alpha", "0.1"],
      "too few calibration rows: at least 9 are needed (with fewer, not even the root can be certified at this "
