@@ -138,21 +138,23 @@ def test_compare_alpha_delta_with_its_own_split(tmp_path, tiered, capsys):
     assert list(risk["miss_rate"]) == [rc.key, "optimal:accuracy", "majority"]
 
 
-def test_compare_calibrate_and_alpha_fit_t_and_lambda_on_half_each(tmp_path, tiered, capsys):
+@pytest.mark.parametrize("kind", ["temperature", "hierarchical"])
+def test_compare_calibrate_and_alpha_fit_t_and_lambda_on_half_each(tmp_path, tiered, capsys, kind):
     probs, y = synthetic_outputs(tiered, 1200, 0.75, seed=11)
     logits = (2.0 * probs.double().clamp_min(1e-12).log()).float()  # over-confident: T > 1
     np.save(tmp_path / "z.npy", logits.numpy())
     np.save(tmp_path / "y.npy", y.numpy())
     path = tmp_path / "c.json"
     code, _, err = run_cli(["compare", "--probs", tmp_path / "z.npy", "--targets", tmp_path / "y.npy",
-                            "--from-logits", "--calibrate", "--alpha", "0.1", "--seed", "5", "--metrics", "accuracy",
-                            "--decoders", "majority", "--json", path, "--no-progress"], capsys)
+                            "--from-logits", "--calibrate", kind, "--alpha", "0.1", "--seed", "5", "--metrics",
+                            "accuracy", "--decoders", "majority", "--json", path, "--no-progress"], capsys)
     assert code == 0, err
     res = json.loads(path.read_text())["results"]
     held, other = split(1200, 0.5, 5)
     t_pick, lam_pick = split(held.numel(), 0.5, 5)
     t_rows, lam_rows = held[t_pick], held[lam_pick]
-    scaler = hd.TemperatureScaler().fit(logits[t_rows], y[t_rows])
+    scaler = (hd.TemperatureScaler() if kind == "temperature" else hd.HierarchicalScaler(tiered)).fit(logits[t_rows],
+                                                                                                      y[t_rows])
     assert res["calibration"]["temperature"] == scaler.temperature and res["calibration"]["fit_rows"] == 300
     with torch.no_grad():
         scaled = scaler(logits.double())
@@ -248,7 +250,8 @@ def test_plot_risk_from_files_with_delta(tmp_path, tiered, capsys):
      "--seed applies to synthetic outputs or to the --calibrate / --alpha split"),
     (["compare", "--probs", "{d}/z.npy", "--targets", "{d}/y.npy", "--from-logits", "--calibrate", "--alpha", "0.1",
       "--calibration-split", "0.05"],
-     "--calibrate with --alpha fits T and λ on half each of the --calibration-split 0.05 of 20 rows, but it holds "
+     "--calibrate with --alpha fits the calibration and λ on half each of the --calibration-split 0.05 of 20 rows, "
+     "but it holds "
      "1 row"),
     (["compare", "--probs", "{d}/z.npy", "--targets", "{d}/y.npy", "--from-logits", "--calibrate", "--alpha", "0.1"],
      "too few calibration rows: at least 9 are needed (with fewer, not even the root can be certified at this "

@@ -18,7 +18,7 @@ from .options import (
     DEFAULT_METRICS, DEFAULT_NUM_SAMPLES, DEFAULT_RESOLUTION, DEFAULT_RISK_POINTS, DEFAULT_SEED, DEFAULT_TABLE_WIDTH,
     HEURISTIC_NAMES, MAX_DPI, MAX_SEED, METRIC_NAMES, SYNTHETIC_NOISE, add_calibration_args, add_decoder_param_args,
     add_hierarchy_args, add_input_kind_args, add_metric_params, add_progress_arg, add_risk_args, add_run_args,
-    add_split_arg, finite_float, int_in,
+    add_split_arg, finite_float, int_in, DEFAULT_BINS, DEFAULT_DISTORTION, DEFAULT_STRENGTH, DISTORTIONS,
 )
 
 __all__ = ["build_parser", "OUTPUT_FORMATS", "output_format"]
@@ -47,7 +47,7 @@ def _given(value) -> bool:
 def _check_calibration_input(args) -> None:
     if args.from_logits is not True:
         if args.from_logits == "auto":
-            raise CLIError("--calibrate scales logits: give --from-logits, not --from-logits auto (a temperature "
+            raise CLIError("--calibrate scales logits: give --from-logits, not --from-logits auto (a calibration "
                            "fitted to rows that may be probabilities means nothing)")
         raise CLIError("--calibrate scales logits: add --from-logits (and pass logits as --probs)")
 
@@ -227,7 +227,7 @@ def check_decode(args) -> None:
     if args.calibrate:
         _check_calibration_input(args)
         if args.targets is None:
-            raise CLIError("--calibrate fits the temperature on labelled rows: add --targets FILE (the true leaf ids "
+            raise CLIError("--calibrate fits the calibration on labelled rows: add --targets FILE (the true leaf ids "
                            "of the --probs rows)")
     else:
         for flag, value in (("--targets", args.targets), ("--calibration-split", args.calibration_split),
@@ -242,9 +242,10 @@ def check_decode(args) -> None:
 # --------------------------------------------------------------------------- plot
 def _add_plot(sub) -> None:
     p = sub.add_parser("plot", help="figures: decoder agreement on the simplex, gain of optimal decoding vs noise, "
-                                    "risk-coverage curve", allow_abbrev=False,
-                       description="Figures of the paper, recomputed: `plot agreement` and `plot gain`; and the "
-                                   "risk-coverage curve of risk control: `plot risk`.")
+                                    "risk-coverage curve, node reliability per depth", allow_abbrev=False,
+                       description="Figures of the paper, recomputed: `plot agreement` and `plot gain`; the "
+                                   "risk-coverage curve of risk control: `plot risk`; and the reliability of the "
+                                   "node probabilities at each depth of the tree: `plot reliability`.")
     psub = p.add_subparsers(dest="plot_command", required=True, metavar="FIGURE")
     image_help = ("image file to write: .png, .pdf, .svg, ... (no extension: .png is added); written to a temporary "
                   "file and moved into place when complete")
@@ -310,6 +311,7 @@ def _add_plot(sub) -> None:
                                                   "gains are null)")
     g.add_argument("--dpi", type=int_in(10, MAX_DPI), default=DEFAULT_DPI, help=dpi_help)
     _add_plot_risk(psub, image_help, dpi_help)
+    _add_plot_reliability(psub, image_help, dpi_help)
 
 
 def check_plot_agreement(args) -> None:
@@ -368,6 +370,67 @@ def check_plot_risk(args) -> None:
                            "--leaf-order": args.leaf_order})
     _check_source(args, "plot risk", "fit and draw the curve")
     check_before_torch(args, files=("--probs", "--targets"))
+
+
+def _add_plot_reliability(psub, image_help: str, dpi_help: str) -> None:
+    r = psub.add_parser(
+        "reliability", help="reliability diagrams of the node probabilities, one per depth, before/after calibration",
+        allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "The optimal decoders read p(n) at every node of the tree.  For each depth, the (row, node)\n"
+            "pairs are binned by p(n) (--bins), and each bin's mean p(n) is drawn against how often its\n"
+            "node holds the label: on the diagonal where the model is calibrated.  The title of each\n"
+            "panel gives the depth's node ECE.  With --calibrate, the calibration is fitted on a random\n"
+            "part of the rows (--calibration-split, --seed) and both curves are drawn on the others.\n\n"
+            "Without --probs: a synthetic model with a known miscalibration (--distortion, --strength),\n"
+            "its logits scored against labels drawn from the true probabilities.  With --probs/--targets:\n"
+            "your model's outputs."),
+        epilog="examples:\n  hdecode plot reliability --calibrate hierarchical --output reliability.png\n"
+               "  hdecode plot reliability --probs val_logits.npy --targets val_labels.npy --from-logits "
+               "--calibrate hierarchical --output reliability.png --json reliability.json")
+    r.set_defaults(_run="plot:run_reliability", _check=check_plot_reliability, _parser=r)
+    add_hierarchy_args(r)
+    src = r.add_argument_group("model outputs")
+    src.add_argument("--probs", metavar="FILE", help="(B, L) probabilities (or logits with --from-logits): "
+                     ".npy, .pt, .csv, .tsv or .txt; '-' reads standard input")
+    src.add_argument("--targets", metavar="FILE", help="(B,) true leaf ids: .npy, .pt, .csv or .txt; '-' reads "
+                     "standard input")
+    add_input_kind_args(src)
+    src.add_argument("--num-samples", type=int_in(2, 10 ** 8), default=None, metavar="B",
+                     help=f"synthetic outputs: number of samples (default: {DEFAULT_NUM_SAMPLES})")
+    src.add_argument("--noise", type=finite_float(0.0, lo_open=True), default=None,
+                     help=f"synthetic outputs: temperature of the logit model (default: {SYNTHETIC_NOISE})")
+    src.add_argument("--distortion", choices=DISTORTIONS, default=None,
+                     help=f"synthetic outputs: how the model distorts the true probabilities (default: "
+                          f"{DEFAULT_DISTORTION}: flatter conditionals near the root, sharper deep down)")
+    src.add_argument("--strength", type=finite_float(0.0, lo_open=True), default=None, metavar="K",
+                     help=f"synthetic outputs: the distortion's strength, 1 = none (default: {DEFAULT_STRENGTH:g})")
+    src.add_argument("--seed", type=int_in(0, MAX_SEED), default=None,
+                     help=f"random seed of the synthetic outputs and of the split (default: {DEFAULT_SEED})")
+    cal = r.add_argument_group("calibration")
+    add_calibration_args(cal, decode=False)
+    r.add_argument("--bins", type=int_in(2, 1000), default=DEFAULT_BINS,
+                   help=f"equal-width bins of p(n) in [0, 1] (default: {DEFAULT_BINS})")
+    add_run_args(r, batch=False, imports=False)
+    r.add_argument("--output", "-o", required=True, metavar="IMAGE", help=image_help)
+    r.add_argument("--json", metavar="PATH", help="also write the plotted numbers as JSON (schema_version 1; empty "
+                                                  "bins are null)")
+    r.add_argument("--dpi", type=int_in(10, MAX_DPI), default=DEFAULT_DPI, help=dpi_help)
+
+
+def check_plot_reliability(args) -> None:
+    check_distinct_inputs({"--probs": args.probs, "--targets": args.targets, "--hierarchy": args.hierarchy,
+                           "--leaf-order": args.leaf_order})
+    _check_source(args, "plot reliability", "compare the probabilities with the labels",
+                  synthetic_note=" from a model with a known miscalibration")
+    if args.probs is not None:
+        for flag, val in (("--distortion", args.distortion), ("--strength", args.strength)):
+            if val is not None:
+                raise CLIError(f"{flag} applies to synthetic outputs, not to --probs")
+        if args.calibrate:
+            _check_calibration_input(args)
+    if args.calibration_split is not None and not args.calibrate:
+        raise CLIError("--calibration-split applies to --calibrate")
 
 
 def _check_source(args, command: str, purpose: str, probs_only=(), synthetic_note: str = "") -> None:

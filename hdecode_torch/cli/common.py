@@ -35,7 +35,8 @@ __all__ = [
     "default_info_threshold", "build_metrics", "build_heuristics", "heuristic_names", "split_names", "one_spec",
     "import_modules", "Progress",
     "check_applicable", "json_document", "json_safe", "int_in", "finite_float", "set_threads", "calibration_split",
-    "fit_calibration", "calibration_report", "held_out_split", "fit_risk_control",
+    "fit_calibration", "calibration_report", "calibration_label", "calibration_check", "node_ece", "held_out_split",
+    "fit_risk_control",
     "guarantee_text",
 ]
 
@@ -323,34 +324,109 @@ def calibration_split(num_rows: int, fraction: float, seed: int) -> tuple[torch.
     return perm[:k].sort().values, perm[k:].sort().values
 
 
-def fit_calibration(logits: torch.Tensor, targets: torch.Tensor, fit_rows: torch.Tensor,
-                    other_rows: torch.Tensor) -> tuple["TemperatureScaler", dict]:
-    """Temperature scaling fitted on ``fit_rows``; the NLL before/after on both parts."""
+def fit_calibration(h: Hierarchy, logits: torch.Tensor, targets: torch.Tensor, fit_rows: torch.Tensor,
+                    other_rows: torch.Tensor, kind: str = "temperature"):
+    """``(scaler, info)``: the calibration ``kind`` fitted on ``fit_rows`` of ``logits`` (B, L) and ``targets``
+    (B,), and what it did: its parameters, the NLL before/after on the fit rows and on ``other_rows``, and the
+    node ECE per depth before/after on ``other_rows`` (the fit rows when there are none).
+
+    ``kind``: ``"temperature"`` (hd.TemperatureScaler), ``"hierarchical"`` (hd.HierarchicalScaler, its default
+    family) or ``"auto"`` (hierarchical when the fit rows' node probabilities are miscalibrated beyond sampling
+    noise at some depth, else no scaling: ``scaler`` is then None)."""
+    from ..integrations.hierarchical_scaler import HierarchicalScaler
     from ..integrations.temperature import TemperatureScaler
 
     t0 = time.perf_counter()
     fit_z, fit_y = logits[fit_rows], targets[fit_rows]
+    info = {"kind": kind, "fit_rows": int(fit_rows.numel()), "other_rows": int(other_rows.numel())}
+    if kind == "auto":
+        check = calibration_check(h, fit_z, fit_y)
+        info["fit_rows_check"] = check
+        kind = "hierarchical" if check["miscalibrated_depths"] else "none"
+        info["applied"] = kind
+    if kind == "temperature":
+        scaler = TemperatureScaler().fit(fit_z, fit_y)
+        info["temperature"] = scaler.temperature
+    elif kind == "hierarchical":
+        scaler = HierarchicalScaler(h).fit(fit_z, fit_y)
+        info.update(temperature=scaler.temperature, family=scaler.family, num_parameters=scaler.num_parameters,
+                    temperatures=scaler.temperatures, shifts=scaler.shifts)
+    else:
+        scaler = None
     identity = TemperatureScaler()
-    scaler = TemperatureScaler().fit(fit_z, fit_y)
-    info = {"temperature": scaler.temperature, "fit_rows": int(fit_rows.numel()),
-            "other_rows": int(other_rows.numel()),
-            "nll_fit_before": identity.negative_log_likelihood(fit_z, fit_y),
-            "nll_fit_after": scaler.negative_log_likelihood(fit_z, fit_y),
-            "nll_other_before": None, "nll_other_after": None}
+    after = identity if scaler is None else scaler
+
+    def nll(s, z, y) -> float:
+        return s.loss(z, y) if isinstance(s, HierarchicalScaler) else s.negative_log_likelihood(z, y)
+
+    info.update(nll_fit_before=identity.negative_log_likelihood(fit_z, fit_y), nll_fit_after=nll(after, fit_z, fit_y),
+                nll_other_before=None, nll_other_after=None)
+    scored_z, scored_y = fit_z, fit_y
     if other_rows.numel():
-        z, y = logits[other_rows], targets[other_rows]
-        info["nll_other_before"] = identity.negative_log_likelihood(z, y)
-        info["nll_other_after"] = scaler.negative_log_likelihood(z, y)
+        scored_z, scored_y = logits[other_rows], targets[other_rows]
+        info["nll_other_before"] = identity.negative_log_likelihood(scored_z, scored_y)
+        info["nll_other_after"] = nll(after, scored_z, scored_y)
+    with torch.no_grad():
+        calibrated = scored_z if scaler is None else scaler(scored_z.to(torch.float64))
+    after_check = calibration_check(h, calibrated, scored_y)
+    info["node_ece"] = {"rows": "held-out" if other_rows.numel() else "fit", "before": node_ece(h, scored_z, scored_y),
+                        "after": after_check["ece"], "noise_floor": after_check["noise_floor"],
+                        "miscalibrated_depths": after_check["miscalibrated_depths"]}
     info["seconds"] = round(time.perf_counter() - t0, 3)
     return scaler, info
 
 
+def node_ece(h: Hierarchy, logits: torch.Tensor, targets: torch.Tensor) -> list[float]:
+    """The node ECE of each depth 0..D of ``softmax(logits)`` (B, L) against ``targets`` (B,)."""
+    from ..functional import node_calibration_error
+
+    return node_calibration_error(logits, targets, h, from_logits=True).tolist()
+
+
+def calibration_check(h: Hierarchy, scores: torch.Tensor, targets: torch.Tensor, from_logits=True,
+                      normalize: bool = False) -> dict:
+    """``hd.functional.node_calibration_check`` of ``scores`` (B, L) as a JSON-ready dict: the node ECE and
+    its noise floor per depth 0..D, and the depths miscalibrated beyond sampling noise."""
+    from ..functional import node_calibration_check
+    from .evaluation import rows_probabilities
+
+    rows = torch.arange(scores.shape[0])
+    probs = rows_probabilities(h, scores, rows, from_logits=from_logits, normalize=normalize)
+    check = node_calibration_check(probs, targets.to(probs.device), h)
+    return {"ece": check.ece.tolist(), "noise_floor": check.noise_floor.tolist(),
+            "miscalibrated_depths": check.miscalibrated.nonzero().flatten().tolist(), "rows": int(scores.shape[0])}
+
+
+def calibration_label(info: dict) -> str:
+    """A few words on what the calibration ``info`` applied: ``logits / T, T = 1.93``, ``a hierarchical scaler
+    (25 parameters)``, or ``no calibration (auto: calibrated within noise)``."""
+    kind = info.get("applied", info["kind"])
+    if kind == "temperature":
+        return f"logits / T, T = {info['temperature']:.4g}"
+    if kind == "hierarchical":
+        return f"a hierarchical scaler ({info['num_parameters']} parameters)"
+    return "no calibration (auto: calibrated within noise)"
+
+
 def calibration_report(info: dict) -> str:
-    text = (f"T = {info['temperature']:.4g} fitted on {info['fit_rows']} rows; NLL {info['nll_fit_before']:.4f} -> "
-            f"{info['nll_fit_after']:.4f} on them")
-    if info["nll_other_before"] is not None:
-        text += (f", {info['nll_other_before']:.4f} -> {info['nll_other_after']:.4f} on the {info['other_rows']} "
-                 "held-out rows")
+    """One paragraph: what was fitted on how many rows, and the NLL before/after."""
+    kind = info.get("applied", info["kind"])
+    if kind == "none":
+        text = (f"auto: the node probabilities of the {info['fit_rows']} fit rows are calibrated within sampling "
+                "noise at every depth: no scaling applied")
+    else:
+        what = f"T = {info['temperature']:.4g}"
+        if kind == "hierarchical":
+            what = (f"hierarchical scaler ({info['family']}, {info['num_parameters']} parameters: {what}, then "
+                    "the conditionals re-tempered per depth)")
+        if info["kind"] == "auto":
+            depths = ", ".join(str(d) for d in info["fit_rows_check"]["miscalibrated_depths"])
+            what = f"auto: miscalibrated at depth {depths} of the fit rows, so a {what}"
+        text = (f"{what} fitted on {info['fit_rows']} rows; NLL {info['nll_fit_before']:.4f} -> "
+                f"{info['nll_fit_after']:.4f} on them")
+        if info["nll_other_before"] is not None:
+            text += (f", {info['nll_other_before']:.4f} -> {info['nll_other_after']:.4f} on the {info['other_rows']} "
+                     "held-out rows")
     return text
 
 

@@ -17,7 +17,8 @@ import torch
 from ..synthetic import synthetic_outputs
 from .common import (
     DEFAULT_BETAS, DEFAULT_C, DEFAULT_CALIBRATION_SPLIT, DEFAULT_METRICS, DEFAULT_SEED, CLIError, Progress,
-    build_heuristics, build_metrics, calibration_report, calibration_split, check_applicable, fit_calibration,
+    build_heuristics, build_metrics, calibration_check, calibration_label, calibration_report, calibration_split,
+    check_applicable, fit_calibration,
     fit_risk_control, held_out_split, heuristic_selection, hierarchy_description, json_document, load_any_hierarchy,
     load_probs, load_targets, resolve_device, set_threads, split_names, import_modules,
 )
@@ -224,12 +225,51 @@ def coverage_json(cov) -> dict:
              ("mean_depth_stderr", cov.depth_stderr))}
 
 
+def check_report(check: dict, from_logits) -> str:
+    """What the calibration check of the scored rows says, and what to do about it."""
+    depths = check["miscalibrated_depths"]
+    if not depths:
+        return (f"the node probabilities of the {check['rows']} rows look calibrated: at every depth, the node ECE "
+                "is within what labels drawn from the probabilities themselves show (the noise floor)")
+    fix = ("rerun with --calibrate hierarchical (or --calibrate auto) to fit a calibration on part of the rows"
+           if from_logits is True else
+           "pass the logits (or the log of the probabilities) with --from-logits --calibrate hierarchical to fit a "
+           "calibration on part of the rows")
+    return (f"the node probabilities are miscalibrated beyond sampling noise at depth "
+            f"{', '.join(str(d) for d in depths)} (node ECE above its noise floor, below). The optimal decoders "
+            f"are optimal for calibrated probabilities: {fix}")
+
+
+def render_node_ece(calibration: dict | None, check: dict | None, width: int | None) -> str:
+    """The node ECE per depth 1..D as a table: raw and calibrated with the calibrated rows' noise floor
+    (``calibration``), or the scored rows' ECE and noise floor (``check``); '!' marks a depth above it."""
+    if calibration is not None:
+        ece = calibration["node_ece"]
+        where = f"{ece['rows']} rows"
+        rows = [("raw", ece["before"], None), ("calibrated", ece["after"], ece["miscalibrated_depths"]),
+                ("noise floor", ece["noise_floor"], None)]
+    elif check is not None:
+        where = "scored rows"
+        rows = [("node ECE", check["ece"], check["miscalibrated_depths"]), ("noise floor", check["noise_floor"], None)]
+    else:
+        return ""
+    depths = range(1, len(rows[0][1]))
+    if not depths:
+        return ""
+    columns = [(f"depth {d}", [(f"{values[d]:.4f}{'!' if flagged is not None and d in flagged else ' '}", False)
+                               for _, values, flagged in rows]) for d in depths]
+    legend = ("node ECE of p(n) over the nodes of each depth (15 bins); noise floor: the largest ECE of 200 label "
+              "sets drawn from the probabilities themselves, what calibrated probabilities show by chance; ! above it")
+    table = render_grid(f"node ECE ({where})", [label for label, _, _ in rows], columns, width=width)
+    return table + "\n" + textwrap.fill(legend, width or DEFAULT_TABLE_WIDTH, break_on_hyphens=False)
+
+
 # --------------------------------------------------------------------------- run
 def run(args: argparse.Namespace, progress: Progress) -> int:
     """The command line was checked by ``commands.check_compare``."""
     start = time.perf_counter()
     timings = {}
-    calibration = None
+    calibration = check = None
     with set_threads(args.threads):
         progress.stage("compare: loading the hierarchy")
         h = load_any_hierarchy(args.hierarchy, args.leaf_order)
@@ -278,24 +318,25 @@ def run(args: argparse.Namespace, progress: Progress) -> int:
             kind = {True: " (logits)", "auto": " (probabilities or logits, decided per chunk)"}.get(args.from_logits, "")
             source = f"{num} samples from {where}{kind}"
             if args.calibrate or args.alpha is not None:
-                what = "fit the temperature on" if args.calibrate else "fit λ on"
+                what = "fit the calibration on" if args.calibrate else "fit λ on"
                 fit_rows, other_rows = held_out_split(num, split, seed, what)
                 t_rows = lam_rows = fit_rows
                 if args.calibrate and args.alpha is not None:  # T and λ each on half of the held-out rows
                     if fit_rows.numel() < 2:
-                        raise CLIError(f"--calibrate with --alpha fits T and λ on half each of the "
+                        raise CLIError(f"--calibrate with --alpha fits the calibration and λ on half each of the "
                                        f"--calibration-split {split:g} of {num} rows, but it holds "
                                        f"{fit_rows.numel()} row")
                     t_pick, lam_pick = calibration_split(fit_rows.numel(), 0.5, seed)
                     t_rows, lam_rows = fit_rows[t_pick], fit_rows[lam_pick]
                 scaler = None
                 if args.calibrate:
-                    progress.stage("compare: fitting the temperature")
-                    scaler, calibration = fit_calibration(probs, targets, t_rows, other_rows)
+                    progress.stage(f"compare: fitting the calibration ({args.calibrate})")
+                    scaler, calibration = fit_calibration(h, probs, targets, t_rows, other_rows, args.calibrate)
                     timings["calibration_s"] = calibration["seconds"]
-                    setting.update(calibrate=True)
-                    with torch.no_grad():
-                        probs = scaler(probs.to(torch.float64))  # logits / T
+                    setting.update(calibrate=args.calibrate)
+                    if scaler is not None:
+                        with torch.no_grad():
+                            probs = scaler(probs.to(torch.float64))  # calibrated logits (or log-probabilities)
                 if args.alpha is not None:
                     progress.stage("compare: fitting risk control")
                     cal = rows_probabilities(h, probs, lam_rows, from_logits=args.from_logits,
@@ -306,12 +347,16 @@ def run(args: argparse.Namespace, progress: Progress) -> int:
                 probs, targets = probs[other_rows], targets[other_rows]
                 setting.update(calibration_split=split, seed=seed, scored_rows=int(other_rows.numel()))
                 held = []
-                if scaler is not None:
-                    held.append(f"logits / T, T = {calibration['temperature']:.4g} fitted on {t_rows.numel()}")
+                if args.calibrate:
+                    verb = "checked" if calibration.get("applied") == "none" else "fitted"
+                    held.append(f"{calibration_label(calibration)} {verb} on {t_rows.numel()}")
                 if rc is not None:
                     held.append(f"risk control fitted on {lam_rows.numel()}")
                 source = f"{other_rows.numel()} held-out samples from {where}{kind} ({'; '.join(held)} other rows)"
             probs, targets = probs.to(device), targets.to(device)
+            if not args.calibrate:
+                progress.stage("compare: checking the calibration")
+                check = calibration_check(h, probs, targets, args.from_logits, args.normalize)
         if risk is not None:
             timings["risk_control_s"] = risk.pop("seconds")
             setting.update(alpha=args.alpha, delta=args.delta)
@@ -342,6 +387,12 @@ def run(args: argparse.Namespace, progress: Progress) -> int:
     say("data:", source)
     if calibration is not None:
         say("calibration:", calibration_report(calibration))
+    if check is not None:
+        say("check:", check_report(check, args.from_logits))
+    ece_table = render_node_ece(calibration, check, width)
+    if ece_table:
+        print()
+        print(ece_table)
     params = [d.key for d in heuristics if d.params]
     say("decoders:", "optimal = each metric's Bayes-optimal decoder, vs "
         f"{len(heuristics)} heuristic{'s' if len(heuristics) != 1 else ''}" + (f" ({', '.join(params)})" if params
@@ -370,6 +421,8 @@ def run(args: argparse.Namespace, progress: Progress) -> int:
         results = to_json(ev)
         if calibration is not None:
             results["calibration"] = {k: v for k, v in calibration.items() if k != "seconds"}
+        if check is not None:
+            results["calibration_check"] = check
         if rc is not None:
             results["risk_control"] = {"decoder": rc.key, **risk, "scored_rows": ev.num_samples,
                                        **coverage_json(ev.coverage)}

@@ -113,11 +113,12 @@ def run(args: argparse.Namespace, progress: Progress) -> int:
             seed = DEFAULT_SEED if args.seed is None else args.seed
             fit_rows, other_rows = calibration_split(B, split, seed)
             if fit_rows.numel() == 0:
-                raise CLIError(f"--calibration-split {split:g} of {B} rows selects no row to fit the temperature on")
-            progress.stage("decode: fitting the temperature")
-            scaler, info = fit_calibration(probs, targets, fit_rows, other_rows)
-            with torch.no_grad():
-                probs = scaler(probs.to(torch.float64)).to(probs.dtype)
+                raise CLIError(f"--calibration-split {split:g} of {B} rows selects no row to fit the calibration on")
+            progress.stage(f"decode: fitting the calibration ({args.calibrate})")
+            scaler, info = fit_calibration(h, probs, targets, fit_rows, other_rows, args.calibrate)
+            if scaler is not None:
+                with torch.no_grad():
+                    probs = scaler(probs.to(torch.float64)).to(probs.dtype)
             progress.write(f"{args._parser.prog}: calibration: {calibration_report(info)}")
         probs = probs.to(device)
         progress.stage(f"decode: {key}", total=B)

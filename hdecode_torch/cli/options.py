@@ -208,18 +208,29 @@ def add_risk_args(p, *, alpha_default: float | None) -> None:
                         "the calibration rows (i.i.d. like the new rows), the fitted decoder's miss rate is at most A")
 
 
+CALIBRATIONS = ("temperature", "hierarchical", "auto")
+#: hd.synthetic.DISTORTIONS, written here so that the command line is checked before torch loads (a test
+#: checks that they are the same).
+DISTORTIONS = ("none", "global", "depth", "sharp_leaves", "flat_leaves")
+DEFAULT_DISTORTION, DEFAULT_STRENGTH, DEFAULT_BINS = "depth", 2.0, 15
+
+
 def add_calibration_args(p, *, decode: bool) -> None:
-    what = ("fit the temperature on a held-out split of the rows (--calibration-split, needs --targets), then "
-            "decode every row with logits / T" if decode else
-            "fit the temperature on a held-out split of the rows (--calibration-split) and score the other rows "
-            "only")
+    what = ("fit it on a held-out split of the rows (--calibration-split, needs --targets), then decode every row "
+            "with the calibrated logits" if decode else
+            "fit it on a held-out split of the rows (--calibration-split) and score the other rows only")
     where = "printed on standard error" if decode else "shown above the table and in --json"
-    p.add_argument("--calibrate", action="store_true",
-                   help=f"temperature scaling of the logits (needs --from-logits): {what}; T and the NLL before/after "
-                        f"are {where}")
-    add_split_arg(p, "--calibrate: the fraction of the rows, drawn at random (--seed), used to fit T" if decode else
-                  "--calibrate, --alpha: the fraction of the rows, drawn at random (--seed), held out to fit T and λ "
-                  "(with both: half of them each) and not scored", hi_open=not decode)
+    p.add_argument("--calibrate", nargs="?", const="temperature", default=None, choices=CALIBRATIONS,
+                   metavar="KIND",
+                   help=f"calibrate the logits (needs --from-logits): {what}. KIND: temperature (the default: one "
+                        "temperature T), hierarchical (hd.HierarchicalScaler: the confidence of every depth of the "
+                        "tree moves on its own), auto (hierarchical when the node probabilities of the fit rows "
+                        "are miscalibrated beyond sampling noise, else none). The fitted parameters, the NLL and "
+                        f"the node ECE per depth before/after are {where}")
+    add_split_arg(p, "--calibrate: the fraction of the rows, drawn at random (--seed), used to fit the calibration"
+                  if decode else
+                  "--calibrate, --alpha: the fraction of the rows, drawn at random (--seed), held out to fit the "
+                  "calibration and λ (with both: half of them each) and not scored", hi_open=not decode)
 
 
 def add_split_arg(p, what: str, *, hi_open: bool = True) -> None:

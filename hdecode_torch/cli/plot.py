@@ -1,5 +1,5 @@
-"""``hdecode plot``: where decoders disagree on the simplex, how the gain of optimal decoding grows with noise, and
-the risk-coverage curve of risk control."""
+"""``hdecode plot``: where decoders disagree on the simplex, how the gain of optimal decoding grows with noise, the
+risk-coverage curve of risk control, and the reliability of the node probabilities per depth."""
 
 from __future__ import annotations
 
@@ -12,17 +12,19 @@ import warnings
 
 import torch
 
-from ..synthetic import synthetic_outputs
+from ..synthetic import synthetic_miscalibrated, synthetic_outputs
 from .common import (
     DEFAULT_BETA, DEFAULT_BETAS, DEFAULT_C, DEFAULT_CALIBRATION_SPLIT, DEFAULT_SEED, MAX_FIGURE_PIXELS, CLIError,
     Progress, build_heuristics, build_metrics, check_applicable, fit_risk_control, held_out_split,
     heuristic_selection, json_document, load_any_hierarchy, load_probs, load_targets, resolve_device,
-    set_threads, split_names, import_modules, one_spec,
+    set_threads, split_names, import_modules, one_spec, calibration_report, calibration_split, fit_calibration,
 )
 from .compare import relative_gain
 from .evaluation import evaluate, has_optimal, rows_probabilities
 from .io import STDIN, StagedWrites, check_distinct_inputs, check_output_path, is_special_file
-from .options import DEFAULT_GAIN_NOISE, DEFAULT_GAIN_SEEDS, DEFAULT_NUM_SAMPLES, SYNTHETIC_NOISE
+from .options import (
+    DEFAULT_DISTORTION, DEFAULT_GAIN_NOISE, DEFAULT_GAIN_SEEDS, DEFAULT_NUM_SAMPLES, DEFAULT_STRENGTH, SYNTHETIC_NOISE,
+)
 
 # Two-sided 95% Student t quantiles, for confidence bands from a handful of seeds.
 _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
@@ -457,5 +459,138 @@ def run_risk(args: argparse.Namespace, progress: Progress) -> int:
                 doc = json_document("plot risk", {"setting": setting, "timings": timings}, res)
                 staged.write(args.json, "--json", lambda f: json.dump(doc, f, indent=2, allow_nan=False), text=True)
     progress.close()
+    print(f"wrote {path}" + (f" and {args.json}" if args.json is not None else ""))
+    return 0
+
+
+# --------------------------------------------------------------------------- reliability
+MAX_PANELS = 12
+RAW_COLOR, CALIBRATED_COLOR = "#d62728", "#1f77b4"
+
+
+def panel_depths(ece: list[float]) -> list[int]:
+    """The depths drawn: 1..D when D <= MAX_PANELS, else MAX_PANELS of them evenly spaced from 1 to D."""
+    top = len(ece) - 1
+    if top <= MAX_PANELS:
+        return list(range(1, top + 1))
+    return sorted({round(1 + i * (top - 1) / (MAX_PANELS - 1)) for i in range(MAX_PANELS)})
+
+
+def reliability(h, scores: torch.Tensor, targets: torch.Tensor, n_bins: int) -> dict:
+    """``hd.functional.node_reliability`` of logits ``scores`` (b, L) as JSON-ready lists (NaN kept, for empty
+    bins) and the ECE per depth."""
+    from ..functional import node_calibration_error, node_reliability
+
+    rel = node_reliability(scores, targets, h, n_bins, from_logits=True)
+    ece = node_calibration_error(scores, targets, h, n_bins, from_logits=True)
+    return {"counts": rel.counts.tolist(), "confidence": rel.confidence.tolist(), "frequency": rel.frequency.tolist(),
+            "ece": ece.tolist()}
+
+
+def run_reliability(args: argparse.Namespace, progress: Progress) -> int:
+    """The command line was checked by ``commands.check_plot_reliability``."""
+    start = time.perf_counter()
+    Figure, Canvas = _matplotlib()
+    path, fmt = figure_path(args.output)
+    inputs = {"--probs": args.probs, "--targets": args.targets, "--hierarchy": args.hierarchy,
+              "--leaf-order": args.leaf_order}
+    check_distinct_inputs(inputs)
+    check_output_path(path, "--output", inputs=inputs)
+    if args.json is not None:
+        check_output_path(args.json, "--json", inputs=inputs, outputs={"--output": path})
+    split = DEFAULT_CALIBRATION_SPLIT if args.calibration_split is None else args.calibration_split
+    seed = DEFAULT_SEED if args.seed is None else args.seed
+    calibration = None
+    with set_threads(args.threads):
+        progress.stage("plot reliability: loading the hierarchy")
+        h = load_any_hierarchy(args.hierarchy, args.leaf_order)
+        device = resolve_device(args.device)
+        setting = {"hierarchy": args.hierarchy, "num_nodes": h.num_nodes, "num_leaves": h.num_leaves, "bins": args.bins}
+        if args.probs is None:
+            num = DEFAULT_NUM_SAMPLES if args.num_samples is None else args.num_samples
+            noise = SYNTHETIC_NOISE if args.noise is None else args.noise
+            distortion = DEFAULT_DISTORTION if args.distortion is None else args.distortion
+            strength = DEFAULT_STRENGTH if args.strength is None else args.strength
+            progress.stage(f"plot reliability: drawing {num} synthetic samples")
+            scores, targets, _ = synthetic_miscalibrated(h, num, distortion, strength, noise, seed, dtype=torch.float64)
+            setting.update(source="synthetic", noise=noise, distortion=distortion, strength=strength, num_samples=num)
+            source = f"a synthetic model ({distortion} distortion, strength {strength:g})"
+        else:
+            progress.stage("plot reliability: reading the model outputs")
+            raw = load_probs(args.probs, h)
+            num = int(raw.shape[0])
+            targets = load_targets(args.targets, h, num)
+            if num == 0:
+                raise CLIError(f"--probs: {args.probs!r} has no rows")
+            # Logits as given, else the log of the checked probabilities: every later step reads logits.
+            checked = rows_probabilities(h, raw, torch.arange(num), from_logits=args.from_logits,
+                                         normalize=args.normalize)
+            scores = raw.to(torch.float64) if args.from_logits is True else checked.to(torch.float64).log()
+            setting.update(source="files", probs=args.probs if args.probs == STDIN else os.path.abspath(args.probs),
+                           targets=args.targets if args.targets == STDIN else os.path.abspath(args.targets),
+                           from_logits=args.from_logits, normalize=bool(args.normalize), num_samples=num)
+            source = "standard input" if args.probs == STDIN else os.path.basename(args.probs)
+        rows = torch.arange(num)
+        if args.calibrate:
+            fit_rows, rows = calibration_split(num, split, seed)
+            if fit_rows.numel() == 0 or rows.numel() == 0:
+                raise CLIError(f"--calibration-split {split:g} of {num} rows leaves no row to "
+                               f"{'fit the calibration on' if fit_rows.numel() == 0 else 'draw'}")
+            progress.stage(f"plot reliability: fitting the calibration ({args.calibrate})")
+            scaler, calibration = fit_calibration(h, scores, targets, fit_rows, rows, args.calibrate)
+            setting.update(calibrate=args.calibrate, calibration_split=split, seed=seed)
+        progress.stage("plot reliability: binning the node probabilities")
+        z, y = scores[rows].to(device), targets[rows].to(device)
+        curves = {"raw": reliability(h, z, y, args.bins)}
+        if calibration is not None and scaler is not None:
+            with torch.no_grad():
+                curves["calibrated"] = reliability(h, scaler.to(device)(z), y, args.bins)
+        depths = panel_depths(curves["raw"]["ece"])
+        cols = min(4, max(1, len(depths)))
+        grid_rows = max(1, math.ceil(len(depths) / cols))
+        size = (3.0 * cols, 2.9 * grid_rows + 0.5)
+        check_figure_size(*size, args.dpi)
+        fig = Figure(figsize=size, layout="constrained")
+        axes = fig.subplots(grid_rows, cols, squeeze=False).reshape(-1)
+        for ax, d in zip(axes, depths):
+            ax.plot([0, 1], [0, 1], color="0.6", lw=0.8, ls="--")
+            title = f"depth {d}: ECE {curves['raw']['ece'][d]:.4f}"
+            for name, color in (("raw", RAW_COLOR), ("calibrated", CALIBRATED_COLOR)):
+                if name not in curves:
+                    continue
+                c = curves[name]
+                pts = [(x, f) for x, f, n in zip(c["confidence"][d], c["frequency"][d], c["counts"][d]) if n > 0]
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", ms=3, lw=1.2, color=color, label=name)
+                if name == "calibrated":
+                    title += f" → {c['ece'][d]:.4f}"
+            ax.set_xlim(0, 1)
+            ax.set_ylim(0, 1)
+            ax.set_title(title, fontsize=9)
+            ax.grid(alpha=0.3)
+            ax.tick_params(labelsize=7)
+        for ax in axes[len(depths):]:
+            ax.set_axis_off()
+        axes[0].legend(fontsize=7, loc="upper left", frameon=False)
+        fig.supxlabel("mean p(n) in the bin", fontsize=9)
+        fig.supylabel("fraction of the bin's nodes that hold the label", fontsize=9)
+        tree = "standard input" if args.hierarchy == "-" else os.path.basename(args.hierarchy)
+        what = "" if calibration is None else f"; calibration fitted on {calibration['fit_rows']} other rows"
+        fig.suptitle(f"Node reliability on {tree}, {source}: {int(rows.numel())} rows{what}", fontsize=10)
+        progress.stage("plot reliability: drawing")
+        with StagedWrites() as staged:
+            _save(fig, Canvas, path, fmt, args.dpi, staged)
+            if args.json is not None:
+                setting.update(device=str(device), threads=args.threads, drawn_rows=int(rows.numel()))
+                results = {"depths": depths, **curves}
+                timings = {"total_s": round(time.perf_counter() - start, 3)}
+                if calibration is not None:
+                    timings["calibration_s"] = calibration.pop("seconds")
+                    results["calibration"] = calibration
+                doc = json_document("plot reliability", {"setting": setting, "timings": timings}, results)
+                staged.write(args.json, "--json", lambda f: json.dump(doc, f, indent=2, allow_nan=False), text=True)
+    progress.close()
+    if calibration is not None:
+        print(f"calibration: {calibration_report(calibration)}")
     print(f"wrote {path}" + (f" and {args.json}" if args.json is not None else ""))
     return 0

@@ -42,6 +42,7 @@ from ..hierarchy import Hierarchy
 from ..metrics.base import BaseMetric
 from ..metrics.registry import METRICS, get_metric
 from ._calibration import NodeReliability, node_calibration_error, node_reliability
+from ._calibration_check import NodeCalibrationCheck, node_calibration_check
 from ._pieces import (
     REDUCTIONS, checked_scores, prediction_kind, values_compute, values_update,
 )
@@ -49,6 +50,7 @@ from ._pieces import (
 # the named functions are added below
 __all__ = ["value", "expected", "decode", "decode_with", "node_calibration_error", "node_reliability",
            "NodeReliability"]
+__all__ += ["node_calibration_check", "NodeCalibrationCheck"]
 
 
 # --------------------------------------------------------------------------- the generic entry points
