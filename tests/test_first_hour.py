@@ -106,6 +106,8 @@ _CASES = [
      "included"),
     (["plot", "risk", "--probs", "nope.npy", "--targets", "y.npy", "-o", "x.png"],
      "hdecode plot risk: error: --probs: no such file 'nope.npy'"),
+    (["plot", "reliability", "--probs", "nope.npy", "--targets", "y.npy", "-o", "x.png"],
+     "hdecode plot reliability: error: --probs: no such file 'nope.npy'"),
     (["compare", "--import", "mine.py"], "hdecode compare: error: --import: no such file 'mine.py'"),
 ]
 

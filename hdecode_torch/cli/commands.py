@@ -431,6 +431,7 @@ def check_plot_reliability(args) -> None:
             _check_calibration_input(args)
     if args.calibration_split is not None and not args.calibrate:
         raise CLIError("--calibration-split applies to --calibrate")
+    check_before_torch(args, files=("--probs", "--targets"))
 
 
 def _check_source(args, command: str, purpose: str, probs_only=(), synthetic_note: str = "") -> None:
