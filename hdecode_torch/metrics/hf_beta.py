@@ -54,7 +54,7 @@ import torch
 from ..core.params import Param
 from ..core.validation import check_positive
 from ..kernels.candidates import candidate_pairs, depth_rank, pack_candidates, pack_rows
-from ..kernels.depth_ranges import depth_masses, depth_ranges
+from ..kernels.depth_ranges import depth_masses, depth_range_ends, depth_ranges
 from ..kernels.fused import hf_beta_best_k, trust_indices
 from .base import SetMetric
 
@@ -202,9 +202,8 @@ def _exact_tables(h, beta: float, dt: torch.dtype) -> _ExactTables:
 def _masses_bm(h, prefix: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """(B, C, E) float64 per-leaf-depth masses of the nodes ``ids`` (B, C) (``N``: zero masses), read
     from the batch-major depth-first prefix sums ``prefix`` (B, L + 1): one gather of both ends."""
-    ends = h.cached("depth_range_ends", lambda: torch.cat([depth_ranges(h).hi, depth_ranges(h).lo], 1).long())
     bsz, c = ids.shape
-    got = prefix.gather(1, ends.index_select(0, ids.reshape(-1)).view(bsz, -1)).view(bsz, c, 2, -1)
+    got = prefix.gather(1, depth_range_ends(h, ids).view(bsz, -1)).view(bsz, c, 2, -1)
     return got[:, :, 0] - got[:, :, 1]
 
 

@@ -119,7 +119,7 @@ import numpy as np
 import torch
 
 from ..kernels.candidates import pack_rows
-from ..kernels.depth_ranges import depth_masses, depth_ranges
+from ..kernels.depth_ranges import depth_masses, depth_range_ends, depth_ranges
 from ..kernels.fused import jaccard_sets, trust_indices
 from ..kernels.fused.jaccard_sets import PAD_DEPTH as _PAD_DEPTH
 from ..kernels.fused.jaccard_sets import gains, knapsack_sets
@@ -689,9 +689,8 @@ def _preorder_rank(h, T) -> torch.Tensor:
 def _masses_packed(h, prefix: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """(B, C, E) float64 per-leaf-depth masses of the nodes ``ids`` (B, C) (``N``: 0), from the
     batch-major depth-first prefix sums ``prefix`` (B, L + 1): one gather of both ends."""
-    ends = h.cached("depth_range_ends", lambda: torch.cat([depth_ranges(h).hi, depth_ranges(h).lo], 1).long())
     bsz, c = ids.shape
-    got = prefix.gather(1, ends.index_select(0, ids.reshape(-1)).view(bsz, -1)).view(bsz, c, 2, -1)
+    got = prefix.gather(1, depth_range_ends(h, ids).view(bsz, -1)).view(bsz, c, 2, -1)
     return got[:, :, 0] - got[:, :, 1]
 
 
