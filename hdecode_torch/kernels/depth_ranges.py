@@ -130,16 +130,29 @@ def _flat(table: torch.Tensor):
     return table.reshape(-1), table.shape[1], 1
 
 
-def depth_masses(h, prefix: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+def depth_masses(h, prefix: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor, budget: int = 1 << 26) -> torch.Tensor:
     """(M, E) float64 per-leaf-depth masses ``Q_e(ids[i])`` of sample ``rows[i]``.
 
     prefix: (L + 1, B) float64 from :func:`depth_prefix_sums`; rows, ids: (M,) int64 sample
-    indices and node ids (``N`` is padding: its masses are 0).  O(M·E) memory.
+    indices and node ids (``N`` is padding: its masses are 0).  Beyond the output, temporaries of at
+    most about ``budget`` bytes (the entries in chunks: the ends, their flat positions and the
+    gathered prefix sums take some 40·E bytes an entry).
     """
+    m, e = ids.numel(), h.num_leaf_depths
+    flat, s0, s1 = _flat(prefix)
+    step = max(1, budget // (40 * e))
+    if m <= step:
+        return _masses(h, flat, s0, s1, rows, ids)
+    out = torch.empty(m, e, dtype=prefix.dtype, device=prefix.device)
+    for a in range(0, m, step):
+        out[a:a + step] = _masses(h, flat, s0, s1, rows[a:a + step], ids[a:a + step])
+    return out
+
+
+def _masses(h, flat, s0, s1, rows, ids):
     m, e = ids.numel(), h.num_leaf_depths
     # One flat index_select for both ends (advanced indexing with a 2-D index is slower on a CPU),
     # on the table's own storage whichever way it is laid out.
     ends = depth_range_ends(h, ids)  # (M, 2E)
-    flat, s0, s1 = _flat(prefix)
     got = flat.index_select(0, (ends * s0 + rows[:, None] * s1).view(-1)).view(m, 2, e)
     return got[:, 0] - got[:, 1]

@@ -244,7 +244,7 @@ class _PrefixSolver:
         if self.prefix is None:
             flat = self.p.reshape(-1).index_select(0, node * bsz + sample)[:, None]
         else:
-            flat = depth_masses(h, self.prefix, sample, node)
+            flat = depth_masses(h, self.prefix, sample, node, self.budget)
         q = torch.zeros(bsz, ids.shape[1], flat.shape[1], dtype=self.dt, device=ids.device)
         q[sample, slot] = flat.to(self.dt)
         return _Candidates(ids, count, q)
