@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 __all__ = ["DepthRanges", "depth_ranges", "depth_range_ends", "depth_prefix_sums", "depth_masses",
-           "TABLE_MAX_DEPTHS"]
+           "depth_masses_packed", "TABLE_MAX_DEPTHS"]
 
 #: Largest number of distinct leaf depths E whose (N + 1, 2E) int32 table of run ends is built
 #: (at most 16·N·8 bytes); trees with more search the sorted keys instead (same ends).
@@ -156,3 +156,28 @@ def _masses(h, flat, s0, s1, rows, ids):
     ends = depth_range_ends(h, ids)  # (M, 2E)
     got = flat.index_select(0, (ends * s0 + rows[:, None] * s1).view(-1)).view(m, 2, e)
     return got[:, 0] - got[:, 1]
+
+
+def depth_masses_packed(h, prefix: torch.Tensor, ids: torch.Tensor, budget: int = 1 << 26) -> torch.Tensor:
+    """(B, C, E) float64 per-leaf-depth masses of the nodes ``ids`` (B, C) int64 (``N``: zero masses),
+    read from batch-major prefix sums ``prefix`` (B, L + 1) (:func:`depth_prefix_sums` transposed).
+
+    One gather of both ends when the temporaries (some 40·E bytes an entry) fit ``budget`` bytes;
+    else in chunks of samples, or of one sample's columns, that do (the same values).
+    """
+    bsz, c = ids.shape
+    e = h.num_leaf_depths
+    step = max(1, budget // (40 * e))  # entries per chunk
+    if bsz * c <= step:
+        got = prefix.gather(1, depth_range_ends(h, ids).view(bsz, -1)).view(bsz, c, 2, e)
+        return got[:, :, 0] - got[:, :, 1]
+    out = torch.empty(bsz, c, e, dtype=prefix.dtype, device=prefix.device)
+    rows = max(1, step // max(c, 1))
+    cols = c if rows > 1 else step
+    for b0 in range(0, bsz, rows):
+        for c0 in range(0, c, cols):
+            part = ids[b0:b0 + rows, c0:c0 + cols]
+            nb, nc = part.shape
+            got = prefix[b0:b0 + nb].gather(1, depth_range_ends(h, part).view(nb, -1)).view(nb, nc, 2, e)
+            out[b0:b0 + nb, c0:c0 + nc] = got[:, :, 0] - got[:, :, 1]
+    return out

@@ -104,7 +104,13 @@ far fewer on model outputs), O(R·C·k) for the knapsacks of the R pairs (sample
 walk back (C steps each, all pairs at once) and ⌈log₂ D⌉ pointer-doubling steps; none over
 samples, nodes or tree levels.  Memory: one (N, B) mask and threshold, (M, K) gains and (C, R, K)
 knapsack tables; no N×L and no N×B×K tensor.  The gain tables grow as C² per sample, so trees
-with long single-child chains (C ~ D) cost O(B·D²).  Host reads: three on the GPU plan (the
+with long single-child chains (C ~ D) cost O(B·D²).  On a caterpillar of depth D (a chain, one leaf
+hanging at each level: N = 2D + 1, E = D) a sample may keep C ~ N candidates: its masses are O(C·E) =
+O(D²) memory, its gains O(C·K·E) = O(D³) time, and each of its R (sample, size) pairs left a knapsack
+of O(C·k) time and (C + 1)(k + 1) cells; the pairs are solved in chunks of the budget, each chunk's
+tables as wide as its largest size, and the (entries, sizes, depths) weights of the lower bounds and
+the run ends of the masses are built in chunks of the budget too (a chunk holds at least one pair or
+two entries, so one sample's O(C·k) and O(C·E) tables are the floor).  Host reads: three on the GPU plan (the
 candidates' count and width after each of the two node screens; the pairs (sample, size) with the
 knapsack's per-position row counts).  The CPU plan, where a read costs nothing, lists the first
 screen's pairs with ``nonzero`` (one more read) and, for float32 inputs, the pairs re-scored in
@@ -119,7 +125,7 @@ import numpy as np
 import torch
 
 from ..kernels.candidates import pack_rows
-from ..kernels.depth_ranges import depth_masses, depth_range_ends, depth_ranges
+from ..kernels.depth_ranges import depth_masses, depth_masses_packed, depth_ranges
 from ..kernels.fused import jaccard_sets, trust_indices
 from ..kernels.fused.jaccard_sets import PAD_DEPTH as _PAD_DEPTH
 from ..kernels.fused.jaccard_sets import gains, knapsack_sets
@@ -652,7 +658,7 @@ def jaccard_decode_packed(post) -> torch.Tensor:
     # plan: a node with one leaf holds its value exactly, so symmetric nodes get equal masses).
     if num_e > 1:
         prefix = post.depth_prefix().t()  # (B, L + 1) float64
-        masses = lambda ids: _masses_packed(h, prefix, ids)  # noqa: E731
+        masses = lambda ids: _masses_packed(h, prefix, ids, post.plan.budget)  # noqa: E731
     else:
         p_pad = torch.cat([p.t(), p.new_zeros(bsz, 1)], 1).double()  # (B, N + 1), column N: padding
         masses = lambda ids: p_pad.gather(1, ids)[:, :, None]  # noqa: E731
@@ -701,12 +707,10 @@ def _preorder_rank(h, T) -> torch.Tensor:
     return h.cached("jaccard_preorder_rank", lambda: (h.num_nodes - 1 - T.pre[:-1]).to(torch.int32))
 
 
-def _masses_packed(h, prefix: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+def _masses_packed(h, prefix: torch.Tensor, ids: torch.Tensor, budget: int) -> torch.Tensor:
     """(B, C, E) float64 per-leaf-depth masses of the nodes ``ids`` (B, C) (``N``: 0), from the
-    batch-major depth-first prefix sums ``prefix`` (B, L + 1): one gather of both ends."""
-    bsz, c = ids.shape
-    got = prefix.gather(1, depth_range_ends(h, ids).view(bsz, -1)).view(bsz, c, 2, -1)
-    return got[:, :, 0] - got[:, :, 1]
+    batch-major depth-first prefix sums ``prefix`` (B, L + 1), temporaries within ``budget``."""
+    return depth_masses_packed(h, prefix, ids, budget)
 
 
 class Jaccard(SetMetric):
