@@ -23,7 +23,7 @@ from typing import Hashable
 import torch
 
 from ..hierarchy import Hierarchy
-from ..kernels.depth_ranges import depth_prefix_sums, depth_ranges
+from ..kernels.depth_ranges import depth_prefix_sums, depth_range_ends, depth_ranges
 from ..kernels.fused import gathered_prefix, trust_indices
 from ..kernels.tree_sums import accumulation_dtype, leaf_to_node_sum, path_sum, subtree_sum, subtree_sum_
 from .plan import Plan, resolve_plan
@@ -218,10 +218,17 @@ class Posterior:
 
 
 def _depth_mass_ranges(h):
-    """(src, hi, lo) of the per-leaf-depth masses as E·N ranges, e-major (cached on the hierarchy)."""
+    """(src, hi, lo) of the per-leaf-depth masses as E·N ranges, e-major.
+
+    Cached on the hierarchy only when the tree keeps an ends table (few leaf depths, O(N)); else
+    built per call, the size of one sample's (N, E) output, so that no O(N·E) table outlives it.
+    """
     def build():
         r = depth_ranges(h)
-        n, j = h.num_nodes, h.num_leaves
-        return (trust_indices(r.leaf_order, j - 1), trust_indices(r.hi[:n].t().reshape(-1).long(), j),
-                trust_indices(r.lo[:n].t().reshape(-1).long(), j))
+        n, j, e = h.num_nodes, h.num_leaves, h.num_leaf_depths
+        ends = depth_range_ends(h, torch.arange(n, device=h.device)).t()  # (2E, N)
+        return (trust_indices(r.leaf_order, j - 1), trust_indices(ends[:e].reshape(-1), j),
+                trust_indices(ends[e:].reshape(-1), j))
+    if depth_ranges(h).ends is None:
+        return build()
     return h.cached("depth_mass_ranges", build)

@@ -9,6 +9,13 @@ of each row of probabilities (in that order) every mass
 is a difference of two prefix sums.  Decoders that need Q only on a few candidate nodes
 per sample (hF_β) pay O(B·L) for the prefix sums and O(E) per candidate, instead of
 O(N·E·B) for the full table.
+
+The ends of the runs.  In that order leaf l has the key e(l)·L + s(l) (its depth group and
+its depth-first position), so the run of n at group e is [lo, hi) with lo the number of keys
+below e·L + s(n) and hi the number below e·L + s(n) + |L(n)|: a sorted search in the (L,)
+keys, O(log L) per end.  When E is small (at most ``TABLE_MAX_DEPTHS``) every node's ends
+are kept in an (N + 1, 2E) int32 table, a constant times N, and read by one gather; the
+tree-only memory stays O(N) on every tree shape, where a table would be O(N·D) on deep ones.
 """
 
 from __future__ import annotations
@@ -18,27 +25,39 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-__all__ = ["DepthRanges", "depth_ranges", "depth_prefix_sums", "depth_masses"]
+__all__ = ["DepthRanges", "depth_ranges", "depth_range_ends", "depth_prefix_sums", "depth_masses",
+           "depth_masses_packed", "TABLE_MAX_DEPTHS"]
+
+#: Largest number of distinct leaf depths E whose (N + 1, 2E) int32 table of run ends is built
+#: (at most 16·N·8 bytes); trees with more search the sorted keys instead (same ends).
+TABLE_MAX_DEPTHS = 16
 
 
 @dataclass(frozen=True)
 class DepthRanges:
-    """Tree-only tables (cached on the hierarchy by :func:`depth_ranges`).
+    """Tree-only tables (cached on the hierarchy by :func:`depth_ranges`), O(N) memory.
 
     leaf_order: (L,) int64 leaf ids sorted by (depth, depth-first position).
-    lo, hi: (N + 1, E) int32; the leaves of L(n) at depth ``depths[e]`` are positions
-        ``lo[n, e] <= j < hi[n, e]`` of ``leaf_order``.  Row N is a padding row (empty runs).
+    keys: (L,) int64 the sorted keys group·L + depth-first position of ``leaf_order``.
+    start, stop: (N + 1,) int64 each node's first depth-first leaf position and one past its last;
+        row N is padding (below every key: empty runs at position 0).
     depths: (E,) int64 the distinct leaf depths, ascending.
+    ends: (N + 1, 2E) int32 or None: ``[hi | lo]``, the leaves of L(n) at depth ``depths[e]`` are
+        positions ``lo[n, e] <= j < hi[n, e]`` of ``leaf_order``; built only when
+        E <= ``TABLE_MAX_DEPTHS`` (:func:`depth_range_ends` computes them otherwise).
     """
 
     leaf_order: torch.Tensor
-    lo: torch.Tensor
-    hi: torch.Tensor
+    keys: torch.Tensor
+    start: torch.Tensor
+    stop: torch.Tensor
     depths: torch.Tensor
+    ends: torch.Tensor | None
 
 
 def depth_ranges(h) -> DepthRanges:
-    """The :class:`DepthRanges` of ``h`` (built once per hierarchy and device, O(N·E log L))."""
+    """The :class:`DepthRanges` of ``h`` (built once per hierarchy and device: O(L log L + N·E) time
+    with the ends table, O(L log L) without; O(N) memory)."""
     def build():
         leaf_count = h.leaf_count.cpu().numpy().astype(np.int64)
         num_leaves = h.num_leaves
@@ -48,17 +67,41 @@ def depth_ranges(h) -> DepthRanges:
         key = group * num_leaves + start[:num_leaves]
         leaf_order = np.argsort(key, kind="stable")
         sorted_key = key[leaf_order]
-        base = np.arange(depths.size, dtype=np.int64)[None, :] * num_leaves
-        lo = np.searchsorted(sorted_key, base + start[:, None])
-        hi = np.searchsorted(sorted_key, base + (start + leaf_count)[:, None])
-        pad = np.zeros((1, depths.size), dtype=np.int64)
+        # The padding row's ends fall below every key once any group's base is added: empty runs at 0.
+        pad = -depths.size * num_leaves - 1
+        first = np.r_[start, pad]
+        stop = np.r_[start + leaf_count, pad]
+        ends = None
+        if depths.size <= TABLE_MAX_DEPTHS:
+            base = np.arange(depths.size, dtype=np.int64)[None, :] * num_leaves
+            ends = np.concatenate([np.searchsorted(sorted_key, base + stop[:, None]),
+                                   np.searchsorted(sorted_key, base + first[:, None])], 1)
         dev = h.device
 
         def T(a, dtype):
             return torch.as_tensor(np.ascontiguousarray(a), dtype=dtype).to(dev)
-        return DepthRanges(leaf_order=T(leaf_order, torch.int64), lo=T(np.vstack([lo, pad]), torch.int32),
-                           hi=T(np.vstack([hi, pad]), torch.int32), depths=T(depths, torch.int64))
+        return DepthRanges(leaf_order=T(leaf_order, torch.int64), keys=T(sorted_key, torch.int64),
+                           start=T(first, torch.int64), stop=T(stop, torch.int64), depths=T(depths, torch.int64),
+                           ends=None if ends is None else T(ends, torch.int32))
     return h.cached("depth_ranges", build)
+
+
+def depth_range_ends(h, ids: torch.Tensor) -> torch.Tensor:
+    """(*ids.shape, 2E) int64 ``[hi | lo]``: the run of the leaves of ``ids`` (any shape, int64 node
+    ids, ``N`` for padding: an empty run) at each leaf depth, as positions of ``leaf_order``.
+
+    One gather of the ends table when there is one, else a sorted search of the (L,) keys:
+    O(|ids|·E) memory and O(|ids|·E·log L) time, nothing per node of the tree.
+    """
+    r = depth_ranges(h)
+    e = r.depths.numel()
+    if r.ends is not None:
+        return r.ends.index_select(0, ids.reshape(-1)).view(*ids.shape, 2 * e).long()
+    flat = ids.reshape(-1)
+    base = torch.arange(e, device=ids.device) * h.num_leaves
+    # Both ends in one search: (|ids|, 2, E) queries, hi first as in the table.
+    query = torch.stack([r.stop.index_select(0, flat), r.start.index_select(0, flat)], 1)[:, :, None] + base
+    return torch.searchsorted(r.keys, query).view(*ids.shape, 2 * e)
 
 
 def depth_prefix_sums(h, leaf_values: torch.Tensor) -> torch.Tensor:
@@ -87,17 +130,54 @@ def _flat(table: torch.Tensor):
     return table.reshape(-1), table.shape[1], 1
 
 
-def depth_masses(h, prefix: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+def depth_masses(h, prefix: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor, budget: int = 1 << 26) -> torch.Tensor:
     """(M, E) float64 per-leaf-depth masses ``Q_e(ids[i])`` of sample ``rows[i]``.
 
     prefix: (L + 1, B) float64 from :func:`depth_prefix_sums`; rows, ids: (M,) int64 sample
-    indices and node ids (``N`` is padding: its masses are 0).
+    indices and node ids (``N`` is padding: its masses are 0).  Beyond the output, temporaries of at
+    most about ``budget`` bytes (the entries in chunks: the ends, their flat positions and the
+    gathered prefix sums take some 40·E bytes an entry).
     """
-    ranges = depth_ranges(h)
-    m, e = ids.numel(), ranges.depths.numel()
+    m, e = ids.numel(), h.num_leaf_depths
+    flat, s0, s1 = _flat(prefix)
+    step = max(1, budget // (40 * e))
+    if m <= step:
+        return _masses(h, flat, s0, s1, rows, ids)
+    out = torch.empty(m, e, dtype=prefix.dtype, device=prefix.device)
+    for a in range(0, m, step):
+        out[a:a + step] = _masses(h, flat, s0, s1, rows[a:a + step], ids[a:a + step])
+    return out
+
+
+def _masses(h, flat, s0, s1, rows, ids):
+    m, e = ids.numel(), h.num_leaf_depths
     # One flat index_select for both ends (advanced indexing with a 2-D index is slower on a CPU),
     # on the table's own storage whichever way it is laid out.
-    ends = torch.stack([ranges.hi.index_select(0, ids), ranges.lo.index_select(0, ids)]).long()
-    flat, s0, s1 = _flat(prefix)
-    got = flat.index_select(0, (ends * s0 + rows[:, None] * s1).view(-1)).view(2, m, e)
-    return got[0] - got[1]
+    ends = depth_range_ends(h, ids)  # (M, 2E)
+    got = flat.index_select(0, (ends * s0 + rows[:, None] * s1).view(-1)).view(m, 2, e)
+    return got[:, 0] - got[:, 1]
+
+
+def depth_masses_packed(h, prefix: torch.Tensor, ids: torch.Tensor, budget: int = 1 << 26) -> torch.Tensor:
+    """(B, C, E) float64 per-leaf-depth masses of the nodes ``ids`` (B, C) int64 (``N``: zero masses),
+    read from batch-major prefix sums ``prefix`` (B, L + 1) (:func:`depth_prefix_sums` transposed).
+
+    One gather of both ends when the temporaries (some 40·E bytes an entry) fit ``budget`` bytes;
+    else in chunks of samples, or of one sample's columns, that do (the same values).
+    """
+    bsz, c = ids.shape
+    e = h.num_leaf_depths
+    step = max(1, budget // (40 * e))  # entries per chunk
+    if bsz * c <= step:
+        got = prefix.gather(1, depth_range_ends(h, ids).view(bsz, -1)).view(bsz, c, 2, e)
+        return got[:, :, 0] - got[:, :, 1]
+    out = torch.empty(bsz, c, e, dtype=prefix.dtype, device=prefix.device)
+    rows = max(1, step // max(c, 1))
+    cols = c if rows > 1 else step
+    for b0 in range(0, bsz, rows):
+        for c0 in range(0, c, cols):
+            part = ids[b0:b0 + rows, c0:c0 + cols]
+            nb, nc = part.shape
+            got = prefix[b0:b0 + nb].gather(1, depth_range_ends(h, part).view(nb, -1)).view(nb, nc, 2, e)
+            out[b0:b0 + nb, c0:c0 + nc] = got[:, :, 0] - got[:, :, 1]
+    return out

@@ -54,7 +54,7 @@ import torch
 from ..core.params import Param
 from ..core.validation import check_positive
 from ..kernels.candidates import candidate_pairs, depth_rank, pack_candidates, pack_rows
-from ..kernels.depth_ranges import depth_masses, depth_ranges
+from ..kernels.depth_ranges import depth_masses, depth_masses_packed, depth_ranges
 from ..kernels.fused import hf_beta_best_k, trust_indices
 from .base import SetMetric
 
@@ -159,7 +159,7 @@ def hf_beta_decode_exact(post, beta: float) -> torch.Tensor:
     tables = _exact_tables(h, beta, dt)
     if tables.chain_weights is not None:
         chain = h.ancestors.index_select(0, post.probs.argmax(1))  # (B, D + 1), N past the leaf
-        q = _masses_bm(h, prefix, chain).to(dt)  # (B, D + 1, E)
+        q = _masses_bm(h, prefix, chain, post.plan.budget).to(dt)  # (B, D + 1, E)
         # Past the leaf the cumulated masses stop growing while the weights fall with k: those
         # entries are below the leaf's own prefix and never the maximum, so they need no mask.
         lower = (q.cumsum(1) * tables.chain_weights).sum(2).amax(1)
@@ -171,7 +171,7 @@ def hf_beta_decode_exact(post, beta: float) -> torch.Tensor:
     (width,) = post.read(count.max())  # the host read, with the input check's flags
     ids = pack_rows(keep, depth_rank(h), width)
     trust_indices(count, width)  # 0 <= count <= width by construction: the solver need not read it
-    best_k, delta = hf_beta_best_k(_masses_bm(h, prefix, ids).to(dt), count, tables.depths, r)
+    best_k, delta = hf_beta_best_k(_masses_bm(h, prefix, ids, post.plan.budget).to(dt), count, tables.depths, r)
     return _best_sets(h, ids, count, best_k, delta)
 
 
@@ -199,13 +199,10 @@ def _exact_tables(h, beta: float, dt: torch.dtype) -> _ExactTables:
     return h.cached(("hf_beta_exact_tables", beta, dt), build)
 
 
-def _masses_bm(h, prefix: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+def _masses_bm(h, prefix: torch.Tensor, ids: torch.Tensor, budget: int) -> torch.Tensor:
     """(B, C, E) float64 per-leaf-depth masses of the nodes ``ids`` (B, C) (``N``: zero masses), read
-    from the batch-major depth-first prefix sums ``prefix`` (B, L + 1): one gather of both ends."""
-    ends = h.cached("depth_range_ends", lambda: torch.cat([depth_ranges(h).hi, depth_ranges(h).lo], 1).long())
-    bsz, c = ids.shape
-    got = prefix.gather(1, ends.index_select(0, ids.reshape(-1)).view(bsz, -1)).view(bsz, c, 2, -1)
-    return got[:, :, 0] - got[:, :, 1]
+    from the batch-major depth-first prefix sums ``prefix`` (B, L + 1), temporaries within ``budget``."""
+    return depth_masses_packed(h, prefix, ids, budget)
 
 
 #: Relative slack, in ulps, of comparisons between rounded set values (sums of up to C·E terms):
@@ -245,7 +242,7 @@ class _PrefixSolver:
         if self.prefix is None:
             flat = self.p.reshape(-1).index_select(0, node * bsz + sample)[:, None]
         else:
-            flat = depth_masses(h, self.prefix, sample, node)
+            flat = depth_masses(h, self.prefix, sample, node, self.budget)
         q = torch.zeros(bsz, ids.shape[1], flat.shape[1], dtype=self.dt, device=ids.device)
         q[sample, slot] = flat.to(self.dt)
         return _Candidates(ids, count, q)

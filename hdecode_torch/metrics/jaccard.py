@@ -104,7 +104,13 @@ far fewer on model outputs), O(R·C·k) for the knapsacks of the R pairs (sample
 walk back (C steps each, all pairs at once) and ⌈log₂ D⌉ pointer-doubling steps; none over
 samples, nodes or tree levels.  Memory: one (N, B) mask and threshold, (M, K) gains and (C, R, K)
 knapsack tables; no N×L and no N×B×K tensor.  The gain tables grow as C² per sample, so trees
-with long single-child chains (C ~ D) cost O(B·D²).  Host reads: three on the GPU plan (the
+with long single-child chains (C ~ D) cost O(B·D²).  On a caterpillar of depth D (a chain, one leaf
+hanging at each level: N = 2D + 1, E = D) a sample may keep C ~ N candidates: its masses are O(C·E) =
+O(D²) memory, its gains O(C·K·E) = O(D³) time, and each of its R (sample, size) pairs left a knapsack
+of O(C·k) time and (C + 1)(k + 1) cells; the pairs are solved in chunks of the budget, each chunk's
+tables as wide as its largest size, and the (entries, sizes, depths) weights of the lower bounds and
+the run ends of the masses are built in chunks of the budget too (a chunk holds at least one pair or
+two entries, so one sample's O(C·k) and O(C·E) tables are the floor).  Host reads: three on the GPU plan (the
 candidates' count and width after each of the two node screens; the pairs (sample, size) with the
 knapsack's per-position row counts).  The CPU plan, where a read costs nothing, lists the first
 screen's pairs with ``nonzero`` (one more read) and, for float32 inputs, the pairs re-scored in
@@ -119,7 +125,7 @@ import numpy as np
 import torch
 
 from ..kernels.candidates import pack_rows
-from ..kernels.depth_ranges import depth_masses, depth_ranges
+from ..kernels.depth_ranges import depth_masses, depth_masses_packed, depth_ranges
 from ..kernels.fused import jaccard_sets, trust_indices
 from ..kernels.fused.jaccard_sets import PAD_DEPTH as _PAD_DEPTH
 from ..kernels.fused.jaccard_sets import gains, knapsack_sets
@@ -240,7 +246,7 @@ class _Masses:
 
     def __init__(self, post, T, u):
         h = post.h
-        self.h = h
+        self.h, self.budget = h, post.plan.budget
         e = T.depths.numel()
         self.abs = 4 * e * h.num_leaves * torch.finfo(torch.float64).eps
         if e == 1:
@@ -251,7 +257,7 @@ class _Masses:
     def __call__(self, rows, ids):
         """(M, E) float64 masses of nodes ``ids`` (N: padding, zero) in samples ``rows`` (M,)."""
         if self.prefix is not None:
-            return depth_masses(self.h, self.prefix, rows, ids)
+            return depth_masses(self.h, self.prefix, rows, ids, self.budget)
         n = self.h.num_nodes
         got = self.p[ids.clamp(max=n - 1), rows]  # either layout of the (N, B) table
         return torch.where(ids < n, got, 0).double()[:, None]
@@ -329,28 +335,42 @@ def _screen(h, T, p, thr, batch_major):
     return sample[order], node[order], count, c
 
 
-def _gains_at(T, q, depth, ks, kmax):
+def _gains_at(T, q, depth, ks, kmax, budget=1 << 29):
     """(M, J) g_k(n) at per-entry sizes ks (M, J) int64 in 1..kmax; -inf where k ≤ d(n).
 
     The weights w[d, k, e] come from a (D' + 1, K, E) table of every (depth, size) when it is no larger
     than the weights of the (entry, size) pairs, from those pairs otherwise (deep trees, where the
-    table would not fit): O(min(D'·K, M·J)·E) memory, the same float64 values either way.
+    table would not fit): O(min(D'·K, M·J)·E) memory, the same float64 values either way.  The
+    (entries, J, E) weights of the products are made for as many entries at a time as ``budget``
+    bytes hold (at least two: a batch of one is a different product, rounded differently).
     """
     dt, dev = q.dtype, q.device
     dcap = min(T.max_depth, kmax)
+    rows, j, e = q.shape[0], ks.shape[1], q.shape[1]
+    table = None
     if (dcap + 1) * kmax <= ks.numel():
         dd = torch.arange(dcap + 1, device=dev, dtype=torch.float64)[:, None, None]
         m = torch.arange(1, kmax + 1, device=dev, dtype=torch.float64)[None, :, None] - dd  # (D'+1, K, 1)
         x = m + T.depths
-        w = torch.where(m >= 1, (x + 1 + dd) / (x * (x + 1)), 0).to(dt)  # w[d, k − 1, e]
-        rows = (depth.clamp(max=dcap)[:, None] * kmax + ks - 1).view(-1)
-        w = w.view(-1, w.shape[2]).index_select(0, rows).view(ks.shape + w.shape[2:])
-    else:
-        dd = depth.clamp(max=kmax).to(torch.float64)[:, None, None]  # (M, 1, 1)
-        m = ks.to(torch.float64)[:, :, None] - dd  # (M, J, 1)
-        x = m + T.depths
-        w = torch.where(m >= 1, (x + 1 + dd) / (x * (x + 1)), 0).to(dt)  # (M, J, E)
-    g = torch.bmm(w, q[:, :, None])[:, :, 0]
+        table = torch.where(m >= 1, (x + 1 + dd) / (x * (x + 1)), 0).to(dt).view(-1, e)  # w[d, k − 1, e]
+    # About six (rows, J, E) float64 temporaries per row when the weights are computed.
+    step = max(2, budget // (48 * max(j * e, 1)))
+    bounds = list(range(0, max(rows, 1), step)) + [rows]
+    if len(bounds) > 2 and bounds[-1] - bounds[-2] == 1:
+        del bounds[-2]  # no last chunk of one row
+    parts = []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        dep, kk = depth[a:b], ks[a:b]
+        if table is not None:
+            at = (dep.clamp(max=dcap)[:, None] * kmax + kk - 1).view(-1)
+            w = table.index_select(0, at).view(kk.shape + (e,))
+        else:
+            dd = dep.clamp(max=kmax).to(torch.float64)[:, None, None]  # (M, 1, 1)
+            m = kk.to(torch.float64)[:, :, None] - dd  # (M, J, 1)
+            x = m + T.depths
+            w = torch.where(m >= 1, (x + 1 + dd) / (x * (x + 1)), 0).to(dt)  # (M, J, E)
+        parts.append(torch.bmm(w, q[a:b, :, None])[:, :, 0])
+    g = parts[0] if len(parts) == 1 else torch.cat(parts)
     return g.masked_fill_(ks <= depth[:, None], float("-inf"))
 
 
@@ -371,7 +391,7 @@ def _root_paths(h, T, leaf):
     return torch.where(levels[None, :] <= T.depth[leaf][:, None], anc, h.num_nodes)
 
 
-def _chain_lower_bound(h, T, masses, top_leaf, k_ref, dt):
+def _chain_lower_bound(h, T, masses, top_leaf, k_ref, dt, budget):
     """(B,) the best E[J(A(a))] over the nodes a on the root path of the most probable leaf y.
 
     Every size d(a) + 1 when D < 32 (O(B·D²) gains from one GEMM); on deeper trees only
@@ -390,7 +410,7 @@ def _chain_lower_bound(h, T, masses, top_leaf, k_ref, dt):
         leaf_size = T.depth[top_leaf] + 1
         ks = torch.cat([k_ref[:, None] + torch.arange(-3, 4, device=dev), leaf_size[:, None]], 1)
         ks = ks.clamp(min=1, max=dp1)  # (B, W)
-        g = _gains_at(T, q, T.depth[flat], ks.repeat_interleave(dp1, 0), dp1).view(bsz, dp1, -1)
+        g = _gains_at(T, q, T.depth[flat], ks.repeat_interleave(dp1, 0), dp1, budget).view(bsz, dp1, -1)
     # A(a) with d(a) = k − 1 is the first k chain nodes; a size past the leaf's depth is -inf.
     g = g.masked_fill(torch.arange(dp1, device=dev)[None, :, None] >= ks[:, None, :], 0)
     return g.sum(1).nan_to_num(nan=float("-inf")).max(1).values
@@ -494,7 +514,7 @@ def _solve(post, trace):
     # (i) LB₀ from a root path; (ii) every node that may be in an optimal set.
     k_ref = (post.expected_leaf_depth() + 1).round().long()  # a typical label set size
     top_leaf = post.probs.argmax(1)
-    lb0 = safe(_chain_lower_bound(h, T, masses, top_leaf, k_ref, dt), big_d + 1)
+    lb0 = safe(_chain_lower_bound(h, T, masses, top_leaf, k_ref, dt, post.plan.budget), big_d + 1)
     # A row without mass (not a distribution) scores 0 with every set: keep only its root.
     lb0 = torch.where(p[h.root] > 0, lb0, float("inf"))
     # p's own summation error, (Σ (fan-in − 1) over the ancestors)·u relative (three more
@@ -504,7 +524,7 @@ def _solve(post, trace):
     wide = _Cands(T, bsz, sample, node, masses(sample, node), dt, count, c)
     # (iii) LB from the closed prefixes of the wide candidates, at sizes around E[d(y)] + 1.
     ks = (k_ref[:, None] + torch.arange(-3, 4, device=dev)).clamp(min=1, max=wide.c)
-    g = _gains_at(T, wide.q, wide.depth, ks[wide.sample], wide.c)
+    g = _gains_at(T, wide.q, wide.depth, ks[wide.sample], wide.c, post.plan.budget)
     lb = torch.maximum(lb0, safe(_prefix_lower_bound(T, wide, g, ks, 3), wide.c))
     # (iv) the candidates, their gains and the allowed nodes of each size.
     cands = wide.subset(T, at_least(wide.pv, T.tau[wide.node] * lb[wide.sample]) | (wide.slot == 0), dt)
@@ -638,7 +658,7 @@ def jaccard_decode_packed(post) -> torch.Tensor:
     # plan: a node with one leaf holds its value exactly, so symmetric nodes get equal masses).
     if num_e > 1:
         prefix = post.depth_prefix().t()  # (B, L + 1) float64
-        masses = lambda ids: _masses_packed(h, prefix, ids)  # noqa: E731
+        masses = lambda ids: _masses_packed(h, prefix, ids, post.plan.budget)  # noqa: E731
     else:
         p_pad = torch.cat([p.t(), p.new_zeros(bsz, 1)], 1).double()  # (B, N + 1), column N: padding
         masses = lambda ids: p_pad.gather(1, ids)[:, :, None]  # noqa: E731
@@ -659,7 +679,8 @@ def jaccard_decode_packed(post) -> torch.Tensor:
         else:
             ks = torch.cat([k_ref[:, None] + torch.arange(-3, 4, device=dev), (T.depth[top] + 1)[:, None]], 1)
             ks = ks.clamp(min=1, max=k)  # (B, W)
-            g = _gains_at(T, q.view(-1, num_e), T.depth[chain.view(-1)], ks.repeat_interleave(k, 0), k)
+            g = _gains_at(T, q.view(-1, num_e), T.depth[chain.view(-1)], ks.repeat_interleave(k, 0), k,
+                          post.plan.budget)
             inside = torch.arange(k, device=dev)[None, :, None] < ks[:, None, :]  # A(a) is the first k chain nodes
             values = g.view(bsz, k, -1).masked_fill(~inside, 0).sum(1).nan_to_num(nan=float("-inf")).amax(1)
     lb0 = values * (1 - (num_e + k + 16) * u64 - mass_rel) - 2 * k * mass_abs
@@ -686,13 +707,10 @@ def _preorder_rank(h, T) -> torch.Tensor:
     return h.cached("jaccard_preorder_rank", lambda: (h.num_nodes - 1 - T.pre[:-1]).to(torch.int32))
 
 
-def _masses_packed(h, prefix: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+def _masses_packed(h, prefix: torch.Tensor, ids: torch.Tensor, budget: int) -> torch.Tensor:
     """(B, C, E) float64 per-leaf-depth masses of the nodes ``ids`` (B, C) (``N``: 0), from the
-    batch-major depth-first prefix sums ``prefix`` (B, L + 1): one gather of both ends."""
-    ends = h.cached("depth_range_ends", lambda: torch.cat([depth_ranges(h).hi, depth_ranges(h).lo], 1).long())
-    bsz, c = ids.shape
-    got = prefix.gather(1, ends.index_select(0, ids.reshape(-1)).view(bsz, -1)).view(bsz, c, 2, -1)
-    return got[:, :, 0] - got[:, :, 1]
+    batch-major depth-first prefix sums ``prefix`` (B, L + 1), temporaries within ``budget``."""
+    return depth_masses_packed(h, prefix, ids, budget)
 
 
 class Jaccard(SetMetric):

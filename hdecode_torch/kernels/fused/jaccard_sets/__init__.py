@@ -95,18 +95,24 @@ def gains(q: torch.Tensor, depth: torch.Tensor, depths: torch.Tensor, kmax: int)
     return t.unfold(1, kmax, 1)[torch.arange(rows, device=q.device), kmax - d]
 
 
-def knapsack(gp, nx, kidx, jmax, active):
+def knapsack(gp, nx, kidx, jmax, active, space=None):
     """Preorder knapsack of R pairs: gains gp (R, C) (-inf: not allowed), nxt columns nx (R, C).
 
     active[i]: the pairs with a candidate at position i are rows 0..active[i] − 1.  Returns
     (V (R,) the best value with kidx + 1 nodes, dec (C, R, jmax + 1) bool: take position i
-    with j nodes left to choose from positions ≥ i).
+    with j nodes left to choose from positions ≥ i).  ``space``: optional flat (float, bool)
+    buffers to hold the tables, reused across chunks (fresh pages cost more than the fill).
     """
     r, c = gp.shape
     dev, dt = gp.device, gp.dtype
-    hist = torch.full((c + 1, r, jmax + 1), float("-inf"), dtype=dt, device=dev)
+    shape = (c + 1, r, jmax + 1)
+    if space is None:
+        hist = torch.full(shape, float("-inf"), dtype=dt, device=dev)
+        dec = torch.zeros(c, r, jmax + 1, dtype=torch.bool, device=dev)
+    else:
+        hist = space[0][: (c + 1) * r * (jmax + 1)].view(shape).fill_(float("-inf"))
+        dec = space[1][: c * r * (jmax + 1)].view(c, r, jmax + 1).zero_()
     hist[:, :, 0] = 0  # choosing no node is always possible
-    dec = torch.zeros(c, r, jmax + 1, dtype=torch.bool, device=dev)
     rows = torch.arange(r, device=dev)
     flat = hist.view((c + 1) * r, jmax + 1)
     # Row of F(nxt(i), ·) of every pair and position, laid out position-major for contiguous slices.
@@ -126,19 +132,34 @@ def knapsack_sets(gp, nx, kidx, jmax: int, active, budget: int):
 
     gp, nx: (R, C); kidx: (R,) int64 below ``jmax``; active: the per-position prefix sizes of
     :func:`knapsack` (pairs with more candidates first).  Returns (V (R,), members (R, C) bool).
-    Memory per pair: its (C + 1) × (jmax + 1) value table and decisions.  No host read.
+    Memory per pair: its (C + 1) × (j + 1) value table and decisions, j = ``jmax`` when all pairs fit
+    at once, else the largest kidx of its chunk (F(i, j) reads only F(·, j' ≤ j), so a narrower table
+    gives the same values bit for bit).  No host read when all fit; one (kidx) otherwise.
     """
     r, c = gp.shape
-    per_pair = (c + 1) * (jmax + 1) * (gp.element_size() + 1)
-    step = max(1, budget // per_pair)
-    if step >= r:
+    cell = (c + 1) * (gp.element_size() + 1)
+    if r * (jmax + 1) * cell <= budget:
         val, dec = knapsack(gp, nx, kidx, jmax, active)
         return val, walk(dec, nx, kidx)
+    # Chunks of consecutive pairs (their order keeps the active prefixes), each as wide as its largest
+    # size: pairs of one sample come by increasing size, so a chunk rarely pays for more than it needs.
+    sizes = kidx.tolist()
+    chunks = []
+    a = 0
+    while a < r:
+        b, width = a + 1, sizes[a]
+        while b < r and (b + 1 - a) * (max(width, sizes[b]) + 1) * cell <= budget:
+            width = max(width, sizes[b])
+            b += 1
+        chunks.append((a, b, width))
+        a = b
+    most = max((b - a) * (width + 1) for a, b, width in chunks)
+    space = (torch.empty((c + 1) * most, dtype=gp.dtype, device=gp.device),
+             torch.empty(c * most, dtype=torch.bool, device=gp.device))
     vals, members = [], []
-    for a in range(0, r, step):
-        b = min(r, a + step)
+    for a, b, width in chunks:
         part = [min(max(n - a, 0), b - a) for n in active]
-        val, dec = knapsack(gp[a:b], nx[a:b], kidx[a:b], jmax, part)
+        val, dec = knapsack(gp[a:b], nx[a:b], kidx[a:b], width, part, space)
         vals.append(val)
         members.append(walk(dec, nx[a:b], kidx[a:b]))
     return torch.cat(vals), torch.cat(members)
