@@ -107,6 +107,28 @@ def test_candidates_take_their_root_paths_in_blocks_within_the_budget():
     assert len(got) == 4 and max(got) < 16 * MiB, got
 
 
+# ---------------------------------------------------------------------------------------- item 7
+def test_wu_palmer_expected_chunks_by_its_own_tables():
+    # The expected values are the structural (N, E, B) tables whatever strategy decode takes; they were
+    # chunked by the candidates' size per sample, and the depth-first layout's root-path sums gather a
+    # float64 prefix twice as wide: 74 MiB (CPU plan) and 45 MiB (GPU plan) at a 32 MiB budget here
+    # (3.3 GiB at 512 MiB on a 200k-leaf tree).
+    got = peak_growths("""
+    import sys
+    from benchmarks.workloads import random_tree
+    h = hd.Hierarchy.from_parents(random_tree(20_000, 12, seed=1))  # 29,449 nodes, 10 leaf depths
+    probs = torch.distributions.Dirichlet(torch.ones(h.num_leaves)).sample((64,))
+    pred = torch.randint(0, h.num_nodes, (64,))
+    m = hd.get_metric("wu_palmer", h)
+    hd.set_memory_budget(32 * 2**20)
+    for plan in ("cpu", "cuda"):
+        with hd.plan_for(plan):
+            m.expected(probs[:1], pred[:1])
+            growth(lambda: m.expected(probs, pred))
+    """)
+    assert len(got) == 2 and max(got) < 32 * MiB, got
+
+
 # ---------------------------------------------------------------------------------------- item 9
 def test_within_a_deep_subtree_stays_within_the_budget():
     # The subtree under the spine's first node is a 399-node caterpillar of depth 199: decoding on it

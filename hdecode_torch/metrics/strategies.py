@@ -105,11 +105,15 @@ class StrategyNodeMetric(NodeMetric):
             return 4 * h.num_nodes * 12 + 8 * (h.num_leaves + 1)
         if strategy == "dense":  # the (N, B) product and its reordered copy
             return 8 * h.num_nodes * 3
-        return self.structural_bytes_per_sample(h)
+        return self.structural_bytes_per_sample(h, plan)
 
-    def structural_bytes_per_sample(self, h) -> int:
-        """Bytes per sample of the structural table's temporaries."""
-        return 8 * h.num_nodes * 4
+    def _expected_bytes_per_sample(self, h, plan):
+        return self.structural_bytes_per_sample(h, plan)  # expected values are always the structural table
+
+    def structural_bytes_per_sample(self, h, plan) -> int:
+        """Bytes per sample of the structural table's temporaries under ``plan``: node sums and a root-path
+        sum, which on the depth-first layout gathers a float64 prefix twice as wide as the nodes."""
+        return 8 * h.num_nodes * (6 if plan.batch_major else 4) + 16 * h.num_leaves
 
     # ------------------------------------------------------------------ tree-only tables (cached on h)
     def similarity_matrix(self, h, dtype: torch.dtype = torch.float64) -> torch.Tensor:

@@ -71,8 +71,12 @@ class WuPalmer(StrategyNodeMetric):
         # Candidates read their root paths from the ancestors-by-depth table.
         return h.num_leaf_depths >= 2 and h.ancestor_table_fits
 
-    def structural_bytes_per_sample(self, h):
-        return 8 * h.num_nodes * (2 * h.num_leaf_depths + 4)
+    def structural_bytes_per_sample(self, h, plan):
+        # (N, E) tables per sample: the masses, their root-path sums and the weighted sums (per level); on
+        # the depth-first layout the root-path sums also copy the masses and gather a float64 prefix of
+        # the Euler tour (2N per row)
+        e = h.num_leaf_depths
+        return 8 * h.num_nodes * ((6 if plan.batch_major else 3) * e + 2) + 16 * h.num_leaves
 
     def _values(self, h, pred, target):
         return wu_palmer_values(h, pred, target)
