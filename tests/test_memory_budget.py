@@ -129,6 +129,24 @@ def test_wu_palmer_expected_chunks_by_its_own_tables():
     assert len(got) == 2 and max(got) < 32 * MiB, got
 
 
+# ---------------------------------------------------------------------------------------- item 8
+def test_node_probabilities_on_the_depth_first_layout_follow_the_budget():
+    # Beyond 512 levels (and on the GPU plan) node sums are depth-first prefix sums, whose float64 table
+    # holds 2L + 1 entries per row: 113 MiB for 4,096 rows of a 1,201-node caterpillar, against an
+    # 18.8 MiB output and an 8 MiB budget.
+    got = peak_growths("""
+    h = caterpillar(600)  # 601 levels: the CPU plan takes the prefix sums too
+    probs = torch.distributions.Dirichlet(torch.ones(h.num_leaves)).sample((4096,))
+    hd.set_memory_budget(8 * 2**20)
+    for plan in ("cpu", "cuda"):
+        with hd.plan_for(plan):
+            hd.node_probabilities(h, probs[:1])
+            growth(lambda: hd.node_probabilities(h, probs))
+    """)
+    output = 4096 * 1201 * 4
+    assert len(got) == 2 and max(got) < 8 * MiB + output + 2 * MiB, got
+
+
 # ---------------------------------------------------------------------------------------- item 9
 def test_within_a_deep_subtree_stays_within_the_budget():
     # The subtree under the spine's first node is a 399-node caterpillar of depth 199: decoding on it
