@@ -103,9 +103,11 @@ class HierarchyComponent:
         """Bytes of temporaries per sample of a decode under ``plan``, used to choose chunk sizes."""
         return 8 * h.num_nodes * 4
 
-    def _chunks(self, post, chunk_size=None):
-        return chunk_ranges(post.batch_size, self._bytes_per_sample(post.h, post.plan), post.plan.budget,
-                            _chunk_size(chunk_size))
+    def _chunks(self, post, chunk_size=None, bytes_per_sample: int | None = None):
+        """The chunks of ``post``'s batch: ``bytes_per_sample`` (default: a decode's) within the budget."""
+        if bytes_per_sample is None:
+            bytes_per_sample = self._bytes_per_sample(post.h, post.plan)
+        return chunk_ranges(post.batch_size, bytes_per_sample, post.plan.budget, _chunk_size(chunk_size))
 
     def decode(self, leaf_probs, *, from_logits: bool | str = False, normalize: bool = False,
                validate: bool | None = None, chunk_size: int | None = None, within=None) -> torch.Tensor:

@@ -24,8 +24,10 @@ import torch
 
 from ..hierarchy import Hierarchy
 from ..kernels.depth_ranges import depth_prefix_sums, depth_range_ends, depth_ranges
-from ..kernels.fused import gathered_prefix, trust_indices
-from ..kernels.tree_sums import accumulation_dtype, leaf_to_node_sum, path_sum, subtree_sum, subtree_sum_
+from ..kernels.fused import trust_indices
+from ..kernels.tree_sums import (
+    accumulation_dtype, blocked_gathered_prefix, leaf_to_node_sum, path_sum, subtree_sum, subtree_sum_,
+)
 from .plan import Plan, resolve_plan
 from .validation import as_tensor, prepare_leaf_probs
 
@@ -142,16 +144,16 @@ class Posterior:
     # ------------------------------------------------------------------ tree sums in the plan's layout
     def leaf_sum(self, leaf_values: torch.Tensor) -> torch.Tensor:
         """(N, *) ``Σ_{l ∈ L(n)} leaf_values[l]`` of leaf-major (L, *) values."""
-        return leaf_to_node_sum(self.h, leaf_values, self.plan.tree_sums, self.plan.backend)
+        return leaf_to_node_sum(self.h, leaf_values, self.plan.tree_sums, self.plan.backend, self.plan.budget)
 
     def path_sum(self, values: torch.Tensor, include_root: bool = True) -> torch.Tensor:
         """(N, *) ``Σ_{a ∈ A(n)} values[a]`` of node-major (N, *) values (the root left out when
         ``include_root=False``)."""
-        return path_sum(self.h, values, include_root, self.plan.tree_sums, self.plan.backend)
+        return path_sum(self.h, values, include_root, self.plan.tree_sums, self.plan.backend, self.plan.budget)
 
     def subtree_sum(self, values: torch.Tensor) -> torch.Tensor:
         """(N, *) ``Σ_{m in the subtree of n} values[m]`` of node-major (N, *) values."""
-        return subtree_sum(self.h, values, self.plan.tree_sums, self.plan.backend)
+        return subtree_sum(self.h, values, self.plan.tree_sums, self.plan.backend, self.plan.budget)
 
     # ------------------------------------------------------------------ batch statistics
     @property
@@ -182,7 +184,7 @@ class Posterior:
             h = self.h
             if self.plan.batch_major:
                 src, hi, lo = _depth_mass_ranges(h)
-                q = gathered_prefix(self.probs, src, None, hi, lo, self.dtype)  # (B, E·N), e-major
+                q = blocked_gathered_prefix(self.probs, src, None, hi, lo, self.dtype, self.plan.budget)  # (B, E·N)
                 return q.view(self.batch_size, h.num_leaf_depths, h.num_nodes).permute(2, 1, 0)
             depths = self.leaf_depth_values()
             group = h.cached("leaf_depth_group", lambda: torch.searchsorted(depths, h.leaf_depth))
@@ -203,7 +205,8 @@ class Posterior:
                 src, positions = h.cached("depth_prefix_positions", lambda: (
                     trust_indices(depth_ranges(h).leaf_order, h.num_leaves - 1),
                     trust_indices(torch.arange(h.num_leaves + 1, device=h.device), h.num_leaves)))
-                return gathered_prefix(self.probs, src, None, positions, None, torch.float64).t()  # (B, L+1)ᵀ
+                return blocked_gathered_prefix(self.probs, src, None, positions, None, torch.float64,
+                                               self.plan.budget).t()  # (B, L+1)ᵀ
             return depth_prefix_sums(h, self.node[: h.num_leaves])
         return self._get("depth_prefix", build)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["is_ancestor", "lca_depth", "lca", "ancestor_closure", "ancestor_mask", "path_counts", "top_ancestor",
-           "jump_table"]
+__all__ = ["is_ancestor", "lca_depth", "lca", "leaf_lca", "ancestor_closure", "ancestor_mask", "path_counts",
+           "top_ancestor", "jump_table"]
 
 
 def is_ancestor(h, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -58,6 +58,26 @@ def lca_depth(h, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     anc_b = h.ancestors[b]
     same = (anc_a == anc_b) & (anc_a < h.num_nodes)
     return same.sum(-1) - 1
+
+
+def leaf_lca(h, budget: int) -> torch.Tensor:
+    """(N, L) int32 ``LCA(n, l)`` of every node n and leaf l, one step per tree level.
+
+    A node's row is its parent's row, except on its own leaves, which meet it at n itself: O(N·L)
+    work and the table's own memory, whatever the depth (gathering root paths would cost O(N·L·D)).
+    ``budget``: bytes of temporaries per step (9 bytes per entry of the rows a step fills), which
+    bounds how many rows of a level are filled at once.
+    """
+    n_leaves = h.num_leaves
+    out = torch.empty(h.num_nodes, n_leaves, dtype=torch.int32, device=h.device)
+    out[h.root] = h.root
+    leaf_pos = h.pos[:n_leaves]
+    step = max(1, budget // (9 * n_leaves))
+    for level in h.levels[1:]:
+        for nodes in level.split(step):
+            inside = (h.pos[nodes, None] <= leaf_pos) & (leaf_pos < (h.pos + h.size)[nodes, None])
+            out[nodes] = torch.where(inside, nodes[:, None].to(torch.int32), out[h.parent[nodes]])
+    return out
 
 
 def ancestor_mask(h, nodes: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ import torch
 from .segment import index_add_rows
 
 __all__ = ["subtree_sum", "subtree_sum_", "accumulation_dtype", "leaf_to_node_sum", "path_sum", "level_pairs",
-           "tree_ranges", "default_layout", "MAX_LEVELS", "LAYOUTS"]
+           "tree_ranges", "default_layout", "blocked_gathered_prefix", "prefix_bytes_per_row", "MAX_LEVELS", "LAYOUTS"]
 
 #: Trees of up to this many levels (depth + 1) are summed per level by default, by prefix sums beyond:
 #: each level costs a fixed overhead, which the prefix sums' larger per-entry cost outweighs only on
@@ -97,14 +97,43 @@ def _trusted(src, weight, hi, lo, width):
     return src, weight, hi, lo
 
 
-def _prefix_sums(h, values: torch.Tensor, kind: str) -> torch.Tensor:
-    """The "prefix" kernel: values (M, *) node- or leaf-major -> (N, *).
+def prefix_bytes_per_row(j: int, k: int) -> int:
+    """Bytes of temporaries per row of ``gathered_prefix`` over J gathered entries and K ranges: its
+    float64 table of both the prefix and the entries (2J + 1), the gathered input before conversion
+    (J, at most float32 when converted) and the float64 ranges before a cast and their lower ends (2K)."""
+    return 8 * (2 * j + 1) + 4 * j + 16 * k
+
+
+def blocked_gathered_prefix(x: torch.Tensor, src: torch.Tensor, weight: torch.Tensor | None, hi: torch.Tensor,
+                            lo: torch.Tensor | None, out_dtype: torch.dtype, budget: int | None) -> torch.Tensor:
+    """``gathered_prefix`` (B, K) of x (B, M), in blocks of rows whose temporaries
+    (:func:`prefix_bytes_per_row`) stay within ``budget`` bytes (None: all rows at once).
+
+    Rows are independent: every block's rows are the bits of the whole call.  A block has at least
+    one row.  In a traced graph (``torch.export``, ``torch.compile``), whose batch size is symbolic,
+    all rows at once.
+    """
+    from .fused import gathered_prefix
+
+    b, k = x.shape[0], hi.shape[0]
+    if budget is None or torch.compiler.is_compiling():  # a traced graph's batch size is symbolic
+        return gathered_prefix(x, src, weight, hi, lo, out_dtype)
+    rows = max(1, budget // prefix_bytes_per_row(src.shape[0], k))
+    if rows >= b:
+        return gathered_prefix(x, src, weight, hi, lo, out_dtype)
+    out = x.new_empty((b, k), dtype=out_dtype)
+    for a in range(0, b, rows):
+        out[a:a + rows] = gathered_prefix(x[a:a + rows], src, weight, hi, lo, out_dtype)
+    return out
+
+
+def _prefix_sums(h, values: torch.Tensor, kind: str, budget: int | None = None) -> torch.Tensor:
+    """The "prefix" kernel: values (M, *) node- or leaf-major -> (N, *), its temporaries within
+    ``budget`` bytes (None: unbounded).
 
     The node dimension moves last: a table stored with the nodes innermost (batch-major) is read
     as (R, M) rows without a copy, and the result is stored the same way.
     """
-    from .fused import gathered_prefix
-
     src, weight, hi, lo = tree_ranges(h, kind)
     rest = tuple(values.shape[1:])
     dtype = values.dtype
@@ -112,20 +141,23 @@ def _prefix_sums(h, values: torch.Tensor, kind: str) -> torch.Tensor:
     if not x.is_floating_point():
         x = x.to(torch.float64)  # integer counts are exact in float64
     out_dtype = dtype if dtype in (torch.float32, torch.float64) else torch.float64
-    out = gathered_prefix(x, src, weight, hi, lo, out_dtype)  # (R, N)
+    out = blocked_gathered_prefix(x, src, weight, hi, lo, out_dtype, budget)  # (R, N)
     out = out.reshape(rest + (h.num_nodes,)).movedim(-1, 0)
     return out if out.dtype == dtype else out.to(dtype)
 
 
-def subtree_sum(h, values: torch.Tensor, layout: str | None = None, backend: str = "torch") -> torch.Tensor:
+def subtree_sum(h, values: torch.Tensor, layout: str | None = None, backend: str = "torch",
+                budget: int | None = None) -> torch.Tensor:
     """Sum of ``values`` over every node's subtree, the node included.
 
     values: (N, *) float or int, node-major.  Returns a new (N, *) tensor, same dtype:
     ``out[n] = Σ_{m ∈ D(n)} values[m]``.  ``layout``: ``"levels"`` or ``"prefix"`` (module
-    docstring; default by depth); ``backend``: the per-level scatter-add (``"torch"`` or ``"scatter"``).
+    docstring; default by depth); ``backend``: the per-level scatter-add (``"torch"`` or ``"scatter"``);
+    ``budget``: bytes of temporaries of the prefix sums beyond the result, in blocks of columns (None:
+    all at once; the per-level sums need none).
     """
     if _layout(h, layout) == "prefix":
-        return _prefix_sums(h, values, "subtree")
+        return _prefix_sums(h, values, "subtree", budget)
     return subtree_sum_(h, values.clone(), backend)
 
 
@@ -142,16 +174,17 @@ def subtree_sum_(h, values: torch.Tensor, backend: str = "torch") -> torch.Tenso
 FLOAT32_MAX_FAN_IN = 1024
 
 
-def leaf_to_node_sum(h, leaf_values: torch.Tensor, layout: str | None = None, backend: str = "torch") -> torch.Tensor:
+def leaf_to_node_sum(h, leaf_values: torch.Tensor, layout: str | None = None, backend: str = "torch",
+                     budget: int | None = None) -> torch.Tensor:
     """Push leaf values up the tree: ``out[n] = Σ_{l ∈ L(n)} leaf_values[l]``.
 
     leaf_values: (L, *) float, leaf-major.  Returns (N, *), same dtype.  With probabilities this
     is p(n) for every node.  The per-level sums accumulate float32 input in float32, except on a
     tree with a node of more than ``FLOAT32_MAX_FAN_IN`` children (then float64); the prefix sums
-    always accumulate in float64.  ``layout``, ``backend``: as in :func:`subtree_sum`.
+    always accumulate in float64.  ``layout``, ``backend``, ``budget``: as in :func:`subtree_sum`.
     """
     if _layout(h, layout) == "prefix":
-        return _prefix_sums(h, leaf_values, "leaves")
+        return _prefix_sums(h, leaf_values, "leaves", budget)
     dtype = leaf_values.dtype
     acc = accumulation_dtype(h, dtype)
     out = torch.empty((h.num_nodes,) + tuple(leaf_values.shape[1:]), dtype=acc, device=leaf_values.device)
@@ -167,14 +200,15 @@ def accumulation_dtype(h, dtype: torch.dtype) -> torch.dtype:
 
 
 def path_sum(h, values: torch.Tensor, include_root: bool = True, layout: str | None = None,
-             backend: str = "torch") -> torch.Tensor:
+             backend: str = "torch", budget: int | None = None) -> torch.Tensor:
     """Sum of ``values`` along every root path: ``out[n] = Σ_{a ∈ A(n)} values[a]``.
 
     values: (N, *) float or int.  With ``include_root=False`` the root's row is left out of every
-    sum.  Returns a new (N, *) tensor, same dtype.  ``layout``, ``backend``: as in :func:`subtree_sum`.
+    sum.  Returns a new (N, *) tensor, same dtype.  ``layout``, ``backend``, ``budget``: as in
+    :func:`subtree_sum`.
     """
     if _layout(h, layout) == "prefix":
-        return _prefix_sums(h, values, "path" if include_root else "path_below_root")
+        return _prefix_sums(h, values, "path" if include_root else "path_below_root", budget)
     out = values.clone()
     if not include_root:
         out[h.root] = 0

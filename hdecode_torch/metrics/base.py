@@ -152,9 +152,15 @@ class NodeMetric(BaseMetric):
             raise ValueError(f"Expected `pred` to have shape {(post.batch_size,) if not post.unbatched else ()} "
                              f"(one node id per sample), but got {tuple(pred.shape)}")
         flat = pred.reshape(-1)
+        chunks = self._chunks(post, chunk_size, self._expected_bytes_per_sample(post.h, post.plan))
         out = torch.cat([self.expected_table(post.chunk(a, b)).gather(0, flat[None, a:b])[0]
-                         for a, b in self._chunks(post, chunk_size)]).to(post.dtype)  # a user's table may differ
+                         for a, b in chunks]).to(post.dtype)  # a user's table may differ
         return out[0] if post.unbatched else out
+
+    def _expected_bytes_per_sample(self, h, plan) -> int:
+        """Bytes of temporaries per sample of :meth:`expected_table` under ``plan`` (what ``expected``
+        chunks by; a decode may search differently)."""
+        return self._bytes_per_sample(h, plan)
 
     def _decode_cpu(self, post: Posterior) -> torch.Tensor:
         table = self.expected_table(post)

@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import torch
 
+from ..core.chunking import chunk_ranges
 from ..core.params import Param
+from ..core.plan import get_memory_budget
+from ..kernels.ancestry import leaf_lca
 from ..kernels.candidates import PruningStatistics, candidate_mask, pruning_statistics, sampled_products
 from ..kernels.selection import argbest, argbest_pairs
 from .base import NodeMetric
@@ -102,11 +105,15 @@ class StrategyNodeMetric(NodeMetric):
             return 4 * h.num_nodes * 12 + 8 * (h.num_leaves + 1)
         if strategy == "dense":  # the (N, B) product and its reordered copy
             return 8 * h.num_nodes * 3
-        return self.structural_bytes_per_sample(h)
+        return self.structural_bytes_per_sample(h, plan)
 
-    def structural_bytes_per_sample(self, h) -> int:
-        """Bytes per sample of the structural table's temporaries."""
-        return 8 * h.num_nodes * 4
+    def _expected_bytes_per_sample(self, h, plan):
+        return self.structural_bytes_per_sample(h, plan)  # expected values are always the structural table
+
+    def structural_bytes_per_sample(self, h, plan) -> int:
+        """Bytes per sample of the structural table's temporaries under ``plan``: node sums and a root-path
+        sum, which on the depth-first layout gathers a float64 prefix twice as wide as the nodes."""
+        return 8 * h.num_nodes * (6 if plan.batch_major else 4) + 16 * h.num_leaves
 
     # ------------------------------------------------------------------ tree-only tables (cached on h)
     def similarity_matrix(self, h, dtype: torch.dtype = torch.float64) -> torch.Tensor:
@@ -116,12 +123,18 @@ class StrategyNodeMetric(NodeMetric):
                              "use strategy='structural' or 'candidates' on a tree this large")
 
         def build():
-            if dtype == torch.float64:
-                nodes = torch.arange(h.num_nodes, device=h.device)
-                leaves = torch.arange(h.num_leaves, device=h.device)
-                return self._values(h, nodes[:, None].expand(-1, h.num_leaves),
-                                    leaves[None, :].expand(h.num_nodes, -1)).contiguous()
-            return self.similarity_matrix(h, torch.float64).to(dtype)
+            if dtype != torch.float64:
+                return self.similarity_matrix(h, torch.float64).to(dtype)
+            # Every pair's LCA from one table filled level by level (O(N·L), no root paths gathered),
+            # then the values a block of rows at a time, the blocks' temporaries within the budget.
+            budget = get_memory_budget()
+            meet = leaf_lca(h, budget)
+            out = torch.empty(h.num_nodes, h.num_leaves, dtype=torch.float64, device=h.device)
+            nodes = torch.arange(h.num_nodes, device=h.device)
+            leaves = torch.arange(h.num_leaves, device=h.device)[None, :]
+            for a, b in chunk_ranges(h.num_nodes, self.LCA_VALUE_BYTES * h.num_leaves, budget):
+                out[a:b] = self._lca_values(h, nodes[a:b, None], leaves, meet[a:b].long())
+            return out
         return h.cached((self.name, "matrix", dtype), build)
 
     def distinct_rows(self, h, dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,12 +179,30 @@ class StrategyNodeMetric(NodeMetric):
             values = sampled_products(self.similarity_matrix(h, post.dtype), post.probs, node, sample)
         else:
             node, sample = candidate_mask(h, post.node, self.pruning(h)).nonzero().unbind(1)
-            values = self.pair_values(post, node, sample)
+            # root paths cost O(D) per pair: blocks of pairs, their temporaries within the budget
+            blocks = chunk_ranges(node.numel(), self.pair_bytes(h), post.plan.budget)
+            if len(blocks) == 1:
+                values = self.pair_values(post, node, sample)
+            else:
+                values = torch.cat([self.pair_values(post, node[a:b], sample[a:b]) for a, b in blocks])
         return argbest_pairs(h, values, sample, node, post.batch_size, self.higher_is_better)
 
     def pruning_bounds(self, h) -> PruningStatistics:
         raise NotImplementedError
 
+    #: Bytes per (node, leaf) entry of the temporaries of ``_lca_values`` and its int64 LCA ids (Zhao's,
+    #: the larger: nine float64 or int64 tables).
+    LCA_VALUE_BYTES = 80
+
+    def _lca_values(self, h, pred: torch.Tensor, target: torch.Tensor, meet: torch.Tensor) -> torch.Tensor:
+        """float64 values of (node, leaf) pairs whose LCA ``meet`` is known; pred, target, meet:
+        broadcastable int64.  The same bits as ``_values(h, pred, target)``."""
+        raise NotImplementedError
+
     def pair_values(self, post, node: torch.Tensor, sample: torch.Tensor) -> torch.Tensor:
         """(M,) expected value of node ``node[i]`` for sample ``sample[i]``, from its root path only."""
         raise NotImplementedError
+
+    def pair_bytes(self, h) -> int:
+        """Bytes of :meth:`pair_values`'s temporaries per pair (its root path of D nodes)."""
+        return 64 * (h.max_depth + 1)

@@ -27,9 +27,12 @@ from .strategies import StrategyNodeMetric
 __all__ = ["WuPalmer", "wu_palmer_values", "wu_palmer_table", "path_below_root"]
 
 
-def wu_palmer_values(h, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+def wu_palmer_values(h, pred: torch.Tensor, target: torch.Tensor, meet: torch.Tensor | None = None) -> torch.Tensor:
+    """float64 ``2 d(LCA) / (d(pred) + d(target))`` of broadcastable int64 node and leaf ids; ``meet``:
+    their LCAs where known (no root paths read)."""
     d = h.depth.to(torch.float64)
-    return 2 * lca_depth(h, pred, target).to(torch.float64) / (d[pred] + d[target])
+    shared = lca_depth(h, pred, target) if meet is None else h.depth[meet]
+    return 2 * shared.to(torch.float64) / (d[pred] + d[target])
 
 
 def wu_palmer_table(post) -> torch.Tensor:
@@ -68,11 +71,18 @@ class WuPalmer(StrategyNodeMetric):
         # Candidates read their root paths from the ancestors-by-depth table.
         return h.num_leaf_depths >= 2 and h.ancestor_table_fits
 
-    def structural_bytes_per_sample(self, h):
-        return 8 * h.num_nodes * (2 * h.num_leaf_depths + 4)
+    def structural_bytes_per_sample(self, h, plan):
+        # (N, E) tables per sample: the masses, their root-path sums and the weighted sums (per level); on
+        # the depth-first layout the root-path sums also copy the masses and gather a float64 prefix of
+        # the Euler tour (2N per row)
+        e = h.num_leaf_depths
+        return 8 * h.num_nodes * ((6 if plan.batch_major else 3) * e + 2) + 16 * h.num_leaves
 
     def _values(self, h, pred, target):
         return wu_palmer_values(h, pred, target)
+
+    def _lca_values(self, h, pred, target, meet):
+        return wu_palmer_values(h, pred, target, meet)
 
     def expected_table(self, post):
         return wu_palmer_table(post)
@@ -97,14 +107,35 @@ class WuPalmer(StrategyNodeMetric):
             m_in=fix(inside(hi), nonroot), M_in=fix(inside(lo), nonroot),
             m_out=fix(outside(1.0, hi[top]), deep), M_out=fix(outside(k - 1, lo[top]), deep), top=top)
 
+    def pair_bytes(self, h):
+        return self.PAIR_ENTRY_BYTES * (h.max_depth + 1) * h.num_leaf_depths
+
+    #: Bytes per (ancestor, leaf depth) entry of a pair: both ends' int32 ranges and their int64 copies,
+    #: the two gathered float64 prefix sums and their difference.
+    PAIR_ENTRY_BYTES = 64
+
     def pair_values(self, post, node, sample):
         """``Σ_e 2/(d(h)+e) Σ_{a ∈ A(h) \\ root} Q_e(a)``, the masses Q_e read from depth-first prefix
-        sums: D·E lookups per candidate, no (N, E, B) table."""
+        sums: D·E lookups per candidate, no (N, E, B) table.  The caller bounds the number of pairs by
+        :meth:`pair_bytes`; a single pair whose D·E masses exceed the budget by themselves (a deep tree
+        with leaves at many depths) is taken in blocks of leaf depths, whose sums over the ancestors may
+        round differently in the last bit."""
         h = post.h
         anc = path_below_root(h, node)  # (M, D)
         m, d = anc.shape
-        q = depth_masses(h, post.depth_prefix(), sample.repeat_interleave(d), anc.reshape(-1))
-        q = q.view(m, d, -1).sum(1)  # (M, E) float64
+        ranges = depth_ranges(h)
+        prefix = post.depth_prefix()  # (L + 1, B) float64
+        ids, rows = anc.reshape(-1), sample.repeat_interleave(d)
+        num_depths = ranges.depths.numel()
+        width = num_depths if m > 1 else max(1, post.plan.budget // max(1, self.PAIR_ENTRY_BYTES * d))
+        if width >= num_depths:
+            q = depth_masses(h, prefix, rows, ids).view(m, d, -1).sum(1)  # (M, E) float64
+        else:
+            q = torch.empty(m, num_depths, dtype=torch.float64, device=node.device)
+            for e0 in range(0, num_depths, width):  # a loop over blocks of leaf depths
+                hi = ranges.hi[:, e0:e0 + width].index_select(0, ids).long()
+                lo = ranges.lo[:, e0:e0 + width].index_select(0, ids).long()
+                q[:, e0:e0 + width] = (prefix[hi, rows[:, None]] - prefix[lo, rows[:, None]]).view(m, d, -1).sum(1)
         e = depth_ranges(h).depths.to(torch.float64)
         # d(h) + e ≥ 1 wherever the masses are not 0 (h below the root)
         w = 2.0 / (h.depth.index_select(0, node).to(torch.float64)[:, None] + e).clamp(min=1)

@@ -30,9 +30,11 @@ from .wu_palmer import path_below_root
 __all__ = ["Zhao", "zhao_values", "zhao_table", "information_gain"]
 
 
-def zhao_values(h, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+def zhao_values(h, pred: torch.Tensor, target: torch.Tensor, meet: torch.Tensor | None = None) -> torch.Tensor:
+    """float64 ``2 I(LCA) / (I(pred) + I(target))`` (1 where both are 0) of broadcastable int64 node and
+    leaf ids; ``meet``: their LCAs where known."""
     info = h.information
-    num = 2 * info[lca(h, pred, target)]
+    num = 2 * info[lca(h, pred, target) if meet is None else meet]
     den = info[pred] + info[target]
     return torch.where(den > 0, num / den.clamp(min=1e-300), torch.ones_like(den))
 
@@ -81,6 +83,9 @@ class Zhao(StrategyNodeMetric):
 
     def _values(self, h, pred, target):
         return zhao_values(h, pred, target)
+
+    def _lca_values(self, h, pred, target, meet):
+        return zhao_values(h, pred, target, meet)
 
     def _decode_gpu(self, post):
         h = post.h

@@ -1,0 +1,165 @@
+"""A call's peak memory stays within the memory budget plus its output and the tree's tables, on deep
+trees too (issue 31: the dense matrix of Wu-Palmer and Zhao, ``WuPalmer.expected``, ``node_probabilities``
+on the depth-first layout, ``within=`` and the candidates' root paths ignored the budget).
+
+Each case runs in a fresh subprocess under an address-space cap: the tree and the input are built, a
+warm-up call on one row builds the tree's cached tables where the case says so, the peak resident
+memory is reset (``/proc/self/clear_refs``) and the call's growth is read back from ``VmHWM``.  The
+trees are small enough for a few seconds and deep enough for the old code to exceed the bounds many
+times over.  The bound of each case is the budget plus the call's output plus its tree tables.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import hdecode_torch as hd
+
+ROOT = pathlib.Path(hd.__file__).resolve().parent.parent
+MiB = 2**20
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"),
+                                reason="peak memory is read from Linux's /proc/self/status")
+
+CHILD = """
+import resource
+resource.setrlimit(resource.RLIMIT_AS, ({cap}, {cap}))
+import torch
+torch.set_num_threads(1)
+import hdecode_torch as hd
+
+
+def caterpillar(depth):
+    # a spine of `depth` internal nodes with one leaf at every level, two under the deepest
+    return hd.Hierarchy.from_parents([-1] + list(range(depth - 1)) + list(range(depth)) + [depth - 1])
+
+
+def rss(field):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field))
+
+
+def growth(call):
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # the peak resident set starts again from the current one
+    before = rss("VmRSS:")
+    call()
+    print("GROWTH", rss("VmHWM:") - before, flush=True)
+
+
+torch.manual_seed(0)
+{code}
+"""
+
+
+def peak_growths(code: str, cap: int = 2 * 2**30) -> list[int]:
+    """The peak resident memory growth (bytes) of each ``growth(call)`` that ``code`` makes, in a fresh
+    process capped at ``cap`` bytes of address space (a failed allocation fails the test with the
+    child's error).  One process for several calls: starting one costs seconds on a busy machine."""
+    # A fixed mmap threshold: glibc returns every large block when it is freed, so the resident peak is
+    # what the library held at once, not what the allocator kept of earlier chunks.
+    env = dict(os.environ, OMP_NUM_THREADS="1", MALLOC_MMAP_THRESHOLD_="65536",
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", CHILD.format(cap=cap, code=textwrap.dedent(code))],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [int(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("GROWTH")]
+
+
+# ---------------------------------------------------------------------------------------- item 5
+def test_dense_matrix_of_a_deep_tree_is_built_in_the_memory_of_the_matrix():
+    # A 401-node caterpillar (depth 200): the (N, L) matrix is 0.6 MiB; gathering both root paths of
+    # every (node, leaf) pair took an (N, L, D + 1) int64 grid, 390 MiB (6 GiB at depth 500).
+    got = peak_growths("""
+    hd.set_memory_budget(8 * 2**20)
+    for name in ("wu_palmer", "zhao"):
+        for plan in ("cpu", "cuda"):
+            h = caterpillar(200)  # a new tree: its matrix is built by the call
+            probs = torch.distributions.Dirichlet(torch.ones(h.num_leaves, dtype=torch.float64)).sample((2,))
+            m = hd.get_metric(name, h, strategy="dense")
+            with hd.plan_for(plan):
+                growth(lambda: m.decode(probs))
+    """)
+    assert len(got) == 4 and max(got) < 24 * MiB, got
+
+
+def test_candidates_take_their_root_paths_in_blocks_within_the_budget():
+    # Candidates scored along their root paths hold D·E masses per (sample, node) pair: on a 241-node
+    # caterpillar (D = E = 120) 0.9 MiB a pair, and nearly every node is a candidate (2 rows: 0.45 GiB).
+    got = peak_growths("""
+    h = caterpillar(120)
+    probs = torch.distributions.Dirichlet(torch.full((h.num_leaves,), 0.1, dtype=torch.float64)).sample((2,))
+    hd.set_memory_budget(8 * 2**20)
+    for name in ("wu_palmer", "zhao"):
+        m = hd.get_metric(name, h, strategy="candidates")
+        m.DENSE_MAX_ENTRIES = 0  # the path of trees too large for the dense matrix
+        for plan in ("cpu", "cuda"):
+            with hd.plan_for(plan):
+                m.decode(probs[:1])  # the tree's tables
+                growth(lambda: m.decode(probs))
+    """)
+    assert len(got) == 4 and max(got) < 16 * MiB, got
+
+
+# ---------------------------------------------------------------------------------------- item 7
+def test_wu_palmer_expected_chunks_by_its_own_tables():
+    # The expected values are the structural (N, E, B) tables whatever strategy decode takes; they were
+    # chunked by the candidates' size per sample, and the depth-first layout's root-path sums gather a
+    # float64 prefix twice as wide: 74 MiB (CPU plan) and 45 MiB (GPU plan) at a 32 MiB budget here
+    # (3.3 GiB at 512 MiB on a 200k-leaf tree).
+    got = peak_growths("""
+    import sys
+    from benchmarks.workloads import random_tree
+    h = hd.Hierarchy.from_parents(random_tree(20_000, 12, seed=1))  # 29,449 nodes, 10 leaf depths
+    probs = torch.distributions.Dirichlet(torch.ones(h.num_leaves)).sample((64,))
+    pred = torch.randint(0, h.num_nodes, (64,))
+    m = hd.get_metric("wu_palmer", h)
+    hd.set_memory_budget(32 * 2**20)
+    for plan in ("cpu", "cuda"):
+        with hd.plan_for(plan):
+            m.expected(probs[:1], pred[:1])
+            growth(lambda: m.expected(probs, pred))
+    """)
+    assert len(got) == 2 and max(got) < 32 * MiB, got
+
+
+# ---------------------------------------------------------------------------------------- item 8
+def test_node_probabilities_on_the_depth_first_layout_follow_the_budget():
+    # Beyond 512 levels (and on the GPU plan) node sums are depth-first prefix sums, whose float64 table
+    # holds 2L + 1 entries per row: 113 MiB for 4,096 rows of a 1,201-node caterpillar, against an
+    # 18.8 MiB output and an 8 MiB budget.
+    got = peak_growths("""
+    h = caterpillar(600)  # 601 levels: the CPU plan takes the prefix sums too
+    probs = torch.distributions.Dirichlet(torch.ones(h.num_leaves)).sample((4096,))
+    hd.set_memory_budget(8 * 2**20)
+    for plan in ("cpu", "cuda"):
+        with hd.plan_for(plan):
+            hd.node_probabilities(h, probs[:1])
+            growth(lambda: hd.node_probabilities(h, probs))
+    """)
+    output = 4096 * 1201 * 4
+    assert len(got) == 2 and max(got) < 8 * MiB + output + 2 * MiB, got
+
+
+# ---------------------------------------------------------------------------------------- item 9
+def test_within_a_deep_subtree_stays_within_the_budget():
+    # The subtree under the spine's first node is a 399-node caterpillar of depth 199: decoding on it
+    # built its (N, L) matrix from an (N, L, D + 1) grid (0.38 GiB; 4.6 GB at B = 64 on larger trees).
+    got = peak_growths("""
+    h = caterpillar(200)
+    probs = torch.distributions.Dirichlet(torch.full((h.num_leaves,), 0.1, dtype=torch.float64)).sample((64,))
+    spine = int((h.parent == h.root).nonzero()[-1])  # the root's internal child
+    hd.set_memory_budget(8 * 2**20)
+    for name in ("wu_palmer", "zhao"):
+        m = hd.get_metric(name, h)
+        for plan in ("cpu", "cuda"):
+            with hd.plan_for(plan):
+                growth(lambda: m.decode(probs, within=spine))
+    """)
+    assert len(got) == 4 and max(got) < 24 * MiB, got
