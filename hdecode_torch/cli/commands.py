@@ -323,6 +323,25 @@ def check_plot_gain(args) -> None:
     check_before_torch(args, metrics=args.metrics or ["hf_beta"], decoders=args.decoders or HEURISTIC_NAMES)
 
 
+def _add_figure_source_args(p):
+    """The tree and where a figure's outputs come from: --probs/--targets files, or synthetic ones
+    (--num-samples, --noise, --seed); returns the "model outputs" group for more options."""
+    add_hierarchy_args(p)
+    src = p.add_argument_group("model outputs")
+    src.add_argument("--probs", metavar="FILE", help="(B, L) probabilities (or logits with --from-logits): "
+                     ".npy, .pt, .csv, .tsv or .txt; '-' reads standard input")
+    src.add_argument("--targets", metavar="FILE", help="(B,) true leaf ids: .npy, .pt, .csv or .txt; '-' reads "
+                     "standard input")
+    add_input_kind_args(src)
+    src.add_argument("--num-samples", type=int_in(2, 10 ** 8), default=None, metavar="B",
+                     help=f"synthetic outputs: number of samples (default: {DEFAULT_NUM_SAMPLES})")
+    src.add_argument("--noise", type=finite_float(0.0, lo_open=True), default=None,
+                     help=f"synthetic outputs: temperature of the logit model (default: {SYNTHETIC_NOISE})")
+    src.add_argument("--seed", type=int_in(0, MAX_SEED), default=None,
+                     help=f"random seed of the synthetic outputs and of the split (default: {DEFAULT_SEED})")
+    return src
+
+
 def _add_plot_risk(psub, image_help: str, dpi_help: str) -> None:
     r = psub.add_parser(
         "risk", aliases=["risk-coverage"], help="risk-coverage curve of risk control: miss rate and depth vs lambda",
@@ -340,19 +359,7 @@ def _add_plot_risk(psub, image_help: str, dpi_help: str) -> None:
                "  hdecode plot risk --probs val_probs.npy --targets val_labels.npy --alpha 0.05 --delta 0.1 "
                "--output risk.png --json risk.json")
     r.set_defaults(_run="plot:run_risk", _check=check_plot_risk, _parser=r)
-    add_hierarchy_args(r)
-    src = r.add_argument_group("model outputs")
-    src.add_argument("--probs", metavar="FILE", help="(B, L) probabilities (or logits with --from-logits): "
-                     ".npy, .pt, .csv, .tsv or .txt; '-' reads standard input")
-    src.add_argument("--targets", metavar="FILE", help="(B,) true leaf ids: .npy, .pt, .csv or .txt; '-' reads "
-                     "standard input")
-    add_input_kind_args(src)
-    src.add_argument("--num-samples", type=int_in(2, 10 ** 8), default=None, metavar="B",
-                     help=f"synthetic outputs: number of samples (default: {DEFAULT_NUM_SAMPLES})")
-    src.add_argument("--noise", type=finite_float(0.0, lo_open=True), default=None,
-                     help=f"synthetic outputs: temperature of the logit model (default: {SYNTHETIC_NOISE})")
-    src.add_argument("--seed", type=int_in(0, MAX_SEED), default=None,
-                     help=f"random seed of the synthetic outputs and of the split (default: {DEFAULT_SEED})")
+    _add_figure_source_args(r)
     risk = r.add_argument_group("risk control")
     add_risk_args(risk, alpha_default=DEFAULT_ALPHA)
     add_split_arg(risk, "the fraction of the rows, drawn at random (--seed), used to fit λ; the curve is drawn on "
@@ -389,24 +396,12 @@ def _add_plot_reliability(psub, image_help: str, dpi_help: str) -> None:
                "  hdecode plot reliability --probs val_logits.npy --targets val_labels.npy --from-logits "
                "--calibrate hierarchical --output reliability.png --json reliability.json")
     r.set_defaults(_run="plot:run_reliability", _check=check_plot_reliability, _parser=r)
-    add_hierarchy_args(r)
-    src = r.add_argument_group("model outputs")
-    src.add_argument("--probs", metavar="FILE", help="(B, L) probabilities (or logits with --from-logits): "
-                     ".npy, .pt, .csv, .tsv or .txt; '-' reads standard input")
-    src.add_argument("--targets", metavar="FILE", help="(B,) true leaf ids: .npy, .pt, .csv or .txt; '-' reads "
-                     "standard input")
-    add_input_kind_args(src)
-    src.add_argument("--num-samples", type=int_in(2, 10 ** 8), default=None, metavar="B",
-                     help=f"synthetic outputs: number of samples (default: {DEFAULT_NUM_SAMPLES})")
-    src.add_argument("--noise", type=finite_float(0.0, lo_open=True), default=None,
-                     help=f"synthetic outputs: temperature of the logit model (default: {SYNTHETIC_NOISE})")
+    src = _add_figure_source_args(r)
     src.add_argument("--distortion", choices=DISTORTIONS, default=None,
                      help=f"synthetic outputs: how the model distorts the true probabilities (default: "
                           f"{DEFAULT_DISTORTION}: flatter conditionals near the root, sharper deep down)")
     src.add_argument("--strength", type=finite_float(0.0, lo_open=True), default=None, metavar="K",
                      help=f"synthetic outputs: the distortion's strength, 1 = none (default: {DEFAULT_STRENGTH:g})")
-    src.add_argument("--seed", type=int_in(0, MAX_SEED), default=None,
-                     help=f"random seed of the synthetic outputs and of the split (default: {DEFAULT_SEED})")
     cal = r.add_argument_group("calibration")
     add_calibration_args(cal, decode=False)
     r.add_argument("--bins", type=int_in(2, 1000), default=DEFAULT_BINS,

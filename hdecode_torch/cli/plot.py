@@ -341,6 +341,20 @@ def run_gain(args: argparse.Namespace, progress: Progress) -> int:
 
 
 # --------------------------------------------------------------------------- risk-coverage
+def _figure_outputs(args) -> tuple:
+    """``(Figure, Canvas, path, format)`` of a figure drawn from --probs/--targets or synthetic outputs, its
+    --output and --json checked against the inputs and each other before anything is computed."""
+    Figure, Canvas = _matplotlib()
+    path, fmt = figure_path(args.output)
+    inputs = {"--probs": args.probs, "--targets": args.targets, "--hierarchy": args.hierarchy,
+              "--leaf-order": args.leaf_order}
+    check_distinct_inputs(inputs)
+    check_output_path(path, "--output", inputs=inputs)
+    if args.json is not None:
+        check_output_path(args.json, "--json", inputs=inputs, outputs={"--output": path})
+    return Figure, Canvas, path, fmt
+
+
 def risk_curve(h, probs: torch.Tensor, targets: torch.Tensor, fit_rows: torch.Tensor, other_rows: torch.Tensor,
                alpha: float, delta: float | None, points: int, where: str) -> dict:
     """RiskControl fitted on ``fit_rows``, its risk-coverage curve on ``other_rows`` read at ``points`` evenly
@@ -366,14 +380,7 @@ def risk_curve(h, probs: torch.Tensor, targets: torch.Tensor, fit_rows: torch.Te
 def run_risk(args: argparse.Namespace, progress: Progress) -> int:
     """The command line was checked by ``commands.check_plot_risk``."""
     start = time.perf_counter()
-    Figure, Canvas = _matplotlib()
-    path, fmt = figure_path(args.output)
-    inputs = {"--probs": args.probs, "--targets": args.targets, "--hierarchy": args.hierarchy,
-              "--leaf-order": args.leaf_order}
-    check_distinct_inputs(inputs)
-    check_output_path(path, "--output", inputs=inputs)
-    if args.json is not None:
-        check_output_path(args.json, "--json", inputs=inputs, outputs={"--output": path})
+    Figure, Canvas, path, fmt = _figure_outputs(args)
     size = (11.0, 4.4)
     check_figure_size(*size, args.dpi)
     split = DEFAULT_CALIBRATION_SPLIT if args.calibration_split is None else args.calibration_split
@@ -490,14 +497,7 @@ def reliability(h, scores: torch.Tensor, targets: torch.Tensor, n_bins: int) -> 
 def run_reliability(args: argparse.Namespace, progress: Progress) -> int:
     """The command line was checked by ``commands.check_plot_reliability``."""
     start = time.perf_counter()
-    Figure, Canvas = _matplotlib()
-    path, fmt = figure_path(args.output)
-    inputs = {"--probs": args.probs, "--targets": args.targets, "--hierarchy": args.hierarchy,
-              "--leaf-order": args.leaf_order}
-    check_distinct_inputs(inputs)
-    check_output_path(path, "--output", inputs=inputs)
-    if args.json is not None:
-        check_output_path(args.json, "--json", inputs=inputs, outputs={"--output": path})
+    Figure, Canvas, path, fmt = _figure_outputs(args)
     split = DEFAULT_CALIBRATION_SPLIT if args.calibration_split is None else args.calibration_split
     seed = DEFAULT_SEED if args.seed is None else args.seed
     calibration = None
