@@ -111,7 +111,8 @@ def test_names_signatures_and_docstrings():
     metrics = hd.list_metrics()
     heuristics = [d for d in hd.list_decoders() if d != "optimal"]
     named = {n for m in metrics for n in (m, f"expected_{m}", f"decode_{m}")} | {f"decode_{d}" for d in heuristics}
-    calibration = {"node_calibration_error", "node_reliability", "NodeReliability"}  # written out, not generated
+    calibration = {"node_calibration_error", "node_reliability", "NodeReliability",  # written out, not generated
+                   "node_calibration_check", "NodeCalibrationCheck"}
     assert set(F.__all__) == named | {"value", "expected", "decode", "decode_with"} | calibration
     assert not {f"decode_{m}" for m in metrics} & {f"decode_{d}" for d in heuristics}  # one function per name
     for name in metrics:

@@ -31,6 +31,9 @@ __all__ = ["DepthRanges", "depth_ranges", "depth_range_ends", "depth_prefix_sums
 #: Largest number of distinct leaf depths E whose (N + 1, 2E) int32 table of run ends is built
 #: (at most 16·N·8 bytes); trees with more search the sorted keys instead (same ends).
 TABLE_MAX_DEPTHS = 16
+#: Entries of the ends table up to which an int64 copy is cached beside it (32 MiB at most): the gathers
+#: take int64 indices, and converting per call cost the GPU plan one more launch at every use.
+INT64_ENDS_MAX_ENTRIES = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,9 @@ def depth_range_ends(h, ids: torch.Tensor) -> torch.Tensor:
     r = depth_ranges(h)
     e = r.depths.numel()
     if r.ends is not None:
+        if r.ends.numel() <= INT64_ENDS_MAX_ENTRIES:  # gathers take int64: convert once, not per call
+            ends = h.cached("depth_range_ends_int64", lambda: r.ends.long())
+            return ends.index_select(0, ids.reshape(-1)).view(*ids.shape, 2 * e)
         return r.ends.index_select(0, ids.reshape(-1)).view(*ids.shape, 2 * e).long()
     flat = ids.reshape(-1)
     base = torch.arange(e, device=ids.device) * h.num_leaves
