@@ -128,7 +128,7 @@ from ..kernels.candidates import pack_rows
 from ..kernels.depth_ranges import depth_masses, depth_masses_packed, depth_ranges
 from ..kernels.fused import jaccard_sets, trust_indices
 from ..kernels.fused.jaccard_sets import PAD_DEPTH as _PAD_DEPTH
-from ..kernels.fused.jaccard_sets import gains, knapsack_sets
+from ..kernels.fused.jaccard_sets import GAIN_ROWS, gains, knapsack_sets
 from .base import SetMetric
 
 __all__ = ["Jaccard", "jaccard_from_counts", "jaccard_expected", "jaccard_decode", "jaccard_decode_packed",
@@ -353,24 +353,32 @@ def _gains_at(T, q, depth, ks, kmax, budget=1 << 29):
         m = torch.arange(1, kmax + 1, device=dev, dtype=torch.float64)[None, :, None] - dd  # (D'+1, K, 1)
         x = m + T.depths
         table = torch.where(m >= 1, (x + 1 + dd) / (x * (x + 1)), 0).to(dt).view(-1, e)  # w[d, k − 1, e]
-    # About six (rows, J, E) float64 temporaries per row when the weights are computed.
-    step = max(2, budget // (48 * max(j * e, 1)))
+    # Two (rows, J, E) float64 buffers, made once and refilled for every chunk: fresh temporaries
+    # per chunk leave the allocator's heap fragmented (a 4,001-node caterpillar at a 64 MiB budget: +216 MiB).
+    step = max(2, budget // (16 * max(j * e, 1)))
     bounds = list(range(0, max(rows, 1), step)) + [rows]
     if len(bounds) > 2 and bounds[-1] - bounds[-2] == 1:
         del bounds[-2]  # no last chunk of one row
-    parts = []
+    g = torch.empty(rows, j, dtype=dt, device=dev)
+    most = max(b - a for a, b in zip(bounds[:-1], bounds[1:])) * j * e
+    bufs = None if table is not None else (torch.empty(most, dtype=torch.float64, device=dev),
+                                           torch.empty(most, dtype=torch.float64, device=dev))
     for a, b in zip(bounds[:-1], bounds[1:]):
         dep, kk = depth[a:b], ks[a:b]
         if table is not None:
             at = (dep.clamp(max=dcap)[:, None] * kmax + kk - 1).view(-1)
             w = table.index_select(0, at).view(kk.shape + (e,))
         else:
+            shape = kk.shape + (e,)
             dd = dep.clamp(max=kmax).to(torch.float64)[:, None, None]  # (M, 1, 1)
             m = kk.to(torch.float64)[:, :, None] - dd  # (M, J, 1)
-            x = m + T.depths
-            w = torch.where(m >= 1, (x + 1 + dd) / (x * (x + 1)), 0).to(dt)  # (M, J, E)
-        parts.append(torch.bmm(w, q[a:b, :, None])[:, :, 0])
-    g = parts[0] if len(parts) == 1 else torch.cat(parts)
+            x = torch.add(m, T.depths, out=bufs[0][: shape.numel()].view(shape))
+            # (x + 1 + dd) / (x (x + 1)), the same roundings in the same order as out of place.
+            w = torch.add(x, 1, out=bufs[1][: shape.numel()].view(shape))
+            x.mul_(w)
+            w.add_(dd).div_(x).masked_fill_(m < 1, 0)
+            w = w.to(dt)  # (M, J, E)
+        torch.bmm(w, q[a:b, :, None], out=g[a:b, :, None])
     return g.masked_fill_(ks <= depth[:, None], float("-inf"))
 
 
@@ -528,27 +536,42 @@ def _solve(post, trace):
     lb = torch.maximum(lb0, safe(_prefix_lower_bound(T, wide, g, ks, 3), wide.c))
     # (iv) the candidates, their gains and the allowed nodes of each size.
     cands = wide.subset(T, at_least(wide.pv, T.tau[wide.node] * lb[wide.sample]) | (wide.slot == 0), dt)
-    kmax = cands.c
-    g = gains(cands.q, cands.depth, T.depths, kmax)  # (M, K)
+    if not trace:  # one sample's (C, E) masses: only the candidates' are needed from here
+        wide = None
+    kmax, m = cands.c, cands.sample.numel()
+    # The (M, K) gains with a padding entry M, the only (M, K) table: everything else about the
+    # entries is made GAIN_ROWS at a time (elementwise, or sums in entry order: the same values).
+    gpad = gains(cands.q, cands.depth, T.depths, kmax, out=torch.empty(m + 1, kmax, dtype=dt, device=dev))
+    gpad[m] = float("-inf")
+    g = gpad[:m]
     kf = torch.arange(1, kmax + 1, device=dev, dtype=torch.float64)
-    # τ_k(n) depends on d_min(n) and k only: one row of a (D + 2, K) table per candidate.
-    dmin1 = torch.arange(big_d + 2, device=dev, dtype=torch.float64)[:, None]
-    tau_k = (torch.maximum(kf, dmin1) / (2 * kf + big_d - 1))[T.dmin1[cands.node].long()]  # (M, K)
-    scale = (lb * (1 - masses.rel))[cands.sample][:, None]
-    allowed = (cands.pv + masses.abs)[:, None] >= tau_k * scale
-    allowed |= (cands.slot == 0)[:, None]
-    g.masked_fill_(~allowed, float("-inf"))
+    # τ_k(n) = max(k, d_min(n) + 1)/(2k + D − 1).
+    scale = lb * (1 - masses.rel)
+    dmin1 = T.dmin1[cands.node]
+    allowed_all = torch.empty(m, kmax, dtype=torch.bool, device=dev) if trace else None
+    for a in range(0, m, GAIN_ROWS):
+        e = slice(a, a + GAIN_ROWS)
+        tau_k = torch.maximum(kf, dmin1[e][:, None]) / (2 * kf + big_d - 1)
+        allowed = (cands.pv[e] + masses.abs)[:, None] >= tau_k * scale[cands.sample[e]][:, None]
+        allowed |= (cands.slot[e] == 0)[:, None]
+        g[e].masked_fill_(~allowed, float("-inf"))
+        if trace:
+            allowed_all[e] = allowed
     # (v) the sizes that pass G(k) and the Lagrangian top-k bound, λ_k the gain at k of the
     # candidate ranked k-th by its gain at the typical size k̂.
-    gpad = torch.cat([g, g.new_full((1, kmax), float("-inf"))])  # entry M: padding
     col = (k_ref.clamp(min=1, max=kmax) - 1)[cands.sample]
     order = torch.sort(cands.to_table(g.gather(1, col[:, None])[:, 0], float("-inf")), dim=1, descending=True).indices
     kth = cands.entry.gather(1, order)  # (B, C = K) the entry ranked k-th
     lam = gpad.view(-1)[kth * kmax + torch.arange(kmax, device=dev)].clamp(min=0).nan_to_num(nan=0.0)
-    excess = (g - lam[cands.sample]).clamp_(min=0)
-    ub = torch.zeros(bsz, kmax, dtype=dt, device=dev).index_add_(0, cands.sample, excess) + lam * kf.to(dt)
+    ub = torch.zeros(bsz, kmax, dtype=dt, device=dev)
+    for a in range(0, m, GAIN_ROWS):
+        e = slice(a, a + GAIN_ROWS)
+        ub.index_add_(0, cands.sample[e], (g[e] - lam[cands.sample[e]]).clamp_(min=0))
+    ub += lam * kf.to(dt)
     cover = torch.minimum(kf[:, None], T.depths + 1) / torch.maximum(kf[:, None], T.depths + 1)
     ub = torch.minimum(ub, (cands.q64[cands.start] @ cover.t()).to(dt))  # the root's masses
+    if dt == torch.float64:  # the (M, E) masses are read again only to re-score float32 values
+        cands.q64 = cands.q = None
     # A size is kept unless its bound is below LB beyond rounding.  The Lagrangian sum adds up to
     # C rounded gains of every allowed node, and Σ_n g_k(n) = (E[d(y)] + 1)/k ≤ (D + 1)/k over the
     # whole tree: that bounds its absolute error.
@@ -607,7 +630,7 @@ def _solve(post, trace):
         return m[:, :n]
     return JaccardTrace(lb0=lb0, lb=lb, wide=mask(wide, torch.ones_like(wide.sample, dtype=torch.bool)),
                         candidates=mask(cands, torch.ones_like(cands.sample, dtype=torch.bool)),
-                        allowed=mask(cands, allowed), pairs=torch.stack([b, kidx + 1], 1), values=val,
+                        allowed=mask(cands, allowed_all), pairs=torch.stack([b, kidx + 1], 1), values=val,
                         upper=ub, sets=out)
 
 
@@ -671,7 +694,7 @@ def jaccard_decode_packed(post) -> torch.Tensor:
         values, k = post.probs.double() @ (1 / (h.leaf_depth.double() + 1)), 1  # E[J({root})]
     else:
         top = post.probs.argmax(1)
-        chain = h.ancestors.index_select(0, top)  # (B, D + 1), N past the leaf
+        chain = _root_paths(h, T, top)  # (B, D + 1), N past the leaf; no (N, D + 1) table
         q = masses(chain)  # (B, D + 1, E)
         if k ** 2 * num_e <= _CHAIN_TABLE_MAX:
             # Past the leaf the masses are 0 and the other gains only fall with k: never the maximum.
