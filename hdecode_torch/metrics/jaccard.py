@@ -108,9 +108,10 @@ with long single-child chains (C ~ D) cost O(B·D²).  On a caterpillar of depth
 hanging at each level: N = 2D + 1, E = D) a sample may keep C ~ N candidates: its masses are O(C·E) =
 O(D²) memory, its gains O(C·K·E) = O(D³) time, and each of its R (sample, size) pairs left a knapsack
 of O(C·k) time and (C + 1)(k + 1) cells; the pairs are solved in chunks of the budget, each chunk's
-tables as wide as its largest size, and the (entries, sizes, depths) weights of the lower bounds and
-the run ends of the masses are built in chunks of the budget too (a chunk holds at least one pair or
-two entries, so one sample's O(C·k) and O(C·E) tables are the floor).  Host reads: three on the GPU plan (the
+tables as wide as its largest size; the (entries, sizes, depths) weights of the lower bounds and
+the run ends of the masses are built in chunks of at most the budget and 32 MiB (a chunk holds at
+least one pair or two entries), and the gains in fixed blocks of 256 entries × 256 sizes, so one
+sample's (C, E) masses, (C, K) gains and (C, k) knapsack table are the floor.  Host reads: three on the GPU plan (the
 candidates' count and width after each of the two node screens; the pairs (sample, size) with the
 knapsack's per-position row counts).  The CPU plan, where a read costs nothing, lists the first
 screen's pairs with ``nonzero`` (one more read) and, for float32 inputs, the pairs re-scored in
@@ -236,6 +237,16 @@ def jaccard_size_bound(h, k: int) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- batch pieces
+#: Largest temporaries of one chunk of masses or lower-bound weights: they sit on top of their
+#: (rows, E) results, and beyond a few MiB a larger chunk buys no speed (the gathers and the batched
+#: products are memory-bound); the knapsacks alone take the whole budget.
+_CHUNK_MAX = 32 << 20
+
+
+def _chunk_bytes(post) -> int:
+    return min(post.plan.budget, _CHUNK_MAX)
+
+
 class _Masses:
     """Per-leaf-depth masses Q_e(n) of any (sample, node) pairs.
 
@@ -246,7 +257,7 @@ class _Masses:
 
     def __init__(self, post, T, u):
         h = post.h
-        self.h, self.budget = h, post.plan.budget
+        self.h, self.budget = h, _chunk_bytes(post)
         e = T.depths.numel()
         self.abs = 4 * e * h.num_leaves * torch.finfo(torch.float64).eps
         if e == 1:
@@ -522,7 +533,7 @@ def _solve(post, trace):
     # (i) LB₀ from a root path; (ii) every node that may be in an optimal set.
     k_ref = (post.expected_leaf_depth() + 1).round().long()  # a typical label set size
     top_leaf = post.probs.argmax(1)
-    lb0 = safe(_chain_lower_bound(h, T, masses, top_leaf, k_ref, dt, post.plan.budget), big_d + 1)
+    lb0 = safe(_chain_lower_bound(h, T, masses, top_leaf, k_ref, dt, _chunk_bytes(post)), big_d + 1)
     # A row without mass (not a distribution) scores 0 with every set: keep only its root.
     lb0 = torch.where(p[h.root] > 0, lb0, float("inf"))
     # p's own summation error, (Σ (fan-in − 1) over the ancestors)·u relative (three more
@@ -532,7 +543,7 @@ def _solve(post, trace):
     wide = _Cands(T, bsz, sample, node, masses(sample, node), dt, count, c)
     # (iii) LB from the closed prefixes of the wide candidates, at sizes around E[d(y)] + 1.
     ks = (k_ref[:, None] + torch.arange(-3, 4, device=dev)).clamp(min=1, max=wide.c)
-    g = _gains_at(T, wide.q, wide.depth, ks[wide.sample], wide.c, post.plan.budget)
+    g = _gains_at(T, wide.q, wide.depth, ks[wide.sample], wide.c, _chunk_bytes(post))
     lb = torch.maximum(lb0, safe(_prefix_lower_bound(T, wide, g, ks, 3), wide.c))
     # (iv) the candidates, their gains and the allowed nodes of each size.
     cands = wide.subset(T, at_least(wide.pv, T.tau[wide.node] * lb[wide.sample]) | (wide.slot == 0), dt)
@@ -681,7 +692,7 @@ def jaccard_decode_packed(post) -> torch.Tensor:
     # plan: a node with one leaf holds its value exactly, so symmetric nodes get equal masses).
     if num_e > 1:
         prefix = post.depth_prefix().t()  # (B, L + 1) float64
-        masses = lambda ids: _masses_packed(h, prefix, ids, post.plan.budget)  # noqa: E731
+        masses = lambda ids: _masses_packed(h, prefix, ids, _chunk_bytes(post))  # noqa: E731
     else:
         p_pad = torch.cat([p.t(), p.new_zeros(bsz, 1)], 1).double()  # (B, N + 1), column N: padding
         masses = lambda ids: p_pad.gather(1, ids)[:, :, None]  # noqa: E731
@@ -703,7 +714,7 @@ def jaccard_decode_packed(post) -> torch.Tensor:
             ks = torch.cat([k_ref[:, None] + torch.arange(-3, 4, device=dev), (T.depth[top] + 1)[:, None]], 1)
             ks = ks.clamp(min=1, max=k)  # (B, W)
             g = _gains_at(T, q.view(-1, num_e), T.depth[chain.view(-1)], ks.repeat_interleave(k, 0), k,
-                          post.plan.budget)
+                          _chunk_bytes(post))
             inside = torch.arange(k, device=dev)[None, :, None] < ks[:, None, :]  # A(a) is the first k chain nodes
             values = g.view(bsz, k, -1).masked_fill(~inside, 0).sum(1).nan_to_num(nan=float("-inf")).amax(1)
     lb0 = values * (1 - (num_e + k + 16) * u64 - mass_rel) - 2 * k * mass_abs
