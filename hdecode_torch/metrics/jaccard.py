@@ -129,7 +129,7 @@ from ..kernels.candidates import pack_rows
 from ..kernels.depth_ranges import depth_masses, depth_masses_packed, depth_ranges
 from ..kernels.fused import jaccard_sets, trust_indices
 from ..kernels.fused.jaccard_sets import PAD_DEPTH as _PAD_DEPTH
-from ..kernels.fused.jaccard_sets import GAIN_ROWS, gains, knapsack_sets
+from ..kernels.fused.jaccard_sets import GAIN_CELLS, GAIN_ROWS, gains, knapsack_sets
 from .base import SetMetric
 
 __all__ = ["Jaccard", "jaccard_from_counts", "jaccard_expected", "jaccard_decode", "jaccard_decode_packed",
@@ -551,7 +551,7 @@ def _solve(post, trace):
         wide = None
     kmax, m = cands.c, cands.sample.numel()
     # The (M, K) gains with a padding entry M, the only (M, K) table: everything else about the
-    # entries is made GAIN_ROWS at a time (elementwise, or sums in entry order: the same values).
+    # entries is made a block at a time (elementwise, or sums in entry order: the same values).
     gpad = gains(cands.q, cands.depth, T.depths, kmax, out=torch.empty(m + 1, kmax, dtype=dt, device=dev))
     gpad[m] = float("-inf")
     g = gpad[:m]
@@ -560,8 +560,9 @@ def _solve(post, trace):
     scale = lb * (1 - masses.rel)
     dmin1 = T.dmin1[cands.node]
     allowed_all = torch.empty(m, kmax, dtype=torch.bool, device=dev) if trace else None
-    for a in range(0, m, GAIN_ROWS):
-        e = slice(a, a + GAIN_ROWS)
+    blk = max(GAIN_ROWS, GAIN_CELLS // kmax)
+    for a in range(0, m, blk):
+        e = slice(a, a + blk)
         tau_k = torch.maximum(kf, dmin1[e][:, None]) / (2 * kf + big_d - 1)
         allowed = (cands.pv[e] + masses.abs)[:, None] >= tau_k * scale[cands.sample[e]][:, None]
         allowed |= (cands.slot[e] == 0)[:, None]
@@ -575,8 +576,8 @@ def _solve(post, trace):
     kth = cands.entry.gather(1, order)  # (B, C = K) the entry ranked k-th
     lam = gpad.view(-1)[kth * kmax + torch.arange(kmax, device=dev)].clamp(min=0).nan_to_num(nan=0.0)
     ub = torch.zeros(bsz, kmax, dtype=dt, device=dev)
-    for a in range(0, m, GAIN_ROWS):
-        e = slice(a, a + GAIN_ROWS)
+    for a in range(0, m, blk):
+        e = slice(a, a + blk)
         ub.index_add_(0, cands.sample[e], (g[e] - lam[cands.sample[e]]).clamp_(min=0))
     ub += lam * kf.to(dt)
     cover = torch.minimum(kf[:, None], T.depths + 1) / torch.maximum(kf[:, None], T.depths + 1)
@@ -675,7 +676,9 @@ def jaccard_decode_packed(post) -> torch.Tensor:
     selection (the first host read: C, with the input check's flags); (iii) their masses from the
     depth-first prefix sums; (iv)–(vii) per-size node bounds, gains, the size screen, the knapsack of
     the (sample, size) pairs left (the second host read: their number) and the choice of the best
-    size, all in float64.  Returns (B, N) bool.
+    size, all in float64.  Returns (B, N) bool.  The gains go in blocks of about 2^18
+    (sample, candidate, size) cells and 256 sizes, the node bounds of 2^20 cells: a fixed count while
+    one block holds them (B·C² ≤ 2^18, C ≤ 256), more operators beyond.
     """
     h, p = post.h, post.node
     n, bsz = p.shape

@@ -83,34 +83,37 @@ def gain_weights(depths: torch.Tensor, kmax: int, dtype: torch.dtype, m0: int = 
     return torch.cat([1 / x, 1 / (x * (x + 1))]).to(dtype)
 
 
-#: Fixed blocks of :func:`gains`: entries (rows of q) and sizes m per GEMM.  Fixed, not derived from
-#: the memory budget or the batch, so that an entry's gains are rounded the same whatever the budget
-#: (this BLAS rounds a product differently when its shape changes); temporaries O(E + K) per entry.
-GAIN_ROWS, GAIN_SIZES = 256, 256
+#: Blocks of :func:`gains`: at least GAIN_ROWS entries (rows of q), GAIN_CELLS / K when more, and
+#: GAIN_SIZES sizes m per GEMM.  Not derived from the memory budget or the batch size, so that an
+#: entry's gains are rounded the same whatever the budget (this BLAS rounds a product differently when
+#: its shape changes); small K keeps one block, hence one GEMM, for a whole batch.
+GAIN_ROWS, GAIN_SIZES, GAIN_CELLS = 256, 256, 1 << 18
 
 
 def gains(q: torch.Tensor, depth: torch.Tensor, depths: torch.Tensor, kmax: int,
           out: torch.Tensor | None = None) -> torch.Tensor:
     """(M, K) g_k(n) for k = 1..kmax: masses q (M, E), node depths (M,); -inf where k ≤ d(n).
 
-    Computed in blocks of ``GAIN_ROWS`` entries and ``GAIN_SIZES`` sizes (the (2K, E) weights never
-    whole): O(M·K·E) time, O(M·K) for the result (``out``, (M', K) with M' ≥ M, when given: rows
-    0..M − 1 are written) and O((GAIN_ROWS + GAIN_SIZES)·(E + K)) temporaries.
+    Computed in blocks of max(``GAIN_ROWS``, ``GAIN_CELLS``/K) entries and ``GAIN_SIZES`` sizes (the
+    (2K, E) weights never whole): O(M·K·E) time, O(M·K) for the result (``out``, (M', K) with M' ≥ M,
+    when given: rows 0..M − 1 are written) and O(GAIN_CELLS + (GAIN_ROWS + GAIN_SIZES)·(E + K))
+    temporaries.
     """
     rows, dt = q.shape[0], q.dtype
     dev = q.device
+    block = max(GAIN_ROWS, GAIN_CELLS // max(kmax, 1))
     g = torch.empty(rows, kmax, dtype=dt, device=dev) if out is None else out
     d_all = depth.clamp(max=kmax)
-    t = torch.empty(min(rows, GAIN_ROWS), 2 * kmax, dtype=dt, device=dev)
+    t = torch.empty(min(rows, block), 2 * kmax, dtype=dt, device=dev)
     t[:, :kmax] = float("-inf")
-    s = torch.empty(min(rows, GAIN_ROWS), 2 * kmax, dtype=dt, device=dev)  # S1(m) | S2(m), m = 1..K
+    s = torch.empty(min(rows, block), 2 * kmax, dtype=dt, device=dev)  # S1(m) | S2(m), m = 1..K
     weights = None
     # Kept for every block of entries when small, else remade per block (the same values).
-    if rows > GAIN_ROWS and 2 * kmax * depths.numel() <= 1 << 20:
+    if rows > block and 2 * kmax * depths.numel() <= 1 << 20:
         weights = [gain_weights(depths, kmax, dt, m0, min(kmax, m0 + GAIN_SIZES))
                    for m0 in range(0, kmax, GAIN_SIZES)]
-    for a in range(0, rows, GAIN_ROWS):
-        b = min(rows, a + GAIN_ROWS)
+    for a in range(0, rows, block):
+        b = min(rows, a + block)
         qa, sa, ta = q[a:b], s[: b - a], t[: b - a]
         for i, m0 in enumerate(range(0, kmax, GAIN_SIZES)):
             m1 = min(kmax, m0 + GAIN_SIZES)
@@ -236,13 +239,14 @@ def jaccard_sets_torch(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths,
     pv = q.sum(2)
     kmax = c
     g = gains(q.reshape(-1, num_e), node_depth.view(-1), depths, kmax).view(bsz, c, kmax)
-    # The nodes allowed at each size: τ_k(n) = max(k, d_min(n) + 1)/(2k + D − 1), made for
-    # GAIN_ROWS columns at a time (elementwise: the same values), g masked in place.
+    # The nodes allowed at each size: τ_k(n) = max(k, d_min(n) + 1)/(2k + D − 1), made for 2^20
+    # (row, column, size) cells at a time (elementwise: the same values), g masked in place.
     kf = torch.arange(1, kmax + 1, device=dev, dtype=torch.float64)
     dmin = dmin1[safe_ids].clamp(max=max_depth + 1)  # (B, C)
     scale = (lb * (1 - mass_rel))[:, None, None]
-    for a in range(0, c, max(1, GAIN_ROWS // bsz)):
-        e = slice(a, a + max(1, GAIN_ROWS // bsz))
+    step = max(1, (1 << 20) // (bsz * kmax))
+    for a in range(0, c, step):
+        e = slice(a, a + step)
         tau_k = torch.maximum(kf, dmin[:, e, None]) / (2 * kf + max_depth - 1)  # (B, C', K)
         allowed = ((pv[:, e] + mass_abs)[:, :, None] >= tau_k * scale) | (cols[e] == 0)[None, :, None]
         g[:, e].masked_fill_(~(allowed & real[:, e, None]), float("-inf"))
