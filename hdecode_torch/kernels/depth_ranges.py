@@ -142,11 +142,11 @@ def depth_masses(h, prefix: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor,
     prefix: (L + 1, B) float64 from :func:`depth_prefix_sums`; rows, ids: (M,) int64 sample
     indices and node ids (``N`` is padding: its masses are 0).  Beyond the output, temporaries of at
     most about ``budget`` bytes (the entries in chunks: the ends, their flat positions and the
-    gathered prefix sums take some 40·E bytes an entry).
+    gathered prefix sums take some 64·E bytes an entry at their peak).
     """
     m, e = ids.numel(), h.num_leaf_depths
     flat, s0, s1 = _flat(prefix)
-    step = max(1, budget // (40 * e))
+    step = max(1, budget // (64 * e))
     if m <= step:
         return _masses(h, flat, s0, s1, rows, ids)
     out = torch.empty(m, e, dtype=prefix.dtype, device=prefix.device)
@@ -159,8 +159,11 @@ def _masses(h, flat, s0, s1, rows, ids):
     m, e = ids.numel(), h.num_leaf_depths
     # One flat index_select for both ends (advanced indexing with a 2-D index is slower on a CPU),
     # on the table's own storage whichever way it is laid out.
-    ends = depth_range_ends(h, ids)  # (M, 2E)
-    got = flat.index_select(0, (ends * s0 + rows[:, None] * s1).view(-1)).view(m, 2, e)
+    at = depth_range_ends(h, ids)  # (M, 2E), turned in place into flat positions
+    if s0 != 1:
+        at.mul_(s0)
+    at.add_(rows[:, None] * s1)
+    got = flat.index_select(0, at.view(-1)).view(m, 2, e)
     return got[:, 0] - got[:, 1]
 
 
@@ -168,12 +171,12 @@ def depth_masses_packed(h, prefix: torch.Tensor, ids: torch.Tensor, budget: int 
     """(B, C, E) float64 per-leaf-depth masses of the nodes ``ids`` (B, C) int64 (``N``: zero masses),
     read from batch-major prefix sums ``prefix`` (B, L + 1) (:func:`depth_prefix_sums` transposed).
 
-    One gather of both ends when the temporaries (some 40·E bytes an entry) fit ``budget`` bytes;
+    One gather of both ends when the temporaries (some 64·E bytes an entry at their peak) fit ``budget`` bytes;
     else in chunks of samples, or of one sample's columns, that do (the same values).
     """
     bsz, c = ids.shape
     e = h.num_leaf_depths
-    step = max(1, budget // (40 * e))  # entries per chunk
+    step = max(1, budget // (64 * e))  # entries per chunk
     if bsz * c <= step:
         got = prefix.gather(1, depth_range_ends(h, ids).view(bsz, -1)).view(bsz, c, 2, e)
         return got[:, :, 0] - got[:, :, 1]

@@ -108,9 +108,10 @@ with long single-child chains (C ~ D) cost O(B·D²).  On a caterpillar of depth
 hanging at each level: N = 2D + 1, E = D) a sample may keep C ~ N candidates: its masses are O(C·E) =
 O(D²) memory, its gains O(C·K·E) = O(D³) time, and each of its R (sample, size) pairs left a knapsack
 of O(C·k) time and (C + 1)(k + 1) cells; the pairs are solved in chunks of the budget, each chunk's
-tables as wide as its largest size, and the (entries, sizes, depths) weights of the lower bounds and
-the run ends of the masses are built in chunks of the budget too (a chunk holds at least one pair or
-two entries, so one sample's O(C·k) and O(C·E) tables are the floor).  Host reads: three on the GPU plan (the
+tables as wide as its largest size; the (entries, sizes, depths) weights of the lower bounds and
+the run ends of the masses are built in chunks of at most the budget and 32 MiB (a chunk holds at
+least one pair or two entries), and the gains in fixed blocks of 256 entries × 256 sizes, so one
+sample's (C, E) masses, (C, K) gains and (C, k) knapsack table are the floor.  Host reads: three on the GPU plan (the
 candidates' count and width after each of the two node screens; the pairs (sample, size) with the
 knapsack's per-position row counts).  The CPU plan, where a read costs nothing, lists the first
 screen's pairs with ``nonzero`` (one more read) and, for float32 inputs, the pairs re-scored in
@@ -128,7 +129,7 @@ from ..kernels.candidates import pack_rows
 from ..kernels.depth_ranges import depth_masses, depth_masses_packed, depth_ranges
 from ..kernels.fused import jaccard_sets, trust_indices
 from ..kernels.fused.jaccard_sets import PAD_DEPTH as _PAD_DEPTH
-from ..kernels.fused.jaccard_sets import gains, knapsack_sets
+from ..kernels.fused.jaccard_sets import GAIN_CELLS, GAIN_ROWS, gains, knapsack_sets
 from .base import SetMetric
 
 __all__ = ["Jaccard", "jaccard_from_counts", "jaccard_expected", "jaccard_decode", "jaccard_decode_packed",
@@ -236,6 +237,16 @@ def jaccard_size_bound(h, k: int) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- batch pieces
+#: Largest temporaries of one chunk of masses or lower-bound weights: they sit on top of their
+#: (rows, E) results, and beyond a few MiB a larger chunk buys no speed (the gathers and the batched
+#: products are memory-bound); the knapsacks alone take the whole budget.
+_CHUNK_MAX = 32 << 20
+
+
+def _chunk_bytes(post) -> int:
+    return min(post.plan.budget, _CHUNK_MAX)
+
+
 class _Masses:
     """Per-leaf-depth masses Q_e(n) of any (sample, node) pairs.
 
@@ -246,7 +257,7 @@ class _Masses:
 
     def __init__(self, post, T, u):
         h = post.h
-        self.h, self.budget = h, post.plan.budget
+        self.h, self.budget = h, _chunk_bytes(post)
         e = T.depths.numel()
         self.abs = 4 * e * h.num_leaves * torch.finfo(torch.float64).eps
         if e == 1:
@@ -353,24 +364,32 @@ def _gains_at(T, q, depth, ks, kmax, budget=1 << 29):
         m = torch.arange(1, kmax + 1, device=dev, dtype=torch.float64)[None, :, None] - dd  # (D'+1, K, 1)
         x = m + T.depths
         table = torch.where(m >= 1, (x + 1 + dd) / (x * (x + 1)), 0).to(dt).view(-1, e)  # w[d, k − 1, e]
-    # About six (rows, J, E) float64 temporaries per row when the weights are computed.
-    step = max(2, budget // (48 * max(j * e, 1)))
+    # Two (rows, J, E) float64 buffers, made once and refilled for every chunk: fresh temporaries
+    # per chunk leave the allocator's heap fragmented (a 4,001-node caterpillar at a 64 MiB budget: +216 MiB).
+    step = max(2, budget // (16 * max(j * e, 1)))
     bounds = list(range(0, max(rows, 1), step)) + [rows]
     if len(bounds) > 2 and bounds[-1] - bounds[-2] == 1:
         del bounds[-2]  # no last chunk of one row
-    parts = []
+    g = torch.empty(rows, j, dtype=dt, device=dev)
+    most = max(b - a for a, b in zip(bounds[:-1], bounds[1:])) * j * e
+    bufs = None if table is not None else (torch.empty(most, dtype=torch.float64, device=dev),
+                                           torch.empty(most, dtype=torch.float64, device=dev))
     for a, b in zip(bounds[:-1], bounds[1:]):
         dep, kk = depth[a:b], ks[a:b]
         if table is not None:
             at = (dep.clamp(max=dcap)[:, None] * kmax + kk - 1).view(-1)
             w = table.index_select(0, at).view(kk.shape + (e,))
         else:
+            shape = kk.shape + (e,)
             dd = dep.clamp(max=kmax).to(torch.float64)[:, None, None]  # (M, 1, 1)
             m = kk.to(torch.float64)[:, :, None] - dd  # (M, J, 1)
-            x = m + T.depths
-            w = torch.where(m >= 1, (x + 1 + dd) / (x * (x + 1)), 0).to(dt)  # (M, J, E)
-        parts.append(torch.bmm(w, q[a:b, :, None])[:, :, 0])
-    g = parts[0] if len(parts) == 1 else torch.cat(parts)
+            x = torch.add(m, T.depths, out=bufs[0][: shape.numel()].view(shape))
+            # (x + 1 + dd) / (x (x + 1)), the same roundings in the same order as out of place.
+            w = torch.add(x, 1, out=bufs[1][: shape.numel()].view(shape))
+            x.mul_(w)
+            w.add_(dd).div_(x).masked_fill_(m < 1, 0)
+            w = w.to(dt)  # (M, J, E)
+        torch.bmm(w, q[a:b, :, None], out=g[a:b, :, None])
     return g.masked_fill_(ks <= depth[:, None], float("-inf"))
 
 
@@ -514,7 +533,7 @@ def _solve(post, trace):
     # (i) LB₀ from a root path; (ii) every node that may be in an optimal set.
     k_ref = (post.expected_leaf_depth() + 1).round().long()  # a typical label set size
     top_leaf = post.probs.argmax(1)
-    lb0 = safe(_chain_lower_bound(h, T, masses, top_leaf, k_ref, dt, post.plan.budget), big_d + 1)
+    lb0 = safe(_chain_lower_bound(h, T, masses, top_leaf, k_ref, dt, _chunk_bytes(post)), big_d + 1)
     # A row without mass (not a distribution) scores 0 with every set: keep only its root.
     lb0 = torch.where(p[h.root] > 0, lb0, float("inf"))
     # p's own summation error, (Σ (fan-in − 1) over the ancestors)·u relative (three more
@@ -524,31 +543,47 @@ def _solve(post, trace):
     wide = _Cands(T, bsz, sample, node, masses(sample, node), dt, count, c)
     # (iii) LB from the closed prefixes of the wide candidates, at sizes around E[d(y)] + 1.
     ks = (k_ref[:, None] + torch.arange(-3, 4, device=dev)).clamp(min=1, max=wide.c)
-    g = _gains_at(T, wide.q, wide.depth, ks[wide.sample], wide.c, post.plan.budget)
+    g = _gains_at(T, wide.q, wide.depth, ks[wide.sample], wide.c, _chunk_bytes(post))
     lb = torch.maximum(lb0, safe(_prefix_lower_bound(T, wide, g, ks, 3), wide.c))
     # (iv) the candidates, their gains and the allowed nodes of each size.
     cands = wide.subset(T, at_least(wide.pv, T.tau[wide.node] * lb[wide.sample]) | (wide.slot == 0), dt)
-    kmax = cands.c
-    g = gains(cands.q, cands.depth, T.depths, kmax)  # (M, K)
+    if not trace:  # one sample's (C, E) masses: only the candidates' are needed from here
+        wide = None
+    kmax, m = cands.c, cands.sample.numel()
+    # The (M, K) gains with a padding entry M, the only (M, K) table: everything else about the
+    # entries is made a block at a time (elementwise, or sums in entry order: the same values).
+    gpad = gains(cands.q, cands.depth, T.depths, kmax, out=torch.empty(m + 1, kmax, dtype=dt, device=dev))
+    gpad[m] = float("-inf")
+    g = gpad[:m]
     kf = torch.arange(1, kmax + 1, device=dev, dtype=torch.float64)
-    # τ_k(n) depends on d_min(n) and k only: one row of a (D + 2, K) table per candidate.
-    dmin1 = torch.arange(big_d + 2, device=dev, dtype=torch.float64)[:, None]
-    tau_k = (torch.maximum(kf, dmin1) / (2 * kf + big_d - 1))[T.dmin1[cands.node].long()]  # (M, K)
-    scale = (lb * (1 - masses.rel))[cands.sample][:, None]
-    allowed = (cands.pv + masses.abs)[:, None] >= tau_k * scale
-    allowed |= (cands.slot == 0)[:, None]
-    g.masked_fill_(~allowed, float("-inf"))
+    # τ_k(n) = max(k, d_min(n) + 1)/(2k + D − 1).
+    scale = lb * (1 - masses.rel)
+    dmin1 = T.dmin1[cands.node]
+    allowed_all = torch.empty(m, kmax, dtype=torch.bool, device=dev) if trace else None
+    blk = max(GAIN_ROWS, GAIN_CELLS // kmax)
+    for a in range(0, m, blk):
+        e = slice(a, a + blk)
+        tau_k = torch.maximum(kf, dmin1[e][:, None]) / (2 * kf + big_d - 1)
+        allowed = (cands.pv[e] + masses.abs)[:, None] >= tau_k * scale[cands.sample[e]][:, None]
+        allowed |= (cands.slot[e] == 0)[:, None]
+        g[e].masked_fill_(~allowed, float("-inf"))
+        if trace:
+            allowed_all[e] = allowed
     # (v) the sizes that pass G(k) and the Lagrangian top-k bound, λ_k the gain at k of the
     # candidate ranked k-th by its gain at the typical size k̂.
-    gpad = torch.cat([g, g.new_full((1, kmax), float("-inf"))])  # entry M: padding
     col = (k_ref.clamp(min=1, max=kmax) - 1)[cands.sample]
     order = torch.sort(cands.to_table(g.gather(1, col[:, None])[:, 0], float("-inf")), dim=1, descending=True).indices
     kth = cands.entry.gather(1, order)  # (B, C = K) the entry ranked k-th
     lam = gpad.view(-1)[kth * kmax + torch.arange(kmax, device=dev)].clamp(min=0).nan_to_num(nan=0.0)
-    excess = (g - lam[cands.sample]).clamp_(min=0)
-    ub = torch.zeros(bsz, kmax, dtype=dt, device=dev).index_add_(0, cands.sample, excess) + lam * kf.to(dt)
+    ub = torch.zeros(bsz, kmax, dtype=dt, device=dev)
+    for a in range(0, m, blk):
+        e = slice(a, a + blk)
+        ub.index_add_(0, cands.sample[e], (g[e] - lam[cands.sample[e]]).clamp_(min=0))
+    ub += lam * kf.to(dt)
     cover = torch.minimum(kf[:, None], T.depths + 1) / torch.maximum(kf[:, None], T.depths + 1)
     ub = torch.minimum(ub, (cands.q64[cands.start] @ cover.t()).to(dt))  # the root's masses
+    if dt == torch.float64:  # the (M, E) masses are read again only to re-score float32 values
+        cands.q64 = cands.q = None
     # A size is kept unless its bound is below LB beyond rounding.  The Lagrangian sum adds up to
     # C rounded gains of every allowed node, and Σ_n g_k(n) = (E[d(y)] + 1)/k ≤ (D + 1)/k over the
     # whole tree: that bounds its absolute error.
@@ -607,7 +642,7 @@ def _solve(post, trace):
         return m[:, :n]
     return JaccardTrace(lb0=lb0, lb=lb, wide=mask(wide, torch.ones_like(wide.sample, dtype=torch.bool)),
                         candidates=mask(cands, torch.ones_like(cands.sample, dtype=torch.bool)),
-                        allowed=mask(cands, allowed), pairs=torch.stack([b, kidx + 1], 1), values=val,
+                        allowed=mask(cands, allowed_all), pairs=torch.stack([b, kidx + 1], 1), values=val,
                         upper=ub, sets=out)
 
 
@@ -641,7 +676,9 @@ def jaccard_decode_packed(post) -> torch.Tensor:
     selection (the first host read: C, with the input check's flags); (iii) their masses from the
     depth-first prefix sums; (iv)–(vii) per-size node bounds, gains, the size screen, the knapsack of
     the (sample, size) pairs left (the second host read: their number) and the choice of the best
-    size, all in float64.  Returns (B, N) bool.
+    size, all in float64.  Returns (B, N) bool.  The gains go in blocks of about 2^18
+    (sample, candidate, size) cells and 256 sizes, the node bounds of 2^20 cells: a fixed count while
+    one block holds them (B·C² ≤ 2^18, C ≤ 256), more operators beyond.
     """
     h, p = post.h, post.node
     n, bsz = p.shape
@@ -658,7 +695,7 @@ def jaccard_decode_packed(post) -> torch.Tensor:
     # plan: a node with one leaf holds its value exactly, so symmetric nodes get equal masses).
     if num_e > 1:
         prefix = post.depth_prefix().t()  # (B, L + 1) float64
-        masses = lambda ids: _masses_packed(h, prefix, ids, post.plan.budget)  # noqa: E731
+        masses = lambda ids: _masses_packed(h, prefix, ids, _chunk_bytes(post))  # noqa: E731
     else:
         p_pad = torch.cat([p.t(), p.new_zeros(bsz, 1)], 1).double()  # (B, N + 1), column N: padding
         masses = lambda ids: p_pad.gather(1, ids)[:, :, None]  # noqa: E731
@@ -671,7 +708,7 @@ def jaccard_decode_packed(post) -> torch.Tensor:
         values, k = post.probs.double() @ (1 / (h.leaf_depth.double() + 1)), 1  # E[J({root})]
     else:
         top = post.probs.argmax(1)
-        chain = h.ancestors.index_select(0, top)  # (B, D + 1), N past the leaf
+        chain = _root_paths(h, T, top)  # (B, D + 1), N past the leaf; no (N, D + 1) table
         q = masses(chain)  # (B, D + 1, E)
         if k ** 2 * num_e <= _CHAIN_TABLE_MAX:
             # Past the leaf the masses are 0 and the other gains only fall with k: never the maximum.
@@ -680,7 +717,7 @@ def jaccard_decode_packed(post) -> torch.Tensor:
             ks = torch.cat([k_ref[:, None] + torch.arange(-3, 4, device=dev), (T.depth[top] + 1)[:, None]], 1)
             ks = ks.clamp(min=1, max=k)  # (B, W)
             g = _gains_at(T, q.view(-1, num_e), T.depth[chain.view(-1)], ks.repeat_interleave(k, 0), k,
-                          post.plan.budget)
+                          _chunk_bytes(post))
             inside = torch.arange(k, device=dev)[None, :, None] < ks[:, None, :]  # A(a) is the first k chain nodes
             values = g.view(bsz, k, -1).masked_fill(~inside, 0).sum(1).nan_to_num(nan=float("-inf")).amax(1)
     lb0 = values * (1 - (num_e + k + 16) * u64 - mass_rel) - 2 * k * mass_abs

@@ -75,24 +75,58 @@ def check_args(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_dep
     check_vector(depths, "depths", torch.float64, dev, e)
 
 
-def gain_weights(depths: torch.Tensor, kmax: int, dtype: torch.dtype) -> torch.Tensor:
-    """(2K, E): 1/x and 1/(x(x+1)) for x = m + d_e, m = 1..kmax."""
-    m = torch.arange(1, kmax + 1, device=depths.device, dtype=torch.float64)
+def gain_weights(depths: torch.Tensor, kmax: int, dtype: torch.dtype, m0: int = 0,
+                 m1: int | None = None) -> torch.Tensor:
+    """(2(m1 − m0), E): 1/x and 1/(x(x+1)) for x = m + d_e, m = m0 + 1..m1 (m1 = kmax by default)."""
+    m = torch.arange(m0 + 1, (kmax if m1 is None else m1) + 1, device=depths.device, dtype=torch.float64)
     x = m[:, None] + depths[None, :]
     return torch.cat([1 / x, 1 / (x * (x + 1))]).to(dtype)
 
 
-def gains(q: torch.Tensor, depth: torch.Tensor, depths: torch.Tensor, kmax: int) -> torch.Tensor:
-    """(M, K) g_k(n) for k = 1..kmax: masses q (M, E), node depths (M,); -inf where k ≤ d(n)."""
+#: Blocks of :func:`gains`: at least GAIN_ROWS entries (rows of q), GAIN_CELLS / K when more, and
+#: GAIN_SIZES sizes m per GEMM.  Not derived from the memory budget or the batch size, so that an
+#: entry's gains are rounded the same whatever the budget (this BLAS rounds a product differently when
+#: its shape changes); small K keeps one block, hence one GEMM, for a whole batch.
+GAIN_ROWS, GAIN_SIZES, GAIN_CELLS = 256, 256, 1 << 18
+
+
+def gains(q: torch.Tensor, depth: torch.Tensor, depths: torch.Tensor, kmax: int,
+          out: torch.Tensor | None = None) -> torch.Tensor:
+    """(M, K) g_k(n) for k = 1..kmax: masses q (M, E), node depths (M,); -inf where k ≤ d(n).
+
+    Computed in blocks of max(``GAIN_ROWS``, ``GAIN_CELLS``/K) entries and ``GAIN_SIZES`` sizes (the
+    (2K, E) weights never whole): O(M·K·E) time, O(M·K) for the result (``out``, (M', K) with M' ≥ M,
+    when given: rows 0..M − 1 are written) and O(GAIN_CELLS + (GAIN_ROWS + GAIN_SIZES)·(E + K))
+    temporaries.
+    """
     rows, dt = q.shape[0], q.dtype
-    s = q @ gain_weights(depths, kmax, dt).t()  # (M, 2K): S1(m), S2(m) at m = 1..K
-    d = depth.clamp(max=kmax)
-    # t[r, K + m − 1] = S1 + d·S2 at m, and -inf in the first K columns (m < 1): row r reads the
-    # window t[r, K − d(r) : 2K − d(r)], one strided row copy instead of K index computations.
-    t = torch.empty(rows, 2 * kmax, dtype=dt, device=q.device)
+    dev = q.device
+    block = max(GAIN_ROWS, GAIN_CELLS // max(kmax, 1))
+    g = torch.empty(rows, kmax, dtype=dt, device=dev) if out is None else out
+    d_all = depth.clamp(max=kmax)
+    t = torch.empty(min(rows, block), 2 * kmax, dtype=dt, device=dev)
     t[:, :kmax] = float("-inf")
-    torch.addcmul(s[:, :kmax], d.to(dt)[:, None], s[:, kmax:], out=t[:, kmax:])
-    return t.unfold(1, kmax, 1)[torch.arange(rows, device=q.device), kmax - d]
+    s = torch.empty(min(rows, block), 2 * kmax, dtype=dt, device=dev)  # S1(m) | S2(m), m = 1..K
+    weights = None
+    # Kept for every block of entries when small, else remade per block (the same values).
+    if rows > block and 2 * kmax * depths.numel() <= 1 << 20:
+        weights = [gain_weights(depths, kmax, dt, m0, min(kmax, m0 + GAIN_SIZES))
+                   for m0 in range(0, kmax, GAIN_SIZES)]
+    for a in range(0, rows, block):
+        b = min(rows, a + block)
+        qa, sa, ta = q[a:b], s[: b - a], t[: b - a]
+        for i, m0 in enumerate(range(0, kmax, GAIN_SIZES)):
+            m1 = min(kmax, m0 + GAIN_SIZES)
+            w = weights[i] if weights is not None else gain_weights(depths, kmax, dt, m0, m1)
+            part = qa @ w.t()  # (rows, 2(m1 − m0))
+            sa[:, m0:m1] = part[:, : m1 - m0]
+            sa[:, kmax + m0:kmax + m1] = part[:, m1 - m0:]
+        d = d_all[a:b]
+        # t[r, K + m − 1] = S1 + d·S2 at m, and -inf in the first K columns (m < 1): row r reads the
+        # window t[r, K − d(r) : 2K − d(r)], one strided row copy instead of K index computations.
+        torch.addcmul(sa[:, :kmax], d.to(dt)[:, None], sa[:, kmax:], out=ta[:, kmax:])
+        g[a:b] = ta.unfold(1, kmax, 1)[torch.arange(b - a, device=dev), kmax - d]
+    return g
 
 
 def knapsack(gp, nx, kidx, jmax, active, space=None):
@@ -205,17 +239,22 @@ def jaccard_sets_torch(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths,
     pv = q.sum(2)
     kmax = c
     g = gains(q.reshape(-1, num_e), node_depth.view(-1), depths, kmax).view(bsz, c, kmax)
-    # The nodes allowed at each size: τ_k(n) depends on d_min(n) and k only.
+    # The nodes allowed at each size: τ_k(n) = max(k, d_min(n) + 1)/(2k + D − 1), made for 2^20
+    # (row, column, size) cells at a time (elementwise: the same values), g masked in place.
     kf = torch.arange(1, kmax + 1, device=dev, dtype=torch.float64)
-    dmin_rows = torch.arange(max_depth + 2, device=dev, dtype=torch.float64)[:, None]
-    tau_k = (torch.maximum(kf, dmin_rows) / (2 * kf + max_depth - 1))[dmin1[safe_ids].long().clamp(max=max_depth + 1)]
-    allowed = ((pv + mass_abs)[:, :, None] >= tau_k * (lb * (1 - mass_rel))[:, None, None]) | (cols == 0)[None, :, None]
-    g = g.masked_fill(~(allowed & real[:, :, None]), float("-inf"))
+    dmin = dmin1[safe_ids].clamp(max=max_depth + 1)  # (B, C)
+    scale = (lb * (1 - mass_rel))[:, None, None]
+    step = max(1, (1 << 20) // (bsz * kmax))
+    for a in range(0, c, step):
+        e = slice(a, a + step)
+        tau_k = torch.maximum(kf, dmin[:, e, None]) / (2 * kf + max_depth - 1)  # (B, C', K)
+        allowed = ((pv[:, e] + mass_abs)[:, :, None] >= tau_k * scale) | (cols[e] == 0)[None, :, None]
+        g[:, e].masked_fill_(~(allowed & real[:, e, None]), float("-inf"))
     # The sizes whose bound reaches lb: min(the Lagrangian top-k bound, G(k)), λ_k the gain at k of the
     # candidate ranked k-th by its gain at the typical size.
     col = (k_ref.clamp(min=1, max=kmax) - 1)
     order = torch.sort(g.gather(2, col[:, None, None].expand(bsz, c, 1))[:, :, 0], dim=1, descending=True).indices
-    lam = g.gather(1, order[:, :, None].expand(bsz, c, kmax)).diagonal(dim1=1, dim2=2)
+    lam = g.view(bsz, -1).gather(1, order * kmax + torch.arange(kmax, device=dev))  # g[b, order[b, k], k]
     lam = lam.clamp(min=0).nan_to_num(nan=0.0)
     ub = (g - lam[:, None, :]).clamp(min=0).sum(1) + lam * kf
     cover = torch.minimum(kf[:, None], depths + 1) / torch.maximum(kf[:, None], depths + 1)
