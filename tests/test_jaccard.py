@@ -593,10 +593,12 @@ _CATERPILLAR_SCRIPT = r"""
 import resource, sys
 import numpy as np, torch
 import hdecode_torch as hd
-plan = sys.argv[1]
-d = 600  # a spine of 600 internal nodes, one leaf hanging at each: 1,201 nodes, leaves at 600 depths
+plan, d, peaked = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "peaked"
+# A spine of d internal nodes, one leaf hanging at each: 2d + 1 nodes, leaves at d depths.
 h = hd.Hierarchy.from_parents([-1] + list(range(d - 1)) + list(range(d)) + [d - 1])
 P = torch.as_tensor(np.random.default_rng(1).dirichlet(np.full(h.num_leaves, 0.3), size=2))
+if peaked:
+    P = 0.1 * P + 0.9 * torch.nn.functional.one_hot(torch.tensor([d // 4, d // 3]), h.num_leaves).double()
 dec = hd.get_decoder("optimal", h, metric="jaccard")
 small = hd.Hierarchy.from_parents([-1, 0, 0, 1, 1, 2, 2])
 hd.set_memory_budget(16 << 20)
@@ -609,6 +611,18 @@ with hd.plan_for(plan):  # the operators' first use is not the decoder's memory
     same = torch.equal(dec.decode(P), sets)
 print(growth, same, sets.sum(1).tolist())
 """
+
+
+def _caterpillar_decode(plan: str, spine: int, rows: str) -> tuple[float, str, str]:
+    """(peak growth in MiB, whether the sets equal the default budget's, the set sizes) of a Jaccard decode of 2
+    rows ("dirichlet" or "peaked" on one leaf) on a caterpillar of ``spine`` internal nodes at a 16 MiB budget,
+    in a fresh process."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([sys.executable, "-c", _CATERPILLAR_SCRIPT, plan, str(spine), rows], capture_output=True,
+                         text=True, timeout=300, env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    growth, same, sizes = res.stdout.strip().splitlines()[-1].split(" ", 2)
+    return float(growth), same, sizes
 
 
 @pytest.mark.parametrize("plan", ["cpu", "cuda"])
@@ -616,36 +630,9 @@ def test_caterpillar_decodes_within_the_budget(plan):
     """A 1,201-node caterpillar at B = 2 and a 16 MiB budget grew 157 MiB (CPU plan) and 140 MiB (GPU
     plan) on 2eafccb: knapsack tables as wide as the largest candidate count, (entries, sizes, depths)
     weights in one piece.  Now about 60 MiB, the same sets as with the default budget."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    res = subprocess.run([sys.executable, "-c", _CATERPILLAR_SCRIPT, plan], capture_output=True, text=True,
-                         timeout=300, env=env)
-    assert res.returncode == 0, res.stderr[-2000:]
-    growth, same, sizes = res.stdout.strip().splitlines()[-1].split(" ", 2)
+    growth, same, sizes = _caterpillar_decode(plan, 600, "dirichlet")
     assert same == "True" and sizes == "[372, 318]"
-    assert float(growth) < 100
-
-
-_PEAKED_SCRIPT = r"""
-import resource, sys
-import numpy as np, torch
-import hdecode_torch as hd
-plan = sys.argv[1]
-d = 2000  # a spine of 2,000 internal nodes, one leaf at each: 4,001 nodes, 2,000 leaf depths
-h = hd.Hierarchy.from_parents([-1] + list(range(d - 1)) + list(range(d)) + [d - 1])
-P = torch.as_tensor(np.random.default_rng(1).dirichlet(np.full(h.num_leaves, 0.3), size=2))
-P = 0.1 * P + 0.9 * torch.nn.functional.one_hot(torch.tensor([d // 4, d // 3]), h.num_leaves).double()
-dec = hd.get_decoder("optimal", h, metric="jaccard")
-small = hd.Hierarchy.from_parents([-1, 0, 0, 1, 1, 2, 2])
-hd.set_memory_budget(16 << 20)
-with hd.plan_for(plan):  # the operators' first use is not the decoder's memory
-    hd.get_decoder("optimal", small, metric="jaccard").decode(torch.full((2, 4), 0.25, dtype=torch.float64))
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    sets = dec.decode(P)
-    growth = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
-    hd.set_memory_budget(None)
-    same = torch.equal(dec.decode(P), sets)
-print(growth, same, sets.sum(1).tolist())
-"""
+    assert growth < 100
 
 
 @pytest.mark.parametrize("plan", ["cpu", "cuda"])
@@ -656,10 +643,6 @@ def test_deep_caterpillar_masses_and_gains_within_the_budget(plan):
     gains were made in fixed blocks, the weights of the lower bounds in two reused buffers and the
     GPU plan's root path read without the (N, D + 1) ancestors table; now +67 to +96 and +95 to +105
     MiB over several runs."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    res = subprocess.run([sys.executable, "-c", _PEAKED_SCRIPT, plan], capture_output=True, text=True,
-                         timeout=300, env=env)
-    assert res.returncode == 0, res.stderr[-2000:]
-    growth, same, sizes = res.stdout.strip().splitlines()[-1].split(" ", 2)
+    growth, same, sizes = _caterpillar_decode(plan, 2000, "peaked")
     assert same == "True" and sizes == "[502, 668]"
-    assert float(growth) < 125
+    assert growth < 125
