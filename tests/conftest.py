@@ -30,3 +30,11 @@ if os.environ.get("HDECODE_TEST_PLAN"):
 
         with hd.plan_for(os.environ["HDECODE_TEST_PLAN"]):
             yield
+
+
+# HDECODE_TEST_TRITON_ON_CPU=1 (with TRITON_INTERPRET=1) runs the fused ops' Triton kernels under Triton's CPU
+# interpreter wherever the tests call them on the CPU (see triton_testing.route_cpu_calls_to_triton).
+if os.environ.get("HDECODE_TEST_TRITON_ON_CPU"):
+    from triton_testing import route_cpu_calls_to_triton
+
+    route_cpu_calls_to_triton()

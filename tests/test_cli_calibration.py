@@ -18,7 +18,8 @@ from hdecode_torch.synthetic import synthetic_miscalibrated
 from test_cli import _error_line, png_size, run_cli
 
 ROWS = 1600
-COMMON = ["--metrics", "tree_distance,wu_palmer", "--decoders", "argmax_leaf", "--no-progress"]
+COMMON = ["--metrics", "tree_distance,wu_palmer", "--decoders", "argmax_leaf", "--no-progress",
+          "--device", "cpu"]  # the device of the library calls they are compared with
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +130,7 @@ def test_plot_reliability(tiered, files, tmp_path, capsys):
     d, z, y, _ = files
     code, out, err = run_cli(["plot", "reliability", "--probs", d / "z.npy", "--targets", d / "y.npy",
                               "--from-logits", "--calibrate", "hierarchical", "--output", tmp_path / "r.png",
-                              "--json", tmp_path / "r.json", "--dpi", "40", "--no-progress"], capsys)
+                              "--json", tmp_path / "r.json", "--dpi", "40", "--no-progress", "--device", "cpu"], capsys)
     assert code == 0, err
     assert png_size(tmp_path / "r.png")[0] > 100
     res = json.loads((tmp_path / "r.json").read_text())["results"]

@@ -214,7 +214,7 @@ def test_plot_risk_from_files_with_delta(tmp_path, tiered, capsys):
     js = tmp_path / "r.json"
     code, _, err = run_cli(["plot", "risk", "--probs", tmp_path / "p.npy", "--targets", tmp_path / "y.npy",
                             "--alpha", "0.2", "--delta", "0.05", "--points", "3", "--output", tmp_path / "r.png",
-                            "--json", js, "--no-progress"], capsys)
+                            "--json", js, "--no-progress", "--device", "cpu"], capsys)  # the library's device
     assert code == 0, err
     res = json.loads(js.read_text())["results"]
     fit, other = split(900, 0.5, 0)

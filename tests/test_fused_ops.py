@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import struct
 import textwrap
 
 import numpy as np
@@ -392,6 +393,18 @@ def test_row_check_against_numpy(dtype):
     # empty rows sum to 0
     assert F.row_check(torch.empty(3, 0, dtype=dtype), -0.0, 0.0).tolist() == [True] * 3
     assert F.row_check(torch.empty(3, 0, dtype=dtype), *POSITIVE_FINITE).tolist() == [False] * 3
+
+
+@needs_triton
+def test_row_check_bounds_are_never_compile_time_constants():
+    """The lower bound of "positive" is the smallest subnormal, whose bits are 1, and Triton turns an integer
+    argument equal to 1 into a compile-time constant: the kernel then failed to compile on a GPU
+    (``lo_bits.to`` of a constant), so every count normalisation on CUDA raised a CompilationError."""
+    assert struct.unpack("<q", struct.pack("<d", POSITIVE_FINITE[0]))[0] == 1
+    proc = run_python("from hdecode_torch.kernels.fused.row_check import triton as RT\n"
+                      "print(sorted(p.name for p in RT._row_check_kernel.params if p.do_not_specialize))")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["['hi_bits',", "'lo_bits']"]
 
 
 def test_row_check_sums_in_float64():
@@ -879,6 +892,13 @@ def interpreter_checks() -> dict:
     checked = OPS["row_check"].cuda(x, 0.0, 1e9)
     record("dispatch/triton", calls == ["gathered_prefix", "best_ranked_above", "row_check"]
            and torch.equal(out, ref) and checked.tolist() == [True] * 3, None, calls)
+    # index vectors that are strided views (one row of a transposed table): the kernels read index vectors
+    # with unit stride, so the dispatch makes them contiguous (before, the ranges were read from the wrong
+    # entries: per-leaf-depth masses of 2.0 on a GPU)
+    table = torch.stack([hi, lo]).t().contiguous().t()  # (2, K) with strides (1, 2)
+    out = OPS["gathered_prefix"].cuda(x, src, None, table[0], table[1], torch.float64)
+    record("dispatch/strided_indices", not table[0].is_contiguous() and torch.equal(out, ref), None,
+           (out - ref).abs().max())
     calls.clear()
     T.MAX_REGISTER_ROW = len(src) - 1
     try:

@@ -129,7 +129,11 @@ def test_critical_values_on_both_plans(device):
     for plan in ("cpu", "cuda"):
         with hd.plan_for(plan):
             got = hd.RiskControl(h, alpha=0.1).loss_steps(probs.to(device), y.to(device))
-        assert torch.equal(got.at.cpu(), want.at) and torch.equal(got.jump.cpu(), want.jump)
+        assert torch.equal(got.jump.cpu(), want.jump)
+        if device == "cpu":
+            assert torch.equal(got.at.cpu(), want.at)
+        else:  # a GPU sums a subtree's probabilities in another order: the same to a few ulps
+            torch.testing.assert_close(got.at.cpu(), want.at, rtol=1e-12, atol=1e-15)
 
 
 def test_too_large_a_table_falls_back_to_the_walk(monkeypatch):

@@ -86,3 +86,19 @@ def interpreter_results(module: str) -> dict:
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("@@")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
     return json.loads(lines[-1][2:])
+
+
+def route_cpu_calls_to_triton() -> None:
+    """Send every fused op's CPU call through its CUDA dispatch (argument checks, then the Triton
+    kernel), so that the kernels run under Triton's CPU interpreter wherever the suite calls an op.
+
+    With ``HDECODE_TEST_PLAN=cuda`` this runs a test file as a GPU would run it, on a machine without
+    one: ``HDECODE_TEST_TRITON_ON_CPU=1 TRITON_INTERPRET=1 HDECODE_TEST_PLAN=cuda pytest tests/...``
+    (slow: the interpreter runs one program at a time).
+    """
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("HDECODE_TEST_TRITON_ON_CPU needs TRITON_INTERPRET=1 in the environment")
+    from hdecode_torch.kernels.fused import _registry
+
+    for name, op in _registry.OPS.items():
+        _registry._LIB.impl(name, op.cuda, "CPU")

@@ -230,8 +230,9 @@ def _depth_mass_ranges(h):
         r = depth_ranges(h)
         n, j, e = h.num_nodes, h.num_leaves, h.num_leaf_depths
         ends = depth_range_ends(h, torch.arange(n, device=h.device)).t()  # (2E, N)
-        return (trust_indices(r.leaf_order, j - 1), trust_indices(ends[:e].reshape(-1), j),
-                trust_indices(ends[e:].reshape(-1), j))
+        # contiguous: with one leaf depth, ``ends[:e]`` of the transposed table is a strided view
+        return (trust_indices(r.leaf_order, j - 1), trust_indices(ends[:e].reshape(-1).contiguous(), j),
+                trust_indices(ends[e:].reshape(-1).contiguous(), j))
     if depth_ranges(h).ends is None:
         return build()
     return h.cached("depth_mass_ranges", build)

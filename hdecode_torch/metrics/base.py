@@ -180,10 +180,11 @@ class NodeMetric(BaseMetric):
 
     def expected_table(self, post: Posterior) -> torch.Tensor:
         """(N, B) expected value of predicting each node: ``dense_matrix() @ probs.T`` here (the dense
-        matrix is cached on the hierarchy); the built-in metrics compute it structurally (no N×L matrix)."""
+        matrix is cached on the probabilities' copy of the hierarchy, built on the metric's); the built-in
+        metrics compute it structurally (no N×L matrix)."""
         h = post.h
         matrix = h.cached((type(self).__qualname__, "values", tuple(sorted(self.params.items())), post.dtype),
-                          lambda: self.dense_matrix().to(post.dtype))
+                          lambda: self.dense_matrix().to(device=post.device, dtype=post.dtype))
         return matrix @ post.probs.t()
 
 

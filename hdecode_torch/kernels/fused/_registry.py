@@ -110,6 +110,9 @@ def register(name: str, schema: str, torch_impl: Callable, fake: Callable, check
         module = _import(triton_module) if _state["enabled"] and triton_module is not None else None
         if module is None:
             return torch_impl(*args)
+        # The kernels read index vectors with unit stride (2-D inputs pass their strides): a strided view
+        # such as one row of a transposed table would be read as the wrong entries.
+        args = tuple(a.contiguous() if isinstance(a, torch.Tensor) and a.dim() == 1 else a for a in args)
         check(*args)
         return module.launch(*args)
 

@@ -17,7 +17,9 @@ __all__ = ["ROW_BLOCK", "launch"]
 ROW_BLOCK = 1024
 
 
-@triton.jit
+# The bounds' bits are never specialized: Triton makes an integer argument equal to 1 a compile-time
+# constant, and the bits of the smallest subnormal (a lower bound of "positive") are 1.
+@triton.jit(do_not_specialize=["lo_bits", "hi_bits"])
 def _row_check_kernel(X, stride_xb, stride_xm, OUT, lo_bits, hi_bits, M, BLOCK: tl.constexpr):
     # The bounds arrive as the bits of their float64 values: some Triton versions pass a Python float
     # as float32 whatever the annotation, which moves a bound such as 1 - 1e-4 by up to 3e-9.
