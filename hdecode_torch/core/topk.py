@@ -42,7 +42,8 @@ class TopK:
     summing above 1 within the row tolerance has m = 0).  Given: Σ values + m must be 1 within the row
     tolerance (a renormalised list is scaled by 1 − m first: nothing is renormalised here);
     prior: None (the missing mass spread uniformly over the unlisted leaves) or (L,) float non-negative
-    weights: the unlisted leaf l gets m·π(l) / Σ_{unlisted} π.
+    weights: the unlisted leaf l gets m·π(l) / Σ_{unlisted} π.  A row whose unlisted leaves all have
+    weight 0 must have m = 0 within the row tolerance (that m is then left unspread).
 
     The result of ``probs.topk(k)`` (``torch.return_types.topk``) is accepted wherever a TopK is, as
     ``TopK(values, indices)``.  Construction checks types, shapes and every entry that needs no
@@ -212,7 +213,9 @@ class CompletedTopK:
         if topk.missing is not None:
             flags.append(((sums + self.missing - 1).abs() <= tol).all())
         if self.prior is not None:
-            flags.append(((unlisted_support(self.prior, self.indices) > 0) | (self.missing == 0)).all())
+            # a missing mass within the tolerance is rounding: with nowhere to go it stays unspread, the row then
+            # summing to 1 within the tolerance, as a dense row may
+            flags.append(((unlisted_support(self.prior, self.indices) > 0) | (self.missing <= tol)).all())
         ok = torch.stack(flags).tolist()  # the one host read
         if not ok[0]:
             bad = self.indices[(self.indices < 0) | (self.indices >= nl)][0].item()

@@ -241,10 +241,12 @@ def support_deepest_above(h, listed: Listed, weights: torch.Tensor, indices: tor
     children, rank = child_order(h, -weights, None if heavy_name is None else heavy_name + "_order")
     first = torch.where(h.num_children > 0, children[h.children_ptr[:-1].clamp_max(max(children.shape[0] - 1, 0))],
                         -1) if children.numel() else torch.full_like(h.parent, -1)
-    flat_rows, flat_nodes = rows.reshape(-1), anc.reshape(-1)
-    pick = torch.cat([flat_rows, torch.arange(bsz, device=a.device)]), torch.cat([flat_nodes, a])
-    x = _off_support_child(h, *pick, children, rank, torch.arange(flat_rows.shape[0], pick[0].shape[0],
-                                                                    device=a.device))
+    # only a's support children matter: the other entries are dropped before the sort
+    under = (h.parent[anc] == a[:, None, None]).reshape(-1)
+    taken_rows, taken = rows.reshape(-1)[under], anc.reshape(-1)[under]
+    at = torch.arange(taken.shape[0], taken.shape[0] + bsz, device=a.device)
+    x = _off_support_child(h, torch.cat([taken_rows, torch.arange(bsz, device=a.device)]), torch.cat([taken, a]),
+                           children, rank, at)
     rate = listed.rate
     cur = a
     nxt = x
