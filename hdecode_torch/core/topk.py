@@ -250,8 +250,7 @@ class CompletedTopK:
 
     def node_mass(self, nodes: torch.Tensor) -> torch.Tensor:
         """(B, J) float64 p̃ of (B, J) int64 node ids, row by row (O(B·J·log k))."""
-        rows = torch.arange(nodes.shape[0], device=nodes.device)[:, None]
-        return node_mass(self.h, self.listed, self.weights, rows, nodes)
+        return node_mass(self.h, self.listed, self.weights, nodes)
 
     def root_paths(self, nodes: torch.Tensor) -> torch.Tensor:
         """(B, D+1) int64: column s is the ancestor s levels above each of the (B,) nodes (the root repeated)."""

@@ -37,7 +37,7 @@ import torch
 
 from .selection import argbest_pairs, tie_rank
 
-__all__ = ["Listed", "leaf_ranks", "subtree_weights", "listed_sums", "unlisted_support", "node_mass", "walk_up", "child_order",
+__all__ = ["Listed", "leaf_ranks", "subtree_weights", "listed_sums", "unlisted_support", "node_mass", "support_table", "walk_up", "child_order",
            "first_free_rank", "cheapest_descent", "support_deepest_above", "support_best_leaf",
            "support_least_lca_height"]
 
@@ -45,12 +45,14 @@ __all__ = ["Listed", "leaf_ranks", "subtree_weights", "listed_sums", "unlisted_s
 class Listed(NamedTuple):
     """A batch's listed leaves sorted by depth-first position, as :func:`node_mass` reads them.
 
-    keys: (B·k,) int64 ``row·(L+1) + position``, ascending (rows in order, positions within a row);
+    keys: (B, k) int64 the listed leaves' depth-first positions, ascending in each row;
+    leaves: (B, k) int64 the listed leaves in that order;
     vsum, wsum: (B, k+1) float64 prefix sums of v and of w in that order (0 first);
     rate: (B,) float64 r = m / U, the completion's mass per unit of weight (0 where U = 0).
     """
 
     keys: torch.Tensor
+    leaves: torch.Tensor
     vsum: torch.Tensor
     wsum: torch.Tensor
     rate: torch.Tensor
@@ -98,8 +100,7 @@ def listed_sums(h, values: torch.Tensor, indices: torch.Tensor, missing: torch.T
         # weight: whether one does is counted exactly (the input check refuses m > 0 without one).
         some = unlisted_support(prior, indices) > 0
     rate = torch.where(some, missing / unlisted.clamp_min(torch.finfo(torch.float64).tiny), 0.0)
-    rows = torch.arange(bsz, device=v.device)[:, None] * (h.num_leaves + 1)
-    return Listed((rows + pos).reshape(-1), vsum, wsum, rate)
+    return Listed(pos.contiguous(), indices.gather(1, order), vsum, wsum, rate)
 
 
 def unlisted_support(prior: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
@@ -108,23 +109,48 @@ def unlisted_support(prior: torch.Tensor, indices: torch.Tensor) -> torch.Tensor
     return positive.sum() - positive[indices].sum(1)
 
 
-def node_mass(h, listed: Listed, weights: torch.Tensor, rows: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
-    """p̃(n) of (row, node) pairs: rows and nodes int64 of one broadcast shape (any), weights (N,) float64 W.
+def node_mass(h, listed: Listed, weights: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
+    """p̃(n) of nodes row by row: nodes (B, ...) int64 (row b's nodes in ``nodes[b]``), weights (N,) float64 W.
 
-    Returns float64 of that shape: S(n) + r·(W(n) − C(n)), O(log k) each (two binary searches).
+    Returns float64 of ``nodes``' shape: S(n) + r·(W(n) − C(n)), O(log k) each (two binary searches in the
+    row's k positions).
     """
-    rows, nodes = torch.broadcast_tensors(rows, nodes)
-    k = listed.vsum.shape[1] - 1
-    base = rows * (h.num_leaves + 1)
-    start = h.leaf_start[nodes]
-    lo = torch.searchsorted(listed.keys, (base + start).reshape(-1)).view(nodes.shape) - rows * k
-    hi = torch.searchsorted(listed.keys, (base + start + h.leaf_count[nodes]).reshape(-1)).view(nodes.shape) - rows * k
-    flat_lo, flat_hi = rows * (k + 1) + lo, rows * (k + 1) + hi
-    vs, ws = listed.vsum.reshape(-1), listed.wsum.reshape(-1)
-    s = vs[flat_hi] - vs[flat_lo]
+    shape = nodes.shape
+    flat = nodes.reshape(shape[0], -1)
+    start = h.leaf_start[flat]
+    lo = torch.searchsorted(listed.keys, start)
+    hi = torch.searchsorted(listed.keys, start + h.leaf_count[flat])
+    s = listed.vsum.gather(1, hi) - listed.vsum.gather(1, lo)
     # W(n) − C(n) is a count (exact) or a prior's sums: rounding may leave −1e-17 where nothing is unlisted.
-    free = (weights[nodes] - (ws[flat_hi] - ws[flat_lo])).clamp_min(0)
-    return s + listed.rate[rows] * free
+    free = (weights[flat] - (listed.wsum.gather(1, hi) - listed.wsum.gather(1, lo))).clamp_min(0)
+    return (s + listed.rate[:, None] * free).view(shape)
+
+
+def support_table(h, listed: Listed, weights: torch.Tensor):
+    """The support of each row with its node masses: ``(anc, p)``, (B, k, D+1) int64 and float64.
+
+    ``anc[b, j, d]`` is the ancestor at depth d of the row's j-th listed leaf in depth-first order (the leaf
+    itself below its own depth), ``p`` its p̃.  No binary search: along the sorted leaves, the leaves under a
+    node at depth d are one run of equal ``anc[:, :, d]`` (a node's leaves are contiguous in depth-first
+    order, and a leaf repeated below its depth equals no other entry), so S and C are prefix-sum
+    differences at the run's ends, found by a running max and min.  O(B·k·D).
+    """
+    leaves = listed.leaves
+    bsz, k = leaves.shape
+    d = h.max_depth
+    up = walk_up(h, leaves, d)  # column s: s levels above
+    steps = (h.depth[leaves][..., None] - torch.arange(d + 1, device=leaves.device)).clamp_min(0)
+    anc = up.gather(2, steps)
+    j = torch.arange(k, device=leaves.device)[None, :, None]
+    new = torch.ones_like(anc, dtype=torch.bool)
+    new[:, 1:] = anc[:, 1:] != anc[:, :-1]
+    last = torch.ones_like(new)
+    last[:, :-1] = new[:, 1:]
+    lo = torch.where(new, j, 0).cummax(1).values.reshape(bsz, -1)
+    hi = (torch.where(last, j, k).flip(1).cummin(1).values.flip(1) + 1).reshape(bsz, -1)
+    s = listed.vsum.gather(1, hi) - listed.vsum.gather(1, lo)
+    free = (weights[anc].reshape(bsz, -1) - (listed.wsum.gather(1, hi) - listed.wsum.gather(1, lo))).clamp_min(0)
+    return anc, (s + listed.rate[:, None] * free).view(anc.shape)
 
 
 def walk_up(h, nodes: torch.Tensor, steps: int) -> torch.Tensor:
@@ -165,15 +191,19 @@ def first_free_rank(group: torch.Tensor, rank: torch.Tensor, query: torch.Tensor
     """
     if group.numel() == 0:
         return torch.zeros_like(query)
-    span = int(rank.max()) + 2 if rank.numel() else 1
-    gid, inv = torch.unique(group, return_inverse=True)
-    pairs = torch.unique(inv * span + rank)  # sorted: by group, then rank
+    span = int(rank.max()) + 2
+    if int(group.max()) >= (2**62) // span:  # the pair keys would overflow: number the groups first
+        ids, group = torch.unique(group, return_inverse=True)
+        query_at = torch.searchsorted(ids, query).clamp_max(ids.shape[0] - 1)
+        query = torch.where(ids[query_at] == query, query_at, -1)
+    pairs = torch.unique_consecutive(torch.sort(group * span + rank).values)  # by group, then rank
     g, r = pairs // span, pairs % span
-    counts = torch.bincount(g, minlength=gid.shape[0])
+    gid, counts = torch.unique_consecutive(g, return_counts=True)
     starts = torch.cumsum(counts, 0) - counts
-    j = torch.arange(pairs.shape[0], device=pairs.device) - starts[g]
+    slot = torch.repeat_interleave(torch.arange(gid.shape[0], device=g.device), counts)
+    j = torch.arange(pairs.shape[0], device=pairs.device) - starts[slot]
     # Ranks in a group are distinct and ascending: the first j with r ≠ j is the first gap.
-    free = counts.scatter_reduce(0, g, torch.where(r != j, j, counts[g]), "amin", include_self=True)
+    free = counts.scatter_reduce(0, slot, torch.where(r != j, j, counts[slot]), "amin", include_self=True)
     at = torch.searchsorted(gid, query).clamp_max(gid.shape[0] - 1)
     return torch.where(gid[at] == query, free[at], 0)
 
@@ -230,9 +260,8 @@ def support_deepest_above(h, listed: Listed, weights: torch.Tensor, indices: tor
     """
     bsz, k = indices.shape
     d = h.max_depth
-    anc = walk_up(h, indices, d)  # (B, k, D+1)
+    anc, p = support_table(h, listed, weights)
     rows = torch.arange(bsz, device=indices.device)[:, None, None].expand_as(anc)
-    p = node_mass(h, listed, weights, rows, anc)
     key = torch.where(p > threshold, tie_rank(h)[anc], -1).reshape(bsz, -1)
     top = key.max(1).values
     n = h.num_nodes
@@ -274,19 +303,18 @@ def support_best_leaf(h, listed: Listed, values: torch.Tensor, indices: torch.Te
     best_listed = ties.min(1).values
     if k == nl:
         return best_listed
+    # the first rank missing from a row's k distinct ranks: the first j where the sorted ranks differ from j
+    def first_free(ranks):
+        gap = ranks.sort(1).values != torch.arange(k, device=ranks.device)
+        return torch.where(gap.any(1), gap.to(torch.uint8).argmax(1), k)
     if weights_leaf is None:
-        order = rank = None
-        free_rank = first_free_rank(torch.arange(bsz, device=v.device).repeat_interleave(k), indices.reshape(-1),
-                                    torch.arange(bsz, device=v.device))
-        unlisted = free_rank
+        unlisted = first_free(indices)
         wu = torch.ones_like(vbest)
     else:
         order = torch.sort(-weights_leaf, stable=True).indices
         rank = torch.empty_like(order)
         rank[order] = torch.arange(nl, device=v.device)
-        free_rank = first_free_rank(torch.arange(bsz, device=v.device).repeat_interleave(k),
-                                    rank[indices].reshape(-1), torch.arange(bsz, device=v.device))
-        unlisted = order[free_rank]
+        unlisted = order[first_free(rank[indices])]
         wu = weights_leaf[unlisted]
     qu = listed.rate * wu
     take = (qu > vbest) | ((qu == vbest) & (unlisted < best_listed))
@@ -311,17 +339,14 @@ def support_least_lca_height(h, listed: Listed, weights: torch.Tensor, indices: 
     O(B·k·D·log(B·k·D)) plus the O(N) tables.
     """
     bsz, k = indices.shape
-    d = h.max_depth
-    anc = walk_up(h, indices, d)  # (B, k, D+1), column 0 the leaf
-    rows = torch.arange(bsz, device=indices.device)[:, None, None].expand_as(anc)
-    p = node_mass(h, listed, weights, rows, anc)
+    anc, p = support_table(h, listed, weights)  # column d: the ancestor at depth d, the leaf below its depth
+    rows = torch.arange(bsz, device=indices.device)[:, None, None].expand(anc.shape).contiguous()
     height = h.height.to(torch.float64)
-    # term of the step from column s+1 (parent side) to column s: height(anc[s+1])·(p̃(anc[s+1]) − p̃(anc[s]));
-    # 0 between two copies of the root
-    step = height[anc[..., 1:]] * (p[..., 1:] - p[..., :-1])
-    # P at column s: the terms above it, summed from the root down (the same order for every copy of a node)
+    # the step from depth d to d+1: height(anc[d])·(p̃(anc[d]) − p̃(anc[d+1])); 0 between copies of the leaf
+    step = height[anc[..., :-1]] * (p[..., :-1] - p[..., 1:])
+    # P at column d: the steps above it, summed from the root down (the same sums for every copy of a node)
     path = torch.zeros_like(p)
-    path[..., :-1] = step.flip(-1).cumsum(-1).flip(-1)
+    path[..., 1:] = step.cumsum(-1)
     t_min, t_leaf = cheapest_descent(h, weights, None if cache_name is None else cache_name + "_descent")
     g = t_min - height[h.parent_or_root] * weights
     children, rank = child_order(h, g, None if cache_name is None else cache_name + "_order")
@@ -333,7 +358,7 @@ def support_least_lca_height(h, listed: Listed, weights: torch.Tensor, indices: 
     flat_p, flat_path = p.reshape(-1), path.reshape(-1)
     off = flat_path + height[flat_nodes] * (flat_p - r * weights[xs]) + r * t_min[xs]
     ok = x >= 0
-    values = torch.cat([path[..., 0].reshape(-1), off[ok]])
-    sample = torch.cat([rows[..., 0].reshape(-1), flat_rows[ok]])
-    leaves = torch.cat([indices.reshape(-1), t_leaf[xs[ok]]])
+    values = torch.cat([path[..., -1].reshape(-1), off[ok]])
+    sample = torch.cat([rows[..., -1].reshape(-1), flat_rows[ok]])
+    leaves = torch.cat([anc[..., -1].reshape(-1), t_leaf[xs[ok]]])
     return argbest_pairs(h, values, sample, leaves, bsz, higher_is_better=False)
