@@ -22,7 +22,7 @@ from .chunking import chunk_ranges
 from .plan import resolve_plan
 from .validation import as_tensor, row_sum_tolerance
 
-__all__ = ["TopK", "CompletedTopK", "as_topk"]
+__all__ = ["TopK", "CompletedTopK"]
 
 
 def _floats(x, name):
@@ -163,11 +163,6 @@ class TopK:
         out = torch.where(total > 0, m[:, None] * w / total.clamp_min(torch.finfo(torch.float64).tiny), 0.0)
         out = out.to(dtype).scatter(1, i, v.to(dtype))
         return out[0] if self.unbatched else out
-
-
-def as_topk(x) -> TopK | None:
-    """``x`` as a :class:`TopK` (a TopK or a ``torch.return_types.topk``), else None."""
-    return TopK.of(x)
 
 
 class CompletedTopK:

@@ -13,8 +13,9 @@ the sums of v and of w over the listed leaves under n:
     p̃(n) = S(n) + r·(W(n) − C(n)).
 
 The leaves of n are one run of depth-first positions, ``leaf_start[n] .. leaf_start[n] + leaf_count[n] − 1``:
-with each row's listed leaves sorted by position, S(n) and C(n) are differences of prefix sums at two
-binary searches, O(log k) per (row, node) for any node, listed or not (:func:`node_mass`).
+with each row's listed leaves sorted by position, S(n) and C(n) are differences of prefix sums, at two
+binary searches for any node (:func:`node_mass`, O(log k)), or at the ends of runs for the support
+(:func:`support_table`, O(1) per entry).
 
 The **support** of a row is the set of ancestors of its listed leaves (k·(D+1) entries at most, D the
 depth of the tree).  A node off the support has S = C = 0, so p̃(n) = r·W(n): the completion alone,
@@ -25,8 +26,10 @@ k children on the support, so that child is the first rank missing from the rank
 children (:func:`first_free_rank`: a sort of the support, O(B·k·D·log(B·k·D))).
 
 Every function takes tensors (and the hierarchy's cached tree tables), computes in float64 and
-returns tensors; shapes are given per function.  Cost: O(B·k·D·log(B·k·D)) time, O(B·k·D) memory,
-plus O(N) tree tables built once per hierarchy (or once per call for a prior's weights).
+returns tensors; shapes are given per function.  The operations are the same on both plans (no fused
+kernel).  Cost: O(B·k·D) time and memory for the support tables, O(B·k·D·log(B·k·D)) for the sort that
+finds off-support children (LCA height), plus O(N) tree tables built once per hierarchy and kind of
+weights (once per call for a prior, with an O(L log L) sort of the prior for accuracy).
 """
 
 from __future__ import annotations
@@ -256,7 +259,7 @@ def support_deepest_above(h, listed: Listed, weights: torch.Tensor, indices: tor
     child x of a, where p̃ = r·W: among those children only the one of largest W can pass (they share
     r), and below it, in a subtree with no listed leaf, the path steps to the child of largest W while
     r·W > threshold.  So: a from the support table, x the first off-support child of a in decreasing
-    W, then at most D steps down the heaviest children.  O(B·k·D·log(B·k·D)).
+    W, then at most D steps down the heaviest children.  O(B·k·D) (the sort is of a's support children only).
     """
     bsz, k = indices.shape
     d = h.max_depth
@@ -293,7 +296,7 @@ def support_best_leaf(h, listed: Listed, values: torch.Tensor, indices: torch.Te
     Candidates: the best listed leaf, and the best unlisted one: q = r·w(l) there, so the unlisted
     leaf of largest w (smallest id among ties): the first leaf of that order not listed in the row, the
     first rank missing from the listed leaves' ranks.  weights_leaf: None (uniform: the order is by id)
-    or (L,) float64 prior.  O(B·k·log(B·k)).
+    or (L,) float64 prior.  O(B·k·log k) (+ O(L log L) to order a prior).
     """
     bsz, k = indices.shape
     nl = h.num_leaves
