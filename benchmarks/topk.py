@@ -11,7 +11,8 @@ a true leaf and on the leaves of one of its ancestors); the dense decoder reads 
 the top-k decoder the list taken from it, ``m.decode(hd.TopK(values, indices))`` with the list's checks
 (the top-k itself is not timed: a served model returns the list).
 Each metric runs dense and top-k alternately, ``--repeats`` times, one intra-op thread; medians are
-reported.  On trees too large for a dense table (``--trees 1m``) the lists are drawn directly: k leaves
+reported.  Before that, the decision of the first 16 rows is checked against the dense decoder on the
+completed table (the same expected score; the exit status is 1 otherwise).  On trees too large for a dense table (``--trees 1m``) the lists are drawn directly: k leaves
 near a random leaf in depth-first order (its cousins), Dirichlet(0.3) masses of total uniform in (0, 1).
 """
 
@@ -36,6 +37,8 @@ from benchmarks.workloads import load_tree, model_like_probs  # noqa: E402
 METRICS = ["accuracy", "tree_distance", "tree_distance_c", "lca_height"]
 #: Largest dense (B, L) table built, in entries (1 GiB of float32).
 DENSE_MAX_ENTRIES = 2**28
+#: Rows whose decision is checked against the dense decoder on the completed table before the timings count.
+CHECK_ROWS = 16
 
 
 def drawn_lists(h, rows: int, k: int, seed: int = 0) -> hd.TopK:
@@ -48,6 +51,14 @@ def drawn_lists(h, rows: int, k: int, seed: int = 0) -> hd.TopK:
     indices = h.dfs_leaves[(rank[torch.randint(0, L, (rows,), generator=g)][:, None] + near) % L]
     values = torch.distributions.Dirichlet(torch.full((k,), 0.3)).sample((rows,)) * torch.rand(rows, 1, generator=g)
     return hd.TopK(values.sort(1, descending=True).values, indices)
+
+
+def agrees(m, values, indices, num_leaves: int) -> bool:
+    """Whether the top-k decision of these rows has the dense decoder's expected score on the completed table."""
+    lists = hd.TopK(values, indices)
+    full = lists.completed(num_leaves, torch.float64)
+    ours, theirs = m.expected(full, m.decode(lists)), m.expected(full, m.decode(full))
+    return bool(torch.allclose(ours, theirs, rtol=1e-9, atol=1e-9))
 
 
 def timed(fn) -> float:
@@ -77,13 +88,14 @@ def bench_tree(name: str, rows: int, ks: list[int], repeats: int) -> dict:
                 if probs is not None:
                     dense_t.append(timed(lambda: m.decode(probs)))
                 topk_t.append(timed(lambda: m.decode(hd.TopK(values, indices))))  # its checks included
-            row = {"metric": metric, "k": k, "topk_us": statistics.median(topk_t) / rows * 1e6}
+            row = {"metric": metric, "k": k, "topk_us": statistics.median(topk_t) / rows * 1e6,
+                   "agrees": agrees(m, values[:CHECK_ROWS], indices[:CHECK_ROWS], h.num_leaves)}
             if dense_t:
                 row["dense_us"] = statistics.median(dense_t) / rows * 1e6
                 row["speedup"] = row["dense_us"] / row["topk_us"]
             out["results"].append(row)
             print(f"| {name} | {metric} | {k} | {row.get('dense_us', float('nan')):.1f} | {row['topk_us']:.1f} | "
-                  f"{row.get('speedup', float('nan')):.1f} |", flush=True)
+                  f"{row.get('speedup', float('nan')):.1f} | {'yes' if row['agrees'] else 'NO'} |", flush=True)
     return out
 
 
@@ -98,13 +110,13 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     np.random.seed(0)
-    print("| tree | metric | k | dense µs/sample | top-k µs/sample | dense / top-k |")
-    print("|---|---|---|---|---|---|")
+    print("| tree | metric | k | dense µs/sample | top-k µs/sample | dense / top-k | same expected score |")
+    print("|---|---|---|---|---|---|---|")
     results = [bench_tree(t, args.rows, args.ks, args.repeats) for t in args.trees]
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"threads": args.threads, "results": results}, f, indent=1)
-    return 0
+    return 0 if all(r["agrees"] for tree in results for r in tree["results"]) else 1
 
 
 if __name__ == "__main__":

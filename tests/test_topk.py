@@ -280,6 +280,19 @@ def test_metrics_without_a_top_k_decoder_say_so(tree, name):
         m.expected(topk, pred)
 
 
+def test_benchmark_runs_and_checks_its_decisions(tmp_path):
+    import json
+
+    from benchmarks import topk as bench
+
+    path = tmp_path / "topk.json"
+    assert bench.main(["--trees", "synthetic-tiny", "--rows", "8", "--ks", "3", "--repeats", "1",
+                       "--json", str(path)]) == 0
+    rows = json.loads(path.read_text())["results"][0]["results"]
+    assert [r["metric"] for r in rows] == bench.METRICS
+    assert all(r["agrees"] and r["dense_us"] > 0 and r["topk_us"] > 0 for r in rows)
+
+
 # ------------------------------------------------------------------------------------------ memory
 def test_a_top_k_decode_never_grows_with_B_times_L():
     # 100k leaves, B = 1,024, k = 100: the dense (B, L) float32 table alone would be 390 MiB; the support
