@@ -3,7 +3,8 @@
 from its top-k list (``probs.topk(k)``, the rest completed uniformly).
 
     python -m benchmarks.topk                                   # tiered, inat, 100k; B = 256; k = 10, 100
-    python -m benchmarks.topk --trees 1m --rows 1024 --ks 100   # the 1M-node tree: top-k only (no dense table)
+    python -m benchmarks.topk --trees 1m --rows 64              # the 1M-node tree, dense side by side
+    python -m benchmarks.topk --trees 1m --rows 1024 --ks 100   # too large for a dense table: top-k only
     python -m benchmarks.topk --json topk.json
 
 Per tree, model-shaped rows (``benchmarks.workloads.model_like_probs``: a random temperature, a boost on
@@ -11,9 +12,10 @@ a true leaf and on the leaves of one of its ancestors); the dense decoder reads 
 the top-k decoder the list taken from it, ``m.decode(hd.TopK(values, indices))`` with the list's checks
 (the top-k itself is not timed: a served model returns the list).
 Each metric runs dense and top-k alternately, ``--repeats`` times, one intra-op thread; medians are
-reported.  Before that, the decision of the first 16 rows is checked against the dense decoder on the
-completed table (the same expected score; the exit status is 1 otherwise).  On trees too large for a dense table (``--trees 1m``) the lists are drawn directly: k leaves
-near a random leaf in depth-first order (its cousins), Dirichlet(0.3) masses of total uniform in (0, 1).
+reported.  The decisions of the first 16 rows of each case are checked against the dense decoder on the
+completed table (the same expected score; the exit status is 1 otherwise).  On trees too large for a
+dense table the lists are drawn directly: k leaves near a random leaf in depth-first order (its
+cousins), Dirichlet(0.3) masses of total uniform in (0, 1).
 """
 
 from __future__ import annotations

@@ -100,14 +100,15 @@ class TopK:
         if not ok[0]:
             raise ValueError("Expected `values` to be finite, but got NaN or infinite entries")
         if not ok[1]:
-            raise ValueError(f"Expected `values` to be non-negative probabilities, but got {v2.min().item():g} (logits? "
-                             "take the top-k of the softmax)")
+            raise ValueError(f"Expected `values` to be non-negative probabilities, but got {v2.min().item():g} "
+                             "(logits? take the top-k of the softmax)")
         if not ok[2]:
             row = int(((s[:, 1:] == s[:, :-1]).any(1)).nonzero()[0, 0])
             raise ValueError(f"Expected `indices` to be distinct within each row, but row {row} lists a leaf twice")
         if missing is not None and not ok[3]:
-            raise ValueError("Expected `missing` to be finite and >= 0, but got "
-                             f"{missing.reshape(-1)[~(torch.isfinite(missing) & (missing >= 0)).reshape(-1)][0].item()}")
+            flat = missing.reshape(-1)
+            bad = flat[~(torch.isfinite(flat) & (flat >= 0))][0].item()
+            raise ValueError(f"Expected `missing` to be finite and >= 0, but got {bad}")
         if prior is not None and not ok[-1]:
             raise ValueError("Expected `prior` to be finite and >= 0")
 

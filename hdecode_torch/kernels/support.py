@@ -40,7 +40,8 @@ import torch
 
 from .selection import argbest_pairs, tie_rank
 
-__all__ = ["Listed", "leaf_ranks", "subtree_weights", "listed_sums", "unlisted_support", "node_mass", "support_table", "walk_up", "child_order",
+__all__ = ["Listed", "leaf_ranks", "subtree_weights", "listed_sums", "unlisted_support", "node_mass", "support_table",
+           "walk_up", "child_order",
            "first_free_rank", "cheapest_descent", "support_deepest_above", "support_best_leaf",
            "support_least_lca_height"]
 
@@ -167,8 +168,8 @@ def walk_up(h, nodes: torch.Tensor, steps: int) -> torch.Tensor:
     return torch.stack(out, -1)
 
 
-def child_order(h, key: torch.Tensor, name: str):
-    """The children of every node sorted by ``key`` ascending (ties: smaller id), cached as ``name``.
+def child_order(h, key: torch.Tensor, name: str | None):
+    """The children of every node sorted by ``key`` ascending (ties: smaller id), cached as ``name`` unless None.
 
     key: (N,) float64 per child.  Returns ``(children, rank)``: (N−1,) int64 in the CSR layout of
     ``h.children_ptr`` (the children of a at ``children_ptr[a] ..``), and (N,) int64 each node's
