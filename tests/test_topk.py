@@ -293,6 +293,12 @@ def test_benchmark_runs_and_checks_its_decisions(tmp_path):
     assert all(r["agrees"] and r["dense_us"] > 0 and r["topk_us"] > 0 for r in rows)
 
 
+@pytest.mark.parametrize("name", ["top_down", "majority", "argmax_leaf"])
+def test_heuristics_refuse_a_top_k_input_by_name(tree, name):
+    with pytest.raises(ValueError, match=rf"the decoder `{name}` does not decode top-k inputs yet"):
+        hd.get_decoder(name, tree).decode(torch.tensor([[0.5, 0.2]]).topk(2))
+
+
 # ------------------------------------------------------------------------------------------ memory
 def test_a_top_k_decode_never_grows_with_B_times_L():
     # 100k leaves, B = 1,024, k = 100: the dense (B, L) float32 table alone would be 390 MiB; the support

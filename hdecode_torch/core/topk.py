@@ -22,7 +22,16 @@ from .chunking import chunk_ranges
 from .plan import resolve_plan
 from .validation import as_tensor, row_sum_tolerance
 
-__all__ = ["TopK", "CompletedTopK"]
+__all__ = ["TopK", "CompletedTopK", "TOPK_METRICS", "no_top_k_decoder"]
+
+#: The metrics whose decode and expected accept a top-k input.
+TOPK_METRICS = ("accuracy", "lca_height", "tree_distance", "tree_distance_c")
+
+
+def no_top_k_decoder(what: str) -> ValueError:
+    """The error of a component (``what``, e.g. "`hf_beta`") that cannot decode a top-k input."""
+    return ValueError(f"{what} does not decode top-k inputs yet ({', '.join(TOPK_METRICS)} do): pass the dense "
+                      "(B, L) probabilities, e.g. TopK(values, indices).completed(L) on a small tree")
 
 
 def _floats(x, name):

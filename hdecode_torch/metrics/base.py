@@ -17,7 +17,7 @@ import torch
 
 from ..core.component import HierarchyComponent
 from ..core.posterior import Posterior
-from ..core.topk import CompletedTopK, TopK
+from ..core.topk import CompletedTopK, TopK, no_top_k_decoder
 from ..core.validation import (
     RangeCheck, as_node_ids, as_targets, as_tensor, check_node_sets, check_ranges,
 )
@@ -112,9 +112,7 @@ class BaseMetric(HierarchyComponent):
     def _complete_top_k(self, topk: TopK, from_logits, normalize, validate, within=None) -> CompletedTopK:
         """The checked :class:`CompletedTopK` of a top-k input, or the error saying why it cannot be decoded."""
         if not self.accepts_topk:
-            raise ValueError(f"`{self.name}` does not decode top-k inputs yet (accuracy, lca_height, tree_distance "
-                             "and tree_distance_c do): pass the dense (B, L) probabilities, e.g. "
-                             "TopK(values, indices).completed(L) on a small tree")
+            raise no_top_k_decoder(f"`{self.name}`")
         if from_logits is not False or normalize:
             raise ValueError("`leaf_probs` is a top-k list of probabilities: from_logits and normalize do not apply "
                              "(take the top-k of the softmax)")
