@@ -282,7 +282,7 @@ class CompletedTopK:
         return chunk_ranges(self.batch_size, self.bytes_per_row(), budget, chunk_size)
 
     def bytes_per_row(self) -> int:
-        """Bytes of temporaries per row of a support decode: about 12 float64/int64 tables of k·(D+1) entries
-        (ancestors, masses, binary searches, the sort of the support)."""
-        return 12 * 8 * self.k * (self.h.max_depth + 1) + 64
+        """Bytes of temporaries per row of a support decode: at most about 20 float64/int64 tables of k·(D+1)
+        entries at once (ancestors, run ends, masses, path sums, the sort of the support: LCA height's peak)."""
+        return 20 * 8 * self.k * (self.h.max_depth + 1) + 64
 
