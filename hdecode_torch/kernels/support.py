@@ -130,8 +130,10 @@ def node_mass(h, listed: Listed, weights: torch.Tensor, nodes: torch.Tensor) -> 
     return (s + listed.rate[:, None] * free).view(shape)
 
 
-def support_table(h, listed: Listed, weights: torch.Tensor):
-    """The support of each row with its node masses: ``(anc, p)``, (B, k, D+1) int64 and float64.
+def support_table(h, listed: Listed, weights: torch.Tensor, with_first: bool = False):
+    """The support of each row with its node masses: ``(anc, p)``, (B, k, D+1) int64 and float64, and with
+    ``with_first`` a (B, k, D+1) bool marking one entry per (row, support node) (the first of its run, at
+    the node's own depth).
 
     ``anc[b, j, d]`` is the ancestor at depth d of the row's j-th listed leaf in depth-first order (the leaf
     itself below its own depth), ``p`` its p̃.  No binary search: along the sorted leaves, the leaves under a
@@ -154,7 +156,10 @@ def support_table(h, listed: Listed, weights: torch.Tensor):
     hi = (torch.where(last, j, k).flip(1).cummin(1).values.flip(1) + 1).reshape(bsz, -1)
     s = listed.vsum.gather(1, hi) - listed.vsum.gather(1, lo)
     free = (weights[anc].reshape(bsz, -1) - (listed.wsum.gather(1, hi) - listed.wsum.gather(1, lo))).clamp_min(0)
-    return anc, (s + listed.rate[:, None] * free).view(anc.shape)
+    p = (s + listed.rate[:, None] * free).view(anc.shape)
+    if not with_first:
+        return anc, p
+    return anc, p, new & (h.depth[anc] == torch.arange(d + 1, device=anc.device))
 
 
 def walk_up(h, nodes: torch.Tensor, steps: int) -> torch.Tensor:
@@ -343,7 +348,8 @@ def support_least_lca_height(h, listed: Listed, weights: torch.Tensor, indices: 
     O(B·k·D·log(B·k·D)) plus the O(N) tables.
     """
     bsz, k = indices.shape
-    anc, p = support_table(h, listed, weights)  # column d: the ancestor at depth d, the leaf below its depth
+    # column d: the ancestor at depth d, the leaf below its depth
+    anc, p, first = support_table(h, listed, weights, with_first=True)
     rows = torch.arange(bsz, device=indices.device)[:, None, None].expand(anc.shape).contiguous()
     height = h.height.to(torch.float64)
     # the step from depth d to d+1: height(anc[d])·(p̃(anc[d]) − p̃(anc[d+1])); 0 between copies of the leaf
@@ -354,12 +360,14 @@ def support_least_lca_height(h, listed: Listed, weights: torch.Tensor, indices: 
     t_min, t_leaf = cheapest_descent(h, weights, None if cache_name is None else cache_name + "_descent")
     g = t_min - height[h.parent_or_root] * weights
     children, rank = child_order(h, g, None if cache_name is None else cache_name + "_order")
-    flat_rows, flat_nodes = rows.reshape(-1), anc.reshape(-1)
+    # one entry per (row, support node): the copies of a node have the same masses and path sums
+    first = first.reshape(-1)
+    flat_rows, flat_nodes = rows.reshape(-1)[first], anc.reshape(-1)[first]
     x = _off_support_child(h, flat_rows, flat_nodes, children, rank,
                            torch.arange(flat_rows.shape[0], device=anc.device))
     xs = x.clamp_min(0)
     r = listed.rate[flat_rows]
-    flat_p, flat_path = p.reshape(-1), path.reshape(-1)
+    flat_p, flat_path = p.reshape(-1)[first], path.reshape(-1)[first]
     off = flat_path + height[flat_nodes] * (flat_p - r * weights[xs]) + r * t_min[xs]
     ok = x >= 0
     values = torch.cat([path[..., -1].reshape(-1), off[ok]])
