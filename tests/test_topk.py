@@ -251,6 +251,9 @@ def test_bad_lists_for_a_hierarchy_are_refused(tree):
         m.decode(hd.TopK(torch.tensor([[0.5, 0.2], [0.7, 0.5]]), torch.tensor([[3, 4], [3, 4]])))
     with pytest.raises(ValueError, match=r"`values` \+ `missing` to sum to 1 .* row 0 sums to 0.8"):
         m.decode(hd.TopK(torch.tensor([[0.5, 0.2]]), torch.tensor([[3, 4]]), missing=0.1))
+    full = torch.full((1, L), 0.5 / L, dtype=torch.float64)
+    with pytest.raises(ValueError, match=rf"sum to 1 when every leaf is listed \(k = L = {L}\), but row 0 sums to 0.5"):
+        m.decode(full.topk(L))
     with pytest.raises(ValueError, match=rf"`prior` to have {L} entries"):
         m.decode(hd.TopK(torch.tensor([[0.5, 0.2]]), torch.tensor([[3, 4]]), prior=torch.ones(3)))
     prior = torch.zeros(L)

@@ -51,8 +51,8 @@ class TopK:
     summing above 1 within the row tolerance has m = 0).  Given: Σ values + m must be 1 within the row
     tolerance (a renormalised list is scaled by 1 − m first: nothing is renormalised here);
     prior: None (the missing mass spread uniformly over the unlisted leaves) or (L,) float non-negative
-    weights: the unlisted leaf l gets m·π(l) / Σ_{unlisted} π.  A row whose unlisted leaves all have
-    weight 0 must have m = 0 within the row tolerance (that m is then left unspread).
+    weights: the unlisted leaf l gets m·π(l) / Σ_{unlisted} π.  A row with no unlisted leaf (k = L) or whose
+    unlisted leaves all have weight 0 must have m = 0 within the row tolerance (that m is then left unspread).
 
     The result of ``probs.topk(k)`` (``torch.return_types.topk``) is accepted wherever a TopK is, as
     ``TopK(values, indices)``.  Construction checks types, shapes and every entry that needs no
@@ -217,7 +217,9 @@ class CompletedTopK:
         flags = [((self.indices >= 0) & (self.indices < nl)).all(), (sums <= 1 + tol).all()]
         if topk.missing is not None:
             flags.append(((sums + self.missing - 1).abs() <= tol).all())
-        if self.prior is not None:
+        if self.prior is None:
+            flags.append(torch.tensor(self.k < nl, device=sums.device) | (self.missing <= tol).all())
+        else:
             # a missing mass within the tolerance is rounding: with nowhere to go it stays unspread, the row then
             # summing to 1 within the tolerance, as a dense row may
             flags.append(((unlisted_support(self.prior, self.indices) > 0) | (self.missing <= tol)).all())
@@ -234,6 +236,10 @@ class CompletedTopK:
             raise ValueError(f"Expected `values` + `missing` to sum to 1 in each row (tolerance {tol:.1e}), but row "
                              f"{row} sums to {(sums[row] + self.missing[row]).item():.6g} (scale a renormalised "
                              "list by 1 - missing)")
+        if self.prior is None and not ok[-1]:
+            row = int((self.missing > tol).nonzero()[0, 0])
+            raise ValueError(f"Expected the `values` of each row to sum to 1 when every leaf is listed (k = L = {nl}), "
+                             f"but row {row} sums to {sums[row].item():.6g}: no unlisted leaf can hold the rest")
         if self.prior is not None and not ok[-1]:
             raise ValueError("Expected `prior` to give positive mass to the unlisted leaves of every row with "
                              "missing mass, but some row lists every leaf the prior weighs")

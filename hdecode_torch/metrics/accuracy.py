@@ -51,7 +51,7 @@ class Accuracy(NodeMetric):
     accepts_topk = True
 
     def _decode_topk(self, ct):
-        return support_best_leaf(ct.h, ct.listed, ct.values, ct.indices, None if ct.prior is None else ct.prior)
+        return support_best_leaf(ct.h, ct.listed, ct.values, ct.indices, ct.prior)
 
     def _expected_topk(self, ct, pred):
         q = ct.node_mass(pred[:, None])[:, 0]  # a leaf's node mass is q(leaf)

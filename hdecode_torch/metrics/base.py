@@ -303,7 +303,7 @@ class SetMetric(BaseMetric):
         validate = self._validate(validate)
         topk = TopK.of(leaf_probs)
         if topk is not None:
-            self._complete_top_k(topk, from_logits, normalize, validate)  # says which metrics accept one
+            self._complete_top_k(topk, from_logits, normalize, validate)  # no set metric takes one yet: raises
         post, t = self._posterior_with(leaf_probs, pred, self._sets_or_ids, validate, from_logits, normalize)
         unbatched = t.dim() == (1 if t.dtype == torch.bool else 0)
         if unbatched != post.unbatched or (not unbatched and t.shape[0] != post.batch_size):
