@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "ROW_SUM_TOLERANCE": ".core", "Posterior": ".core", "get_memory_budget": ".core", "plan_for": ".core",
     "row_sum_tolerance": ".core", "set_memory_budget": ".core", "node_probabilities": ".core",
-    "set_backend": ".core", "get_backend": ".core",
+    "set_backend": ".core", "get_backend": ".core", "TopK": ".core",
     "Hierarchy": ".hierarchy", "list_hierarchies": ".hierarchy", "load_hierarchy": ".hierarchy",
     "CostMatrixMetric": ".metrics", "get_metric": ".metrics", "has_optimal_decoder": ".metrics",
     "list_metrics": ".metrics", "register_metric": ".metrics",
@@ -37,7 +37,7 @@ _SUBMODULES = {"cli", "core", "decoders", "functional", "hierarchy", "integratio
 __all__ = [
     "Hierarchy", "load_hierarchy", "list_hierarchies", "node_probabilities",
     "get_metric", "list_metrics", "has_optimal_decoder", "register_metric", "CostMatrixMetric", "Posterior",
-    "ROW_SUM_TOLERANCE", "row_sum_tolerance", "get_memory_budget", "set_memory_budget", "set_backend", "get_backend",
+    "TopK", "ROW_SUM_TOLERANCE", "row_sum_tolerance", "get_memory_budget", "set_memory_budget", "set_backend", "get_backend",
     "plan_for", "__version__", "get_decoder", "list_decoders", "register_decoder", "calibrate_darts", "RiskControl",
     "DecodingHead", "TemperatureScaler", "HierarchicalScaler", "HierarchicalMetric", "NodeCalibrationError",
     "BatchDecoder", "merge_shards",
@@ -60,8 +60,8 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # what static analysis sees: the same names, imported eagerly
     from . import functional
-    from .core import (ROW_SUM_TOLERANCE, Posterior, get_backend, get_memory_budget, node_probabilities, plan_for,
-                       row_sum_tolerance, set_backend, set_memory_budget)
+    from .core import (ROW_SUM_TOLERANCE, Posterior, TopK, get_backend, get_memory_budget, node_probabilities,
+                       plan_for, row_sum_tolerance, set_backend, set_memory_budget)
     from .decoders import RiskControl, calibrate_darts, get_decoder, list_decoders, register_decoder
     from .hierarchy import Hierarchy, list_hierarchies, load_hierarchy
     from .integrations import HierarchicalMetric, HierarchicalMetricsCallback, NodeCalibrationError

@@ -12,6 +12,7 @@ from .params import Param, bind_params, format_value
 from .posterior import Posterior
 from .validation import input_kind
 from .subtree import decode_within
+from .topk import TopK, no_top_k_decoder
 
 __all__ = ["HierarchyComponent"]
 
@@ -125,6 +126,8 @@ class HierarchyComponent:
         that node's subtree as if it were the whole tree, its probabilities renormalised there (the
         root: no restriction; see :mod:`hdecode_torch.core.subtree`).
         """
+        if TopK.of(leaf_probs) is not None:
+            raise no_top_k_decoder(f"the {self.component_kind} `{self.name}`")
         if isinstance(leaf_probs, torch.Tensor):
             leaf_probs = leaf_probs.detach()  # a decision has no gradient; none is recorded
         post = self._posterior(leaf_probs, validate, from_logits, normalize)

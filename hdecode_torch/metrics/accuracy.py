@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels.support import support_best_leaf
 from .base import NodeMetric
 
 __all__ = ["Accuracy", "accuracy_values", "accuracy_table", "accuracy_decode"]
@@ -46,3 +47,12 @@ class Accuracy(NodeMetric):
 
     def _decode_cpu(self, post):
         return accuracy_decode(post)
+
+    accepts_topk = True
+
+    def _decode_topk(self, ct):
+        return support_best_leaf(ct.h, ct.listed, ct.values, ct.indices, ct.prior)
+
+    def _expected_topk(self, ct, pred):
+        q = ct.node_mass(pred[:, None])[:, 0]  # a leaf's node mass is q(leaf)
+        return torch.where(pred < ct.h.num_leaves, q, 0.0)

@@ -17,6 +17,7 @@ import torch
 
 from ..core.component import HierarchyComponent
 from ..core.posterior import Posterior
+from ..core.topk import CompletedTopK, TopK, no_top_k_decoder
 from ..core.validation import (
     RangeCheck, as_node_ids, as_targets, as_tensor, check_node_sets, check_ranges,
 )
@@ -97,8 +98,42 @@ class BaseMetric(HierarchyComponent):
         if not self.has_decoder:
             raise NotImplementedError(
                 f"`{self.name}` has no Bayes-optimal decoder; score a heuristic decoder's predictions with it")
+        topk = TopK.of(leaf_probs)
+        if topk is not None:
+            return self._decode_top_k(topk, from_logits, normalize, validate, chunk_size, within)
         return super().decode(leaf_probs, from_logits=from_logits, normalize=normalize, validate=validate,
                               chunk_size=chunk_size, within=within)
+
+    # ------------------------------------------------------------------ top-k inputs
+    #: Whether ``decode``/``expected`` accept a top-k list; metrics that do give ``_decode_topk(ct)``
+    #: and ``_expected_topk(ct, pred)`` on a :class:`~hdecode_torch.core.topk.CompletedTopK`.
+    accepts_topk: bool = False
+
+    def _complete_top_k(self, topk: TopK, from_logits, normalize, validate, within=None) -> CompletedTopK:
+        """The checked :class:`CompletedTopK` of a top-k input, or the error saying why it cannot be decoded."""
+        if not self.accepts_topk:
+            raise no_top_k_decoder(f"`{self.name}`")
+        if from_logits is not False or normalize:
+            raise ValueError("`leaf_probs` is a top-k list of probabilities: from_logits and normalize do not apply "
+                             "(take the top-k of the softmax)")
+        if within is not None:
+            raise ValueError("`within` is not supported with a top-k input: pass the dense (B, L) probabilities")
+        return CompletedTopK(self.hierarchy, topk, self._validate(validate))
+
+    def _decode_top_k(self, topk, from_logits, normalize, validate, chunk_size, within):
+        """decode() of a top-k list: the completed distribution's decision, on the support (k = L: the dense
+        table, so the dense answer bit for bit)."""
+        ct = self._complete_top_k(topk, from_logits, normalize, validate, within)
+        if ct.k == ct.h.num_leaves:
+            return self.decode(topk.completed(ct.h.num_leaves), validate=False, chunk_size=chunk_size)
+        out = torch.cat([self._decode_topk(ct.chunk(a, b)) for a, b in ct.chunks(chunk_size)])
+        return out[0] if ct.unbatched else out
+
+    def _decode_topk(self, ct: CompletedTopK) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _expected_topk(self, ct: CompletedTopK, pred: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
 
 
 class NodeMetric(BaseMetric):
@@ -147,6 +182,9 @@ class NodeMetric(BaseMetric):
         floating dtype).
         """
         validate = self._validate(validate)
+        topk = TopK.of(leaf_probs)
+        if topk is not None:
+            return self._expected_top_k(topk, pred, from_logits, normalize, validate)
         post, pred = self._posterior_with(leaf_probs, pred, self._node_ids, validate, from_logits, normalize)
         if pred.dim() != (0 if post.unbatched else 1) or (pred.dim() == 1 and pred.shape[0] != post.batch_size):
             raise ValueError(f"Expected `pred` to have shape {(post.batch_size,) if not post.unbatched else ()} "
@@ -156,6 +194,19 @@ class NodeMetric(BaseMetric):
         out = torch.cat([self.expected_table(post.chunk(a, b)).gather(0, flat[None, a:b])[0]
                          for a, b in chunks]).to(post.dtype)  # a user's table may differ
         return out[0] if post.unbatched else out
+
+    def _expected_top_k(self, topk, pred, from_logits, normalize, validate):
+        """expected() on a top-k list: Σ_l q(l) m(pred, l) for the completed q, in the values' compute dtype."""
+        ct = self._complete_top_k(topk, from_logits, normalize, validate)
+        pred, check = self._node_ids(pred, ct.values.device)
+        if pred.dim() != (0 if ct.unbatched else 1) or (pred.dim() == 1 and pred.shape[0] != ct.batch_size):
+            raise ValueError(f"Expected `pred` to have shape {(ct.batch_size,) if not ct.unbatched else ()} "
+                             f"(one node id per sample), but got {tuple(pred.shape)}")
+        check_ranges([check], validate)
+        if ct.k == ct.h.num_leaves:
+            return self.expected(topk.completed(ct.h.num_leaves), pred, validate=False)
+        out = self._expected_topk(ct, pred.reshape(-1)).to(ct.dtype)
+        return out[0] if ct.unbatched else out
 
     def _expected_bytes_per_sample(self, h, plan) -> int:
         """Bytes of temporaries per sample of :meth:`expected_table` under ``plan`` (what ``expected``
@@ -251,6 +302,9 @@ class SetMetric(BaseMetric):
         single distribution).  Returns (B,) (or ()) in the compute dtype (float64 kept, float32 for every
         other floating dtype)."""
         validate = self._validate(validate)
+        topk = TopK.of(leaf_probs)
+        if topk is not None:
+            self._complete_top_k(topk, from_logits, normalize, validate)  # no set metric takes one yet: raises
         post, t = self._posterior_with(leaf_probs, pred, self._sets_or_ids, validate, from_logits, normalize)
         unbatched = t.dim() == (1 if t.dtype == torch.bool else 0)
         if unbatched != post.unbatched or (not unbatched and t.shape[0] != post.batch_size):

@@ -17,6 +17,7 @@ import torch
 from ..kernels.ancestry import lca
 from ..kernels.fused import path_score_best, trust_indices
 from ..kernels.selection import argbest, tie_rank
+from ..kernels.support import support_least_lca_height
 from ..kernels.tree_sums import tree_ranges
 from .base import NodeMetric
 
@@ -88,3 +89,16 @@ class LCAHeight(NodeMetric):
 
     def _decode_gpu(self, post):
         return lca_height_decode_fused(post)
+
+    accepts_topk = True
+
+    def _decode_topk(self, ct):
+        return support_least_lca_height(ct.h, ct.listed, ct.weights, ct.indices,
+                                        "topk_lca" if ct.prior is None else None)
+
+    def _expected_topk(self, ct, pred):
+        # Σ_s height(a_{s+1})·(p̃(a_{s+1}) − p̃(a_s)) up h's root path, + height(h)·p̃(h) (O(B·D·log k))
+        path = ct.root_paths(pred)
+        p = ct.node_mass(path)
+        height = ct.h.height.to(torch.float64)
+        return (height[path[:, 1:]] * (p[:, 1:] - p[:, :-1])).sum(1) + height[pred] * p[:, 0]

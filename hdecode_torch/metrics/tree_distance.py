@@ -21,6 +21,7 @@ from ..core.params import Param
 from ..core.validation import check_nonnegative, warn_user
 from ..kernels.ancestry import lca_depth
 from ..kernels.selection import deepest_above, deepest_above_from_leaves
+from ..kernels.support import support_deepest_above
 from .base import NodeMetric
 
 __all__ = ["TreeDistance", "TreeDistanceC", "tree_distance_values", "tree_distance_table", "tree_distance_decode",
@@ -75,6 +76,18 @@ class TreeDistance(NodeMetric):
 
     def _decode_gpu(self, post):
         return tree_distance_decode_fused(post, self.c)
+
+    accepts_topk = True
+
+    def _decode_topk(self, ct):
+        return support_deepest_above(ct.h, ct.listed, ct.weights, ct.indices, (1 + self.c) / 2,
+                                     "topk_heaviest" if ct.prior is None else None)
+
+    def _expected_topk(self, ct, pred):
+        # (1 + c)·d(h) + E[d(y)] − 2 Σ_{a ∈ A(h), a ≠ root} p̃(a), on h's root path (O(B·D·log k))
+        path = ct.root_paths(pred)
+        p = torch.where(path != ct.h.root, ct.node_mass(path), 0.0)
+        return (1 + self.c) * ct.h.depth[pred].to(torch.float64) + ct.expected_leaf_depth() - 2 * p.sum(1)
 
 
 class TreeDistanceC(TreeDistance):

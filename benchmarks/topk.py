@@ -1,0 +1,125 @@
+#!/usr/bin/env python
+"""Dense against top-k decoding: microseconds per sample of the same decision, from the (B, L) table and
+from its top-k list (``probs.topk(k)``, the rest completed uniformly).
+
+    python -m benchmarks.topk                                   # tiered, inat, 100k; B = 256; k = 10, 100
+    python -m benchmarks.topk --trees 1m --rows 64              # the 1M-node tree, dense side by side
+    python -m benchmarks.topk --trees 1m --rows 1024 --ks 100   # too large for a dense table: top-k only
+    python -m benchmarks.topk --json topk.json
+
+Per tree, model-shaped rows (``benchmarks.workloads.model_like_probs``: a random temperature, a boost on
+a true leaf and on the leaves of one of its ancestors); the dense decoder reads the (B, L) float32 table,
+the top-k decoder the list taken from it, ``m.decode(hd.TopK(values, indices))`` with the list's checks
+(the top-k itself is not timed: a served model returns the list).
+Each metric runs dense and top-k alternately, ``--repeats`` times, one intra-op thread; medians are
+reported.  The decisions of the first 16 rows of each case are checked against the dense decoder on the
+completed table (the same expected score; the exit status is 1 otherwise).  On trees too large for a
+dense table the lists are drawn directly: k leaves near a random leaf in depth-first order (its
+cousins), Dirichlet(0.3) masses of total uniform in (0, 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+if __package__ in (None, ""):  # `python benchmarks/topk.py`
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import hdecode_torch as hd  # noqa: E402
+from benchmarks.workloads import load_tree, model_like_probs  # noqa: E402
+
+METRICS = ["accuracy", "tree_distance", "tree_distance_c", "lca_height"]
+#: Largest dense (B, L) table built, in entries (1 GiB of float32).
+DENSE_MAX_ENTRIES = 2**28
+#: Rows whose decision is checked against the dense decoder on the completed table before the timings count.
+CHECK_ROWS = 16
+
+
+def drawn_lists(h, rows: int, k: int, seed: int = 0) -> hd.TopK:
+    """A (rows, k) top-k list per row without a dense table (see the module docstring)."""
+    g = torch.Generator().manual_seed(seed)
+    L = h.num_leaves
+    rank = torch.empty_like(h.dfs_leaves)
+    rank[h.dfs_leaves] = torch.arange(L)
+    near = torch.rand(rows, min(5 * k, L), generator=g).topk(k).indices
+    indices = h.dfs_leaves[(rank[torch.randint(0, L, (rows,), generator=g)][:, None] + near) % L]
+    values = torch.distributions.Dirichlet(torch.full((k,), 0.3)).sample((rows,)) * torch.rand(rows, 1, generator=g)
+    return hd.TopK(values.sort(1, descending=True).values, indices)
+
+
+def agrees(m, values, indices, num_leaves: int) -> bool:
+    """Whether the top-k decision of these rows has the dense decoder's expected score on the completed table."""
+    lists = hd.TopK(values, indices)
+    full = lists.completed(num_leaves, torch.float64)
+    ours, theirs = m.expected(full, m.decode(lists)), m.expected(full, m.decode(full))
+    return bool(torch.allclose(ours, theirs, rtol=1e-9, atol=1e-9))
+
+
+def timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def bench_tree(name: str, rows: int, ks: list[int], repeats: int) -> dict:
+    h, _ = load_tree(name)
+    dense_fits = rows * h.num_leaves <= DENSE_MAX_ENTRIES and h.ancestor_table_fits
+    probs = None
+    if dense_fits:
+        probs = torch.from_numpy(model_like_probs(h.ancestors.numpy(), h.depth.numpy(), h.num_leaves, rows, seed=0))
+    out = {"tree": name, "num_nodes": h.num_nodes, "num_leaves": h.num_leaves, "max_depth": h.max_depth,
+           "rows": rows, "results": []}
+    for metric in METRICS:
+        m = hd.get_metric(metric, h)
+        for k in ks:
+            lists = hd.TopK(*probs.topk(k)) if probs is not None else drawn_lists(h, rows, k)
+            values, indices = lists.values, lists.indices
+            if probs is not None:
+                m.decode(probs[:2])
+            m.decode(hd.TopK(values[:2], indices[:2]))  # the tree's tables, outside the timings
+            dense_t, topk_t = [], []
+            for _ in range(repeats):
+                if probs is not None:
+                    dense_t.append(timed(lambda: m.decode(probs)))
+                topk_t.append(timed(lambda: m.decode(hd.TopK(values, indices))))  # its checks included
+            row = {"metric": metric, "k": k, "topk_us": statistics.median(topk_t) / rows * 1e6,
+                   "agrees": agrees(m, values[:CHECK_ROWS], indices[:CHECK_ROWS], h.num_leaves)}
+            if dense_t:
+                row["dense_us"] = statistics.median(dense_t) / rows * 1e6
+                row["speedup"] = row["dense_us"] / row["topk_us"]
+            out["results"].append(row)
+            print(f"| {name} | {metric} | {k} | {row.get('dense_us', float('nan')):.1f} | {row['topk_us']:.1f} | "
+                  f"{row.get('speedup', float('nan')):.1f} | {'yes' if row['agrees'] else 'NO'} |", flush=True)
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trees", nargs="+", default=["tieredimagenet-h", "inat19", "100k"])
+    parser.add_argument("--rows", type=int, default=256)
+    parser.add_argument("--ks", type=int, nargs="+", default=[10, 100])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    np.random.seed(0)
+    print("| tree | metric | k | dense µs/sample | top-k µs/sample | dense / top-k | same expected score |")
+    print("|---|---|---|---|---|---|---|")
+    results = [bench_tree(t, args.rows, args.ks, args.repeats) for t in args.trees]
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"threads": args.threads, "results": results}, f, indent=1)
+    return 0 if all(r["agrees"] for tree in results for r in tree["results"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

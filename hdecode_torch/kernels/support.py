@@ -1,0 +1,376 @@
+"""Node masses and exact decisions of a completed top-k distribution, on its support: never B × L or B × N.
+
+A row lists k distinct leaves with masses v(l); the rest, the missing mass m, is spread over the L − k
+unlisted leaves in proportion to weights w(l) (w = 1: the uniform completion; w = π, a class prior).
+The completed distribution q is
+
+    q(l) = v(l) (l listed),    q(l) = r·w(l) (l unlisted),    r = m / U,  U = Σ_{l unlisted} w(l)
+
+(r = 0 where U = 0: nothing is unlisted, or the prior gives the unlisted leaves no mass and m = 0).
+Its node masses, with W(n) = Σ_{l ∈ L(n)} w(l) a tree table (the leaf counts for w = 1), S(n) and C(n)
+the sums of v and of w over the listed leaves under n:
+
+    p̃(n) = S(n) + r·(W(n) − C(n)).
+
+The leaves of n are one run of depth-first positions, ``leaf_start[n] .. leaf_start[n] + leaf_count[n] − 1``:
+with each row's listed leaves sorted by position, S(n) and C(n) are differences of prefix sums, at two
+binary searches for any node (:func:`node_mass`, O(log k)), or at the ends of runs for the support
+(:func:`support_table`, O(1) per entry).
+
+The **support** of a row is the set of ancestors of its listed leaves (k·(D+1) entries at most, D the
+depth of the tree).  A node off the support has S = C = 0, so p̃(n) = r·W(n): the completion alone,
+the same function of the tree for every node of an off-support subtree.  Every decision here reads
+the support, and then, per support node a, one off-support child chosen in closed form: among the
+children of a in a fixed order (a tree table), the first that holds no listed leaf.  A node has at most
+k children on the support, so that child is the first rank missing from the ranks of a's support
+children (:func:`first_free_rank`: a sort of the support, O(B·k·D·log(B·k·D))).
+
+Every function takes tensors (and the hierarchy's cached tree tables), computes in float64 and
+returns tensors; shapes are given per function.  The operations are the same on both plans (no fused
+kernel).  Cost: O(B·k·D) time and memory for the support tables, O(B·k·D·log(B·k·D)) for the sort that
+finds off-support children (LCA height), plus O(N) tree tables built once per hierarchy and kind of
+weights (once per call for a prior, with an O(L log L) sort of the prior for accuracy).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .selection import argbest_pairs, tie_rank
+
+__all__ = ["Listed", "leaf_ranks", "subtree_weights", "listed_sums", "unlisted_support", "node_mass", "support_table",
+           "walk_up", "child_order",
+           "first_free_rank", "cheapest_descent", "support_deepest_above", "support_best_leaf",
+           "support_least_lca_height"]
+
+
+class Listed(NamedTuple):
+    """A batch's listed leaves sorted by depth-first position, as :func:`node_mass` reads them.
+
+    keys: (B, k) int64 the listed leaves' depth-first positions, ascending in each row;
+    leaves: (B, k) int64 the listed leaves in that order;
+    vsum, wsum: (B, k+1) float64 prefix sums of v and of w in that order (0 first);
+    rate: (B,) float64 r = m / U, the completion's mass per unit of weight (0 where U = 0).
+    """
+
+    keys: torch.Tensor
+    leaves: torch.Tensor
+    vsum: torch.Tensor
+    wsum: torch.Tensor
+    rate: torch.Tensor
+
+
+def leaf_ranks(h) -> torch.Tensor:
+    """(L,) int64 the depth-first position of each leaf (the inverse of ``h.dfs_leaves``), cached."""
+    def build():
+        out = torch.empty_like(h.dfs_leaves)
+        out[h.dfs_leaves] = torch.arange(h.num_leaves, device=h.device)
+        return out
+    return h.cached("topk_leaf_ranks", build)
+
+
+def subtree_weights(h, prior: torch.Tensor | None = None) -> torch.Tensor:
+    """(N,) float64 W(n) = Σ_{l ∈ L(n)} w(l): the leaf counts (``prior=None``, cached) or the sums of a
+    (L,) prior over each subtree (prefix sums in depth-first order, O(N), not cached)."""
+    if prior is None:
+        return h.cached("topk_leaf_count_f64", lambda: h.leaf_count.to(torch.float64))
+    csum = torch.zeros(h.num_leaves + 1, dtype=torch.float64, device=h.device)
+    csum[1:] = prior.to(torch.float64).index_select(0, h.dfs_leaves).cumsum(0)
+    return csum.index_select(0, h.leaf_start + h.leaf_count) - csum.index_select(0, h.leaf_start)
+
+
+def listed_sums(h, values: torch.Tensor, indices: torch.Tensor, missing: torch.Tensor,
+                prior: torch.Tensor | None = None) -> Listed:
+    """The :class:`Listed` of a batch.
+
+    values: (B, k) float masses, indices: (B, k) int64 distinct leaf ids per row, missing: (B,) float64
+    m, prior: None (uniform completion) or (L,) float weights.  O(B·k·log k).
+    """
+    bsz, k = indices.shape
+    pos, order = leaf_ranks(h)[indices].sort(dim=1)
+    v = values.to(torch.float64).gather(1, order)
+    w = torch.ones_like(v) if prior is None else prior.to(torch.float64)[indices.gather(1, order)]
+    zero = torch.zeros(bsz, 1, dtype=torch.float64, device=v.device)
+    vsum = torch.cat([zero, v.cumsum(1)], 1)
+    wsum = torch.cat([zero, w.cumsum(1)], 1)
+    if prior is None:
+        unlisted = float(h.num_leaves) - wsum[:, -1]
+        some = unlisted > 0
+    else:
+        unlisted = subtree_weights(h, prior)[h.root] - wsum[:, -1]
+        # The prior's total minus the listed weights rounds to a tiny non-zero where no unlisted leaf has
+        # weight: whether one does is counted exactly (the input check refuses m > 0 without one).
+        some = unlisted_support(prior, indices) > 0
+    rate = torch.where(some, missing / unlisted.clamp_min(torch.finfo(torch.float64).tiny), 0.0)
+    return Listed(pos.contiguous(), indices.gather(1, order), vsum, wsum, rate)
+
+
+def unlisted_support(prior: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """(B,) int64 the number of unlisted leaves of positive weight: prior (L,) float, indices (B, k) int64."""
+    positive = prior > 0
+    return positive.sum() - positive[indices].sum(1)
+
+
+def node_mass(h, listed: Listed, weights: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
+    """p̃(n) of nodes row by row: nodes (B, ...) int64 (row b's nodes in ``nodes[b]``), weights (N,) float64 W.
+
+    Returns float64 of ``nodes``' shape: S(n) + r·(W(n) − C(n)), O(log k) each (two binary searches in the
+    row's k positions).
+    """
+    shape = nodes.shape
+    flat = nodes.reshape(shape[0], -1)
+    start = h.leaf_start[flat]
+    lo = torch.searchsorted(listed.keys, start)
+    hi = torch.searchsorted(listed.keys, start + h.leaf_count[flat])
+    s = listed.vsum.gather(1, hi) - listed.vsum.gather(1, lo)
+    # W(n) − C(n) is a count (exact) or a prior's sums: rounding may leave −1e-17 where nothing is unlisted.
+    free = (weights[flat] - (listed.wsum.gather(1, hi) - listed.wsum.gather(1, lo))).clamp_min(0)
+    return (s + listed.rate[:, None] * free).view(shape)
+
+
+def support_table(h, listed: Listed, weights: torch.Tensor, with_first: bool = False):
+    """The support of each row with its node masses: ``(anc, p)``, (B, k, D+1) int64 and float64, and with
+    ``with_first`` a (B, k, D+1) bool marking one entry per (row, support node) (the first of its run, at
+    the node's own depth).
+
+    ``anc[b, j, d]`` is the ancestor at depth d of the row's j-th listed leaf in depth-first order (the leaf
+    itself below its own depth), ``p`` its p̃.  No binary search: along the sorted leaves, the leaves under a
+    node at depth d are one run of equal ``anc[:, :, d]`` (a node's leaves are contiguous in depth-first
+    order, and a leaf repeated below its depth equals no other entry), so S and C are prefix-sum
+    differences at the run's ends, found by a running max and min.  O(B·k·D).
+    """
+    leaves = listed.leaves
+    bsz, k = leaves.shape
+    d = h.max_depth
+    up = walk_up(h, leaves, d)  # column s: s levels above
+    steps = (h.depth[leaves][..., None] - torch.arange(d + 1, device=leaves.device)).clamp_min(0)
+    anc = up.gather(2, steps)
+    j = torch.arange(k, device=leaves.device)[None, :, None]
+    new = torch.ones_like(anc, dtype=torch.bool)
+    new[:, 1:] = anc[:, 1:] != anc[:, :-1]
+    last = torch.ones_like(new)
+    last[:, :-1] = new[:, 1:]
+    lo = torch.where(new, j, 0).cummax(1).values.reshape(bsz, -1)
+    hi = (torch.where(last, j, k).flip(1).cummin(1).values.flip(1) + 1).reshape(bsz, -1)
+    s = listed.vsum.gather(1, hi) - listed.vsum.gather(1, lo)
+    free = (weights[anc].reshape(bsz, -1) - (listed.wsum.gather(1, hi) - listed.wsum.gather(1, lo))).clamp_min(0)
+    p = (s + listed.rate[:, None] * free).view(anc.shape)
+    if not with_first:
+        return anc, p
+    return anc, p, new & (h.depth[anc] == torch.arange(d + 1, device=anc.device))
+
+
+def walk_up(h, nodes: torch.Tensor, steps: int) -> torch.Tensor:
+    """(..., steps+1) int64: column s is the ancestor s levels above each node (the root repeated above it).
+
+    nodes: int64 of any shape.  ``steps`` gathers (a loop over depth).
+    """
+    out = [nodes]
+    for _ in range(steps):
+        out.append(h.parent_or_root[out[-1]])
+    return torch.stack(out, -1)
+
+
+def child_order(h, key: torch.Tensor, name: str | None):
+    """The children of every node sorted by ``key`` ascending (ties: smaller id), cached as ``name`` unless None.
+
+    key: (N,) float64 per child.  Returns ``(children, rank)``: (N−1,) int64 in the CSR layout of
+    ``h.children_ptr`` (the children of a at ``children_ptr[a] ..``), and (N,) int64 each node's
+    position among its parent's children in that order (0 for the root).
+    """
+    def build():
+        kids = h.children
+        by_key = torch.sort(key[kids], stable=True).indices  # CSR ids are ascending within a parent
+        by_key = by_key[torch.sort(h.parent[kids[by_key]], stable=True).indices]
+        ordered = kids[by_key]
+        rank = torch.zeros(h.num_nodes, dtype=torch.long, device=h.device)
+        slot = torch.arange(ordered.shape[0], device=h.device)
+        rank[ordered] = slot - h.children_ptr[h.parent[ordered]]
+        return ordered, rank
+    return build() if name is None else h.cached(name, build)
+
+
+def first_free_rank(group: torch.Tensor, rank: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+    """Per query group, the smallest rank j ≥ 0 not among the pairs (group, j).
+
+    group, rank: (M,) int64 pairs (duplicates allowed, ranks ≥ 0); query: (Q,) int64 groups.  Returns
+    (Q,) int64 (0 for a group with no pair).  O((M + Q)·log M): a sort, one pass, a binary search.
+    """
+    if group.numel() == 0:
+        return torch.zeros_like(query)
+    span = int(rank.max()) + 2
+    if int(group.max()) >= (2**62) // span:  # the pair keys would overflow: number the groups first
+        ids, group = torch.unique(group, return_inverse=True)
+        query_at = torch.searchsorted(ids, query).clamp_max(ids.shape[0] - 1)
+        query = torch.where(ids[query_at] == query, query_at, -1)
+    pairs = torch.unique_consecutive(torch.sort(group * span + rank).values)  # by group, then rank
+    g, r = pairs // span, pairs % span
+    gid, counts = torch.unique_consecutive(g, return_counts=True)
+    starts = torch.cumsum(counts, 0) - counts
+    slot = torch.repeat_interleave(torch.arange(gid.shape[0], device=g.device), counts)
+    j = torch.arange(pairs.shape[0], device=pairs.device) - starts[slot]
+    # Ranks in a group are distinct and ascending: the first j with r ≠ j is the first gap.
+    free = counts.scatter_reduce(0, slot, torch.where(r != j, j, counts[slot]), "amin", include_self=True)
+    at = torch.searchsorted(gid, query).clamp_max(gid.shape[0] - 1)
+    return torch.where(gid[at] == query, free[at], 0)
+
+
+def cheapest_descent(h, weights: torch.Tensor, name: str | None):
+    """The off-support part of the expected LCA height, minimised over the leaves of each subtree.
+
+    For a path x = n_0, n_1, ..., n_j = l from a node down to a leaf,
+    T(x, l) = Σ_{i<j} height(n_i)·(W(n_i) − W(n_{i+1})).  Returns ``(T, leaf)``: (N,) float64
+    min_l T(x, l) over the leaves l under x, and (N,) int64 a minimising leaf (ties: the deeper leaf,
+    then the smaller id).  Bottom-up by levels, O(N); cached as ``name`` unless None.
+    """
+    def build():
+        n = h.num_nodes
+        rank = tie_rank(h)
+        height = h.height.to(torch.float64)
+        best = torch.where(h.is_leaf, 0.0, float("inf")).to(torch.float64)
+        leaf_rank = torch.where(h.is_leaf, rank, -1)
+        for level in reversed(h.levels[1:]):
+            par = h.parent[level]
+            val = height[par] * (weights[par] - weights[level]) + best[level]
+            best.scatter_reduce_(0, par, val, "amin", include_self=True)
+            tied = torch.where(val == best[par], leaf_rank[level], -1)
+            leaf_rank.scatter_reduce_(0, par, tied, "amax", include_self=True)
+        return best, n - 1 - leaf_rank % n
+    return build() if name is None else h.cached(name, build)
+
+
+def _off_support_child(h, rows, nodes, children, rank, at):
+    """(M,) int64 per (row, support node at ``at``) the first child, in the order (children, rank), that
+    holds no listed leaf of the row; -1 where every child does (or the node is a leaf).
+
+    rows, nodes: (M,) int64 the support (any duplicates); at: (Q,) int64 positions in it to answer."""
+    n = h.num_nodes
+    child = nodes != h.root
+    taken_group = rows[child] * n + h.parent[nodes[child]]
+    j = first_free_rank(taken_group, rank[nodes[child]], rows[at] * n + nodes[at])
+    a = nodes[at]
+    ok = j < h.num_children[a]
+    return torch.where(ok, children[(h.children_ptr[a] + j).clamp_max(children.shape[0] - 1)], -1)
+
+
+def support_deepest_above(h, listed: Listed, weights: torch.Tensor, indices: torch.Tensor, threshold: float,
+                          heavy_name: str | None) -> torch.Tensor:
+    """(B,) int64 the deepest node with p̃(n) > threshold (≥ 1/2), the root if none.
+
+    indices: (B, k) int64 listed leaves.  Why the candidates contain the answer: the nodes with
+    p̃ > 1/2 form one root path (two disjoint subtrees cannot both hold more than half the mass).  Let a
+    be its deepest support node.  A deeper node of the path is off the support, under an off-support
+    child x of a, where p̃ = r·W: among those children only the one of largest W can pass (they share
+    r), and below it, in a subtree with no listed leaf, the path steps to the child of largest W while
+    r·W > threshold.  So: a from the support table, x the first off-support child of a in decreasing
+    W, then at most D steps down the heaviest children.  O(B·k·D) (the sort is of a's support children only).
+    """
+    bsz, k = indices.shape
+    d = h.max_depth
+    anc, p = support_table(h, listed, weights)
+    rows = torch.arange(bsz, device=indices.device)[:, None, None].expand_as(anc)
+    key = torch.where(p > threshold, tie_rank(h)[anc], -1).reshape(bsz, -1)
+    top = key.max(1).values
+    n = h.num_nodes
+    a = torch.where(top >= 0, n - 1 - top % n, h.root)
+    # the children of a by decreasing W (ties: smaller id), and the heaviest child of every node
+    children, rank = child_order(h, -weights, None if heavy_name is None else heavy_name + "_order")
+    first = torch.where(h.num_children > 0, children[h.children_ptr[:-1].clamp_max(max(children.shape[0] - 1, 0))],
+                        -1) if children.numel() else torch.full_like(h.parent, -1)
+    # only a's support children matter: the other entries are dropped before the sort
+    under = (h.parent[anc] == a[:, None, None]).reshape(-1)
+    taken_rows, taken = rows.reshape(-1)[under], anc.reshape(-1)[under]
+    at = torch.arange(taken.shape[0], taken.shape[0] + bsz, device=a.device)
+    x = _off_support_child(h, torch.cat([taken_rows, torch.arange(bsz, device=a.device)]), torch.cat([taken, a]),
+                           children, rank, at)
+    rate = listed.rate
+    cur = a
+    nxt = x
+    for _ in range(d):
+        step = (nxt >= 0) & (rate * weights[nxt.clamp_min(0)] > threshold)
+        cur = torch.where(step, nxt, cur)
+        nxt = torch.where(step, first[cur], -1)
+    return cur
+
+
+def support_best_leaf(h, listed: Listed, values: torch.Tensor, indices: torch.Tensor,
+                      weights_leaf: torch.Tensor | None) -> torch.Tensor:
+    """(B,) int64 the leaf of largest q(l), the smallest id among ties (the dense ``argmax``).
+
+    Candidates: the best listed leaf, and the best unlisted one: q = r·w(l) there, so the unlisted
+    leaf of largest w (smallest id among ties): the first leaf of that order not listed in the row, the
+    first rank missing from the listed leaves' ranks.  weights_leaf: None (uniform: the order is by id)
+    or (L,) float64 prior.  O(B·k·log k) (+ O(L log L) to order a prior).
+    """
+    bsz, k = indices.shape
+    nl = h.num_leaves
+    v = values.to(torch.float64)
+    vbest, at = v.max(1)  # first maximum; smallest id among listed ties below
+    ties = torch.where(v == vbest[:, None], indices, nl)
+    best_listed = ties.min(1).values
+    if k == nl:
+        return best_listed
+    # the first rank missing from a row's k distinct ranks: the first j where the sorted ranks differ from j
+    def first_free(ranks):
+        gap = ranks.sort(1).values != torch.arange(k, device=ranks.device)
+        return torch.where(gap.any(1), gap.to(torch.uint8).argmax(1), k)
+    if weights_leaf is None:
+        unlisted = first_free(indices)
+        wu = torch.ones_like(vbest)
+    else:
+        order = torch.sort(-weights_leaf, stable=True).indices
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(nl, device=v.device)
+        unlisted = order[first_free(rank[indices])]
+        wu = weights_leaf[unlisted]
+    qu = listed.rate * wu
+    take = (qu > vbest) | ((qu == vbest) & (unlisted < best_listed))
+    return torch.where(take, unlisted, best_listed)
+
+
+def support_least_lca_height(h, listed: Listed, weights: torch.Tensor, indices: torch.Tensor,
+                             cache_name: str | None) -> torch.Tensor:
+    """(B,) int64 the leaf of least expected LCA height under q (ties: the deeper leaf, then the smaller id).
+
+    With a_0 = root, ..., a_j = l the root path of a leaf, E(l) = Σ_{i<j} height(a_i)·(p̃(a_i) − p̃(a_{i+1})).
+    A listed leaf's path lies on the support: E from the support table.  An unlisted leaf l leaves the
+    support at its deepest support ancestor a, into an off-support child x, where p̃ = r·W all the way
+    down, so with P(a) the path sum down to a,
+
+        E(l) = P(a) + height(a)·(p̃(a) − r·W(x)) + r·T(x, l),
+
+    T as in :func:`cheapest_descent`.  For fixed a the best x and l minimise
+    r·(min_l T(x, l) − height(a)·W(x)) (r ≥ 0), the first off-support child of a in increasing
+    g(x) = min_l T(x, l) − height(parent(x))·W(x) (a tree table).  So the candidates are the listed
+    leaves and, per support node, the minimiser leaf under that child: one of them is optimal.
+    O(B·k·D·log(B·k·D)) plus the O(N) tables.
+    """
+    bsz, k = indices.shape
+    # column d: the ancestor at depth d, the leaf below its depth
+    anc, p, first = support_table(h, listed, weights, with_first=True)
+    rows = torch.arange(bsz, device=indices.device)[:, None, None].expand(anc.shape).contiguous()
+    height = h.height.to(torch.float64)
+    # the step from depth d to d+1: height(anc[d])·(p̃(anc[d]) − p̃(anc[d+1])); 0 between copies of the leaf
+    step = height[anc[..., :-1]] * (p[..., :-1] - p[..., 1:])
+    # P at column d: the steps above it, summed from the root down (the same sums for every copy of a node)
+    path = torch.zeros_like(p)
+    path[..., 1:] = step.cumsum(-1)
+    t_min, t_leaf = cheapest_descent(h, weights, None if cache_name is None else cache_name + "_descent")
+    g = t_min - height[h.parent_or_root] * weights
+    children, rank = child_order(h, g, None if cache_name is None else cache_name + "_order")
+    # one entry per (row, support node): the copies of a node have the same masses and path sums
+    first = first.reshape(-1)
+    flat_rows, flat_nodes = rows.reshape(-1)[first], anc.reshape(-1)[first]
+    x = _off_support_child(h, flat_rows, flat_nodes, children, rank,
+                           torch.arange(flat_rows.shape[0], device=anc.device))
+    xs = x.clamp_min(0)
+    r = listed.rate[flat_rows]
+    flat_p, flat_path = p.reshape(-1)[first], path.reshape(-1)[first]
+    off = flat_path + height[flat_nodes] * (flat_p - r * weights[xs]) + r * t_min[xs]
+    ok = x >= 0
+    values = torch.cat([path[..., -1].reshape(-1), off[ok]])
+    sample = torch.cat([rows[..., -1].reshape(-1), flat_rows[ok]])
+    leaves = torch.cat([anc[..., -1].reshape(-1), t_leaf[xs[ok]]])
+    return argbest_pairs(h, values, sample, leaves, bsz, higher_is_better=False)
