@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_float_tensor, check_vector
+from .._checks import check_bounds, check_float_tensor, check_vector
 from .._registry import register
 
 __all__ = ["jaccard_sets", "jaccard_sets_torch", "gains", "gain_weights", "knapsack", "knapsack_sets", "walk", "SCHEMA"]
@@ -34,8 +34,8 @@ def jaccard_sets(q: torch.Tensor, ids: torch.Tensor, count: torch.Tensor, lb: to
 
     Args:
         q: (B, C, E) float64 per-leaf-depth masses of the candidates ``ids``.
-        ids: (B, C) int64 node ids, the first ``count[b]`` of row b real, ancestor-closed and in
-            preorder (root first); the other columns are ignored.
+        ids: (B, C) int64 node ids in [0, N], the first ``count[b]`` of row b real, ancestor-closed and
+            in preorder (root first); the other columns are ignored.
         count: (B,) int64 in [1, C] (or 0 for a row without candidates).
         lb: (B,) float64, certainly at most each row's optimum.
         k_ref: (B,) int64 a typical set size (orders the size screen; any value is correct).
@@ -49,7 +49,12 @@ def jaccard_sets(q: torch.Tensor, ids: torch.Tensor, count: torch.Tensor, lb: to
     Returns:
         (B, C) bool: the columns of each row's best set (all False for a row whose bound rules every
         size out, i.e. a row without mass).  O(B·C·K·E) for the gains, O(R·C·K) for the knapsacks of
-        the R (row, size) pairs the bounds leave; one host read (R and the per-position counts).
+        the R (row, size) pairs the bounds leave.  The torch implementation: one host read (R and the
+        per-position counts).  The Triton kernel (CUDA): one launch and no host read whatever B, each
+        program solving whole rows with its tables in (2C + 2)·C float64 of scratch, as many programs as
+        ``budget`` holds; its gains sum the leaf depths in order where the torch implementation's
+        matrix product sums them in its BLAS's order, so values equal in exact arithmetic may round
+        apart (the knapsack, the size choice and the tie rule are the same operations).
     Raises:
         ValueError / TypeError naming the argument for a wrong shape, dtype or device.
     """
@@ -289,4 +294,12 @@ def _fake(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, m
     return q.new_empty(ids.shape, dtype=torch.bool)
 
 
-register("jaccard_sets", SCHEMA, jaccard_sets_torch, _fake, check_args, None)
+def check(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget) -> None:
+    """:func:`check_args`, and the index values a kernel reads unchecked: every ``count`` in [0, C] (read
+    unless its producer said so, ``trust_indices``) and the ``ids`` of real columns in [0, N]."""
+    check_args(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget)
+    check_bounds([(count, q.shape[1], "count", "C = q.shape[1]")], remember=False, trusted_ok=True)
+    check_bounds([(ids, pre.shape[0] - 1, "ids", "N")], remember=False, trusted_ok=True)
+
+
+register("jaccard_sets", SCHEMA, jaccard_sets_torch, _fake, check, __name__ + ".triton")
