@@ -152,3 +152,18 @@ def test_jaccard_kernel_compiles_for_sm90():
 
 if __name__ == "__main__":
     print(json.dumps(interpreter_checks(), indent=1))
+
+
+def test_gpu_check_script_runs_its_cpu_parts(tmp_path):
+    """``benchmarks/jaccard_gpu_check.py`` without CUDA: the CPU plan against the GPU plan's torch
+    implementation on CPU tensors, the CUDA parts reported as skipped."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from benchmarks import jaccard_gpu_check as G
+
+    path = tmp_path / "out.json"
+    code = G.main(["--batch-sizes", "1,5", "--min-time", "0", "--device", "cpu", "--json", str(path)])
+    data = json.loads(path.read_text())
+    assert code == 0 and data["ok"] is True and len(data["results"]) == 4
+    for r in data["results"]:
+        assert r["cuda"].startswith("skipped") and r["gpu_plan_on_cpu_vs_cpu"] == {"rows": 0, "max_value_gap": 0.0}
+        assert r["cpu_plan_ms"] > 0 and r["gpu_plan_on_cpu_ms"] > 0
