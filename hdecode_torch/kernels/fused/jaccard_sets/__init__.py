@@ -227,9 +227,40 @@ def walk(dec, nx, kidx):
 
 
 
+#: Batches of at least this many (row, candidate, size) cells B·C² are solved in groups of rows by
+#: candidate count (at most 16, 32, 64, ... columns, each group's tables that wide), where the widest
+#: row would otherwise set every row's width; smaller ones in one go, without the host read it takes.
+GROUP_CELLS = 1 << 16
+
+
 def jaccard_sets_torch(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget):
-    """The torch implementation of :func:`jaccard_sets` (every device)."""
+    """The torch implementation of :func:`jaccard_sets` (every device).
+
+    Large batches are solved in groups of rows of at most 16, 32, 64, ... candidates, each group on
+    its first columns (one more host read: the group sizes); the rounding slacks stay those of the
+    whole table's width C, so that a row's choice between sizes is the same formula in any group.
+    """
     check_args(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget)
+    bsz, c, _ = q.shape
+    tables = (pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget)
+    if bsz * c * c < GROUP_CELLS or c <= 16:
+        return _solve(q, ids, count, lb, k_ref, *tables, c)
+    groups = (c - 1).bit_length() - 3  # 16·2^(groups − 1) ≥ c
+    group = ((count - 1).clamp(min=0) >> 4).add(1).log2().ceil().long().clamp(max=groups - 1)
+    order = torch.sort(group, stable=True).indices
+    sizes = torch.zeros(groups, dtype=torch.long, device=q.device).index_add_(0, group, torch.ones_like(group)).tolist()
+    out = torch.zeros(bsz, c, dtype=torch.bool, device=q.device)
+    a = 0
+    for g, n in enumerate(sizes):
+        if n:
+            rows, w = order[a:a + n], min(c, 16 << g)
+            out[rows, :w] = _solve(q[rows, :w], ids[rows, :w], count[rows], lb[rows], k_ref[rows], *tables, c)
+            a += n
+    return out
+
+
+def _solve(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget, kslack):
+    """:func:`jaccard_sets_torch` of rows whose counts fit q's width, rounding slacks of width ``kslack``."""
     bsz, c, num_e = q.shape
     dev = q.device
     if c == 0 or bsz == 0:
@@ -264,22 +295,45 @@ def jaccard_sets_torch(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths,
     ub = (g - lam[:, None, :]).clamp(min=0).sum(1) + lam * kf
     cover = torch.minimum(kf[:, None], depths + 1) / torch.maximum(kf[:, None], depths + 1)
     ub = torch.minimum(ub, q[:, 0, :] @ cover.t())  # the root's masses
-    slack_v = 2 * ((num_e + kmax + 16) * u64 + mass_rel)
-    spread = slack_v * (max_depth + 1) / kf + 4 * kmax * mass_abs
+    slack_v = 2 * ((num_e + kslack + 16) * u64 + mass_rel)
+    spread = slack_v * (max_depth + 1) / kf + 4 * kslack * mass_abs
     want = (ub * (1 + slack_v) + spread >= lb[:, None]) & (kf[None, :] <= count[:, None])
-    # The pairs, rows with more candidates first (a prefix of them works at each position): one host
-    # read, their number and, for each position, the size of that prefix.
+    # The pairs, rows with more candidates first (a prefix of them works at each position); on large
+    # tables by width class (sizes k ≤ 8, 16, 32, ...: each class's knapsack tables as wide as its
+    # sizes, F(i, j) reads only j' ≤ j so the values are the same bits), rows with more candidates
+    # first within a class.  One host read: per class, the pairs with at least i candidates, for
+    # each position i.
+    classes = 1 if bsz * kmax * kmax < GROUP_CELLS else max(1, (kmax - 1).bit_length() - 2)  # 8·2^(classes − 1) ≥ kmax
     by_count = torch.sort(count, descending=True, stable=True).indices
-    per = torch.zeros(kmax + 1, dtype=torch.long, device=dev).index_add_(0, count, want.sum(1))
-    sizes = torch.cat([per.flip(0).cumsum(0).flip(0), per.new_zeros(1)]).tolist()  # [i]: count ≥ i
-    b, kidx = torch.nonzero_static(want[by_count], size=sizes[0]).unbind(1)
+    if classes == 1:
+        per = torch.zeros(kmax + 1, dtype=torch.long, device=dev).index_add_(0, count, want.sum(1))[None]
+    else:
+        size_class = ((torch.arange(kmax, device=dev) >> 3) + 1).log2().ceil().long().clamp(max=classes - 1)
+        per = torch.zeros(classes * (kmax + 1), dtype=torch.long, device=dev).index_add_(
+            0, (size_class[None, :] * (kmax + 1) + count[:, None]).view(-1), want.view(-1).long()).view(classes, -1)
+    sizes = torch.cat([per.flip(1).cumsum(1).flip(1), per.new_zeros(classes, 1)], 1).tolist()  # [c][i]: count ≥ i
+    b, kidx = torch.nonzero_static(want[by_count], size=sum(row[0] for row in sizes)).unbind(1)
+    if classes > 1:
+        by_class = torch.sort(size_class[kidx], stable=True).indices
+        b, kidx = b[by_class], kidx[by_class]
     b = by_count[b]
     nx = nxt[b]
     gp = g[b, :, kidx]
-    val, members = knapsack_sets(gp, nx, kidx, kmax, sizes[1:], budget)  # (R,), (R, C)
+    if classes == 1:
+        val, members = knapsack_sets(gp, nx, kidx, kmax, sizes[0][1:], budget)  # (R,), (R, C)
+    else:
+        vals, sets, a = [], [], 0
+        for cls, row in enumerate(sizes):
+            if row[0]:
+                part = slice(a, a + row[0])
+                val, members = knapsack_sets(gp[part], nx[part], kidx[part], min(kmax, (8 << cls) - 1), row[1:], budget)
+                vals.append(val)
+                sets.append(members)
+                a += row[0]
+        val, members = torch.cat(vals), torch.cat(sets)
     # The smallest size within float64 rounding of the best value, its first set.
     best = torch.full((bsz,), float("-inf"), dtype=torch.float64, device=dev).scatter_reduce(0, b, val, "amax")
-    eligible = val >= best[b] * (1 - slack_v) - 4 * kmax * mass_abs
+    eligible = val >= best[b] * (1 - slack_v) - 4 * kslack * mass_abs
     kbest = torch.full((bsz,), kmax, dtype=torch.long, device=dev).scatter_reduce(
         0, b, torch.where(eligible, kidx, kmax), "amin")
     first = eligible & (kidx == kbest[b])
