@@ -12,6 +12,7 @@ left, and the smallest size whose value is within float64 rounding of the best. 
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .._checks import check_bounds, check_float_tensor, check_vector
@@ -157,6 +158,9 @@ def knapsack(gp, nx, kidx, jmax, active, space=None):
     # Row of F(nxt(i), ·) of every pair and position, laid out position-major for contiguous slices.
     skip_rows = (nx * r + rows[:, None]).t().contiguous()  # (C, R)
     gcols = gp.t().contiguous()  # (C, R)
+    if dev.type == "cpu":  # the same float64 additions and comparisons, at NumPy's cost per call
+        _knapsack_steps_numpy(hist.numpy(), dec.numpy(), skip_rows.numpy(), gcols.numpy(), active)
+        return gp[:, 0] + hist[1][rows, kidx], dec
     for i in range(c - 1, 0, -1):
         a = active[i]  # the rows past it keep F(i, ·) = F(C, ·)
         take = hist[i + 1, :a, :-1] + gcols[i, :a, None]  # j ≥ 1 nodes with v_i among them
@@ -164,6 +168,18 @@ def knapsack(gp, nx, kidx, jmax, active, space=None):
         torch.ge(take, skip, out=dec[i, :a, 1:])
         torch.where(dec[i, :a, 1:], take, skip, out=hist[i, :a, 1:])
     return gp[:, 0] + hist[1][rows, kidx], dec
+
+
+def _knapsack_steps_numpy(hist, dec, skip_rows, gcols, active) -> None:
+    """The position loop of :func:`knapsack` on NumPy views of its CPU tables (in place)."""
+    c1, r, w = hist.shape
+    flat = hist.reshape(c1 * r, w)
+    for i in range(c1 - 2, 0, -1):
+        a = active[i]
+        take = hist[i + 1, :a, :-1] + gcols[i, :a, None]
+        skip = flat[skip_rows[i, :a], 1:]
+        np.greater_equal(take, skip, out=dec[i, :a, 1:])
+        np.copyto(hist[i, :a, 1:], np.where(dec[i, :a, 1:], take, skip))
 
 
 def knapsack_sets(gp, nx, kidx, jmax: int, active, budget: int):
@@ -216,6 +232,9 @@ def walk(dec, nx, kidx):
     members[0] = True
     flat = dec.view(c, -1)
     nxt = nx.t().contiguous()  # (C, R)
+    if dev.type == "cpu":  # the same steps at NumPy's cost per call
+        _walk_steps_numpy(flat.numpy(), nxt.numpy(), at.numpy(), pos.numpy(), members.numpy())
+        return members.t()
     for i in range(1, c):
         # A pair at position i takes v_i as decided, else skips v_i's subtree.
         here = pos == i
@@ -231,6 +250,15 @@ def walk(dec, nx, kidx):
 #: candidate count (at most 16, 32, 64, ... columns, each group's tables that wide), where the widest
 #: row would otherwise set every row's width; smaller ones in one go, without the host read it takes.
 GROUP_CELLS = 1 << 16
+
+
+def _walk_steps_numpy(flat, nxt, at, pos, members) -> None:
+    """The position loop of :func:`walk` on NumPy views of its CPU tensors (in place)."""
+    for i in range(1, flat.shape[0]):
+        here = pos == i
+        t = np.logical_and(flat[i][at], here, out=members[i])
+        at -= t
+        pos[:] = np.where(here, np.where(t, i + 1, nxt[i]), pos)
 
 
 def jaccard_sets_torch(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget):
