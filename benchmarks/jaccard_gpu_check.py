@@ -20,8 +20,9 @@ For each bundled tree and batch size (float32 rows of ``benchmarks.latency``):
 
 Without CUDA it runs the CPU parts (the CPU plan against the GPU plan's torch implementation on CPU
 tensors, and their times) and says that the CUDA parts were skipped; ``--device interpret`` with
-TRITON_INTERPRET=1 runs the CUDA parts on CPU tensors with the interpreted kernel (a dry run).  Exit status 1 when a CUDA
-decision differs from the CPU plan's by more than rounding, or the op's two implementations differ.
+TRITON_INTERPRET=1 runs the CUDA parts on CPU tensors with the interpreted kernel (a dry run).
+Exit status 1 when a CUDA decision differs from the CPU plan's by more than rounding, or the op's two
+implementations differ.
 """
 
 from __future__ import annotations

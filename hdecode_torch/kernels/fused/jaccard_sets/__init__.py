@@ -354,7 +354,8 @@ def _solve(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, 
         for cls, row in enumerate(sizes):
             if row[0]:
                 part = slice(a, a + row[0])
-                val, members = knapsack_sets(gp[part], nx[part], kidx[part], min(kmax, (8 << cls) - 1), row[1:], budget)
+                width = min(kmax, (8 << cls) - 1)
+                val, members = knapsack_sets(gp[part], nx[part], kidx[part], width, row[1:], budget)
                 vals.append(val)
                 sets.append(members)
                 a += row[0]

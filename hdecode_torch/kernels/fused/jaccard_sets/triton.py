@@ -1,7 +1,8 @@
 """Triton kernel of ``hdecode::jaccard_sets``: the whole solver of a row in one program, one launch.
 
 A program takes rows ``pid, pid + P, ...`` (P programs, as many as the memory budget gives scratch
-tables for, at most B) and, for each, runs the steps of the torch implementation on the row alone:
+tables for, at most B and :data:`MAX_PROGRAMS`) and, for each, runs the steps of the torch
+implementation on the row alone:
 
 1. the gains g_k(i) of its candidates (C × K, K = C), each a sum over the leaf depths in order of
    rounded products (FMA contraction is off), -inf where k ≤ d(i) or where the node bound
@@ -35,11 +36,14 @@ import triton.language as tl
 from .. import _triton as T
 from . import check_args, gain_weights
 
-__all__ = ["launch", "scratch_bytes_per_program"]
+__all__ = ["MAX_PROGRAMS", "launch", "scratch_bytes_per_program"]
 
 #: Widest tile of candidates (rows of the gain table) and of sizes / knapsack columns at a time.
 _CB = 32
 _KB = 64
+#: Most programs of a launch: beyond what a GPU keeps resident more programs only queue, and each
+#: holds its own scratch tables; rows are dealt round-robin, each solved alone (no effect on results).
+MAX_PROGRAMS = 4096
 
 
 @triton.jit
@@ -255,7 +259,7 @@ def launch(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, 
     cover = (torch.minimum(kf[:, None], depths + 1) / torch.maximum(kf[:, None], depths + 1)).contiguous()
     slack_v = 2 * ((num_e + kmax + 16) * u64 + mass_rel)
     spread = (slack_v * (max_depth + 1) / kf + 4 * kmax * mass_abs).contiguous()
-    programs = max(1, min(bsz, int(budget) // scratch_bytes_per_program(c)))
+    programs = max(1, min(bsz, MAX_PROGRAMS, int(budget) // scratch_bytes_per_program(c)))
     fs = torch.empty(programs * (2 * c + 2) * c, dtype=torch.float64, device=dev)
     iscr = torch.empty(programs * 2 * c, dtype=torch.int32, device=dev)
     with T.launch_context(q):
