@@ -26,6 +26,12 @@ SCHEMA = ("jaccard_sets(Tensor q, Tensor ids, Tensor count, Tensor lb, Tensor k_
 #: Depth given to padding columns: above every size k.
 PAD_DEPTH = 1 << 20
 
+# The CPU-only paths below read CPU tensors on the host (NumPy views, each row group's pairs): no device
+# to wait for, and never run on a GPU, so they call these directly rather than the Tensor attributes
+# a host-read counter (the GPU cost model) wraps; what it counts is then what a GPU call would read.
+_numpy = torch.Tensor.numpy
+_tolist = torch.Tensor.tolist
+
 
 def jaccard_sets(q: torch.Tensor, ids: torch.Tensor, count: torch.Tensor, lb: torch.Tensor, k_ref: torch.Tensor,
                  pre: torch.Tensor, end: torch.Tensor, depth: torch.Tensor, dmin1: torch.Tensor,
@@ -159,7 +165,7 @@ def knapsack(gp, nx, kidx, jmax, active, space=None):
     skip_rows = (nx * r + rows[:, None]).t().contiguous()  # (C, R)
     gcols = gp.t().contiguous()  # (C, R)
     if dev.type == "cpu":  # the same float64 additions and comparisons, at NumPy's cost per call
-        _knapsack_steps_numpy(hist.numpy(), dec.numpy(), skip_rows.numpy(), gcols.numpy(), active)
+        _knapsack_steps_numpy(_numpy(hist), _numpy(dec), _numpy(skip_rows), _numpy(gcols), active)
         return gp[:, 0] + hist[1][rows, kidx], dec
     for i in range(c - 1, 0, -1):
         a = active[i]  # the rows past it keep F(i, ·) = F(C, ·)
@@ -233,7 +239,7 @@ def walk(dec, nx, kidx):
     flat = dec.view(c, -1)
     nxt = nx.t().contiguous()  # (C, R)
     if dev.type == "cpu":  # the same steps at NumPy's cost per call
-        _walk_steps_numpy(flat.numpy(), nxt.numpy(), at.numpy(), pos.numpy(), members.numpy())
+        _walk_steps_numpy(_numpy(flat), _numpy(nxt), _numpy(at), _numpy(pos), _numpy(members))
         return members.t()
     for i in range(1, c):
         # A pair at position i takes v_i as decided, else skips v_i's subtree.
@@ -246,9 +252,10 @@ def walk(dec, nx, kidx):
 
 
 
-#: Batches of at least this many (row, candidate, size) cells B·C² are solved in groups of rows by
-#: candidate count (at most 16, 32, 64, ... columns, each group's tables that wide), where the widest
-#: row would otherwise set every row's width; smaller ones in one go, without the host read it takes.
+#: Batches of CPU tensors of at least this many (row, candidate, size) cells B·C² are solved in groups
+#: of rows by candidate count (at most 16, 32, 64, ... columns, each group's tables that wide), where
+#: the widest row would otherwise set every row's width; smaller ones in one go.  Not on a GPU, where
+#: the groups' sizes would be one more host read (and the Triton kernel solves each row alone).
 GROUP_CELLS = 1 << 16
 
 
@@ -264,31 +271,36 @@ def _walk_steps_numpy(flat, nxt, at, pos, members) -> None:
 def jaccard_sets_torch(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget):
     """The torch implementation of :func:`jaccard_sets` (every device).
 
-    Large batches are solved in groups of rows of at most 16, 32, 64, ... candidates, each group on
-    its first columns (one more host read: the group sizes); the rounding slacks stay those of the
-    whole table's width C, so that a row's choice between sizes is the same formula in any group.
+    Large batches of CPU tensors are solved in groups of rows of at most 16, 32, 64, ... candidates,
+    each group on its first columns; the rounding slacks stay those of the whole table's width C, so
+    that a row's choice between sizes is the same formula in any group.  On CPU tensors the knapsack
+    and its walk step NumPy views of their tables (the same float64 operations).
     """
     check_args(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget)
     bsz, c, _ = q.shape
     tables = (pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget)
-    if bsz * c * c < GROUP_CELLS or c <= 16:
+    if q.device.type != "cpu" or bsz * c * c < GROUP_CELLS or c <= 16:
         return _solve(q, ids, count, lb, k_ref, *tables, c)
     groups = (c - 1).bit_length() - 3  # 16·2^(groups − 1) ≥ c
     group = ((count - 1).clamp(min=0) >> 4).add(1).log2().ceil().long().clamp(max=groups - 1)
     order = torch.sort(group, stable=True).indices
+    # one host read, as the ungrouped call makes: the groups' own reads of CPU tensors go uncounted
     sizes = torch.zeros(groups, dtype=torch.long, device=q.device).index_add_(0, group, torch.ones_like(group)).tolist()
     out = torch.zeros(bsz, c, dtype=torch.bool, device=q.device)
     a = 0
     for g, n in enumerate(sizes):
         if n:
             rows, w = order[a:a + n], min(c, 16 << g)
-            out[rows, :w] = _solve(q[rows, :w], ids[rows, :w], count[rows], lb[rows], k_ref[rows], *tables, c)
+            out[rows, :w] = _solve(q[rows, :w], ids[rows, :w], count[rows], lb[rows], k_ref[rows], *tables, c,
+                                   _tolist)
             a += n
     return out
 
 
-def _solve(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget, kslack):
-    """:func:`jaccard_sets_torch` of rows whose counts fit q's width, rounding slacks of width ``kslack``."""
+def _solve(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget, kslack,
+           tolist=None):
+    """:func:`jaccard_sets_torch` of rows whose counts fit q's width, rounding slacks of width ``kslack``;
+    ``tolist``, if given, makes its host read (the groups of CPU rows pass one no host-read counter sees)."""
     bsz, c, num_e = q.shape
     dev = q.device
     if c == 0 or bsz == 0:
@@ -331,7 +343,8 @@ def _solve(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, 
     # sizes, F(i, j) reads only j' ≤ j so the values are the same bits), rows with more candidates
     # first within a class.  One host read: per class, the pairs with at least i candidates, for
     # each position i.
-    classes = 1 if bsz * kmax * kmax < GROUP_CELLS else max(1, (kmax - 1).bit_length() - 2)  # 8·2^(classes − 1) ≥ kmax
+    # 8·2^(classes − 1) ≥ kmax
+    classes = 1 if bsz * kmax * kmax < GROUP_CELLS else max(1, (kmax - 1).bit_length() - 2)
     by_count = torch.sort(count, descending=True, stable=True).indices
     if classes == 1:
         per = torch.zeros(kmax + 1, dtype=torch.long, device=dev).index_add_(0, count, want.sum(1))[None]
@@ -339,7 +352,8 @@ def _solve(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, 
         size_class = ((torch.arange(kmax, device=dev) >> 3) + 1).log2().ceil().long().clamp(max=classes - 1)
         per = torch.zeros(classes * (kmax + 1), dtype=torch.long, device=dev).index_add_(
             0, (size_class[None, :] * (kmax + 1) + count[:, None]).view(-1), want.view(-1).long()).view(classes, -1)
-    sizes = torch.cat([per.flip(1).cumsum(1).flip(1), per.new_zeros(classes, 1)], 1).tolist()  # [c][i]: count ≥ i
+    sizes = torch.cat([per.flip(1).cumsum(1).flip(1), per.new_zeros(classes, 1)], 1)  # [c][i]: count ≥ i
+    sizes = sizes.tolist() if tolist is None else tolist(sizes)
     b, kidx = torch.nonzero_static(want[by_count], size=sum(row[0] for row in sizes)).unbind(1)
     if classes > 1:
         by_class = torch.sort(size_class[kidx], stable=True).indices
