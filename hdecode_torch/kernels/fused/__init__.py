@@ -4,7 +4,8 @@ the exact hF_β and Jaccard solvers over packed candidates and a fused root-path
 
 Six torch ops in the ``hdecode`` namespace, batch-major (rows are samples; every scan runs along
 the last, contiguous dimension), each with a torch implementation (CPU, and CUDA when Triton is
-missing or disabled) and, but for ``jaccard_sets``, a Triton kernel on CUDA (one program per row;
+missing or disabled) and a Triton kernel on CUDA (one program per row, ``jaccard_sets`` a program per
+rows of a budget;
 any row length: a long row is scanned in tiles carrying its running float64 sum).  Importing this package registers the ops;
 it does not import Triton, ``torch._dynamo`` or ``torch._inductor`` (Triton is imported on the
 first CUDA call).  Everything is deterministic: no atomics, fixed summation orders.  The torch
@@ -40,7 +41,8 @@ structural decoders of Zhao's similarity and of the LCA height (Karthik et al.'s
 §4.2): for every set size k the sum V(k) of the k largest ``Δ_k(c) = Σ_e q[c, e] / (r·k + (1−r)(d_e+1))``,
 and the smallest k maximising it.  ``jaccard_sets`` is the exact Jaccard solver over packed
 candidates: per-size node bounds, gains, a size screen and the tree knapsack of the (sample, size)
-pairs left (its torch implementation steps over candidate positions, all pairs at once).
+pairs left (its torch implementation steps over candidate positions, all pairs at once; its
+Triton kernel solves a row's whole problem in one program, knapsack tables in scratch memory).
 
 Only ``gathered_prefix`` has an autograd formula: the others serve decoding and checks, not training.
 

@@ -12,9 +12,10 @@ left, and the smallest size whose value is within float64 rounding of the best. 
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from .._checks import check_float_tensor, check_vector
+from .._checks import check_bounds, check_float_tensor, check_vector
 from .._registry import register
 
 __all__ = ["jaccard_sets", "jaccard_sets_torch", "gains", "gain_weights", "knapsack", "knapsack_sets", "walk", "SCHEMA"]
@@ -25,6 +26,12 @@ SCHEMA = ("jaccard_sets(Tensor q, Tensor ids, Tensor count, Tensor lb, Tensor k_
 #: Depth given to padding columns: above every size k.
 PAD_DEPTH = 1 << 20
 
+# The CPU-only paths below read CPU tensors on the host (NumPy views, each row group's pairs): no device
+# to wait for, and never run on a GPU, so they call these directly rather than the Tensor attributes
+# a host-read counter (the GPU cost model) wraps; what it counts is then what a GPU call would read.
+_numpy = torch.Tensor.numpy
+_tolist = torch.Tensor.tolist
+
 
 def jaccard_sets(q: torch.Tensor, ids: torch.Tensor, count: torch.Tensor, lb: torch.Tensor, k_ref: torch.Tensor,
                  pre: torch.Tensor, end: torch.Tensor, depth: torch.Tensor, dmin1: torch.Tensor,
@@ -34,8 +41,8 @@ def jaccard_sets(q: torch.Tensor, ids: torch.Tensor, count: torch.Tensor, lb: to
 
     Args:
         q: (B, C, E) float64 per-leaf-depth masses of the candidates ``ids``.
-        ids: (B, C) int64 node ids, the first ``count[b]`` of row b real, ancestor-closed and in
-            preorder (root first); the other columns are ignored.
+        ids: (B, C) int64 node ids in [0, N], the first ``count[b]`` of row b real, ancestor-closed and
+            in preorder (root first); the other columns are ignored.
         count: (B,) int64 in [1, C] (or 0 for a row without candidates).
         lb: (B,) float64, certainly at most each row's optimum.
         k_ref: (B,) int64 a typical set size (orders the size screen; any value is correct).
@@ -49,7 +56,12 @@ def jaccard_sets(q: torch.Tensor, ids: torch.Tensor, count: torch.Tensor, lb: to
     Returns:
         (B, C) bool: the columns of each row's best set (all False for a row whose bound rules every
         size out, i.e. a row without mass).  O(B·C·K·E) for the gains, O(R·C·K) for the knapsacks of
-        the R (row, size) pairs the bounds leave; one host read (R and the per-position counts).
+        the R (row, size) pairs the bounds leave.  The torch implementation: one host read (R and the
+        per-position counts).  The Triton kernel (CUDA): one launch and no host read whatever B, each
+        program solving whole rows with its tables in (2C + 2)·C float64 of scratch, as many programs as
+        ``budget`` holds; its gains sum the leaf depths in order where the torch implementation's
+        matrix product sums them in its BLAS's order, so values equal in exact arithmetic may round
+        apart (the knapsack, the size choice and the tie rule are the same operations).
     Raises:
         ValueError / TypeError naming the argument for a wrong shape, dtype or device.
     """
@@ -152,6 +164,9 @@ def knapsack(gp, nx, kidx, jmax, active, space=None):
     # Row of F(nxt(i), ·) of every pair and position, laid out position-major for contiguous slices.
     skip_rows = (nx * r + rows[:, None]).t().contiguous()  # (C, R)
     gcols = gp.t().contiguous()  # (C, R)
+    if dev.type == "cpu":  # the same float64 additions and comparisons, at NumPy's cost per call
+        _knapsack_steps_numpy(_numpy(hist), _numpy(dec), _numpy(skip_rows), _numpy(gcols), active)
+        return gp[:, 0] + hist[1][rows, kidx], dec
     for i in range(c - 1, 0, -1):
         a = active[i]  # the rows past it keep F(i, ·) = F(C, ·)
         take = hist[i + 1, :a, :-1] + gcols[i, :a, None]  # j ≥ 1 nodes with v_i among them
@@ -159,6 +174,18 @@ def knapsack(gp, nx, kidx, jmax, active, space=None):
         torch.ge(take, skip, out=dec[i, :a, 1:])
         torch.where(dec[i, :a, 1:], take, skip, out=hist[i, :a, 1:])
     return gp[:, 0] + hist[1][rows, kidx], dec
+
+
+def _knapsack_steps_numpy(hist, dec, skip_rows, gcols, active) -> None:
+    """The position loop of :func:`knapsack` on NumPy views of its CPU tables (in place)."""
+    c1, r, w = hist.shape
+    flat = hist.reshape(c1 * r, w)
+    for i in range(c1 - 2, 0, -1):
+        a = active[i]
+        take = hist[i + 1, :a, :-1] + gcols[i, :a, None]
+        skip = flat[skip_rows[i, :a], 1:]
+        np.greater_equal(take, skip, out=dec[i, :a, 1:])
+        np.copyto(hist[i, :a, 1:], np.where(dec[i, :a, 1:], take, skip))
 
 
 def knapsack_sets(gp, nx, kidx, jmax: int, active, budget: int):
@@ -211,6 +238,9 @@ def walk(dec, nx, kidx):
     members[0] = True
     flat = dec.view(c, -1)
     nxt = nx.t().contiguous()  # (C, R)
+    if dev.type == "cpu":  # the same steps at NumPy's cost per call
+        _walk_steps_numpy(_numpy(flat), _numpy(nxt), _numpy(at), _numpy(pos), _numpy(members))
+        return members.t()
     for i in range(1, c):
         # A pair at position i takes v_i as decided, else skips v_i's subtree.
         here = pos == i
@@ -222,9 +252,55 @@ def walk(dec, nx, kidx):
 
 
 
+#: Batches of CPU tensors of at least this many (row, candidate, size) cells B·C² are solved in groups
+#: of rows by candidate count (at most 16, 32, 64, ... columns, each group's tables that wide), where
+#: the widest row would otherwise set every row's width; smaller ones in one go.  Not on a GPU, where
+#: the groups' sizes would be one more host read (and the Triton kernel solves each row alone).
+GROUP_CELLS = 1 << 16
+
+
+def _walk_steps_numpy(flat, nxt, at, pos, members) -> None:
+    """The position loop of :func:`walk` on NumPy views of its CPU tensors (in place)."""
+    for i in range(1, flat.shape[0]):
+        here = pos == i
+        t = np.logical_and(flat[i][at], here, out=members[i])
+        at -= t
+        pos[:] = np.where(here, np.where(t, i + 1, nxt[i]), pos)
+
+
 def jaccard_sets_torch(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget):
-    """The torch implementation of :func:`jaccard_sets` (every device)."""
+    """The torch implementation of :func:`jaccard_sets` (every device).
+
+    Large batches of CPU tensors are solved in groups of rows of at most 16, 32, 64, ... candidates,
+    each group on its first columns; the rounding slacks stay those of the whole table's width C, so
+    that a row's choice between sizes is the same formula in any group.  On CPU tensors the knapsack
+    and its walk step NumPy views of their tables (the same float64 operations).
+    """
     check_args(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget)
+    bsz, c, _ = q.shape
+    tables = (pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget)
+    if q.device.type != "cpu" or bsz * c * c < GROUP_CELLS or c <= 16:
+        return _solve(q, ids, count, lb, k_ref, *tables, c)
+    groups = (c - 1).bit_length() - 3  # 16·2^(groups − 1) ≥ c
+    group = ((count - 1).clamp(min=0) >> 4).add(1).log2().ceil().long().clamp(max=groups - 1)
+    order = torch.sort(group, stable=True).indices
+    # one host read, as the ungrouped call makes: the groups' own reads of CPU tensors go uncounted
+    sizes = torch.zeros(groups, dtype=torch.long, device=q.device).index_add_(0, group, torch.ones_like(group)).tolist()
+    out = torch.zeros(bsz, c, dtype=torch.bool, device=q.device)
+    a = 0
+    for g, n in enumerate(sizes):
+        if n:
+            rows, w = order[a:a + n], min(c, 16 << g)
+            out[rows, :w] = _solve(q[rows, :w], ids[rows, :w], count[rows], lb[rows], k_ref[rows], *tables, c,
+                                   _tolist)
+            a += n
+    return out
+
+
+def _solve(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget, kslack,
+           tolist=None):
+    """:func:`jaccard_sets_torch` of rows whose counts fit q's width, rounding slacks of width ``kslack``;
+    ``tolist``, if given, makes its host read (the groups of CPU rows pass one no host-read counter sees)."""
     bsz, c, num_e = q.shape
     dev = q.device
     if c == 0 or bsz == 0:
@@ -259,22 +335,48 @@ def jaccard_sets_torch(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths,
     ub = (g - lam[:, None, :]).clamp(min=0).sum(1) + lam * kf
     cover = torch.minimum(kf[:, None], depths + 1) / torch.maximum(kf[:, None], depths + 1)
     ub = torch.minimum(ub, q[:, 0, :] @ cover.t())  # the root's masses
-    slack_v = 2 * ((num_e + kmax + 16) * u64 + mass_rel)
-    spread = slack_v * (max_depth + 1) / kf + 4 * kmax * mass_abs
+    slack_v = 2 * ((num_e + kslack + 16) * u64 + mass_rel)
+    spread = slack_v * (max_depth + 1) / kf + 4 * kslack * mass_abs
     want = (ub * (1 + slack_v) + spread >= lb[:, None]) & (kf[None, :] <= count[:, None])
-    # The pairs, rows with more candidates first (a prefix of them works at each position): one host
-    # read, their number and, for each position, the size of that prefix.
+    # The pairs, rows with more candidates first (a prefix of them works at each position); on large
+    # tables by width class (sizes k ≤ 8, 16, 32, ...: each class's knapsack tables as wide as its
+    # sizes, F(i, j) reads only j' ≤ j so the values are the same bits), rows with more candidates
+    # first within a class.  One host read: per class, the pairs with at least i candidates, for
+    # each position i.
+    # 8·2^(classes − 1) ≥ kmax
+    classes = 1 if bsz * kmax * kmax < GROUP_CELLS else max(1, (kmax - 1).bit_length() - 2)
     by_count = torch.sort(count, descending=True, stable=True).indices
-    per = torch.zeros(kmax + 1, dtype=torch.long, device=dev).index_add_(0, count, want.sum(1))
-    sizes = torch.cat([per.flip(0).cumsum(0).flip(0), per.new_zeros(1)]).tolist()  # [i]: count ≥ i
-    b, kidx = torch.nonzero_static(want[by_count], size=sizes[0]).unbind(1)
+    if classes == 1:
+        per = torch.zeros(kmax + 1, dtype=torch.long, device=dev).index_add_(0, count, want.sum(1))[None]
+    else:
+        size_class = ((torch.arange(kmax, device=dev) >> 3) + 1).log2().ceil().long().clamp(max=classes - 1)
+        per = torch.zeros(classes * (kmax + 1), dtype=torch.long, device=dev).index_add_(
+            0, (size_class[None, :] * (kmax + 1) + count[:, None]).view(-1), want.view(-1).long()).view(classes, -1)
+    sizes = torch.cat([per.flip(1).cumsum(1).flip(1), per.new_zeros(classes, 1)], 1)  # [c][i]: count ≥ i
+    sizes = sizes.tolist() if tolist is None else tolist(sizes)
+    b, kidx = torch.nonzero_static(want[by_count], size=sum(row[0] for row in sizes)).unbind(1)
+    if classes > 1:
+        by_class = torch.sort(size_class[kidx], stable=True).indices
+        b, kidx = b[by_class], kidx[by_class]
     b = by_count[b]
     nx = nxt[b]
     gp = g[b, :, kidx]
-    val, members = knapsack_sets(gp, nx, kidx, kmax, sizes[1:], budget)  # (R,), (R, C)
+    if classes == 1:
+        val, members = knapsack_sets(gp, nx, kidx, kmax, sizes[0][1:], budget)  # (R,), (R, C)
+    else:
+        vals, sets, a = [], [], 0
+        for cls, row in enumerate(sizes):
+            if row[0]:
+                part = slice(a, a + row[0])
+                width = min(kmax, (8 << cls) - 1)
+                val, members = knapsack_sets(gp[part], nx[part], kidx[part], width, row[1:], budget)
+                vals.append(val)
+                sets.append(members)
+                a += row[0]
+        val, members = torch.cat(vals), torch.cat(sets)
     # The smallest size within float64 rounding of the best value, its first set.
     best = torch.full((bsz,), float("-inf"), dtype=torch.float64, device=dev).scatter_reduce(0, b, val, "amax")
-    eligible = val >= best[b] * (1 - slack_v) - 4 * kmax * mass_abs
+    eligible = val >= best[b] * (1 - slack_v) - 4 * kslack * mass_abs
     kbest = torch.full((bsz,), kmax, dtype=torch.long, device=dev).scatter_reduce(
         0, b, torch.where(eligible, kidx, kmax), "amin")
     first = eligible & (kidx == kbest[b])
@@ -289,4 +391,12 @@ def _fake(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, m
     return q.new_empty(ids.shape, dtype=torch.bool)
 
 
-register("jaccard_sets", SCHEMA, jaccard_sets_torch, _fake, check_args, None)
+def check(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget) -> None:
+    """:func:`check_args`, and the index values a kernel reads unchecked: every ``count`` in [0, C] (read
+    unless its producer said so, ``trust_indices``) and the ``ids`` of real columns in [0, N]."""
+    check_args(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget)
+    check_bounds([(count, q.shape[1], "count", "C = q.shape[1]")], remember=False, trusted_ok=True)
+    check_bounds([(ids, pre.shape[0] - 1, "ids", "N")], remember=False, trusted_ok=True)
+
+
+register("jaccard_sets", SCHEMA, jaccard_sets_torch, _fake, check, __name__ + ".triton")
