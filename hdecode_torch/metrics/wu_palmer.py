@@ -68,8 +68,17 @@ class WuPalmer(StrategyNodeMetric):
         # candidates win as soon as leaves sit at several depths.
         if small:
             return 4 + 0.005 * h.num_leaves < 3.8 * h.num_leaf_depths
-        # Candidates read their root paths from the ancestors-by-depth table.
-        return h.num_leaf_depths >= 2 and h.ancestor_table_fits
+        # Candidates read their root paths from the ancestors-by-depth table.  A (sample, candidate)
+        # pair sums D+1 ancestors × E leaf-depth masses, each about twice a structural entry's cost,
+        # where the structural table costs N × E per sample: with tens of candidates per sample, the
+        # candidates win only while a root path is much shorter than the tree (not on a caterpillar,
+        # whose root paths hold half its nodes).
+        return (h.num_leaf_depths >= 2 and h.ancestor_table_fits
+                and 2 * self.CANDIDATES_PER_SAMPLE * (h.max_depth + 1) <= h.num_nodes)
+
+    #: Candidates per sample the ``auto`` rule assumes on trees too large for the dense matrix (a bound
+    #: on the typical count, which is known only once a batch's pruning has run).
+    CANDIDATES_PER_SAMPLE = 64
 
     def structural_bytes_per_sample(self, h, plan):
         # (N, E) tables per sample: the masses, their root-path sums and the weighted sums (per level); on
