@@ -21,7 +21,10 @@ import torch
 
 from ..kernels.ancestry import lca_depth, top_ancestor
 from ..kernels.candidates import PruningStatistics
-from ..kernels.depth_ranges import depth_masses, depth_ranges
+from ..kernels.depth_ranges import depth_masses, depth_range_ends, depth_ranges
+from ..kernels.fused import trust_indices, wu_palmer_best
+from ..kernels.selection import tie_rank
+from ..kernels.tree_sums import tree_ranges
 from .strategies import StrategyNodeMetric
 
 __all__ = ["WuPalmer", "wu_palmer_values", "wu_palmer_table", "path_below_root"]
@@ -54,6 +57,21 @@ def path_below_root(h, node: torch.Tensor) -> torch.Tensor:
     return h.ancestors.index_select(0, node)[:, 1:]
 
 
+def _fused_args(h):
+    """The arguments of ``wu_palmer_best`` after ``x`` (cached on the hierarchy): the leaves in
+    (depth, depth-first) order, every node's run at every leaf depth (E·N ends, leaf depth major), the
+    depths and the Euler tour without the root."""
+    def build():
+        r = depth_ranges(h)
+        n, j, e = h.num_nodes, h.num_leaves, h.num_leaf_depths
+        ends = depth_range_ends(h, torch.arange(n, device=h.device)).t()  # (2E, N)
+        euler, sign, at, _ = tree_ranges(h, "path_below_root")
+        return (trust_indices(r.leaf_order, j - 1), trust_indices(ends[:e].reshape(-1), j),
+                trust_indices(ends[e:].reshape(-1), j), h.depth.to(torch.float64), r.depths.to(torch.float64),
+                euler, sign, at, tie_rank(h))
+    return h.cached("wu_palmer_fused_args", build)
+
+
 class WuPalmer(StrategyNodeMetric):
     """Wu-Palmer similarity 2 d(LCA) / (d(h) + d(y))."""
 
@@ -79,6 +97,23 @@ class WuPalmer(StrategyNodeMetric):
     #: Candidates per sample the ``auto`` rule assumes on trees too large for the dense matrix (a bound
     #: on the typical count, which is known only once a batch's pruning has run).
     CANDIDATES_PER_SAMPLE = 64
+
+    def _fused(self, plan, h) -> bool:
+        # The GPU plan's structural decoder as one op, while the run ends fit their O(N·E) table (few
+        # leaf depths: every tree but very deep ones).
+        return plan.gpu and self.resolved_strategy(plan, h) == "structural" and depth_ranges(h).ends is not None
+
+    def _decode_gpu(self, post):
+        if self._fused(post.plan, post.h):
+            return wu_palmer_best(post.probs, *_fused_args(post.h))
+        return self._decode_cpu(post)
+
+    def _bytes_per_sample(self, h, plan):
+        if self._fused(plan, h):
+            # wu_palmer_best's rows, whatever E: its float64 prefix table (2L) and, at its peak, a leaf
+            # depth's masses, their Euler-tour table (2N) and root-path sums, and the running scores
+            return 16 * h.num_leaves + 48 * h.num_nodes
+        return super()._bytes_per_sample(h, plan)
 
     def structural_bytes_per_sample(self, h, plan):
         # (N, E) tables per sample: the masses, their root-path sums and the weighted sums (per level); on
