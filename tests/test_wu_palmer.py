@@ -183,3 +183,23 @@ def test_gpu_plan_operators_do_not_grow_with_the_batch_on_a_wide_tree():
         hd.set_memory_budget(None)
     assert ops[2] == ops[32] <= 20, ops
     assert nested[2] == nested[32], nested
+
+
+def test_fused_decoder_stays_within_the_memory_budget():
+    # The op's rows are chunked by its own size per row: peak growth within the budget (float32 and
+    # float64 rows), the (N, E) tables of the unfused decoder are never built.
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_memory_budget import MiB, peak_growths
+
+    got = peak_growths("""
+    from benchmarks.workloads import random_tree
+    h = hd.Hierarchy.from_parents(random_tree(20_000, 12, seed=1))  # 29,449 nodes, 10 leaf depths
+    m = hd.get_metric("wu_palmer", h)
+    hd.set_memory_budget(24 * 2**20)
+    for dtype in (torch.float32, torch.float64):
+        probs = torch.softmax(torch.randn(64, h.num_leaves, dtype=torch.float64) * 3, 1).to(dtype)
+        with hd.plan_for("cuda"):
+            m.decode(probs[:1])
+            growth(lambda: m.decode(probs))
+    """)
+    assert len(got) == 2 and max(got) < 24 * MiB, got

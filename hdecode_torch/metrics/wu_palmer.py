@@ -112,7 +112,7 @@ class WuPalmer(StrategyNodeMetric):
         if self._fused(plan, h):
             # wu_palmer_best's rows, whatever E: its float64 prefix table (2L) and, at its peak, a leaf
             # depth's masses, their Euler-tour table (2N) and root-path sums, and the running scores
-            return 16 * h.num_leaves + 48 * h.num_nodes
+            return 16 * h.num_leaves + 52 * h.num_nodes
         return super()._bytes_per_sample(h, plan)
 
     def structural_bytes_per_sample(self, h, plan):
