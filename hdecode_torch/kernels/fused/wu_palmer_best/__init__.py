@@ -6,7 +6,7 @@ import torch
 
 from .._checks import check_bounds, check_float_tensor, check_index_values, check_ranges, check_vector, derived
 from .._registry import register
-from ..gathered_prefix import _endpoints, range_sums
+from ..gathered_prefix import _endpoints
 
 __all__ = ["wu_palmer_best", "wu_palmer_best_torch", "SCHEMA"]
 
@@ -100,14 +100,24 @@ def wu_palmer_best_torch(x: torch.Tensor, src: torch.Tensor, hi: torch.Tensor, l
     g.copy_(x.index_select(1, src))
     torch.cumsum(g, dim=1, out=table[:, 1:j + 1])
     hi2, lo2 = _endpoints(hi, lo, j)
-    two, d = torch.tensor(2.0, dtype=t, device=x.device), depth.to(t)
+    weight = torch.tensor(2.0, dtype=t, device=x.device) / (depth.to(t)[None, :] + leaf_depths.to(t)[:, None])  # (E, N)
+    # the Euler tour's table, reused for every leaf depth: entries t(Q_e)·sign, scanned in place
+    tour = x.new_empty((b, euler_src.shape[0] + 1), dtype=torch.float64)
+    tour[:, 0] = 0
+    steps = tour[:, 1:]
+    at = at.expand(b, -1)
     score = None
-    for i, e in enumerate(leaf_depths.to(t).unbind(0)):  # a loop over the leaf depths
+    for i in range(leaf_depths.shape[0]):  # a loop over the leaf depths
         span = slice(i * n, (i + 1) * n)
         q = torch.gather(table, 1, hi2[span].expand(b, -1))
         q = q.sub_(torch.gather(table, 1, lo2[span].expand(b, -1))).to(t)
-        s = range_sums(q, euler_src, sign, at, None).to(t)
-        s.mul_(two / (d + e))
+        if t == torch.float64:
+            torch.index_select(q, 1, euler_src, out=steps)
+        else:
+            steps.copy_(q.index_select(1, euler_src))
+        del q  # the masses are in the tour now: (B, N) less at the peak
+        steps.mul_(sign).cumsum_(dim=1)
+        s = torch.gather(tour, 1, at).to(t).mul_(weight[i])
         score = s if score is None else score.add_(s)
     order = _order(rank)
     score = score.index_select(1, order).nan_to_num_(nan=float("-inf"), posinf=float("inf"))
