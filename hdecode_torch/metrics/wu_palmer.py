@@ -10,10 +10,10 @@ E root-path sums, O(B·N·E), no N×L matrix (``"structural"``; on the GPU plan 
 ``hdecode::wu_palmer_best``, one leaf depth at a time: O(N + L) memory per sample instead of
 O(N·E)).  The optimal decoder is the best node (ties: the deepest, then the smallest id); see
 :mod:`.strategies` for the candidate and dense strategies.  Pruning bounds (Plaud et al. 2025,
-Lemma 4.3 / Prop. E.6), for a non-root n at depth k and a leaf l at depth e: on its own leaves n beats its parent by 2e/((k+e)(k−1+e)), decreasing in
-e ≥ k (extremes at the shallowest and deepest leaf below n); on a leaf of L(a_n) \\ L(n) (a_n the
-child of the root above n) with LCA depth j ∈ [1, k−1] it loses 2j/((k−1+e)(k+e)): at most with
-j = k−1 and e = d_min(a_n), at least with j = 1 and e = d_max(a_n).
+Lemma 4.3 / Prop. E.6), for a non-root n at depth k and a leaf l at depth e: on its own leaves n beats its
+parent by 2e/((k+e)(k−1+e)), decreasing in e ≥ k (extremes at the shallowest and deepest leaf below n); on a
+leaf of L(a_n) \\ L(n) (a_n the child of the root above n) with LCA depth j ∈ [1, k−1] it loses
+2j/((k−1+e)(k+e)): at most with j = k−1 and e = d_min(a_n), at least with j = 1 and e = d_max(a_n).
 """
 
 from __future__ import annotations
