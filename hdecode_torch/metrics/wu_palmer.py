@@ -6,13 +6,14 @@ levels with h, one for every ancestor a ≠ root of h above it, so
 
     E[WP(h, y)] = Σ_e 2/(d(h) + e) · Σ_{a ∈ A(h), a ≠ root} Q_e(a),
 
-E root-path sums, O(B·N·E), no N×L matrix (``"structural"``).  The optimal decoder is the best node
-(ties: the deepest, then the smallest id); see :mod:`.strategies` for the candidate and dense
-strategies.  Pruning bounds (Plaud et al. 2025, Lemma 4.3 / Prop. E.6), for a non-root n at depth k
-and a leaf l at depth e: on its own leaves n beats its parent by 2e/((k+e)(k−1+e)), decreasing in
-e ≥ k (extremes at the shallowest and deepest leaf below n); on a leaf of L(a_n) \\ L(n) (a_n the
-child of the root above n) with LCA depth j ∈ [1, k−1] it loses 2j/((k−1+e)(k+e)): at most with
-j = k−1 and e = d_min(a_n), at least with j = 1 and e = d_max(a_n).
+E root-path sums, O(B·N·E), no N×L matrix (``"structural"``; on the GPU plan one fused op,
+``hdecode::wu_palmer_best``, one leaf depth at a time: O(N + L) memory per sample instead of
+O(N·E)).  The optimal decoder is the best node (ties: the deepest, then the smallest id); see
+:mod:`.strategies` for the candidate and dense strategies.  Pruning bounds (Plaud et al. 2025,
+Lemma 4.3 / Prop. E.6), for a non-root n at depth k and a leaf l at depth e: on its own leaves n beats its
+parent by 2e/((k+e)(k−1+e)), decreasing in e ≥ k (extremes at the shallowest and deepest leaf below n); on a
+leaf of L(a_n) \\ L(n) (a_n the child of the root above n) with LCA depth j ∈ [1, k−1] it loses
+2j/((k−1+e)(k+e)): at most with j = k−1 and e = d_min(a_n), at least with j = 1 and e = d_max(a_n).
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ import torch
 
 from ..kernels.ancestry import lca_depth, top_ancestor
 from ..kernels.candidates import PruningStatistics
-from ..kernels.depth_ranges import depth_masses, depth_ranges
+from ..kernels.depth_ranges import depth_masses, depth_range_ends, depth_ranges
+from ..kernels.fused import trust_indices, wu_palmer_best
+from ..kernels.selection import tie_rank
+from ..kernels.tree_sums import tree_ranges
 from .strategies import StrategyNodeMetric
 
 __all__ = ["WuPalmer", "wu_palmer_values", "wu_palmer_table", "path_below_root"]
@@ -54,6 +58,21 @@ def path_below_root(h, node: torch.Tensor) -> torch.Tensor:
     return h.ancestors.index_select(0, node)[:, 1:]
 
 
+def _fused_args(h):
+    """The arguments of ``wu_palmer_best`` after ``x`` (cached on the hierarchy): the leaves in
+    (depth, depth-first) order, every node's run at every leaf depth (E·N ends, leaf depth major), the
+    depths and the Euler tour without the root."""
+    def build():
+        r = depth_ranges(h)
+        n, j, e = h.num_nodes, h.num_leaves, h.num_leaf_depths
+        ends = depth_range_ends(h, torch.arange(n, device=h.device)).t()  # (2E, N)
+        euler, sign, at, _ = tree_ranges(h, "path_below_root")
+        return (trust_indices(r.leaf_order, j - 1), trust_indices(ends[:e].reshape(-1), j),
+                trust_indices(ends[e:].reshape(-1), j), h.depth.to(torch.float64), r.depths.to(torch.float64),
+                euler, sign, at, tie_rank(h))
+    return h.cached("wu_palmer_fused_args", build)
+
+
 class WuPalmer(StrategyNodeMetric):
     """Wu-Palmer similarity 2 d(LCA) / (d(h) + d(y))."""
 
@@ -68,8 +87,34 @@ class WuPalmer(StrategyNodeMetric):
         # candidates win as soon as leaves sit at several depths.
         if small:
             return 4 + 0.005 * h.num_leaves < 3.8 * h.num_leaf_depths
-        # Candidates read their root paths from the ancestors-by-depth table.
-        return h.num_leaf_depths >= 2 and h.ancestor_table_fits
+        # Candidates read their root paths from the ancestors-by-depth table.  A (sample, candidate)
+        # pair sums D+1 ancestors × E leaf-depth masses, each about twice a structural entry's cost,
+        # where the structural table costs N × E per sample: with tens of candidates per sample, the
+        # candidates win only while a root path is much shorter than the tree (not on a caterpillar,
+        # whose root paths hold half its nodes).
+        return (h.num_leaf_depths >= 2 and h.ancestor_table_fits
+                and 2 * self.CANDIDATES_PER_SAMPLE * (h.max_depth + 1) <= h.num_nodes)
+
+    #: Candidates per sample the ``auto`` rule assumes on trees too large for the dense matrix (a bound
+    #: on the typical count, which is known only once a batch's pruning has run).
+    CANDIDATES_PER_SAMPLE = 64
+
+    def _fused(self, plan, h) -> bool:
+        # The GPU plan's structural decoder as one op, while the run ends fit their O(N·E) table (few
+        # leaf depths: every tree but very deep ones).
+        return plan.gpu and self.resolved_strategy(plan, h) == "structural" and depth_ranges(h).ends is not None
+
+    def _decode_gpu(self, post):
+        if self._fused(post.plan, post.h):
+            return wu_palmer_best(post.probs, *_fused_args(post.h))
+        return self._decode_cpu(post)
+
+    def _bytes_per_sample(self, h, plan):
+        if self._fused(plan, h):
+            # wu_palmer_best's rows, whatever E: its float64 prefix table (2L) and, at its peak, a leaf
+            # depth's masses, their Euler-tour table (2N) and root-path sums, and the running scores
+            return 16 * h.num_leaves + 52 * h.num_nodes
+        return super()._bytes_per_sample(h, plan)
 
     def structural_bytes_per_sample(self, h, plan):
         # (N, E) tables per sample: the masses, their root-path sums and the weighted sums (per level); on

@@ -1,11 +1,12 @@
 """Fused row kernels: gathered float64 prefix sums, a fused ranked-threshold decision, a row check
 (each row non-negative, free of NaN, its float64 sum within bounds: one flag per row),
-the exact hF_β and Jaccard solvers over packed candidates and a fused root-path-score decoder.
+the exact hF_β and Jaccard solvers over packed candidates, a fused root-path-score decoder and
+Wu-Palmer's structural decoder.
 
-Six torch ops in the ``hdecode`` namespace, batch-major (rows are samples; every scan runs along
+Seven torch ops in the ``hdecode`` namespace, batch-major (rows are samples; every scan runs along
 the last, contiguous dimension), each with a torch implementation (CPU, and CUDA when Triton is
-missing or disabled) and a Triton kernel on CUDA (one program per row, ``jaccard_sets`` a program per
-rows of a budget;
+missing or disabled) and, but for ``wu_palmer_best``, a Triton kernel on CUDA (one program per row,
+``jaccard_sets`` a program per rows of a budget;
 any row length: a long row is scanned in tiles carrying its running float64 sum).  Importing this package registers the ops;
 it does not import Triton, ``torch._dynamo`` or ``torch._inductor`` (Triton is imported on the
 first CUDA call).  Everything is deterministic: no atomics, fixed summation orders.  The torch
@@ -73,6 +74,8 @@ Ops (schemas as registered)::
     hdecode::jaccard_sets(Tensor q, Tensor ids, Tensor count, Tensor lb, Tensor k_ref, Tensor pre,
                           Tensor end, Tensor depth, Tensor dmin1, Tensor depths, int max_depth,
                           float mass_abs) -> Tensor
+    hdecode::wu_palmer_best(Tensor x, Tensor src, Tensor hi, Tensor lo, Tensor depth, Tensor leaf_depths,
+                            Tensor euler_src, Tensor sign, Tensor at, Tensor rank) -> Tensor
 
 Each op's folder shares its name with the op's public function, which the package exports in its
 place: ``from hdecode_torch.kernels.fused import gathered_prefix`` is the function, its parts are
@@ -89,6 +92,8 @@ from .row_check import row_check
 from .hf_beta_best_k import hf_beta_best_k
 from .path_score_best import path_score_best
 from .jaccard_sets import jaccard_sets
+from .wu_palmer_best import wu_palmer_best
 
 __all__ = ["gathered_prefix", "best_ranked_above", "row_check", "hf_beta_best_k", "path_score_best", "jaccard_sets",
+           "wu_palmer_best",
            "trust_indices", "triton_available", "triton_enabled", "set_triton_enabled", "SCHEMAS"]
