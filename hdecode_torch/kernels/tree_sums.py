@@ -163,8 +163,23 @@ def subtree_sum(h, values: torch.Tensor, layout: str | None = None, backend: str
 
 def subtree_sum_(h, values: torch.Tensor, backend: str = "torch") -> torch.Tensor:
     """In-place per-level :func:`subtree_sum` (overwrites and returns ``values``)."""
+    rows = _as_rows(values)
     for nodes, parents in level_pairs(h):
-        index_add_rows(values, parents, values.index_select(0, nodes), backend)
+        index_add_rows(rows, parents, rows.index_select(0, nodes), backend)
+    return values
+
+
+def _as_rows(values: torch.Tensor) -> torch.Tensor:
+    """``values`` (N, *) as the table the per-level steps update: a 1-D view of its storage when each
+    row holds one entry (a single sample), else ``values`` itself.
+
+    Both are the same additions in the same order (``index_add_`` adds the selected rows one after
+    the other, each entry on its own), so the bits are those of any batch; the 1-D kernels skip the
+    per-row bookkeeping of the 2-D ones, which at one column is most of a level's cost (on
+    tieredImageNet-H the 12 levels take about half the time).
+    """
+    if values.dim() > 1 and values[0].numel() == 1:
+        return values.view(values.shape[0])
     return values
 
 
@@ -212,7 +227,8 @@ def path_sum(h, values: torch.Tensor, include_root: bool = True, layout: str | N
     out = values.clone()
     if not include_root:
         out[h.root] = 0
+    rows = _as_rows(out)
     for nodes, parents in reversed(level_pairs(h)):
         # nodes of one level are distinct and their parents are already final: one add per level
-        index_add_rows(out, nodes, out.index_select(0, parents), backend)
+        index_add_rows(rows, nodes, rows.index_select(0, parents), backend)
     return out
