@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .._checks import check_index_values, check_ranges, check_vector, derived
-from .._registry import register
+from .._registry import call, register
 from ..gathered_prefix import range_sums
 
 __all__ = ["best_ranked_above", "best_ranked_above_torch", "SCHEMA"]
@@ -37,7 +37,7 @@ def best_ranked_above(x: torch.Tensor, src: torch.Tensor, hi: torch.Tensor, lo: 
     Raises:
         ValueError / TypeError naming the argument for a wrong shape, dtype, device or index.
     """
-    return torch.ops.hdecode.best_ranked_above(x, src, hi, lo, rank, float(threshold), int(fallback))
+    return call("best_ranked_above", x, src, hi, lo, rank, float(threshold), int(fallback))
 
 
 def check_args(x, src, hi, lo, rank, threshold=None, fallback=None) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from .._checks import OUT_DTYPES, check_index_values, check_ranges, derived
-from .._registry import register
+from .._registry import call, register
 
 __all__ = ["gathered_prefix", "gathered_prefix_torch", "range_sums", "SCHEMA"]
 
@@ -38,7 +38,7 @@ def gathered_prefix(x: torch.Tensor, src: torch.Tensor, weight: torch.Tensor | N
     Raises:
         ValueError / TypeError naming the argument for a wrong shape, dtype, device or index.
     """
-    return torch.ops.hdecode.gathered_prefix(x, src, weight, hi, lo, out_dtype)
+    return call("gathered_prefix", x, src, weight, hi, lo, out_dtype)
 
 
 def check_args(x, src, weight, hi, lo, out_dtype) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .._checks import check_bounds, check_index_values, check_ranges, check_vector, derived
-from .._registry import register
+from .._registry import call, register
 from ..gathered_prefix import range_sums
 
 __all__ = ["path_score_best", "path_score_best_torch", "SCHEMA"]
@@ -55,8 +55,8 @@ def path_score_best(x: torch.Tensor, src: torch.Tensor, hi: torch.Tensor, lo: to
     Raises:
         ValueError / TypeError naming the argument for a wrong shape, dtype, device or index.
     """
-    return torch.ops.hdecode.path_score_best(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta,
-                                             allowed, rank, bool(higher_is_better))
+    return call("path_score_best", x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank,
+                bool(higher_is_better))
 
 
 def check_args(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank,

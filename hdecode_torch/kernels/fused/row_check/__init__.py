@@ -10,7 +10,7 @@ import sys
 import torch
 
 from .._checks import check_float_tensor
-from .._registry import register
+from .._registry import call, register
 
 __all__ = ["row_check", "row_check_torch", "unit_sum_bounds", "POSITIVE_FINITE", "SCHEMA"]
 
@@ -41,7 +41,7 @@ def row_check(x: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
     Raises:
         ValueError / TypeError naming the argument for a wrong shape or dtype of ``x`` or a NaN bound.
     """
-    return torch.ops.hdecode.row_check(x, float(lo), float(hi))
+    return call("row_check", x, float(lo), float(hi))
 
 
 def check(x, lo, hi) -> None:
