@@ -178,7 +178,7 @@ def _as_rows(values: torch.Tensor) -> torch.Tensor:
     per-row bookkeeping of the 2-D ones, which at one column is most of a level's cost (on
     tieredImageNet-H the 12 levels take about half the time).
     """
-    if values.dim() > 1 and values[0].numel() == 1:
+    if values.dim() > 1 and values.numel() == values.shape[0]:
         return values.view(values.shape[0])
     return values
 
@@ -202,10 +202,11 @@ def leaf_to_node_sum(h, leaf_values: torch.Tensor, layout: str | None = None, ba
         return _prefix_sums(h, leaf_values, "leaves", budget)
     dtype = leaf_values.dtype
     acc = accumulation_dtype(h, dtype)
-    out = torch.empty((h.num_nodes,) + tuple(leaf_values.shape[1:]), dtype=acc, device=leaf_values.device)
-    out[: h.num_leaves] = leaf_values
-    out[h.num_leaves:] = 0
-    return subtree_sum_(h, out, backend).to(dtype)
+    # the leaves' rows, then zeros for the internal nodes (ids L..N-1): one padded copy, contiguous
+    pad = (0, 0) * (leaf_values.dim() - 1) + (0, h.num_nodes - h.num_leaves)
+    out = torch.nn.functional.pad(leaf_values if acc == dtype else leaf_values.to(acc), pad)
+    out = subtree_sum_(h, out, backend)
+    return out if acc == dtype else out.to(dtype)
 
 
 def accumulation_dtype(h, dtype: torch.dtype) -> torch.dtype:
