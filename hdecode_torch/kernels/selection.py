@@ -53,7 +53,7 @@ def argbest(h, values: torch.Tensor, higher_is_better: bool, mask: torch.Tensor 
     if prefer_deep and k:
         order = preference_order(h, k)
         v = v.index_select(0, order)
-        return order[(v.max(dim=0) if higher_is_better else v.min(dim=0)).indices]
+        return order.index_select(0, (v.max(dim=0) if higher_is_better else v.min(dim=0)).indices)
     first = (v.max(dim=0) if higher_is_better else v.min(dim=0)).indices
     return first if ids is None else ids.gather(0, first[None])[0]
 

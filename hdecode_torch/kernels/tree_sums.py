@@ -216,16 +216,17 @@ def accumulation_dtype(h, dtype: torch.dtype) -> torch.dtype:
 
 
 def path_sum(h, values: torch.Tensor, include_root: bool = True, layout: str | None = None,
-             backend: str = "torch", budget: int | None = None) -> torch.Tensor:
+             backend: str = "torch", budget: int | None = None, overwrite: bool = False) -> torch.Tensor:
     """Sum of ``values`` along every root path: ``out[n] = Σ_{a ∈ A(n)} values[a]``.
 
     values: (N, *) float or int.  With ``include_root=False`` the root's row is left out of every
     sum.  Returns a new (N, *) tensor, same dtype.  ``layout``, ``backend``, ``budget``: as in
-    :func:`subtree_sum`.
+    :func:`subtree_sum`.  ``overwrite=True``: ``values`` is a temporary of the caller's, which the
+    per-level sums may overwrite and return (no copy).
     """
     if _layout(h, layout) == "prefix":
         return _prefix_sums(h, values, "path" if include_root else "path_below_root", budget)
-    out = values.clone()
+    out = values if overwrite else values.clone()
     if not include_root:
         out[h.root] = 0
     rows = _as_rows(out)
