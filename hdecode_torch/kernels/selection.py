@@ -11,7 +11,7 @@ any backend give the same answer:
   information I(n) = log(L/|L(n)|), compared exactly through integer leaf counts), then the
   deepest, then the smallest id.
 
-The order is applied by reading rows in it: ``max``/``min`` return the first best entry of a
+The order is applied by reading rows in it: ``argmax``/``argmin`` return the first best entry of a
 column on every backend, so the first row in preference order is the tie winner and one pass
 suffices.  No host sync.
 """
@@ -53,8 +53,8 @@ def argbest(h, values: torch.Tensor, higher_is_better: bool, mask: torch.Tensor 
     if prefer_deep and k:
         order = preference_order(h, k)
         v = v.index_select(0, order)
-        return order.index_select(0, (v.max(dim=0) if higher_is_better else v.min(dim=0)).indices)
-    first = (v.max(dim=0) if higher_is_better else v.min(dim=0)).indices
+        return order.index_select(0, v.argmax(dim=0) if higher_is_better else v.argmin(dim=0))
+    first = v.argmax(dim=0) if higher_is_better else v.argmin(dim=0)
     return first if ids is None else ids.gather(0, first[None])[0]
 
 
