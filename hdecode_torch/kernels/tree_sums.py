@@ -135,14 +135,14 @@ def _prefix_sums(h, values: torch.Tensor, kind: str, budget: int | None = None) 
     as (R, M) rows without a copy, and the result is stored the same way.
     """
     src, weight, hi, lo = tree_ranges(h, kind)
-    rest = tuple(values.shape[1:])
     dtype = values.dtype
-    x = values.movedim(0, -1).reshape(-1, values.shape[0])  # (R, M)
+    flat = values.dim() == 2  # (M, B): its transpose is the (R, M) table, a view
+    x = values.t() if flat else values.movedim(0, -1).reshape(-1, values.shape[0])  # (R, M)
     if not x.is_floating_point():
         x = x.to(torch.float64)  # integer counts are exact in float64
     out_dtype = dtype if dtype in (torch.float32, torch.float64) else torch.float64
     out = blocked_gathered_prefix(x, src, weight, hi, lo, out_dtype, budget)  # (R, N)
-    out = out.reshape(rest + (h.num_nodes,)).movedim(-1, 0)
+    out = out.t() if flat else out.reshape(tuple(values.shape[1:]) + (h.num_nodes,)).movedim(-1, 0)
     return out if out.dtype == dtype else out.to(dtype)
 
 

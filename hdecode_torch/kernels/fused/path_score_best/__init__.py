@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_bounds, check_index_values, check_ranges, check_vector, derived
+from .._checks import check_bounds, check_index_values, check_ranges, check_vector, check_tables_once, derived
 from .._registry import call, register
 from ..gathered_prefix import range_sums
 
@@ -78,13 +78,16 @@ def check_args(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, 
 
 def check(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank,
           higher_is_better=None) -> None:
-    """:func:`check_args` and every index in range (each index tensor read once)."""
-    check_args(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank)
-    n = hi.shape[0]
-    check_index_values(x, src, hi, lo)
-    check_bounds([(parent, n - 1, "parent", "N - 1 = len(hi) - 1"),
-                  (euler_src, n - 1, "euler_src", "N - 1 = len(hi) - 1"),
-                  (at, euler_src.shape[0], "at", "len(euler_src)")])
+    """:func:`check_args` and every index in range (the tables' part once per set of tables)."""
+    def tables():
+        check_args(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank)
+        n = hi.shape[0]
+        check_index_values(x, src, hi, lo)
+        check_bounds([(parent, n - 1, "parent", "N - 1 = len(hi) - 1"),
+                      (euler_src, n - 1, "euler_src", "N - 1 = len(hi) - 1"),
+                      (at, euler_src.shape[0], "at", "len(euler_src)")])
+    check_tables_once("path_score_best", x, (src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta,
+                                              allowed, rank), tables)
 
 
 def _preference_order(hi, lo, parent, alpha, beta, euler_src, at, gamma, delta, allowed, rank):
