@@ -314,7 +314,8 @@ def prepare_leaf_probs(
     kind = input_kind(from_logits)
     x, unbatched = _input_array(leaf_probs, num_leaves, name, device)
     in_dtype = x.dtype
-    x = x.to(compute_dtype(in_dtype))
+    if in_dtype not in (torch.float32, torch.float64):
+        x = x.to(compute_dtype(in_dtype))
     checks = [c for c in extra_checks if c is not None] if validate else []
     tol = row_sum_tolerance(in_dtype, num_leaves)
     if kind == "probs":
