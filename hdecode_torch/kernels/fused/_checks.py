@@ -86,7 +86,7 @@ def _remember(t: torch.Tensor, top: int) -> None:
     except RuntimeError:
         return
     key = id(t)
-    _VERIFIED[key] = (weakref.ref(t, lambda _, key=key: _VERIFIED.pop(key, None)), version, top)
+    _VERIFIED[key] = (weakref.ref(t, lambda _, key=key, table=_VERIFIED: table.pop(key, None)), version, top)
 
 
 def check_index_values(x, src, hi, lo) -> None:
@@ -149,7 +149,7 @@ def derived(tag: str, sources: tuple, build: Callable[[], object]):
     if entry is not None and entry[1] == versions and all(ref() is t for ref, t in zip(entry[0], sources)):
         return entry[2]
     value = build()
-    refs = tuple(weakref.ref(t, lambda _, key=key: _DERIVED.pop(key, None)) for t in sources)
+    refs = tuple(weakref.ref(t, lambda _, key=key, table=_DERIVED: table.pop(key, None)) for t in sources)
     _DERIVED[key] = (refs, versions, value)
     return value
 
