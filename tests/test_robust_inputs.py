@@ -240,9 +240,13 @@ def test_the_row_sum_test_at_its_bounds_is_the_row_by_row_one(h, plan, dtype):
         for row, want in rows:
             for x in (row, torch.cat([good, row, good])):
                 pred = torch.zeros(x.shape[0], dtype=torch.long)
-                for call in (lambda: m.decode(x), lambda: m.expected(x, pred), lambda: hd.node_probabilities(h, x)):
+                # a decoder's own host read, the pending check read with it (its flag on the device)
+                read = lambda: hd.Posterior(h, x, defer_check=True).read(torch.tensor(3))  # noqa: E731
+                for call in (lambda: m.decode(x), lambda: m.expected(x, pred), lambda: hd.node_probabilities(h, x),
+                             read):
                     if want:
-                        call()
+                        out = call()
+                        assert out == [3] if call is read else out.shape[0] == x.shape[0]
                     else:
                         with pytest.raises(ValueError, match="`leaf_probs`"):
                             call()
