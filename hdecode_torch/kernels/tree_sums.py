@@ -179,8 +179,8 @@ def _as_rows(values: torch.Tensor) -> torch.Tensor:
 
     Both are the same additions in the same order (``index_add_`` adds the selected rows one after
     the other, each entry on its own), so the bits are those of any batch; the 1-D kernels skip the
-    per-row bookkeeping of the 2-D ones, which at one column is most of a level's cost (on
-    tieredImageNet-H the 12 levels take about half the time).
+    per-row bookkeeping of the 2-D ones, which at one column is most of a level's cost
+    (benchmarks/README.md, "The fixed cost of a call").
     """
     if values.dim() > 1 and values.numel() == values.shape[0]:
         return values.view(values.shape[0])

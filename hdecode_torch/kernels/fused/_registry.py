@@ -12,10 +12,10 @@ Both ``torch.compile`` and ``torch.export`` see the ops as opaque nodes through 
 
 Calls: :func:`call` runs an op.  On plain CPU tensors, outside any trace, dispatch mode or autograd
 recording, it calls the torch implementation directly, which is what the dispatcher would run: the
-dispatcher's way there (schema parsing, the autograd wrapper, Python re-entry) costs 3–16 µs per call
-on a CPU, as much as a small batch's work.  Everywhere else (CUDA, ``torch.compile``,
-``torch.export``, operator counting under a ``TorchDispatchMode``) the op is dispatched as registered,
-so traces and counts still see one ``hdecode::`` op.
+dispatcher's way there (schema parsing, the autograd wrapper, Python re-entry) costs as much on a CPU
+as a small batch's work (benchmarks/README.md, "The fixed cost of a call").  Everywhere else (CUDA,
+``torch.compile``, ``torch.export``, operator counting under a ``TorchDispatchMode``) the op is
+dispatched as registered, so traces and counts still see one ``hdecode::`` op.
 
 Dispatch: an op's torch implementation is registered for every backend (CompositeExplicitAutograd).
 CUDA has its own kernel: it imports the op's Triton module on first use and, when Triton imports
