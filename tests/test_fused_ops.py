@@ -621,6 +621,47 @@ def test_argument_errors():
         F.row_check(x, 0.0, float("nan"))
 
 
+def test_cpu_calls_run_the_torch_implementation_and_everything_else_the_op():
+    """On plain CPU tensors an op's function calls its torch implementation directly (the dispatcher's way
+    there costs more than a small batch's work); with a gradient to record, or under a dispatch mode (what
+    the operator counts use), the op itself is dispatched; the same bits either way, and the tables'
+    checks still catch a table changed in place."""
+    from torch.profiler import ProfilerActivity, profile
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    x = torch.rand(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    src, hi, lo = torch.tensor([0, 1, 2, 3]), torch.tensor([4, 2]), torch.tensor([0, 1])
+
+    def run(fn):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            out = fn()
+        return out, any(e.key == "hdecode::gathered_prefix" for e in prof.key_averages())
+
+    direct, seen = run(lambda: F.gathered_prefix(x, src, None, hi, lo))
+    assert not seen and torch.equal(direct, torch.ops.hdecode.gathered_prefix(x, src, None, hi, lo, torch.float64))
+    xg = x.clone().requires_grad_()
+    out, seen = run(lambda: F.gathered_prefix(xg, src, None, hi, lo))
+    assert seen and torch.equal(out.detach(), direct)
+    out.sum().backward()
+    assert torch.equal(xg.grad, torch.tensor([[1.0, 2.0, 1.0, 1.0]]).expand(3, -1).double())
+
+    class Names(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Names() as mode:
+        out = F.gathered_prefix(x, src, None, hi, lo)
+    assert mode.names == ["hdecode.gathered_prefix.default"] and torch.equal(out, direct)
+    src[0] = 4  # in place: a new version, checked again
+    with pytest.raises(ValueError, match="`src`.*got 4"):
+        F.gathered_prefix(x, src, None, hi, lo)
+
+
 # -- torch.compile, torch.export, opcheck ---------------------------------------------------------------
 
 class Decoder(torch.nn.Module):

@@ -211,6 +211,49 @@ def test_row_sum_tolerance_is_per_input_dtype(h):
     assert hd.ROW_SUM_TOLERANCE is ROW_SUM_TOLERANCE
 
 
+@pytest.mark.parametrize("plan", ["cpu", "cuda"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_row_sum_test_at_its_bounds_is_the_row_by_row_one(h, plan, dtype):
+    """Rows whose sums sit on either side of 1 ± tol, NaN, ±inf, negative and -0.0 entries, alone or among
+    good rows: a batch passes exactly when every row passes ``abs(float64 row sum - 1) <= tol`` and holds
+    no negative entry, on both plans, for decode (check read with the decision), expected (with the range
+    check of ``pred``) and node_probabilities."""
+    tol = row_sum_tolerance(dtype, L)
+    finfo = torch.finfo(dtype)
+    sums = []
+    for edge in (1 - tol, 1 + tol):  # the floats of dtype around each bound
+        s = torch.tensor(edge, dtype=dtype)
+        for _ in range(3):
+            s = torch.nextafter(s, torch.tensor(0.0, dtype=dtype))
+        for _ in range(7):
+            sums.append(float(s))
+            s = torch.nextafter(s, torch.tensor(2.0, dtype=dtype))
+    m = hd.get_metric("tree_distance", h)
+    good = torch.tensor([[0.25, 0.25, 0.25, 0.25, 0.0]], dtype=dtype)
+    rows = [(torch.tensor([[v, 0.0, 0.0, 0.0, 0.0]], dtype=dtype), abs(v - 1.0) <= tol) for v in sums]
+    rows += [(torch.tensor([[1.0, 0.0, -0.0, 0.0, 0.0]], dtype=dtype), True),
+             (torch.tensor([[1.0, float("nan"), 0.0, 0.0, 0.0]], dtype=dtype), False),
+             (torch.tensor([[float("inf"), 0.0, 0.0, 0.0, 0.0]], dtype=dtype), False),
+             (torch.tensor([[1.0 + 2 * finfo.eps, -finfo.eps, 0.0, 0.0, 0.0]], dtype=dtype), False)]
+    assert {want for _, want in rows} == {True, False}
+    with hd.plan_for(plan):
+        for row, want in rows:
+            for x in (row, torch.cat([good, row, good])):
+                pred = torch.zeros(x.shape[0], dtype=torch.long)
+                # a decoder's own host read, the pending check read with it (its flag on the device)
+                read = lambda: hd.Posterior(h, x, defer_check=True).read(torch.tensor(3))  # noqa: E731
+                for call in (lambda: m.decode(x), lambda: m.expected(x, pred), lambda: hd.node_probabilities(h, x),
+                             read):
+                    if want:
+                        out = call()
+                        assert out == [3] if call is read else out.shape[0] == x.shape[0]
+                    else:
+                        with pytest.raises(ValueError, match="`leaf_probs`"):
+                            call()
+        with pytest.raises(ValueError, match="`pred`"):  # a bad id among good rows: its own error
+            m.expected(torch.cat([good, good]), torch.tensor([0, N]))
+
+
 def test_a_large_table_is_checked_block_by_block_with_the_same_result(monkeypatch):
     """Row sums and the minimum read block by block equal the whole table's, and every error is still found
     in whichever block it lies (the last one, a partial block, included)."""

@@ -88,3 +88,28 @@ def test_sampled_products_equal_the_dense_product(device, dtype):
     torch.testing.assert_close(got, (cost @ probs.t())[node, sample])
     empty = torch.zeros(0, dtype=torch.long, device=device)
     assert sampled_products(cost, probs, empty, empty).shape == (0,)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_level_sums_of_one_row_are_its_bits_in_any_batch(dtype):
+    """A single sample's per-level sums (a one-column table, summed as a 1-D one) hold exactly the bits
+    of the same sample's column in a batch: node sums, root-path sums with and without the root, on
+    the bundled trees, random trees and a star wider than float32's fan-in limit (float64 sums)."""
+    from hdecode_torch import Hierarchy
+    from hdecode_torch.kernels.tree_sums import FLOAT32_MAX_FAN_IN, leaf_to_node_sum, path_sum, subtree_sum
+
+    star = Hierarchy.from_parents([-1] + [0] * (FLOAT32_MAX_FAN_IN + 5))
+    trees = [bundled("tieredimagenet-h")[0], bundled("inat19")[0], star] + [h for h, _ in random_trees(31, 6)]
+    g = torch.Generator().manual_seed(3)
+    for h in trees:
+        x = torch.rand(h.num_leaves, 9, generator=g, dtype=torch.float64).to(dtype)
+        x = x / x.sum(0)  # sums of many terms: rounding that depends on the order of the additions
+        nodes = leaf_to_node_sum(h, x, "levels")
+        v = torch.rand(h.num_nodes, 9, generator=g, dtype=torch.float64).to(dtype)
+        for b in (0, 4, 8):
+            one = leaf_to_node_sum(h, x[:, b:b + 1], "levels")
+            assert one.shape == (h.num_nodes, 1) and torch.equal(one[:, 0], nodes[:, b])
+            assert torch.equal(leaf_to_node_sum(h, x.t()[b:b + 1].t(), "levels"), one)  # a transposed row
+            assert torch.equal(subtree_sum(h, v[:, b:b + 1], "levels")[:, 0], subtree_sum(h, v, "levels")[:, b])
+            for root in (True, False):
+                assert torch.equal(path_sum(h, v[:, b:b + 1], root, "levels")[:, 0], path_sum(h, v, root, "levels")[:, b])

@@ -100,5 +100,10 @@ def route_cpu_calls_to_triton() -> None:
         raise RuntimeError("HDECODE_TEST_TRITON_ON_CPU needs TRITON_INTERPRET=1 in the environment")
     from hdecode_torch.kernels.fused import _registry
 
-    for name, op in _registry.OPS.items():
+    import dataclasses
+
+    for name, op in list(_registry.OPS.items()):
         _registry._LIB.impl(name, op.cuda, "CPU")
+        # `_registry.call` runs `torch_impl` directly on plain CPU tensors (no dispatcher): point it at the
+        # CUDA dispatch too
+        _registry.OPS[name] = dataclasses.replace(op, torch_impl=op.cuda)

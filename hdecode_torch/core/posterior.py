@@ -146,10 +146,11 @@ class Posterior:
         """(N, *) ``Σ_{l ∈ L(n)} leaf_values[l]`` of leaf-major (L, *) values."""
         return leaf_to_node_sum(self.h, leaf_values, self.plan.tree_sums, self.plan.backend, self.plan.budget)
 
-    def path_sum(self, values: torch.Tensor, include_root: bool = True) -> torch.Tensor:
+    def path_sum(self, values: torch.Tensor, include_root: bool = True, overwrite: bool = False) -> torch.Tensor:
         """(N, *) ``Σ_{a ∈ A(n)} values[a]`` of node-major (N, *) values (the root left out when
-        ``include_root=False``)."""
-        return path_sum(self.h, values, include_root, self.plan.tree_sums, self.plan.backend, self.plan.budget)
+        ``include_root=False``); ``overwrite=True``: ``values`` is a temporary that may be summed in place."""
+        return path_sum(self.h, values, include_root, self.plan.tree_sums, self.plan.backend, self.plan.budget,
+                        overwrite)
 
     def subtree_sum(self, values: torch.Tensor) -> torch.Tensor:
         """(N, *) ``Σ_{m in the subtree of n} values[m]`` of node-major (N, *) values."""
@@ -168,8 +169,12 @@ class Posterior:
         return self._get("positive_leaf_count", lambda: self.leaf_sum((self.probs > 0).t().to(torch.float64)))
 
     def weighted_node(self, key: Hashable, leaf_weights: torch.Tensor) -> torch.Tensor:
-        """(N, B) ``Σ_{l ∈ L(n)} p(l) w(l)`` for a fixed per-leaf weight ``leaf_weights`` (L,)."""
-        return self._get(("weighted", key), lambda: self.leaf_sum(self.probs.t() * leaf_weights.to(self.dtype)[:, None]))
+        """(N, B) ``Σ_{l ∈ L(n)} p(l) w(l)`` for a fixed per-leaf weight ``leaf_weights`` (L,) or (L, 1), each
+        product ``p(l) w(l)`` rounded to the probabilities' dtype (weights in it already cost no conversion)."""
+        def build():
+            w = leaf_weights if leaf_weights.dtype == self.dtype else leaf_weights.to(self.dtype)
+            return self.leaf_sum(self.probs.t() * (w[:, None] if w.dim() == 1 else w))
+        return self._get(("weighted", key), build)
 
     def leaf_depth_values(self) -> torch.Tensor:
         """(E,) int64 the distinct leaf depths, ascending."""

@@ -200,26 +200,42 @@ class Check:
     warns, that their values stand for.  ``fine``: a 0-d bool on the device, true when there is
     nothing to raise or warn (by default every flag true), for callers that read one value and settle
     the flags only when it is false.  Settled once.
+
+    ``stats``: optional ``(values, judge, on_device)``, a check decided on the host from a few batch
+    statistics rather than on the device: ``values`` (S,) float, read with the flags; ``judge`` maps
+    their host values to the first flag's value; ``on_device()`` gives that flag as a 0-d bool on the
+    device (for ``fine``).  Comparing a handful of floats in Python costs less than the operators
+    that would compare them on the device.
     """
 
-    def __init__(self, flags: list[torch.Tensor], act, fine: torch.Tensor | None = None):
-        self.flags, self.act, self._fine = flags, act, fine
-        self.done = not flags
+    def __init__(self, flags: list[torch.Tensor], act, fine: torch.Tensor | None = None, stats=None):
+        self.flags, self.act, self._fine, self.stats = flags, act, fine, stats
+        self.done = not flags and stats is None
 
     def settle(self, values: list | None = None) -> None:
         """Act on the flags' values (read here when ``values`` is None)."""
         if self.done:
             return
         if values is None:  # the one host read
-            values = [self.flags[0].item()] if len(self.flags) == 1 else torch.stack(self.flags).tolist()
+            values = self._read()
         self.done = True
         self.act([bool(v) for v in values])
+
+    def _read(self) -> list:
+        if self.stats is None:
+            return [self.flags[0].item()] if len(self.flags) == 1 else torch.stack(self.flags).tolist()
+        stats, judge, _ = self.stats
+        if not self.flags:
+            return [judge(stats.tolist())]
+        got = torch.cat([stats.to(torch.float64), torch.stack(self.flags).to(torch.float64)]).tolist()
+        return [judge(got[:stats.numel()])] + got[stats.numel():]
 
     def fine(self) -> torch.Tensor:
         """0-d bool on the device: nothing to raise or warn."""
         if self._fine is None:
-            ok = self.flags[0]
-            for f in self.flags[1:]:
+            flags = ([self.stats[2]()] if self.stats is not None else []) + list(self.flags)
+            ok = flags[0]
+            for f in flags[1:]:
                 ok = ok & f
             self._fine = ok
         return self._fine
@@ -298,7 +314,8 @@ def prepare_leaf_probs(
     kind = input_kind(from_logits)
     x, unbatched = _input_array(leaf_probs, num_leaves, name, device)
     in_dtype = x.dtype
-    x = x.to(compute_dtype(in_dtype))
+    if in_dtype not in (torch.float32, torch.float64):
+        x = x.to(compute_dtype(in_dtype))
     checks = [c for c in extra_checks if c is not None] if validate else []
     tol = row_sum_tolerance(in_dtype, num_leaves)
     if kind == "probs":
@@ -404,6 +421,7 @@ def _checked_probs(x, checks, name, tol, normalize, in_dtype, validate, fused_ch
     # whose per-row flags give the batch's flag at once; no host read here.  NaN and +inf make a row sum
     # non-finite and NaN makes the min NaN, so the one flag covers finiteness too; the error path then
     # finds out exactly what is wrong.
+    stats = None
     if fused_check:
         from ..kernels.fused.row_check import POSITIVE_FINITE, row_check, unit_sum_bounds
 
@@ -411,10 +429,11 @@ def _checked_probs(x, checks, name, tol, normalize, in_dtype, validate, fused_ch
         ok = row_check(x, *(POSITIVE_FINITE if normalize else unit_sum_bounds(tol))).all()
         # float64 sums as the op takes them, only where the output needs them (or below, an error)
         sums = x.sum(dim=1, dtype=torch.float64) if normalize else None
-    else:
+    elif normalize:
         sums, low = row_sums_and_min(x)
-        nonneg = low >= 0
-        ok = nonneg & (((sums > 0) & torch.isfinite(sums)) if normalize else ((sums - 1).abs() <= tol)).all()
+        ok = (low >= 0) & ((sums > 0) & torch.isfinite(sums)).all()
+    else:
+        sums, stats = None, _unit_sum_stats(x, tol)
     # divided in float64: a float32 row may sum past float32's range
     out = (x / sums.clamp(min=torch.finfo(torch.float64).tiny)[:, None]).to(x.dtype) if normalize else x
 
@@ -422,14 +441,20 @@ def _checked_probs(x, checks, name, tol, normalize, in_dtype, validate, fused_ch
 
     def act(oks):
         if not oks[0]:
-            s = sums if sums is not None else x.sum(dim=1, dtype=torch.float64)
+            if sums is not None:
+                s = sums
+            else:  # the sums the check judged: the fused op's float64 ones, or row_sums
+                s = x.sum(dim=1, dtype=torch.float64) if fused_check else row_sums(x)
             finite, nonneg_ = bool(torch.isfinite(x).all()), bool((x >= 0).all())
             if normalize and finite and nonneg_ and not bool((s <= 0).any()):
                 overflow.append(True)  # finite entries whose float32 sum overflows
             else:
                 _raise_probs_error(x, s, (finite, nonneg_), name, tol, normalize, in_dtype)
         raise_first_range_error(checks, oks[1:])
-    check = Check([ok] + range_flags(checks, x.device), act)
+    if stats is None:
+        check = Check([ok] + range_flags(checks, x.device), act)
+    else:
+        check = Check(range_flags(checks, x.device), act, stats=stats)
     if normalize:
         # Settled here (the output depends on it): rows whose sum overflowed are rescaled by their
         # maximum first.
@@ -439,6 +464,34 @@ def _checked_probs(x, checks, name, tol, normalize, in_dtype, validate, fused_ch
             out = (scaled / row_sums(scaled)[:, None]).to(x.dtype)
         return out, None
     return out, check
+
+
+def _unit_sum_stats(x: torch.Tensor, tol: float):
+    """The ``stats`` of a :class:`Check` that every row of x (B ≥ 1, L ≥ 1) is non-negative and sums to 1
+    within ``tol``: ``(smallest row sum, largest row sum, smallest entry)``, judged on the host.
+
+    The float64 test ``abs(s - 1) <= tol`` passes an interval of sums, so it passes every row exactly
+    when it passes the smallest and the largest row sum; NaN anywhere makes a statistic NaN, which
+    fails it, and so does an infinite sum.  The row sums are :func:`row_sums`' (taken in the input's
+    precision, exact in float64), so the decision is the row-by-row test's.  Four operators (sum,
+    extremes, minimum, stack) whatever B.
+    """
+    if x.numel() * x.element_size() > CHECK_BLOCKED_FROM_BYTES and x.device.type == "cpu":
+        sums, low = row_sums_and_min(x)  # float64 sums, exact: compared as float64
+        values = torch.stack([sums.amin(), sums.amax(), low.to(torch.float64)])
+    else:
+        sums = x.sum(dim=1)
+        values = torch.stack([*torch.aminmax(sums), x.amin()])
+
+    def judge(v) -> bool:
+        lo, hi, low = v
+        return abs(lo - 1.0) <= tol and abs(hi - 1.0) <= tol and low >= 0
+
+    def on_device() -> torch.Tensor:
+        v = values.to(torch.float64)
+        return ((v[:2] - 1).abs() <= tol).all() & (v[2] >= 0)
+
+    return values, judge, on_device
 
 
 def _raise_logits_error(x, name):

@@ -11,7 +11,7 @@ any backend give the same answer:
   information I(n) = log(L/|L(n)|), compared exactly through integer leaf counts), then the
   deepest, then the smallest id.
 
-The order is applied by reading rows in it: ``max``/``min`` return the first best entry of a
+The order is applied by reading rows in it: ``argmax``/``argmin`` return the first best entry of a
 column on every backend, so the first row in preference order is the tie winner and one pass
 suffices.  No host sync.
 """
@@ -53,8 +53,8 @@ def argbest(h, values: torch.Tensor, higher_is_better: bool, mask: torch.Tensor 
     if prefer_deep and k:
         order = preference_order(h, k)
         v = v.index_select(0, order)
-        return order[(v.max(dim=0) if higher_is_better else v.min(dim=0)).indices]
-    first = (v.max(dim=0) if higher_is_better else v.min(dim=0)).indices
+        return order.index_select(0, v.argmax(dim=0) if higher_is_better else v.argmin(dim=0))
+    first = v.argmax(dim=0) if higher_is_better else v.argmin(dim=0)
     return first if ids is None else ids.gather(0, first[None])[0]
 
 
@@ -76,17 +76,29 @@ def argbest_pairs(h, values: torch.Tensor, sample: torch.Tensor, node: torch.Ten
     return torch.where(top >= 0, n - 1 - top % n, torch.full_like(top, h.root))
 
 
-def _first_allowed(h, allowed: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    # uint8: a max over bool is not dispatched on every backend
-    found, first = allowed.index_select(0, order).to(torch.uint8).max(dim=0)
-    return torch.where(found > 0, order[first], torch.full_like(first, h.root))
+def _first_allowed(h, allowed: torch.Tensor, order: torch.Tensor, name: str) -> torch.Tensor:
+    """Per column of ``allowed`` (N, B) bool, the first allowed node in ``order`` (N,), the root if none.
+
+    Each node carries a key, larger the earlier it comes in the order (0 for "none"): the largest key
+    among the allowed nodes names the answer, three operators whatever N and B (keys are distinct, so
+    no tie is left to the reduction).  ``name``: the order's cache key.
+    """
+    def build():
+        n = order.numel()
+        key = torch.empty(n, dtype=torch.int32, device=order.device)
+        key[order] = torch.arange(n, 0, -1, dtype=torch.int32, device=order.device)
+        root = torch.full((1,), h.root, dtype=order.dtype, device=order.device)
+        return key[:, None], torch.cat([root, order.flip(0)])  # node of key j >= 1: order[n - j]
+    key, node_of = h.cached(("first_allowed", name), build)
+    best = (allowed * key).amax(dim=0)
+    return node_of.index_select(0, best)
 
 
 def deepest_where(h, allowed: torch.Tensor) -> torch.Tensor:
     """allowed: (N, B) bool.  Per column, the deepest allowed node (smallest id among equal depths),
     the root where none is allowed.  Returns (B,) int64."""
     order = h.cached("deepest_first", lambda: torch.sort(h.depth, descending=True, stable=True).indices)
-    return _first_allowed(h, allowed, order)
+    return _first_allowed(h, allowed, order, "deepest_first")
 
 
 def deepest_above(h, p: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -127,4 +139,4 @@ def informative_order(h) -> torch.Tensor:
 def most_informative_where(h, allowed: torch.Tensor) -> torch.Tensor:
     """allowed: (N, B) bool.  Per column, the allowed node with the fewest leaves (largest I(n)), then
     the deepest, then the smallest id; the root where none is allowed.  Returns (B,) int64."""
-    return _first_allowed(h, allowed, informative_order(h))
+    return _first_allowed(h, allowed, informative_order(h), "informative_order")

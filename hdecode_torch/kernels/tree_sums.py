@@ -135,14 +135,14 @@ def _prefix_sums(h, values: torch.Tensor, kind: str, budget: int | None = None) 
     as (R, M) rows without a copy, and the result is stored the same way.
     """
     src, weight, hi, lo = tree_ranges(h, kind)
-    rest = tuple(values.shape[1:])
     dtype = values.dtype
-    x = values.movedim(0, -1).reshape(-1, values.shape[0])  # (R, M)
+    flat = values.dim() == 2  # (M, B): its transpose is the (R, M) table, a view
+    x = values.t() if flat else values.movedim(0, -1).reshape(-1, values.shape[0])  # (R, M)
     if not x.is_floating_point():
         x = x.to(torch.float64)  # integer counts are exact in float64
     out_dtype = dtype if dtype in (torch.float32, torch.float64) else torch.float64
     out = blocked_gathered_prefix(x, src, weight, hi, lo, out_dtype, budget)  # (R, N)
-    out = out.reshape(rest + (h.num_nodes,)).movedim(-1, 0)
+    out = out.t() if flat else out.reshape(tuple(values.shape[1:]) + (h.num_nodes,)).movedim(-1, 0)
     return out if out.dtype == dtype else out.to(dtype)
 
 
@@ -163,8 +163,27 @@ def subtree_sum(h, values: torch.Tensor, layout: str | None = None, backend: str
 
 def subtree_sum_(h, values: torch.Tensor, backend: str = "torch") -> torch.Tensor:
     """In-place per-level :func:`subtree_sum` (overwrites and returns ``values``)."""
+    rows = _as_rows(values)
+    if backend == "torch":  # index_add_rows inlined: one call fewer per level
+        for nodes, parents in level_pairs(h):
+            rows.index_add_(0, parents, rows.index_select(0, nodes))
+        return values
     for nodes, parents in level_pairs(h):
-        index_add_rows(values, parents, values.index_select(0, nodes), backend)
+        index_add_rows(rows, parents, rows.index_select(0, nodes), backend)
+    return values
+
+
+def _as_rows(values: torch.Tensor) -> torch.Tensor:
+    """``values`` (N, *) as the table the per-level steps update: a 1-D view of its storage when each
+    row holds one entry (a single sample), else ``values`` itself.
+
+    Both are the same additions in the same order (``index_add_`` adds the selected rows one after
+    the other, each entry on its own), so the bits are those of any batch; the 1-D kernels skip the
+    per-row bookkeeping of the 2-D ones, which at one column is most of a level's cost
+    (benchmarks/README.md, "The fixed cost of a call").
+    """
+    if values.dim() > 1 and values.numel() == values.shape[0]:
+        return values.view(values.shape[0])
     return values
 
 
@@ -187,10 +206,11 @@ def leaf_to_node_sum(h, leaf_values: torch.Tensor, layout: str | None = None, ba
         return _prefix_sums(h, leaf_values, "leaves", budget)
     dtype = leaf_values.dtype
     acc = accumulation_dtype(h, dtype)
-    out = torch.empty((h.num_nodes,) + tuple(leaf_values.shape[1:]), dtype=acc, device=leaf_values.device)
-    out[: h.num_leaves] = leaf_values
-    out[h.num_leaves:] = 0
-    return subtree_sum_(h, out, backend).to(dtype)
+    # the leaves' rows, then zeros for the internal nodes (ids L..N-1): one padded copy, contiguous
+    pad = (0, 0) * (leaf_values.dim() - 1) + (0, h.num_nodes - h.num_leaves)
+    out = torch.nn.functional.pad(leaf_values if acc == dtype else leaf_values.to(acc), pad)
+    out = subtree_sum_(h, out, backend)
+    return out if acc == dtype else out.to(dtype)
 
 
 def accumulation_dtype(h, dtype: torch.dtype) -> torch.dtype:
@@ -200,19 +220,25 @@ def accumulation_dtype(h, dtype: torch.dtype) -> torch.dtype:
 
 
 def path_sum(h, values: torch.Tensor, include_root: bool = True, layout: str | None = None,
-             backend: str = "torch", budget: int | None = None) -> torch.Tensor:
+             backend: str = "torch", budget: int | None = None, overwrite: bool = False) -> torch.Tensor:
     """Sum of ``values`` along every root path: ``out[n] = Σ_{a ∈ A(n)} values[a]``.
 
     values: (N, *) float or int.  With ``include_root=False`` the root's row is left out of every
     sum.  Returns a new (N, *) tensor, same dtype.  ``layout``, ``backend``, ``budget``: as in
-    :func:`subtree_sum`.
+    :func:`subtree_sum`.  ``overwrite=True``: ``values`` is a temporary of the caller's, which the
+    per-level sums may overwrite and return (no copy).
     """
     if _layout(h, layout) == "prefix":
         return _prefix_sums(h, values, "path" if include_root else "path_below_root", budget)
-    out = values.clone()
+    out = values if overwrite else values.clone()
     if not include_root:
         out[h.root] = 0
+    rows = _as_rows(out)
+    # nodes of one level are distinct and their parents are already final: one add per level
+    if backend == "torch":  # index_add_rows inlined: one call fewer per level
+        for nodes, parents in reversed(level_pairs(h)):
+            rows.index_add_(0, nodes, rows.index_select(0, parents))
+        return out
     for nodes, parents in reversed(level_pairs(h)):
-        # nodes of one level are distinct and their parents are already final: one add per level
-        index_add_rows(out, nodes, out.index_select(0, parents), backend)
+        index_add_rows(rows, nodes, rows.index_select(0, parents), backend)
     return out

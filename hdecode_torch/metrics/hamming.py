@@ -22,7 +22,10 @@ def hamming_from_counts(inter, size, ysize):
 def inverse_depth_mass(post) -> torch.Tensor:
     """(N, B) W(n) = Σ_{l ∈ L(n)} p(l) / (d(l) + 1)."""
     h = post.h
-    return post.weighted_node("inv_depth", 1.0 / (h.leaf_depth.to(torch.float64) + 1))
+    # the weights in float64, rounded once to the probabilities' dtype: a tree-only table, cached
+    weights = h.cached(("inverse_leaf_depth", post.dtype),
+                       lambda: (1.0 / (h.leaf_depth.to(torch.float64) + 1)).to(post.dtype)[:, None])
+    return post.weighted_node("inv_depth", weights)
 
 
 def hamming_expected(post, sets: torch.Tensor) -> torch.Tensor:

@@ -32,10 +32,11 @@ def lca_height_values(h, pred: torch.Tensor, target: torch.Tensor) -> torch.Tens
 def split_sums(post) -> torch.Tensor:
     """(N, B) ``Σ_{j < k} height(a_j) (p(a_j) − p(a_{j+1}))`` along each node's root path."""
     h, p = post.h, post.node
-    height = h.height.to(p.dtype)
     par = h.parent_or_root  # the root's own term is then 0
-    # index_select: faster on CPU than advanced indexing for whole-row gathers
-    return post.path_sum(height.index_select(0, par)[:, None] * (p.index_select(0, par) - p))
+    alpha = h.cached(("lca_height_parent_height", p.dtype), lambda: h.height.to(p.dtype).index_select(0, par)[:, None])
+    # index_select: faster on CPU than advanced indexing for whole-row gathers; the product is a temporary
+    # of ours, summed in place
+    return post.path_sum(p.index_select(0, par).sub_(p).mul_(alpha), overwrite=True)
 
 
 def lca_height_table(post) -> torch.Tensor:

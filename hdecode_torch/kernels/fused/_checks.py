@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 __all__ = ["FLOAT_INPUTS", "OUT_DTYPES", "check_float_tensor", "check_vector", "check_ranges", "check_index_values",
-           "check_bounds", "trust_indices", "derived"]
+           "check_bounds", "trust_indices", "derived", "check_tables_once"]
 
 FLOAT_INPUTS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 OUT_DTYPES = (torch.float32, torch.float64)
@@ -86,8 +86,7 @@ def _remember(t: torch.Tensor, top: int) -> None:
     except RuntimeError:
         return
     key = id(t)
-    # `pop` bound now: a tensor collected at interpreter exit may outlive the module's globals
-    _VERIFIED[key] = (weakref.ref(t, lambda _, key=key, pop=_VERIFIED.pop: pop(key, None)), version, top)
+    _VERIFIED[key] = (weakref.ref(t, lambda _, key=key, table=_VERIFIED: table.pop(key, None)), version, top)
 
 
 def check_index_values(x, src, hi, lo) -> None:
@@ -150,6 +149,20 @@ def derived(tag: str, sources: tuple, build: Callable[[], object]):
     if entry is not None and entry[1] == versions and all(ref() is t for ref, t in zip(entry[0], sources)):
         return entry[2]
     value = build()
-    refs = tuple(weakref.ref(t, lambda _, key=key, pop=_DERIVED.pop: pop(key, None)) for t in sources)
+    refs = tuple(weakref.ref(t, lambda _, key=key, table=_DERIVED: table.pop(key, None)) for t in sources)
     _DERIVED[key] = (refs, versions, value)
     return value
+
+
+def check_tables_once(tag: str, x: torch.Tensor, tables: tuple, check: Callable[[], None]) -> None:
+    """Run ``check()``, the checks of an op's tree tables ``tables`` (index and weight tensors, None
+    entries skipped) against ``x``'s device and row length, once per set of tables (:func:`derived`):
+    the library passes the same cached tables on every call, whose shapes, dtypes, devices and index
+    values cannot change without a new version.  ``x`` itself is the caller's to check on every call;
+    ``tag`` names the op and holds every other input of ``check``."""
+    check_float_tensor(x, "x")
+    tables = tuple(t for t in tables if t is not None)
+    if not all(isinstance(t, torch.Tensor) for t in tables):
+        check()  # raises the argument's error
+        return
+    derived(f"checked/{tag}/{x.device}/{x.shape[1]}", tables, lambda: check() or True)

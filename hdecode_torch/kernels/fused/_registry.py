@@ -10,6 +10,13 @@ Registered with ``torch.library.Library`` + ``define``/``impl``/``register_fake`
 
 Both ``torch.compile`` and ``torch.export`` see the ops as opaque nodes through their fake kernels.
 
+Calls: :func:`call` runs an op.  On plain CPU tensors, outside any trace, dispatch mode or autograd
+recording, it calls the torch implementation directly, which is what the dispatcher would run: the
+dispatcher's way there (schema parsing, the autograd wrapper, Python re-entry) costs as much on a CPU
+as a small batch's work (benchmarks/README.md, "The fixed cost of a call").  Everywhere else (CUDA,
+``torch.compile``, ``torch.export``, operator counting under a ``TorchDispatchMode``) the op is
+dispatched as registered, so traces and counts still see one ``hdecode::`` op.
+
 Dispatch: an op's torch implementation is registered for every backend (CompositeExplicitAutograd).
 CUDA has its own kernel: it imports the op's Triton module on first use and, when Triton imports
 and is enabled (:func:`set_triton_enabled`), checks the arguments and index values and calls the
@@ -25,8 +32,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-__all__ = ["SCHEMAS", "OPS", "Op", "register", "triton_available", "triton_enabled", "set_triton_enabled"]
+__all__ = ["SCHEMAS", "OPS", "Op", "register", "call", "triton_available", "triton_enabled", "set_triton_enabled"]
 
 #: name -> schema of every registered op (as passed to ``torch.library``, without the namespace).
 SCHEMAS: dict[str, str] = {}
@@ -82,6 +90,24 @@ def set_triton_enabled(enabled: bool) -> None:
     if not isinstance(enabled, bool):
         raise TypeError(f"Expected `enabled` to be a bool, but got {type(enabled).__name__}")
     _state["enabled"] = enabled
+
+
+def call(name: str, x: torch.Tensor, *args):
+    """``torch.ops.hdecode.<name>(x, *args)``, or its torch implementation called directly when the
+    dispatcher would run just that (see the module docstring): ``x`` a plain CPU tensor that needs no
+    gradient, nothing tracing and no dispatch mode active.  The other tensor arguments are the tree's
+    index tables, on ``x``'s device (the implementation checks them)."""
+    if (type(x) is torch.Tensor and x.device.type == "cpu" and not (x.requires_grad and torch.is_grad_enabled())
+            and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
+            and _get_current_dispatch_mode() is None and not torch._C._is_torch_function_mode_enabled()
+            and not _functorch_wrapped(x)):
+        return OPS[name].torch_impl(x, *args)
+    return getattr(torch.ops.hdecode, name)(x, *args)
+
+
+def _functorch_wrapped(x: torch.Tensor) -> bool:
+    """Whether ``x`` is a vmap/grad transform's wrapper (its ops must go through the dispatcher)."""
+    return torch._C._functorch.is_functorch_wrapped_tensor(x)
 
 
 def _register_fake(name: str, fn) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_index_values, check_ranges, check_vector, derived
-from .._registry import register
+from .._checks import check_index_values, check_ranges, check_vector, check_tables_once, derived
+from .._registry import call, register
 from ..gathered_prefix import range_sums
 
 __all__ = ["best_ranked_above", "best_ranked_above_torch", "SCHEMA"]
@@ -37,7 +37,7 @@ def best_ranked_above(x: torch.Tensor, src: torch.Tensor, hi: torch.Tensor, lo: 
     Raises:
         ValueError / TypeError naming the argument for a wrong shape, dtype, device or index.
     """
-    return torch.ops.hdecode.best_ranked_above(x, src, hi, lo, rank, float(threshold), int(fallback))
+    return call("best_ranked_above", x, src, hi, lo, rank, float(threshold), int(fallback))
 
 
 def check_args(x, src, hi, lo, rank, threshold=None, fallback=None) -> None:
@@ -47,9 +47,11 @@ def check_args(x, src, hi, lo, rank, threshold=None, fallback=None) -> None:
 
 
 def check(x, src, hi, lo, rank, threshold=None, fallback=None) -> None:
-    """:func:`check_args` and every index in range."""
-    check_args(x, src, hi, lo, rank)
-    check_index_values(x, src, hi, lo)
+    """:func:`check_args` and every index in range (the tables' part once per set of tables)."""
+    def tables():
+        check_args(x, src, hi, lo, rank)
+        check_index_values(x, src, hi, lo)
+    check_tables_once("best_ranked_above", x, (src, hi, lo, rank), tables)
 
 
 def _dense_rank(rank: torch.Tensor, fallback: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import OUT_DTYPES, check_index_values, check_ranges, derived
-from .._registry import register
+from .._checks import OUT_DTYPES, check_index_values, check_ranges, check_tables_once, derived
+from .._registry import call, register
 
 __all__ = ["gathered_prefix", "gathered_prefix_torch", "range_sums", "SCHEMA"]
 
@@ -38,7 +38,7 @@ def gathered_prefix(x: torch.Tensor, src: torch.Tensor, weight: torch.Tensor | N
     Raises:
         ValueError / TypeError naming the argument for a wrong shape, dtype, device or index.
     """
-    return torch.ops.hdecode.gathered_prefix(x, src, weight, hi, lo, out_dtype)
+    return call("gathered_prefix", x, src, weight, hi, lo, out_dtype)
 
 
 def check_args(x, src, weight, hi, lo, out_dtype) -> None:
@@ -49,9 +49,14 @@ def check_args(x, src, weight, hi, lo, out_dtype) -> None:
 
 
 def check(x, src, weight, hi, lo, out_dtype) -> None:
-    """:func:`check_args` and every index in range."""
-    check_args(x, src, weight, hi, lo, out_dtype)
-    check_index_values(x, src, hi, lo)
+    """:func:`check_args` and every index in range (the tables' part once per set of tables)."""
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"Expected `out_dtype` to be torch.float32 or torch.float64, but got {out_dtype}")
+
+    def tables():
+        check_ranges(x, src, weight, hi, lo)
+        check_index_values(x, src, hi, lo)
+    check_tables_once("gathered_prefix", x, (src, weight, hi, lo), tables)
 
 
 def _endpoints(hi: torch.Tensor, lo: torch.Tensor | None, j: int):

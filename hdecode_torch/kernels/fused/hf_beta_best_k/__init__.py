@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .._checks import check_bounds, check_float_tensor, check_vector
-from .._registry import register
+from .._registry import call, register
 
 __all__ = ["hf_beta_best_k", "hf_beta_best_k_torch", "hf_beta_weights", "SCHEMA"]
 
@@ -39,7 +39,7 @@ def hf_beta_best_k(q: torch.Tensor, count: torch.Tensor, depths: torch.Tensor,
     Raises:
         ValueError / TypeError naming the argument for a wrong shape, dtype, device, ``r`` or count.
     """
-    return torch.ops.hdecode.hf_beta_best_k(q, count, depths, float(r))
+    return call("hf_beta_best_k", q, count, depths, float(r))
 
 
 def check_args(q, count, depths, r) -> None:

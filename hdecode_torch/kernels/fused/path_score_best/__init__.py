@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_bounds, check_index_values, check_ranges, check_vector, derived
-from .._registry import register
+from .._checks import check_bounds, check_index_values, check_ranges, check_vector, check_tables_once, derived
+from .._registry import call, register
 from ..gathered_prefix import range_sums
 
 __all__ = ["path_score_best", "path_score_best_torch", "SCHEMA"]
@@ -55,8 +55,8 @@ def path_score_best(x: torch.Tensor, src: torch.Tensor, hi: torch.Tensor, lo: to
     Raises:
         ValueError / TypeError naming the argument for a wrong shape, dtype, device or index.
     """
-    return torch.ops.hdecode.path_score_best(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta,
-                                             allowed, rank, bool(higher_is_better))
+    return call("path_score_best", x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank,
+                bool(higher_is_better))
 
 
 def check_args(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank,
@@ -78,13 +78,16 @@ def check_args(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, 
 
 def check(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank,
           higher_is_better=None) -> None:
-    """:func:`check_args` and every index in range (each index tensor read once)."""
-    check_args(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank)
-    n = hi.shape[0]
-    check_index_values(x, src, hi, lo)
-    check_bounds([(parent, n - 1, "parent", "N - 1 = len(hi) - 1"),
-                  (euler_src, n - 1, "euler_src", "N - 1 = len(hi) - 1"),
-                  (at, euler_src.shape[0], "at", "len(euler_src)")])
+    """:func:`check_args` and every index in range (the tables' part once per set of tables)."""
+    def tables():
+        check_args(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank)
+        n = hi.shape[0]
+        check_index_values(x, src, hi, lo)
+        check_bounds([(parent, n - 1, "parent", "N - 1 = len(hi) - 1"),
+                      (euler_src, n - 1, "euler_src", "N - 1 = len(hi) - 1"),
+                      (at, euler_src.shape[0], "at", "len(euler_src)")])
+    check_tables_once("path_score_best", x, (src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta,
+                                              allowed, rank), tables)
 
 
 def _preference_order(hi, lo, parent, alpha, beta, euler_src, at, gamma, delta, allowed, rank):

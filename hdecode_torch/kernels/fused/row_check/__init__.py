@@ -10,7 +10,7 @@ import sys
 import torch
 
 from .._checks import check_float_tensor
-from .._registry import register
+from .._registry import call, register
 
 __all__ = ["row_check", "row_check_torch", "unit_sum_bounds", "POSITIVE_FINITE", "SCHEMA"]
 
@@ -41,7 +41,7 @@ def row_check(x: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
     Raises:
         ValueError / TypeError naming the argument for a wrong shape or dtype of ``x`` or a NaN bound.
     """
-    return torch.ops.hdecode.row_check(x, float(lo), float(hi))
+    return call("row_check", x, float(lo), float(hi))
 
 
 def check(x, lo, hi) -> None:
@@ -83,8 +83,12 @@ def unit_sum_bounds(tol: float) -> tuple[float, float]:
 def row_check_torch(x: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
     """The torch implementation of :func:`row_check` (every device): a float64 sum and a minimum per row."""
     check(x, lo, hi)
-    total = x.sum(dim=1, dtype=torch.float64)  # NaN anywhere makes it NaN, which fails both comparisons
-    ok = (total >= lo) & (total <= hi)  # python floats against a float64 tensor: compared in float64
+    if lo > hi:
+        return torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
+    total = x.sum(dim=1, dtype=torch.float64)  # NaN anywhere makes it NaN, which fails the test
+    # lo <= s <= hi as s == clamp(s, lo, hi): python floats against a float64 tensor, compared in float64;
+    # clamp keeps NaN (NaN != NaN) and an infinite sum equals its clamp only when the bound is infinite
+    ok = total.clamp(lo, hi) == total
     if x.shape[1]:
         ok &= x.amin(dim=1) >= 0  # amin propagates NaN
     return ok
