@@ -159,10 +159,7 @@ def hf_beta_decode_exact(post, beta: float) -> torch.Tensor:
     tables = _exact_tables(h, beta, dt)
     if tables.chain_weights is not None:
         chain = h.ancestors.index_select(0, post.probs.argmax(1))  # (B, D + 1), N past the leaf
-        q = _masses_bm(h, prefix, chain, post.plan.budget).to(dt)  # (B, D + 1, E)
-        # Past the leaf the cumulated masses stop growing while the weights fall with k: those
-        # entries are below the leaf's own prefix and never the maximum, so they need no mask.
-        lower = (q.cumsum(1) * tables.chain_weights).sum(2).amax(1)
+        lower = _chain_lower(h, prefix, chain, tables.chain_weights, post.plan.budget, dt)
     else:
         lower = post.probs @ tables.root_weights
     # τ(root) is 0 in the table: the root is always kept.
@@ -171,7 +168,7 @@ def hf_beta_decode_exact(post, beta: float) -> torch.Tensor:
     (width,) = post.read(count.max())  # the host read, with the input check's flags
     ids = pack_rows(keep, depth_rank(h), width)
     trust_indices(count, width)  # 0 <= count <= width by construction: the solver need not read it
-    best_k, delta = hf_beta_best_k(_masses_bm(h, prefix, ids, post.plan.budget).to(dt), count, tables.depths, r)
+    best_k, delta = hf_beta_best_k(_masses_bm(h, prefix, ids, post.plan.budget, dt), count, tables.depths, r)
     return _best_sets(h, ids, count, best_k, delta)
 
 
@@ -199,10 +196,38 @@ def _exact_tables(h, beta: float, dt: torch.dtype) -> _ExactTables:
     return h.cached(("hf_beta_exact_tables", beta, dt), build)
 
 
-def _masses_bm(h, prefix: torch.Tensor, ids: torch.Tensor, budget: int) -> torch.Tensor:
-    """(B, C, E) float64 per-leaf-depth masses of the nodes ``ids`` (B, C) (``N``: zero masses), read
+def _chain_lower(h, prefix: torch.Tensor, chain: torch.Tensor, weights: torch.Tensor, budget: int,
+                 dt: torch.dtype) -> torch.Tensor:
+    """(B,) the best value of the closed prefix sets {a_0, ..., a_{k−1}} of the root paths ``chain``
+    (B, D + 1) (``N`` past the leaf), ``weights`` (D + 1, E) w_e(k) in ``dt``.
+
+    Past the leaf the cumulated masses stop growing while the weights fall with k: those entries are
+    below the leaf's own prefix and never the maximum, so they need no mask.  The (B, D + 1, E) tables
+    in one piece when some 48 bytes an entry fit ``budget``, else in blocks of chain positions (deep
+    trees), the running sums carried in float64: a CPU's float32 ``cumsum`` accumulates in float64
+    too, so the blocks give the same bits.
+    """
+    bsz, n = chain.shape
+    step = max(1, budget // (48 * bsz * weights.shape[1]))
+    if step >= n:
+        q = _masses_bm(h, prefix, chain, budget, dt)  # (B, D + 1, E)
+        return (q.cumsum(1) * weights).sum(2).amax(1)
+    best, carry = None, None
+    for j0 in range(0, n, step):
+        q = _masses_bm(h, prefix, chain[:, j0:j0 + step], budget, dt).to(torch.float64)
+        if carry is not None:
+            q[:, 0] += carry
+        q = q.cumsum_(1)
+        carry = q[:, -1].clone()
+        got = (q.to(dt) * weights[j0:j0 + step]).sum(2).amax(1)
+        best = got if best is None else torch.maximum(best, got)
+    return best
+
+
+def _masses_bm(h, prefix: torch.Tensor, ids: torch.Tensor, budget: int, dt: torch.dtype) -> torch.Tensor:
+    """(B, C, E) per-leaf-depth masses in ``dt`` of the nodes ``ids`` (B, C) (``N``: zero masses), read
     from the batch-major depth-first prefix sums ``prefix`` (B, L + 1), temporaries within ``budget``."""
-    return depth_masses_packed(h, prefix, ids, budget)
+    return depth_masses_packed(h, prefix, ids, budget, dt)
 
 
 #: Relative slack, in ulps, of comparisons between rounded set values (sums of up to C·E terms):
@@ -242,9 +267,9 @@ class _PrefixSolver:
         if self.prefix is None:
             flat = self.p.reshape(-1).index_select(0, node * bsz + sample)[:, None]
         else:
-            flat = depth_masses(h, self.prefix, sample, node, self.budget)
+            flat = depth_masses(h, self.prefix, sample, node, self.budget, self.dt)
         q = torch.zeros(bsz, ids.shape[1], flat.shape[1], dtype=self.dt, device=ids.device)
-        q[sample, slot] = flat.to(self.dt)
+        q[sample, slot] = flat
         return _Candidates(ids, count, q)
 
     def solve(self, cands: "_Candidates", k_ref):
@@ -261,7 +286,7 @@ class _PrefixSolver:
         srt = torch.sort(d_ref, dim=1, descending=True, stable=True)
         qs = q.gather(1, srt.indices[:, :, None].expand_as(q))
         ks = torch.arange(1, c + 1, device=ids.device)
-        pv = (qs.cumsum(1) * self.weights(ks)).sum(2)  # (B, C) value of each prefix
+        pv = qs.cumsum(1).mul_(self.weights(ks)).sum(2)  # (B, C) value of each prefix
         pv = torch.where(ks[None, :] <= count[:, None], pv, torch.full_like(pv, -1.0))
         value, k = pv.max(1)  # first max: the smallest k
         return value, k + 1, q, qs, srt.values, k_ref, ids, count
@@ -272,6 +297,7 @@ class _PrefixSolver:
         value, best_k, q0, q, d_ref, k_ref, ids, count = self.solve(cands, k_ref)
         if self.depths.numel() > 1:  # with one leaf depth the order never moves: PV(k) = V(k)
             value, best_k = self._check(value, best_k, q0, q, d_ref, k_ref, count)
+        del q  # the sorted (B, C, E) masses: not held beside the product below
         return best_k, (q0 * self.weights(best_k)[:, None, :]).sum(2)
 
     def _check(self, value, best_k, q0, q, d_ref, k_ref, count):
