@@ -101,17 +101,18 @@ def hf_beta_decode(post, beta: float) -> torch.Tensor:
     if bsz == 0:
         return torch.zeros(0, h.num_nodes, dtype=torch.bool, device=p.device)
     solver = _PrefixSolver(post, _recall_share(beta))
-    slack = 1 - 64 * torch.finfo(dt).eps  # rounding may only add candidates
+    slack = _bound_slack(dt)
     # LB is a sum of up to C·E rounded terms: a wider slack keeps its rounding from ever dropping an
     # optimal node.
     wide = 1 - _VALUE_SLACK * torch.finfo(dt).eps
     # k̂ = E[d(y)] + 1, the size of a typical label set.
     k_ref = (post.expected_leaf_depth() + 1).round().long()
     # The pairs above the fixed bound are listed once; both stages filter that list.
-    keep = p >= hf_beta_bound(h, beta).to(dt)[:, None] * slack
+    bounds = _prefix_bounds(h, beta, dt)
+    keep = p >= bounds.bound_slack
     keep[h.root] = True
     sample, node, value = candidate_pairs(h, keep, p)
-    tau = hf_beta_value_bound(h, beta).to(dt)[node]
+    tau = bounds.tau[node]
     is_root = node == h.root
     first = (value >= tau * slack) | is_root
     lower, k_ref = solver.solve(solver.from_pairs(sample[first], node[first]), k_ref)[:2]
@@ -234,12 +235,56 @@ def _masses_bm(h, prefix: torch.Tensor, ids: torch.Tensor, budget: int, dt: torc
 #: 1e-4 in float32, 2e-13 in float64; it may only keep more candidates or check more k.
 _VALUE_SLACK = 1024
 
+def _depth_prefix(post) -> torch.Tensor:
+    """(L + 1, B) float64 :meth:`~hdecode_torch.Posterior.depth_prefix`, scanned along the batch-major
+    probabilities on every plan: the same sequential sums, but a CPU's ``cumsum`` along rows of a
+    node-major table walks B columns in strides and took a third of a large batch's decode."""
+    if post.plan.batch_major:
+        return post.depth_prefix()
+    h, probs = post.h, post.probs
+    out = torch.empty(probs.shape[0], h.num_leaves + 1, dtype=torch.float64, device=probs.device)
+    out[:, 0] = 0
+    torch.cumsum(probs.index_select(1, depth_ranges(h).leaf_order).to(torch.float64), dim=1, out=out[:, 1:])
+    return out.t()
+
+
 class _Candidates(NamedTuple):
     """Packed candidates: ids (B, C) int64 (padding N), count (B,), masses q (B, C, E)."""
 
     ids: torch.Tensor
     count: torch.Tensor
     q: torch.Tensor
+
+
+def _bound_slack(dt: torch.dtype) -> float:
+    return 1 - 64 * torch.finfo(dt).eps  # rounding may only add candidates
+
+
+#: Rows k = 1..K of the cached weight table w_e(k) of :class:`_PrefixSolver`: K·E at most this many entries.
+_WEIGHT_TABLE_ENTRIES = 1 << 16
+
+
+class _PrefixBounds(NamedTuple):
+    """The pruning bounds of :func:`hf_beta_decode` in one dtype (cached on the hierarchy per β)."""
+
+    bound_slack: torch.Tensor  # (N, 1) the fixed bound on p(n), times the rounding slack
+    tau: torch.Tensor  # (N,) τ(n)
+
+
+def _prefix_bounds(h, beta: float, dt: torch.dtype) -> _PrefixBounds:
+    return h.cached(("hf_beta_prefix_bounds", beta, dt), lambda: _PrefixBounds(
+        hf_beta_bound(h, beta).to(dt)[:, None] * _bound_slack(dt), hf_beta_value_bound(h, beta).to(dt)))
+
+
+def _solver_tables(h, r: float, dt: torch.dtype):
+    """(depths (E,), a(d) = (1 − r)(d + 1) (E,), w_e(k) (K, E) for k = 1..K) in ``dt``, cached per r."""
+    def build():
+        depths = depth_ranges(h).depths.to(dt)
+        a = (1 - r) * (depths + 1)
+        rows = min(h.num_nodes, max(1, _WEIGHT_TABLE_ENTRIES // depths.numel()))
+        k = torch.arange(1, rows + 1, device=h.device)
+        return depths, a, 1 / (r * k.to(dt)[..., None] + a)  # _PrefixSolver.weights's operations: the same bits
+    return h.cached(("hf_beta_solver_tables", r, dt), build)
 
 
 class _PrefixSolver:
@@ -250,13 +295,24 @@ class _PrefixSolver:
         self.h, self.r, self.dt, self.p = h, r, p.dtype, p
         self.budget = post.plan.budget
         # With one leaf depth the masses are p itself.
-        self.prefix = post.depth_prefix() if h.num_leaf_depths > 1 else None
-        self.depths = depth_ranges(h).depths.to(self.dt)
-        self.a = (1 - r) * (self.depths + 1)  # (E,) a(d) of each leaf depth
+        self.prefix = _depth_prefix(post) if h.num_leaf_depths > 1 else None
+        self.depths, self.a, self._w = _solver_tables(h, r, self.dt)
 
     def weights(self, k: torch.Tensor) -> torch.Tensor:
         """(*k.shape, E) w_e(k) = 1/(rk + a(d_e)) = (1+β²)/(k + β²(d_e+1))."""
         return 1 / (self.r * k.to(self.dt)[..., None] + self.a)
+
+    def weights_upto(self, c: int) -> torch.Tensor:
+        """(C, E) w_e(k) for k = 1..c: a slice of the cached table where it is long enough."""
+        if c <= self._w.shape[0]:
+            return self._w[:c]
+        return self.weights(torch.arange(1, c + 1, device=self._w.device))
+
+    def weights_at(self, k: torch.Tensor, c: int) -> torch.Tensor:
+        """(B, E) w_e(k) of k (B,) in 1..c: rows of the cached table where it is long enough."""
+        if c <= self._w.shape[0]:
+            return self._w.index_select(0, k - 1)
+        return self.weights(k)
 
     def from_pairs(self, sample: torch.Tensor, node: torch.Tensor) -> "_Candidates":
         """The candidates of sample-major (sample, node) pairs (M,), packed, and their masses (read for
@@ -282,11 +338,11 @@ class _PrefixSolver:
         ids, count, q = cands.ids, cands.count, cands.q
         c = ids.shape[1]
         k_ref = torch.minimum(k_ref.clamp(min=1), count)
-        d_ref = (q * self.weights(k_ref)[:, None, :]).sum(2).masked_fill(ids == self.h.num_nodes, float("-inf"))
+        d_ref = (q * self.weights_at(k_ref, c)[:, None, :]).sum(2).masked_fill(ids == self.h.num_nodes, float("-inf"))
         srt = torch.sort(d_ref, dim=1, descending=True, stable=True)
         qs = q.gather(1, srt.indices[:, :, None].expand_as(q))
         ks = torch.arange(1, c + 1, device=ids.device)
-        pv = qs.cumsum(1).mul_(self.weights(ks)).sum(2)  # (B, C) value of each prefix
+        pv = qs.cumsum(1).mul_(self.weights_upto(c)).sum(2)  # (B, C) value of each prefix
         pv = torch.where(ks[None, :] <= count[:, None], pv, torch.full_like(pv, -1.0))
         value, k = pv.max(1)  # first max: the smallest k
         return value, k + 1, q, qs, srt.values, k_ref, ids, count
@@ -298,20 +354,20 @@ class _PrefixSolver:
         if self.depths.numel() > 1:  # with one leaf depth the order never moves: PV(k) = V(k)
             value, best_k = self._check(value, best_k, q0, q, d_ref, k_ref, count)
         del q  # the sorted (B, C, E) masses: not held beside the product below
-        return best_k, (q0 * self.weights(best_k)[:, None, :]).sum(2)
+        return best_k, (q0 * self.weights_at(best_k, q0.shape[1])[:, None, :]).sum(2)
 
     def _check(self, value, best_k, q0, q, d_ref, k_ref, count):
         """Certify (value, best_k) from :meth:`solve`, solving exactly the k it cannot exclude."""
         dt, dev = self.dt, q.device
         bsz, c, e = q.shape
         ks = torch.arange(1, c + 1, device=dev)
-        w = self.weights(ks)  # (C, E)
+        w = self.weights_upto(c)  # (C, E)
         # Upper bounds on V(k).  Δ_k(n) ≤ ρ(k) Δ_k̂(n) with ρ(k) the largest ratio w_e(k)/w_e(k̂) over
         # the leaf depths: the ratio is monotone in d_e, so it peaks at the shallowest or the deepest.
         # So V(k) ≤ ρ(k)·(sum of the k largest Δ_k̂).  And V(k) ≤ G(k) = Σ_e w_e(k) min(k, d_e+1) Q_e(root):
         # a closed set of size k holds at most min(k, d+1) ancestors of a depth-d leaf.
         ends = [0, e - 1]
-        rho = (w[None, :, ends] / self.weights(k_ref)[:, None, ends]).amax(2)  # (B, C)
+        rho = (w[None, :, ends] / self.weights_at(k_ref, c)[:, None, ends]).amax(2)  # (B, C)
         cover = torch.minimum(ks.to(dt)[:, None], self.depths[None, :] + 1)  # (C, E)
         ub = torch.minimum(rho * d_ref.clamp(min=0).cumsum(1), q0[:, 0, :] @ (w * cover).t())
         eps = _VALUE_SLACK * torch.finfo(dt).eps  # both sides are rounded sums over candidates
