@@ -117,9 +117,8 @@ def hf_beta_decode(post, beta: float) -> torch.Tensor:
     first = (value >= tau * slack) | is_root
     lower, k_ref = solver.solve(solver.from_pairs(sample[first], node[first]), k_ref)[:2]
     second = (value >= tau * lower[sample] * wide) | is_root
-    cands = solver.from_pairs(sample[second], node[second])
-    best_k, delta = solver.certified(cands, k_ref)
-    return _best_sets(h, cands.ids, cands.count, best_k, delta)
+    ids, count, best_k, delta = solver.certified_sets(solver.from_pairs(sample[second], node[second]), k_ref)
+    return _best_sets(h, ids, count, best_k, delta)
 
 
 def _best_sets(h, ids: torch.Tensor, count: torch.Tensor, best_k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
@@ -283,7 +282,7 @@ def _solver_tables(h, r: float, dt: torch.dtype):
         a = (1 - r) * (depths + 1)
         rows = min(h.num_nodes, max(1, _WEIGHT_TABLE_ENTRIES // depths.numel()))
         k = torch.arange(1, rows + 1, device=h.device)
-        return depths, a, 1 / (r * k.to(dt)[..., None] + a)  # _PrefixSolver.weights's operations: the same bits
+        return depths, a, (r * k.to(dt)[..., None] + a).reciprocal_()  # _PrefixSolver.weights's operations
     return h.cached(("hf_beta_solver_tables", r, dt), build)
 
 
@@ -300,7 +299,9 @@ class _PrefixSolver:
 
     def weights(self, k: torch.Tensor) -> torch.Tensor:
         """(*k.shape, E) w_e(k) = 1/(rk + a(d_e)) = (1+β²)/(k + β²(d_e+1))."""
-        return 1 / (self.r * k.to(self.dt)[..., None] + self.a)
+        # In place: the bits of ``1 / x`` (which torch computes as ``x.reciprocal() * 1``) without a
+        # second (C, E) table, as large as the masses on deep trees.
+        return (self.r * k.to(self.dt)[..., None] + self.a).reciprocal_()
 
     def weights_upto(self, c: int) -> torch.Tensor:
         """(C, E) w_e(k) for k = 1..c: a slice of the cached table where it is long enough."""
@@ -345,31 +346,50 @@ class _PrefixSolver:
         pv = qs.cumsum(1).mul_(self.weights_upto(c)).sum(2)  # (B, C) value of each prefix
         pv = torch.where(ks[None, :] <= count[:, None], pv, torch.full_like(pv, -1.0))
         value, k = pv.max(1)  # first max: the smallest k
-        return value, k + 1, q, qs, srt.values, k_ref, ids, count
+        return value, k + 1, q, qs, srt.values, k_ref, ids, count, srt.indices
 
     def certified(self, cands: "_Candidates", k_ref):
         """The optimal k of each sample over its candidates (a superset of every optimal set), from the
         best prefix value certified k by k.  Returns (k* (B,), Δ_{k*} of the candidates (B, C))."""
-        value, best_k, q0, q, d_ref, k_ref, ids, count = self.solve(cands, k_ref)
-        if self.depths.numel() > 1:  # with one leaf depth the order never moves: PV(k) = V(k)
-            value, best_k = self._check(value, best_k, q0, q, d_ref, k_ref, count)
-        del q  # the sorted (B, C, E) masses: not held beside the product below
-        return best_k, (q0 * self.weights_at(best_k, q0.shape[1])[:, None, :]).sum(2)
+        return self.certified_sets(cands, k_ref)[2:]
 
-    def _check(self, value, best_k, q0, q, d_ref, k_ref, count):
-        """Certify (value, best_k) from :meth:`solve`, solving exactly the k it cannot exclude."""
+    def certified_sets(self, cands: "_Candidates", k_ref):
+        """:meth:`certified`, returning (ids, count, k*, Δ_{k*}); ``cands`` is not used after the call."""
+        value, best_k, q0, q, d_ref, k_ref, ids, count, order = self.solve(cands, k_ref)
+        del cands
+        if self.depths.numel() > 1:  # with one leaf depth the order never moves: PV(k) = V(k)
+            c = q.shape[1]
+            w = self.weights_upto(c)  # (C, E)
+            # G(k) = Σ_e w_e(k) min(k, d_e+1) Q_e(root) (see _check), from the candidates' own order.
+            ks = torch.arange(1, c + 1, device=q.device)
+            cover = torch.minimum(ks.to(self.dt)[:, None], self.depths[None, :] + 1)
+            root_ub = q0[:, 0, :] @ cover.mul_(w).t()
+            del cover
+            # On deep trees the (B, C, E) masses in both orders are the largest tables: only the sorted ones
+            # are held while they are checked, the candidates' order put back after by the sort's
+            # permutation (the same values).
+            drop = q0.numel() * q0.element_size() > self.budget // 8
+            if drop:
+                q0 = None
+            value, best_k = self._check(value, best_k, w, root_ub, q, d_ref, k_ref, count)
+            if drop:
+                q0 = torch.empty_like(q).scatter_(1, order[:, :, None].expand_as(q), q)
+        del q, order  # the sorted (B, C, E) masses: not held beside the product below
+        return ids, count, best_k, (q0 * self.weights_at(best_k, q0.shape[1])[:, None, :]).sum(2)
+
+    def _check(self, value, best_k, w, root_ub, q, d_ref, k_ref, count):
+        """Certify (value, best_k) from :meth:`solve`, solving exactly the k it cannot exclude.  w: (C, E)
+        the weights of k = 1..C; root_ub: (B, C) the coverage bound G(k)."""
         dt, dev = self.dt, q.device
         bsz, c, e = q.shape
         ks = torch.arange(1, c + 1, device=dev)
-        w = self.weights_upto(c)  # (C, E)
         # Upper bounds on V(k).  Δ_k(n) ≤ ρ(k) Δ_k̂(n) with ρ(k) the largest ratio w_e(k)/w_e(k̂) over
         # the leaf depths: the ratio is monotone in d_e, so it peaks at the shallowest or the deepest.
         # So V(k) ≤ ρ(k)·(sum of the k largest Δ_k̂).  And V(k) ≤ G(k) = Σ_e w_e(k) min(k, d_e+1) Q_e(root):
         # a closed set of size k holds at most min(k, d+1) ancestors of a depth-d leaf.
         ends = [0, e - 1]
         rho = (w[None, :, ends] / self.weights_at(k_ref, c)[:, None, ends]).amax(2)  # (B, C)
-        cover = torch.minimum(ks.to(dt)[:, None], self.depths[None, :] + 1)  # (C, E)
-        ub = torch.minimum(rho * d_ref.clamp(min=0).cumsum(1), q0[:, 0, :] @ (w * cover).t())
+        ub = torch.minimum(rho * d_ref.clamp(min=0).cumsum(1), root_ub)
         eps = _VALUE_SLACK * torch.finfo(dt).eps  # both sides are rounded sums over candidates
         # best_k itself is checked too: its prefix value may be below V(best_k), and another k in between.
         check = (ub >= value[:, None] * (1 - eps)) & (ks[None, :] <= count[:, None])
