@@ -167,3 +167,22 @@ def test_within_a_deep_subtree_stays_within_the_budget():
                 growth(lambda: m.decode(probs, within=spine))
     """)
     assert len(got) == 4 and max(got) < 24 * MiB, got
+
+
+# ---------------------------------------------------------------------------- hF_β on a deep caterpillar
+def test_hf_beta_packed_solver_on_a_deep_caterpillar_stays_within_the_budget():
+    # A 4,001-node caterpillar (D = E = 2,000): the GPU plan packs ~1,500 candidates per row.  Its lower
+    # bound held four (B, D + 1, E) tables of the root path at once, its masses a float64 copy, and the
+    # exact solver sorted the whole (B, C, C) table of every Δ_k (values and int64 indices): 78 MiB at a
+    # 64 MiB budget.  The CPU plan's prefix sets on a 2,001-node one, same budget.
+    got = peak_growths("""
+    hd.set_memory_budget(64 * 2**20)
+    for depth, plan in ((2000, "cuda"), (1000, "cpu")):
+        h = caterpillar(depth)
+        probs = torch.distributions.Dirichlet(torch.full((h.num_leaves,), 0.3, dtype=torch.float64)).sample((2,))
+        m = hd.get_metric("hf_beta", h, beta=1.0)
+        with hd.plan_for(plan):
+            m.decode(probs[:1].float())  # the tree's tables
+            growth(lambda: m.decode(probs.float()))
+    """)
+    assert len(got) == 2 and max(got) < 64 * MiB + 2 * 4001, got

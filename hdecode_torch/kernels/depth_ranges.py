@@ -136,8 +136,10 @@ def _flat(table: torch.Tensor):
     return table.reshape(-1), table.shape[1], 1
 
 
-def depth_masses(h, prefix: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor, budget: int = 1 << 26) -> torch.Tensor:
-    """(M, E) float64 per-leaf-depth masses ``Q_e(ids[i])`` of sample ``rows[i]``.
+def depth_masses(h, prefix: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor, budget: int = 1 << 26,
+                 dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """(M, E) per-leaf-depth masses ``Q_e(ids[i])`` of sample ``rows[i]``, computed in float64 and
+    returned in ``dtype``.
 
     prefix: (L + 1, B) float64 from :func:`depth_prefix_sums`; rows, ids: (M,) int64 sample
     indices and node ids (``N`` is padding: its masses are 0).  Beyond the output, temporaries of at
@@ -148,8 +150,8 @@ def depth_masses(h, prefix: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor,
     flat, s0, s1 = _flat(prefix)
     step = max(1, budget // (64 * e))
     if m <= step:
-        return _masses(h, flat, s0, s1, rows, ids)
-    out = torch.empty(m, e, dtype=prefix.dtype, device=prefix.device)
+        return _masses(h, flat, s0, s1, rows, ids).to(dtype)
+    out = torch.empty(m, e, dtype=dtype, device=prefix.device)
     for a in range(0, m, step):
         out[a:a + step] = _masses(h, flat, s0, s1, rows[a:a + step], ids[a:a + step])
     return out
@@ -167,20 +169,23 @@ def _masses(h, flat, s0, s1, rows, ids):
     return got[:, 0] - got[:, 1]
 
 
-def depth_masses_packed(h, prefix: torch.Tensor, ids: torch.Tensor, budget: int = 1 << 26) -> torch.Tensor:
-    """(B, C, E) float64 per-leaf-depth masses of the nodes ``ids`` (B, C) int64 (``N``: zero masses),
-    read from batch-major prefix sums ``prefix`` (B, L + 1) (:func:`depth_prefix_sums` transposed).
+def depth_masses_packed(h, prefix: torch.Tensor, ids: torch.Tensor, budget: int = 1 << 26,
+                        dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """(B, C, E) per-leaf-depth masses of the nodes ``ids`` (B, C) int64 (``N``: zero masses), read
+    from batch-major prefix sums ``prefix`` (B, L + 1) (:func:`depth_prefix_sums` transposed), computed
+    in float64 and returned in ``dtype``.
 
     One gather of both ends when the temporaries (some 64·E bytes an entry at their peak) fit ``budget`` bytes;
-    else in chunks of samples, or of one sample's columns, that do (the same values).
+    else in chunks of samples, or of one sample's columns, that do (the same values), written into the
+    ``dtype`` output (no float64 copy of it).
     """
     bsz, c = ids.shape
     e = h.num_leaf_depths
     step = max(1, budget // (64 * e))  # entries per chunk
     if bsz * c <= step:
         got = prefix.gather(1, depth_range_ends(h, ids).view(bsz, -1)).view(bsz, c, 2, e)
-        return got[:, :, 0] - got[:, :, 1]
-    out = torch.empty(bsz, c, e, dtype=prefix.dtype, device=prefix.device)
+        return (got[:, :, 0] - got[:, :, 1]).to(dtype)
+    out = torch.empty(bsz, c, e, dtype=dtype, device=prefix.device)
     rows = max(1, step // max(c, 1))
     cols = c if rows > 1 else step
     for b0 in range(0, bsz, rows):

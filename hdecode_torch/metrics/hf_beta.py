@@ -101,24 +101,24 @@ def hf_beta_decode(post, beta: float) -> torch.Tensor:
     if bsz == 0:
         return torch.zeros(0, h.num_nodes, dtype=torch.bool, device=p.device)
     solver = _PrefixSolver(post, _recall_share(beta))
-    slack = 1 - 64 * torch.finfo(dt).eps  # rounding may only add candidates
+    slack = _bound_slack(dt)
     # LB is a sum of up to C·E rounded terms: a wider slack keeps its rounding from ever dropping an
     # optimal node.
     wide = 1 - _VALUE_SLACK * torch.finfo(dt).eps
     # k̂ = E[d(y)] + 1, the size of a typical label set.
     k_ref = (post.expected_leaf_depth() + 1).round().long()
     # The pairs above the fixed bound are listed once; both stages filter that list.
-    keep = p >= hf_beta_bound(h, beta).to(dt)[:, None] * slack
+    bounds = _prefix_bounds(h, beta, dt)
+    keep = p >= bounds.bound_slack
     keep[h.root] = True
     sample, node, value = candidate_pairs(h, keep, p)
-    tau = hf_beta_value_bound(h, beta).to(dt)[node]
+    tau = bounds.tau[node]
     is_root = node == h.root
     first = (value >= tau * slack) | is_root
     lower, k_ref = solver.solve(solver.from_pairs(sample[first], node[first]), k_ref)[:2]
     second = (value >= tau * lower[sample] * wide) | is_root
-    cands = solver.from_pairs(sample[second], node[second])
-    best_k, delta = solver.certified(cands, k_ref)
-    return _best_sets(h, cands.ids, cands.count, best_k, delta)
+    ids, count, best_k, delta = solver.certified_sets(solver.from_pairs(sample[second], node[second]), k_ref)
+    return _best_sets(h, ids, count, best_k, delta)
 
 
 def _best_sets(h, ids: torch.Tensor, count: torch.Tensor, best_k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
@@ -159,10 +159,7 @@ def hf_beta_decode_exact(post, beta: float) -> torch.Tensor:
     tables = _exact_tables(h, beta, dt)
     if tables.chain_weights is not None:
         chain = h.ancestors.index_select(0, post.probs.argmax(1))  # (B, D + 1), N past the leaf
-        q = _masses_bm(h, prefix, chain, post.plan.budget).to(dt)  # (B, D + 1, E)
-        # Past the leaf the cumulated masses stop growing while the weights fall with k: those
-        # entries are below the leaf's own prefix and never the maximum, so they need no mask.
-        lower = (q.cumsum(1) * tables.chain_weights).sum(2).amax(1)
+        lower = _chain_lower(h, prefix, chain, tables.chain_weights, post.plan.budget, dt)
     else:
         lower = post.probs @ tables.root_weights
     # τ(root) is 0 in the table: the root is always kept.
@@ -171,7 +168,7 @@ def hf_beta_decode_exact(post, beta: float) -> torch.Tensor:
     (width,) = post.read(count.max())  # the host read, with the input check's flags
     ids = pack_rows(keep, depth_rank(h), width)
     trust_indices(count, width)  # 0 <= count <= width by construction: the solver need not read it
-    best_k, delta = hf_beta_best_k(_masses_bm(h, prefix, ids, post.plan.budget).to(dt), count, tables.depths, r)
+    best_k, delta = hf_beta_best_k(_masses_bm(h, prefix, ids, post.plan.budget, dt), count, tables.depths, r)
     return _best_sets(h, ids, count, best_k, delta)
 
 
@@ -199,15 +196,56 @@ def _exact_tables(h, beta: float, dt: torch.dtype) -> _ExactTables:
     return h.cached(("hf_beta_exact_tables", beta, dt), build)
 
 
-def _masses_bm(h, prefix: torch.Tensor, ids: torch.Tensor, budget: int) -> torch.Tensor:
-    """(B, C, E) float64 per-leaf-depth masses of the nodes ``ids`` (B, C) (``N``: zero masses), read
+def _chain_lower(h, prefix: torch.Tensor, chain: torch.Tensor, weights: torch.Tensor, budget: int,
+                 dt: torch.dtype) -> torch.Tensor:
+    """(B,) the best value of the closed prefix sets {a_0, ..., a_{k−1}} of the root paths ``chain``
+    (B, D + 1) (``N`` past the leaf), ``weights`` (D + 1, E) w_e(k) in ``dt``.
+
+    Past the leaf the cumulated masses stop growing while the weights fall with k: those entries are
+    below the leaf's own prefix and never the maximum, so they need no mask.  The (B, D + 1, E) tables
+    in one piece when some 48 bytes an entry fit ``budget``, else in blocks of chain positions (deep
+    trees), the running sums carried in float64: a CPU's float32 ``cumsum`` accumulates in float64
+    too, so the blocks give the same bits.
+    """
+    bsz, n = chain.shape
+    step = max(1, budget // (48 * bsz * weights.shape[1]))
+    if step >= n:
+        q = _masses_bm(h, prefix, chain, budget, dt)  # (B, D + 1, E)
+        return (q.cumsum(1) * weights).sum(2).amax(1)
+    best, carry = None, None
+    for j0 in range(0, n, step):
+        q = _masses_bm(h, prefix, chain[:, j0:j0 + step], budget, dt).to(torch.float64)
+        if carry is not None:
+            q[:, 0] += carry
+        q = q.cumsum_(1)
+        carry = q[:, -1].clone()
+        got = (q.to(dt) * weights[j0:j0 + step]).sum(2).amax(1)
+        best = got if best is None else torch.maximum(best, got)
+    return best
+
+
+def _masses_bm(h, prefix: torch.Tensor, ids: torch.Tensor, budget: int, dt: torch.dtype) -> torch.Tensor:
+    """(B, C, E) per-leaf-depth masses in ``dt`` of the nodes ``ids`` (B, C) (``N``: zero masses), read
     from the batch-major depth-first prefix sums ``prefix`` (B, L + 1), temporaries within ``budget``."""
-    return depth_masses_packed(h, prefix, ids, budget)
+    return depth_masses_packed(h, prefix, ids, budget, dt)
 
 
 #: Relative slack, in ulps, of comparisons between rounded set values (sums of up to C·E terms):
 #: 1e-4 in float32, 2e-13 in float64; it may only keep more candidates or check more k.
 _VALUE_SLACK = 1024
+
+def _depth_prefix(post) -> torch.Tensor:
+    """(L + 1, B) float64 :meth:`~hdecode_torch.Posterior.depth_prefix`, scanned along the batch-major
+    probabilities on every plan: the same sequential sums, but a CPU's ``cumsum`` along rows of a
+    node-major table walks B columns in strides and took a third of a large batch's decode."""
+    if post.plan.batch_major:
+        return post.depth_prefix()
+    h, probs = post.h, post.probs
+    out = torch.empty(probs.shape[0], h.num_leaves + 1, dtype=torch.float64, device=probs.device)
+    out[:, 0] = 0
+    torch.cumsum(probs.index_select(1, depth_ranges(h).leaf_order).to(torch.float64), dim=1, out=out[:, 1:])
+    return out.t()
+
 
 class _Candidates(NamedTuple):
     """Packed candidates: ids (B, C) int64 (padding N), count (B,), masses q (B, C, E)."""
@@ -215,6 +253,37 @@ class _Candidates(NamedTuple):
     ids: torch.Tensor
     count: torch.Tensor
     q: torch.Tensor
+
+
+def _bound_slack(dt: torch.dtype) -> float:
+    return 1 - 64 * torch.finfo(dt).eps  # rounding may only add candidates
+
+
+#: Rows k = 1..K of the cached weight table w_e(k) of :class:`_PrefixSolver`: K·E at most this many entries.
+_WEIGHT_TABLE_ENTRIES = 1 << 16
+
+
+class _PrefixBounds(NamedTuple):
+    """The pruning bounds of :func:`hf_beta_decode` in one dtype (cached on the hierarchy per β)."""
+
+    bound_slack: torch.Tensor  # (N, 1) the fixed bound on p(n), times the rounding slack
+    tau: torch.Tensor  # (N,) τ(n)
+
+
+def _prefix_bounds(h, beta: float, dt: torch.dtype) -> _PrefixBounds:
+    return h.cached(("hf_beta_prefix_bounds", beta, dt), lambda: _PrefixBounds(
+        hf_beta_bound(h, beta).to(dt)[:, None] * _bound_slack(dt), hf_beta_value_bound(h, beta).to(dt)))
+
+
+def _solver_tables(h, r: float, dt: torch.dtype):
+    """(depths (E,), a(d) = (1 − r)(d + 1) (E,), w_e(k) (K, E) for k = 1..K) in ``dt``, cached per r."""
+    def build():
+        depths = depth_ranges(h).depths.to(dt)
+        a = (1 - r) * (depths + 1)
+        rows = min(h.num_nodes, max(1, _WEIGHT_TABLE_ENTRIES // depths.numel()))
+        k = torch.arange(1, rows + 1, device=h.device)
+        return depths, a, (r * k.to(dt)[..., None] + a).reciprocal_()  # _PrefixSolver.weights's operations
+    return h.cached(("hf_beta_solver_tables", r, dt), build)
 
 
 class _PrefixSolver:
@@ -225,13 +294,26 @@ class _PrefixSolver:
         self.h, self.r, self.dt, self.p = h, r, p.dtype, p
         self.budget = post.plan.budget
         # With one leaf depth the masses are p itself.
-        self.prefix = post.depth_prefix() if h.num_leaf_depths > 1 else None
-        self.depths = depth_ranges(h).depths.to(self.dt)
-        self.a = (1 - r) * (self.depths + 1)  # (E,) a(d) of each leaf depth
+        self.prefix = _depth_prefix(post) if h.num_leaf_depths > 1 else None
+        self.depths, self.a, self._w = _solver_tables(h, r, self.dt)
 
     def weights(self, k: torch.Tensor) -> torch.Tensor:
         """(*k.shape, E) w_e(k) = 1/(rk + a(d_e)) = (1+β²)/(k + β²(d_e+1))."""
-        return 1 / (self.r * k.to(self.dt)[..., None] + self.a)
+        # In place: the bits of ``1 / x`` (which torch computes as ``x.reciprocal() * 1``) without a
+        # second (C, E) table, as large as the masses on deep trees.
+        return (self.r * k.to(self.dt)[..., None] + self.a).reciprocal_()
+
+    def weights_upto(self, c: int) -> torch.Tensor:
+        """(C, E) w_e(k) for k = 1..c: a slice of the cached table where it is long enough."""
+        if c <= self._w.shape[0]:
+            return self._w[:c]
+        return self.weights(torch.arange(1, c + 1, device=self._w.device))
+
+    def weights_at(self, k: torch.Tensor, c: int) -> torch.Tensor:
+        """(B, E) w_e(k) of k (B,) in 1..c: rows of the cached table where it is long enough."""
+        if c <= self._w.shape[0]:
+            return self._w.index_select(0, k - 1)
+        return self.weights(k)
 
     def from_pairs(self, sample: torch.Tensor, node: torch.Tensor) -> "_Candidates":
         """The candidates of sample-major (sample, node) pairs (M,), packed, and their masses (read for
@@ -242,9 +324,9 @@ class _PrefixSolver:
         if self.prefix is None:
             flat = self.p.reshape(-1).index_select(0, node * bsz + sample)[:, None]
         else:
-            flat = depth_masses(h, self.prefix, sample, node, self.budget)
+            flat = depth_masses(h, self.prefix, sample, node, self.budget, self.dt)
         q = torch.zeros(bsz, ids.shape[1], flat.shape[1], dtype=self.dt, device=ids.device)
-        q[sample, slot] = flat.to(self.dt)
+        q[sample, slot] = flat
         return _Candidates(ids, count, q)
 
     def solve(self, cands: "_Candidates", k_ref):
@@ -257,37 +339,57 @@ class _PrefixSolver:
         ids, count, q = cands.ids, cands.count, cands.q
         c = ids.shape[1]
         k_ref = torch.minimum(k_ref.clamp(min=1), count)
-        d_ref = (q * self.weights(k_ref)[:, None, :]).sum(2).masked_fill(ids == self.h.num_nodes, float("-inf"))
+        d_ref = (q * self.weights_at(k_ref, c)[:, None, :]).sum(2).masked_fill(ids == self.h.num_nodes, float("-inf"))
         srt = torch.sort(d_ref, dim=1, descending=True, stable=True)
         qs = q.gather(1, srt.indices[:, :, None].expand_as(q))
         ks = torch.arange(1, c + 1, device=ids.device)
-        pv = (qs.cumsum(1) * self.weights(ks)).sum(2)  # (B, C) value of each prefix
+        pv = qs.cumsum(1).mul_(self.weights_upto(c)).sum(2)  # (B, C) value of each prefix
         pv = torch.where(ks[None, :] <= count[:, None], pv, torch.full_like(pv, -1.0))
         value, k = pv.max(1)  # first max: the smallest k
-        return value, k + 1, q, qs, srt.values, k_ref, ids, count
+        return value, k + 1, q, qs, srt.values, k_ref, ids, count, srt.indices
 
     def certified(self, cands: "_Candidates", k_ref):
         """The optimal k of each sample over its candidates (a superset of every optimal set), from the
         best prefix value certified k by k.  Returns (k* (B,), Δ_{k*} of the candidates (B, C))."""
-        value, best_k, q0, q, d_ref, k_ref, ids, count = self.solve(cands, k_ref)
-        if self.depths.numel() > 1:  # with one leaf depth the order never moves: PV(k) = V(k)
-            value, best_k = self._check(value, best_k, q0, q, d_ref, k_ref, count)
-        return best_k, (q0 * self.weights(best_k)[:, None, :]).sum(2)
+        return self.certified_sets(cands, k_ref)[2:]
 
-    def _check(self, value, best_k, q0, q, d_ref, k_ref, count):
-        """Certify (value, best_k) from :meth:`solve`, solving exactly the k it cannot exclude."""
+    def certified_sets(self, cands: "_Candidates", k_ref):
+        """:meth:`certified`, returning (ids, count, k*, Δ_{k*}); ``cands`` is not used after the call."""
+        value, best_k, q0, q, d_ref, k_ref, ids, count, order = self.solve(cands, k_ref)
+        del cands
+        if self.depths.numel() > 1:  # with one leaf depth the order never moves: PV(k) = V(k)
+            c = q.shape[1]
+            w = self.weights_upto(c)  # (C, E)
+            # G(k) = Σ_e w_e(k) min(k, d_e+1) Q_e(root) (see _check), from the candidates' own order.
+            ks = torch.arange(1, c + 1, device=q.device)
+            cover = torch.minimum(ks.to(self.dt)[:, None], self.depths[None, :] + 1)
+            root_ub = q0[:, 0, :] @ cover.mul_(w).t()
+            del cover
+            # On deep trees the (B, C, E) masses in both orders are the largest tables: only the sorted ones
+            # are held while they are checked, the candidates' order put back after by the sort's
+            # permutation (the same values).
+            drop = q0.numel() * q0.element_size() > self.budget // 8
+            if drop:
+                q0 = None
+            value, best_k = self._check(value, best_k, w, root_ub, q, d_ref, k_ref, count)
+            if drop:
+                q0 = torch.empty_like(q).scatter_(1, order[:, :, None].expand_as(q), q)
+        del q, order  # the sorted (B, C, E) masses: not held beside the product below
+        return ids, count, best_k, (q0 * self.weights_at(best_k, q0.shape[1])[:, None, :]).sum(2)
+
+    def _check(self, value, best_k, w, root_ub, q, d_ref, k_ref, count):
+        """Certify (value, best_k) from :meth:`solve`, solving exactly the k it cannot exclude.  w: (C, E)
+        the weights of k = 1..C; root_ub: (B, C) the coverage bound G(k)."""
         dt, dev = self.dt, q.device
         bsz, c, e = q.shape
         ks = torch.arange(1, c + 1, device=dev)
-        w = self.weights(ks)  # (C, E)
         # Upper bounds on V(k).  Δ_k(n) ≤ ρ(k) Δ_k̂(n) with ρ(k) the largest ratio w_e(k)/w_e(k̂) over
         # the leaf depths: the ratio is monotone in d_e, so it peaks at the shallowest or the deepest.
         # So V(k) ≤ ρ(k)·(sum of the k largest Δ_k̂).  And V(k) ≤ G(k) = Σ_e w_e(k) min(k, d_e+1) Q_e(root):
         # a closed set of size k holds at most min(k, d+1) ancestors of a depth-d leaf.
         ends = [0, e - 1]
-        rho = (w[None, :, ends] / self.weights(k_ref)[:, None, ends]).amax(2)  # (B, C)
-        cover = torch.minimum(ks.to(dt)[:, None], self.depths[None, :] + 1)  # (C, E)
-        ub = torch.minimum(rho * d_ref.clamp(min=0).cumsum(1), q0[:, 0, :] @ (w * cover).t())
+        rho = (w[None, :, ends] / self.weights_at(k_ref, c)[:, None, ends]).amax(2)  # (B, C)
+        ub = torch.minimum(rho * d_ref.clamp(min=0).cumsum(1), root_ub)
         eps = _VALUE_SLACK * torch.finfo(dt).eps  # both sides are rounded sums over candidates
         # best_k itself is checked too: its prefix value may be below V(best_k), and another k in between.
         check = (ub >= value[:, None] * (1 - eps)) & (ks[None, :] <= count[:, None])

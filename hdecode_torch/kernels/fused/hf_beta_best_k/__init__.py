@@ -7,7 +7,7 @@ import torch
 from .._checks import check_bounds, check_float_tensor, check_vector
 from .._registry import call, register
 
-__all__ = ["hf_beta_best_k", "hf_beta_best_k_torch", "hf_beta_weights", "SCHEMA"]
+__all__ = ["hf_beta_best_k", "hf_beta_best_k_torch", "hf_beta_weights", "sort_block", "SORT_BLOCK_ENTRIES", "SCHEMA"]
 
 SCHEMA = "hf_beta_best_k(Tensor q, Tensor count, Tensor depths, float r) -> (Tensor, Tensor)"
 
@@ -32,9 +32,10 @@ def hf_beta_best_k(q: torch.Tensor, count: torch.Tensor, depths: torch.Tensor,
         r: float in (0, 1].
     Returns:
         ``(best_k, delta)``: (B,) int64 (1 for a row of count 0) and (B, C) q.dtype (padding columns
-        finite, to be masked by the caller).  Deterministic, any C.  The torch implementation sorts a
-        (B, C, C) table of every Δ_k at once (O(B·C²·(E + log C)) work, no host read; callers bound
-        B·C²); the Triton kernel ranks candidates by pairwise comparison in tiles of registers
+        finite, to be masked by the caller).  Deterministic, any C.  The torch implementation computes a
+        (B, C, C) table of every Δ_k at once and sorts it in blocks of k of at most
+        ``SORT_BLOCK_ENTRIES`` entries per row (O(B·C²·(E + log C)) work, no host read, one block up to
+        C = 512; callers bound B·C²); the Triton kernel ranks candidates by pairwise comparison in tiles of registers
         (O(B·(C²·E + C³)), reads q, no other memory).
     Raises:
         ValueError / TypeError naming the argument for a wrong shape, dtype, device, ``r`` or count.
@@ -58,6 +59,17 @@ def check(q, count, depths, r) -> None:
     check_bounds([(count, q.shape[1], "count", "C = q.shape[1]")], remember=False, trusted_ok=True)
 
 
+#: Entries of one block of the torch implementation's sorted (k, C) tables per row: one block up to
+#: C = 512 candidates; beyond, the (B, C, C) sort values and indices would be several times the
+#: (B, C, C) product itself (deep caterpillars pack thousands of candidates).
+SORT_BLOCK_ENTRIES = 1 << 18
+
+
+def sort_block(c: int) -> int:
+    """Values of k whose Δ_k rows the torch implementation sorts at once, for C = ``c`` candidates."""
+    return max(1, min(c, SORT_BLOCK_ENTRIES // max(c, 1)))
+
+
 def hf_beta_weights(k: torch.Tensor, depths: torch.Tensor, r: float, dtype: torch.dtype) -> torch.Tensor:
     """(*k.shape, E) ``w_e(k) = 1/(r·k + (1−r)(depths_e+1))`` computed in ``dtype``.
 
@@ -77,9 +89,20 @@ def hf_beta_best_k_torch(q: torch.Tensor, count: torch.Tensor, depths: torch.Ten
     ks = torch.arange(1, c + 1, device=q.device)
     # -inf: padding never enters the k largest of a row of count >= k
     pad = (ks[None, :] > count[:, None])[:, None, :]
+    # One product for every k: BLAS rounds a block of k differently from the whole (its kernels follow
+    # the shape), so only the sorts, which hold the most memory, go by blocks of k.
     dk = torch.einsum("bce,ke->bkc", q, hf_beta_weights(ks, depths, r, q.dtype)).masked_fill_(pad, float("-inf"))
-    top = torch.sort(dk, dim=2, descending=True).values.cumsum_(2)  # (B, k, C) sums of the j best
-    v = top.diagonal(dim1=1, dim2=2)  # V(k): the k best of Δ_k
+    kb = sort_block(c)
+    if kb >= c:
+        top = torch.sort(dk, dim=2, descending=True).values.cumsum_(2)  # (B, k, C) sums of the j best
+        v = top.diagonal(dim1=1, dim2=2)  # V(k): the k best of Δ_k
+    else:
+        v = q.new_empty((bsz, c))
+        for k0 in range(0, c, kb):
+            top = torch.sort(dk[:, k0:k0 + kb], dim=2, descending=True).values.cumsum_(2)
+            v[:, k0:k0 + kb] = top.diagonal(offset=k0, dim1=1, dim2=2)  # the k best of Δ_k, k = k0+1, ...
+        del top
+    del dk
     v = torch.where(ks[None, :] <= count[:, None], v, -1.0)
     best_k = v.argmax(1) + 1  # first maximum: the smallest k
     delta = (q * hf_beta_weights(best_k, depths, r, q.dtype)[:, None, :]).sum(2)
