@@ -599,9 +599,7 @@ def _solve(post, trace):
     b, kidx = torch.nonzero_static(want[by_count], size=sizes[0]).unbind(1)
     b = by_count[b]
     # (vi) the knapsack of every pair and its set.
-    nx = cands.nxt[b]
-    gp = gpad.view(-1)[cands.entry[b] * kmax + kidx[:, None]]  # (R, C)
-    val, members = knapsack_sets(gp, nx, kidx, kmax, sizes[1:], post.plan.budget)  # (R,), (R, C)
+    val, members = knapsack_sets(gpad, cands.entry, cands.nxt, b, kidx, post.plan.budget)  # (R,), (R, C)
     # (vii) the best pair of each sample.  Its value in the compute dtype decides, except between
     # sizes within rounding of each other: those pairs are compared on the float64 values of their
     # sets (from the float64 masses), so that only float64 rounding can split a tie between sizes,
