@@ -129,7 +129,7 @@ from ..kernels.candidates import pack_rows
 from ..kernels.depth_ranges import depth_masses, depth_masses_packed, depth_ranges
 from ..kernels.fused import jaccard_sets, trust_indices
 from ..kernels.fused.jaccard_sets import PAD_DEPTH as _PAD_DEPTH
-from ..kernels.fused.jaccard_sets import GAIN_CELLS, GAIN_ROWS, gains, knapsack_sets
+from ..kernels.fused.jaccard_sets import GAIN_CELLS, GAIN_ROWS, gains, knapsack_sets, size_bound
 from .base import SetMetric
 
 __all__ = ["Jaccard", "jaccard_from_counts", "jaccard_expected", "jaccard_decode", "jaccard_decode_packed",
@@ -244,7 +244,8 @@ _CHUNK_MAX = 32 << 20
 
 
 def _chunk_bytes(post) -> int:
-    return min(post.plan.budget, _CHUNK_MAX)
+    # A quarter of the budget: a chunk's temporaries sit beside one sample's tables.
+    return min(post.plan.budget // 4, _CHUNK_MAX)
 
 
 class _Masses:
@@ -550,6 +551,8 @@ def _solve(post, trace):
     if not trace:  # one sample's (C, E) masses: only the candidates' are needed from here
         wide = None
     kmax, m = cands.c, cands.sample.numel()
+    # G(k) from the root's masses, before the (M, K) gains exist: its (K, E) table is as large.
+    cover = size_bound(cands.q64[cands.start], T.depths, kmax)
     # The (M, K) gains with a padding entry M, the only (M, K) table: everything else about the
     # entries is made a block at a time (elementwise, or sums in entry order: the same values).
     gpad = gains(cands.q, cands.depth, T.depths, kmax, out=torch.empty(m + 1, kmax, dtype=dt, device=dev))
@@ -580,8 +583,7 @@ def _solve(post, trace):
         e = slice(a, a + blk)
         ub.index_add_(0, cands.sample[e], (g[e] - lam[cands.sample[e]]).clamp_(min=0))
     ub += lam * kf.to(dt)
-    cover = torch.minimum(kf[:, None], T.depths + 1) / torch.maximum(kf[:, None], T.depths + 1)
-    ub = torch.minimum(ub, (cands.q64[cands.start] @ cover.t()).to(dt))  # the root's masses
+    ub = torch.minimum(ub, cover.to(dt))
     if dt == torch.float64:  # the (M, E) masses are read again only to re-score float32 values
         cands.q64 = cands.q = None
     # A size is kept unless its bound is below LB beyond rounding.  The Lagrangian sum adds up to
@@ -718,6 +720,8 @@ def jaccard_decode_packed(post) -> torch.Tensor:
                           _chunk_bytes(post))
             inside = torch.arange(k, device=dev)[None, :, None] < ks[:, None, :]  # A(a) is the first k chain nodes
             values = g.view(bsz, k, -1).masked_fill(~inside, 0).sum(1).nan_to_num(nan=float("-inf")).amax(1)
+            del g
+        del q, chain  # the (B, D + 1, E) root-path masses: not needed beside the candidates' own
     lb0 = values * (1 - (num_e + k + 16) * u64 - mass_rel) - 2 * k * mass_abs
     # A row without mass scores 0 with every set: 2 (above any value) keeps only its root.
     lb0 = torch.where(p[h.root] > 0, lb0, 2.0)

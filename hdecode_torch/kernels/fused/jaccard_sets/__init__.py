@@ -17,7 +17,7 @@ import torch
 from .._checks import check_float_tensor, check_vector
 from .._registry import register
 
-__all__ = ["jaccard_sets", "jaccard_sets_torch", "gains", "gain_weights", "knapsack", "knapsack_sets", "knapsack_band", "walk", "walk_band", "SCHEMA"]
+__all__ = ["jaccard_sets", "jaccard_sets_torch", "gains", "gain_weights", "size_bound", "knapsack", "knapsack_sets", "knapsack_band", "walk", "walk_band", "SCHEMA"]
 
 SCHEMA = ("jaccard_sets(Tensor q, Tensor ids, Tensor count, Tensor lb, Tensor k_ref, Tensor pre, Tensor end, "
           "Tensor depth, Tensor dmin1, Tensor depths, int max_depth, float mass_rel, float mass_abs, int budget) -> Tensor")
@@ -127,6 +127,22 @@ def gains(q: torch.Tensor, depth: torch.Tensor, depths: torch.Tensor, kmax: int,
         torch.addcmul(sa[:, :kmax], d.to(dt)[:, None], sa[:, kmax:], out=ta[:, kmax:])
         g[a:b] = ta.unfold(1, kmax, 1)[torch.arange(b - a, device=dev), kmax - d]
     return g
+
+
+def size_bound(q_root: torch.Tensor, depths: torch.Tensor, kmax: int) -> torch.Tensor:
+    """(B, K) G(k) = Σ_e Q_e(root) min(k, d_e + 1)/max(k, d_e + 1) for k = 1..kmax, an upper bound on
+    the value of any set of size k, from the root's masses q_root (B, E) float64.
+
+    One (K, E) float64 table, its quotients made in place a block of 2^20 cells at a time (the same
+    values as in one piece), and one product with it.
+    """
+    kf = torch.arange(1, kmax + 1, device=depths.device, dtype=torch.float64)[:, None]
+    d1 = depths + 1
+    cover = torch.minimum(kf, d1)
+    step = max(1, (1 << 20) // max(d1.numel(), 1))
+    for a in range(0, kmax, step):
+        cover[a:a + step].div_(torch.maximum(kf[a:a + step], d1))
+    return q_root @ cover.t()
 
 
 def knapsack(gp, nx, kidx, jmax, active, space=None):
@@ -392,9 +408,10 @@ def jaccard_sets_torch(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths,
     order = torch.sort(g.gather(2, col[:, None, None].expand(bsz, c, 1))[:, :, 0], dim=1, descending=True).indices
     lam = g.view(bsz, -1).gather(1, order * kmax + torch.arange(kmax, device=dev))  # g[b, order[b, k], k]
     lam = lam.clamp(min=0).nan_to_num(nan=0.0)
-    ub = (g - lam[:, None, :]).clamp(min=0).sum(1) + lam * kf
-    cover = torch.minimum(kf[:, None], depths + 1) / torch.maximum(kf[:, None], depths + 1)
-    ub = torch.minimum(ub, q[:, 0, :] @ cover.t())  # the root's masses
+    excess = torch.sub(g, lam[:, None, :]).clamp_(min=0)  # one (B, C, K) temporary
+    ub = excess.sum(1) + lam * kf
+    del excess
+    ub = torch.minimum(ub, size_bound(q[:, 0, :], depths, kmax))  # the root's masses
     slack_v = 2 * ((num_e + kmax + 16) * u64 + mass_rel)
     spread = slack_v * (max_depth + 1) / kf + 4 * kmax * mass_abs
     want = (ub * (1 + slack_v) + spread >= lb[:, None]) & (kf[None, :] <= count[:, None])
