@@ -170,9 +170,9 @@ def test_jaccard_on_a_deep_caterpillar_stays_within_the_budget():
     # A 2,001-node caterpillar (depth 1,000, 1,000 leaf depths), 2 Dirichlet(0.3) rows: a sample keeps
     # ~800 candidates and ~300 (sample, size) pairs are left to solve.  Each knapsack took a table of
     # every candidate by every size up to its own, the chunks as large as the budget beside one sample's
-    # masses and gains: 144 MiB (CPU plan) and 166 MiB (GPU plan) at a 128 MiB budget on afab9d5 (39 and
-    # 57 MiB now).  Now
-    # each pair keeps only its allowed candidates, in a band of the states its size can reach.
+    # masses and gains: 144 MiB (CPU plan) and 166 MiB (GPU plan) at a 128 MiB budget on afab9d5.  Now
+    # each pair keeps only its allowed candidates, in a band of the states its size can reach: 39 and
+    # 57 MiB.
     got = peak_growths("""
     h = caterpillar(1000)
     probs = torch.distributions.Dirichlet(torch.full((h.num_leaves,), 0.3, dtype=torch.float64)).sample((2,))
