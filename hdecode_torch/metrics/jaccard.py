@@ -72,10 +72,16 @@ by increasing id); nxt(i) is the first position after v_i's subtree.  For j = 0.
     V(k) = g(root) + F(1, k − 1).
 
 Skipping v_i skips its subtree, so a position is reached only with all its ancestors taken: the
-choices are exactly the closed sets of the candidates.  Nodes outside A_k have g = −∞.  This is
-O(C·k) per pair (sample, size), where merging children's tables by max-plus convolution costs
-O(C·k²); all pairs run at once, one step per position, over the pairs whose sample still has a
-candidate there.
+choices are exactly the closed sets of the candidates.  Nodes outside A_k have g = −∞: never
+taken, nor anything under them, so each pair keeps only its A_r ≤ C allowed candidates with no
+disallowed ancestor, which changes no value of finite F nor any decision on the way to one.  At
+position i with j left, i − 1 − (k − 1 − j) of the positions before were skipped, and at most
+A_r − k can be: the states are stored either by j (k + 1 of them) or by that count (A_r − k + 1;
+taking keeps it, skipping v_i's subtree adds nxt(i) − i), whichever is fewer.  This is
+O(A_r·min(k, A_r − k + 1)) per pair (sample, size), where merging children's tables by max-plus
+convolution costs O(C·k²); all pairs run at once, one step per position, over the pairs that still
+have a candidate there.  A pair with fewer than k allowed candidates has no set of its size: such a
+size is never optimal (§2), its value is −∞.
 
 6. Ties.  Between sizes, the smallest size wins among those whose values tie: the smallest size
 whose value is within float64 rounding of the best wins (float32 inputs: values within float32
@@ -99,23 +105,25 @@ tie decisions are float64.
 8. Cost.  O(B·N) for the node screen (plus the Posterior's O(B·(N + L)) node and prefix sums),
 O(M·E·K) for the gains of the M (sample, candidate) entries (C per sample; C ≤ 1 + Σ_{d=1..D}
 (2d + D + 1)/((d + 1)·LB) as the candidates of one level are disjoint subtrees, LB ≥ 1/(D + 1);
-far fewer on model outputs), O(R·C·k) for the knapsacks of the R pairs (sample, size) left
-(a few per sample).  Python loops: over the candidate positions of the knapsack and of the
+far fewer on model outputs), O(Σ_r A_r·min(k_r, A_r − k_r + 1)) for the knapsacks of the R pairs
+(sample, size) left (a few per sample; on deep caterpillars the bounds often allow exactly k_r nodes,
+a band of one state).  Python loops: over the candidate positions of the knapsack and of the
 walk back (C steps each, all pairs at once) and ⌈log₂ D⌉ pointer-doubling steps; none over
-samples, nodes or tree levels.  Memory: one (N, B) mask and threshold, (M, K) gains and (C, R, K)
-knapsack tables; no N×L and no N×B×K tensor.  The gain tables grow as C² per sample, so trees
+samples, nodes or tree levels.  Memory: one (N, B) mask and threshold, (M, K) gains and the
+pairs' banded knapsack tables; no N×L and no N×B×K tensor.  The gain tables grow as C² per sample, so trees
 with long single-child chains (C ~ D) cost O(B·D²).  On a caterpillar of depth D (a chain, one leaf
 hanging at each level: N = 2D + 1, E = D) a sample may keep C ~ N candidates: its masses are O(C·E) =
-O(D²) memory, its gains O(C·K·E) = O(D³) time, and each of its R (sample, size) pairs left a knapsack
-of O(C·k) time and (C + 1)(k + 1) cells; the pairs are solved in chunks of the budget, each chunk's
-tables as wide as its largest size; the (entries, sizes, depths) weights of the lower bounds and
-the run ends of the masses are built in chunks of at most the budget and 32 MiB (a chunk holds at
-least one pair or two entries), and the gains in fixed blocks of 256 entries × 256 sizes, so one
-sample's (C, E) masses, (C, K) gains and (C, k) knapsack table are the floor.  Host reads: three on the GPU plan (the
-candidates' count and width after each of the two node screens; the pairs (sample, size) with the
-knapsack's per-position row counts).  The CPU plan, where a read costs nothing, lists the first
-screen's pairs with ``nonzero`` (one more read) and, for float32 inputs, the pairs re-scored in
-float64 (§6; one more, where the GPU plan re-scores every pair): five.
+O(D²) memory, its gains O(C·K·E) = O(D³) time, and each of its R (sample, size) pairs left a banded
+knapsack (§5); the pairs are gathered in groups of half the budget and solved in chunks of the
+other half; the (entries, sizes, depths) weights of the lower bounds and the run ends of the masses
+are built in chunks of at most a quarter of the budget and 32 MiB (a chunk holds at least one pair
+or two entries), G(k)'s (K, E) table before the gains, and the gains in fixed blocks of 256 entries
+× 256 sizes, so one sample's (C, E) masses and (C, K) gains (with the gains' fixed blocks) are the
+floor beyond the budget.  Host reads: four on the GPU plan (the candidates' count and width after
+each of the two node screens; the pairs (sample, size) with the knapsack's per-position row
+counts; the pairs' allowed counts, once per group of pairs).  The CPU plan, where a read costs
+nothing, lists the first screen's pairs with ``nonzero`` (one more read) and, for float32 inputs,
+the pairs re-scored in float64 (§6; one more, where the GPU plan re-scores every pair): six.
 """
 
 from __future__ import annotations
@@ -497,7 +505,7 @@ def jaccard_decode(post) -> torch.Tensor:
     Returns (B, N) bool, ancestor-closed, root included.  Ties: the smallest set size, then the
     first optimal set in depth-first preorder (module docstring, §6).  Work O(B·N + M·E·K + R·C·k)
     for M candidate entries of at most C per sample, sizes K ≤ C and R pairs (sample, size) left by
-    the bounds; three host reads on the GPU plan, up to five on the CPU plan (module docstring, §8).
+    the bounds; four host reads on the GPU plan, up to six on the CPU plan (module docstring, §8).
     """
     return _solve(post, trace=False)
 
@@ -667,7 +675,7 @@ def _chain_weights(h, T):
 
 
 def jaccard_decode_packed(post) -> torch.Tensor:
-    """Bayes-optimal Jaccard sets with a fixed number of operators and at most two host reads (the GPU
+    """Bayes-optimal Jaccard sets with a fixed number of operators and three host reads (the GPU
     plan's decoder; same sets as :func:`jaccard_decode` up to float32 rounding, ties as §6).
 
     The steps of the module docstring on packed per-sample tables: (i) LB₀ from every root-path
@@ -675,7 +683,8 @@ def jaccard_decode_packed(post) -> torch.Tensor:
     for it), no host read; (ii) the candidates p(n) ≥ τ(n)·LB₀, packed in preorder by one top-C
     selection (the first host read: C, with the input check's flags); (iii) their masses from the
     depth-first prefix sums; (iv)–(vii) per-size node bounds, gains, the size screen, the knapsack of
-    the (sample, size) pairs left (the second host read: their number) and the choice of the best
+    the (sample, size) pairs left (the second host read: their number; the third: their allowed
+    candidates' counts, one more per group of pairs beyond the first) and the choice of the best
     size, all in float64.  Returns (B, N) bool.  The gains go in blocks of about 2^18
     (sample, candidate, size) cells and 256 sizes, the node bounds of 2^20 cells: a fixed count while
     one block holds them (B·C² ≤ 2^18, C ≤ 256), more operators beyond.

@@ -45,11 +45,13 @@ def jaccard_sets(q: torch.Tensor, ids: torch.Tensor, count: torch.Tensor, lb: to
         depths: (E,) float64 the leaf depth of each column of q; max_depth: D, the deepest leaf.
         mass_rel, mass_abs: the relative and absolute errors of an entry of q (a difference of float64
             prefix sums: 0 and a few ulps of 1; node probabilities: their summation's relative error).
-        budget: bytes for the knapsack tables at a time (the (row, size) pairs are solved in chunks).
+        budget: bytes for the knapsack's gathered gains and tables at a time (the (row, size) pairs are
+            solved in groups and chunks).
     Returns:
         (B, C) bool: the columns of each row's best set (all False for a row whose bound rules every
         size out, i.e. a row without mass).  O(B·C·K·E) for the gains, O(R·C·K) for the knapsacks of
-        the R (row, size) pairs the bounds leave; one host read (R and the per-position counts).
+        the R (row, size) pairs the bounds leave (on their allowed candidates: :func:`knapsack_sets`);
+        two host reads (R, then the pairs' allowed counts; one more per group of pairs beyond the first).
     Raises:
         ValueError / TypeError naming the argument for a wrong shape, dtype or device.
     """
