@@ -186,3 +186,24 @@ def test_hf_beta_packed_solver_on_a_deep_caterpillar_stays_within_the_budget():
             growth(lambda: m.decode(probs.float()))
     """)
     assert len(got) == 2 and max(got) < 64 * MiB + 2 * 4001, got
+
+
+# ---------------------------------------------------------------------------------------- item 11
+def test_jaccard_on_a_deep_caterpillar_stays_within_the_budget():
+    # A 2,001-node caterpillar (depth 1,000, 1,000 leaf depths), 2 Dirichlet(0.3) rows: a sample keeps
+    # ~800 candidates and ~300 (sample, size) pairs are left to solve.  Each knapsack took a table of
+    # every candidate by every size up to its own, the chunks as large as the budget beside one sample's
+    # masses and gains: 144 MiB (CPU plan) and 166 MiB (GPU plan) at a 128 MiB budget on afab9d5.  Now
+    # each pair keeps only its allowed candidates, in a band of the states its size can reach: 39 and
+    # 57 MiB.
+    got = peak_growths("""
+    h = caterpillar(1000)
+    probs = torch.distributions.Dirichlet(torch.full((h.num_leaves,), 0.3, dtype=torch.float64)).sample((2,))
+    dec = hd.get_decoder("optimal", h, metric="jaccard")
+    hd.set_memory_budget(128 * 2**20)
+    for plan in ("cpu", "cuda"):
+        with hd.plan_for(plan):
+            dec.decode(probs[:1])  # the tree's tables
+            growth(lambda: dec.decode(probs))
+    """)
+    assert len(got) == 2 and max(got) < 128 * MiB, got

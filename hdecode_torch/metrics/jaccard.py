@@ -72,10 +72,16 @@ by increasing id); nxt(i) is the first position after v_i's subtree.  For j = 0.
     V(k) = g(root) + F(1, k − 1).
 
 Skipping v_i skips its subtree, so a position is reached only with all its ancestors taken: the
-choices are exactly the closed sets of the candidates.  Nodes outside A_k have g = −∞.  This is
-O(C·k) per pair (sample, size), where merging children's tables by max-plus convolution costs
-O(C·k²); all pairs run at once, one step per position, over the pairs whose sample still has a
-candidate there.
+choices are exactly the closed sets of the candidates.  Nodes outside A_k have g = −∞: never
+taken, nor anything under them, so each pair keeps only its A_r ≤ C allowed candidates with no
+disallowed ancestor, which changes no value of finite F nor any decision on the way to one.  At
+position i with j left, i − 1 − (k − 1 − j) of the positions before were skipped, and at most
+A_r − k can be: the states are stored either by j (k + 1 of them) or by that count (A_r − k + 1;
+taking keeps it, skipping v_i's subtree adds nxt(i) − i), whichever is fewer.  This is
+O(A_r·min(k, A_r − k + 1)) per pair (sample, size), where merging children's tables by max-plus
+convolution costs O(C·k²); all pairs run at once, one step per position, over the pairs that still
+have a candidate there.  A pair with fewer than k allowed candidates has no set of its size: such a
+size is never optimal (§2), its value is −∞.
 
 6. Ties.  Between sizes, the smallest size wins among those whose values tie: the smallest size
 whose value is within float64 rounding of the best wins (float32 inputs: values within float32
@@ -99,23 +105,25 @@ tie decisions are float64.
 8. Cost.  O(B·N) for the node screen (plus the Posterior's O(B·(N + L)) node and prefix sums),
 O(M·E·K) for the gains of the M (sample, candidate) entries (C per sample; C ≤ 1 + Σ_{d=1..D}
 (2d + D + 1)/((d + 1)·LB) as the candidates of one level are disjoint subtrees, LB ≥ 1/(D + 1);
-far fewer on model outputs), O(R·C·k) for the knapsacks of the R pairs (sample, size) left
-(a few per sample).  Python loops: over the candidate positions of the knapsack and of the
+far fewer on model outputs), O(Σ_r A_r·min(k_r, A_r − k_r + 1)) for the knapsacks of the R pairs
+(sample, size) left (a few per sample; on deep caterpillars the bounds often allow exactly k_r nodes,
+a band of one state).  Python loops: over the candidate positions of the knapsack and of the
 walk back (C steps each, all pairs at once) and ⌈log₂ D⌉ pointer-doubling steps; none over
-samples, nodes or tree levels.  Memory: one (N, B) mask and threshold, (M, K) gains and (C, R, K)
-knapsack tables; no N×L and no N×B×K tensor.  The gain tables grow as C² per sample, so trees
+samples, nodes or tree levels.  Memory: one (N, B) mask and threshold, (M, K) gains and the
+pairs' banded knapsack tables; no N×L and no N×B×K tensor.  The gain tables grow as C² per sample, so trees
 with long single-child chains (C ~ D) cost O(B·D²).  On a caterpillar of depth D (a chain, one leaf
 hanging at each level: N = 2D + 1, E = D) a sample may keep C ~ N candidates: its masses are O(C·E) =
-O(D²) memory, its gains O(C·K·E) = O(D³) time, and each of its R (sample, size) pairs left a knapsack
-of O(C·k) time and (C + 1)(k + 1) cells; the pairs are solved in chunks of the budget, each chunk's
-tables as wide as its largest size; the (entries, sizes, depths) weights of the lower bounds and
-the run ends of the masses are built in chunks of at most the budget and 32 MiB (a chunk holds at
-least one pair or two entries), and the gains in fixed blocks of 256 entries × 256 sizes, so one
-sample's (C, E) masses, (C, K) gains and (C, k) knapsack table are the floor.  Host reads: three on the GPU plan (the
-candidates' count and width after each of the two node screens; the pairs (sample, size) with the
-knapsack's per-position row counts).  The CPU plan, where a read costs nothing, lists the first
-screen's pairs with ``nonzero`` (one more read) and, for float32 inputs, the pairs re-scored in
-float64 (§6; one more, where the GPU plan re-scores every pair): five.
+O(D²) memory, its gains O(C·K·E) = O(D³) time, and each of its R (sample, size) pairs left a banded
+knapsack (§5); the pairs are gathered in groups of half the budget and solved in chunks of the
+other half; the (entries, sizes, depths) weights of the lower bounds and the run ends of the masses
+are built in chunks of at most a quarter of the budget and 32 MiB (a chunk holds at least one pair
+or two entries), G(k)'s (K, E) table before the gains, and the gains in fixed blocks of 256 entries
+× 256 sizes, so one sample's (C, E) masses and (C, K) gains (with the gains' fixed blocks) are the
+floor beyond the budget.  Host reads: four on the GPU plan (the candidates' count and width after
+each of the two node screens; the pairs (sample, size) with the knapsack's per-position row
+counts; the pairs' allowed counts, once per group of pairs).  The CPU plan, where a read costs
+nothing, lists the first screen's pairs with ``nonzero`` (one more read) and, for float32 inputs,
+the pairs re-scored in float64 (§6; one more, where the GPU plan re-scores every pair): six.
 """
 
 from __future__ import annotations
@@ -129,7 +137,7 @@ from ..kernels.candidates import pack_rows
 from ..kernels.depth_ranges import depth_masses, depth_masses_packed, depth_ranges
 from ..kernels.fused import jaccard_sets, trust_indices
 from ..kernels.fused.jaccard_sets import PAD_DEPTH as _PAD_DEPTH
-from ..kernels.fused.jaccard_sets import GAIN_CELLS, GAIN_ROWS, gains, knapsack_sets
+from ..kernels.fused.jaccard_sets import GAIN_CELLS, GAIN_ROWS, gains, knapsack_sets, size_bound
 from .base import SetMetric
 
 __all__ = ["Jaccard", "jaccard_from_counts", "jaccard_expected", "jaccard_decode", "jaccard_decode_packed",
@@ -244,7 +252,8 @@ _CHUNK_MAX = 32 << 20
 
 
 def _chunk_bytes(post) -> int:
-    return min(post.plan.budget, _CHUNK_MAX)
+    # A quarter of the budget: a chunk's temporaries sit beside one sample's tables.
+    return min(post.plan.budget // 4, _CHUNK_MAX)
 
 
 class _Masses:
@@ -496,7 +505,7 @@ def jaccard_decode(post) -> torch.Tensor:
     Returns (B, N) bool, ancestor-closed, root included.  Ties: the smallest set size, then the
     first optimal set in depth-first preorder (module docstring, §6).  Work O(B·N + M·E·K + R·C·k)
     for M candidate entries of at most C per sample, sizes K ≤ C and R pairs (sample, size) left by
-    the bounds; three host reads on the GPU plan, up to five on the CPU plan (module docstring, §8).
+    the bounds; four host reads on the GPU plan, up to six on the CPU plan (module docstring, §8).
     """
     return _solve(post, trace=False)
 
@@ -550,6 +559,8 @@ def _solve(post, trace):
     if not trace:  # one sample's (C, E) masses: only the candidates' are needed from here
         wide = None
     kmax, m = cands.c, cands.sample.numel()
+    # G(k) from the root's masses, before the (M, K) gains exist: its (K, E) table is as large.
+    cover = size_bound(cands.q64[cands.start], T.depths, kmax)
     # The (M, K) gains with a padding entry M, the only (M, K) table: everything else about the
     # entries is made a block at a time (elementwise, or sums in entry order: the same values).
     gpad = gains(cands.q, cands.depth, T.depths, kmax, out=torch.empty(m + 1, kmax, dtype=dt, device=dev))
@@ -580,8 +591,7 @@ def _solve(post, trace):
         e = slice(a, a + blk)
         ub.index_add_(0, cands.sample[e], (g[e] - lam[cands.sample[e]]).clamp_(min=0))
     ub += lam * kf.to(dt)
-    cover = torch.minimum(kf[:, None], T.depths + 1) / torch.maximum(kf[:, None], T.depths + 1)
-    ub = torch.minimum(ub, (cands.q64[cands.start] @ cover.t()).to(dt))  # the root's masses
+    ub = torch.minimum(ub, cover.to(dt))
     if dt == torch.float64:  # the (M, E) masses are read again only to re-score float32 values
         cands.q64 = cands.q = None
     # A size is kept unless its bound is below LB beyond rounding.  The Lagrangian sum adds up to
@@ -599,9 +609,7 @@ def _solve(post, trace):
     b, kidx = torch.nonzero_static(want[by_count], size=sizes[0]).unbind(1)
     b = by_count[b]
     # (vi) the knapsack of every pair and its set.
-    nx = cands.nxt[b]
-    gp = gpad.view(-1)[cands.entry[b] * kmax + kidx[:, None]]  # (R, C)
-    val, members = knapsack_sets(gp, nx, kidx, kmax, sizes[1:], post.plan.budget)  # (R,), (R, C)
+    val, members = knapsack_sets(gpad, cands.entry, cands.nxt, b, kidx, post.plan.budget)  # (R,), (R, C)
     # (vii) the best pair of each sample.  Its value in the compute dtype decides, except between
     # sizes within rounding of each other: those pairs are compared on the float64 values of their
     # sets (from the float64 masses), so that only float64 rounding can split a tie between sizes,
@@ -667,7 +675,7 @@ def _chain_weights(h, T):
 
 
 def jaccard_decode_packed(post) -> torch.Tensor:
-    """Bayes-optimal Jaccard sets with a fixed number of operators and at most two host reads (the GPU
+    """Bayes-optimal Jaccard sets with a fixed number of operators and three host reads (the GPU
     plan's decoder; same sets as :func:`jaccard_decode` up to float32 rounding, ties as §6).
 
     The steps of the module docstring on packed per-sample tables: (i) LB₀ from every root-path
@@ -675,7 +683,8 @@ def jaccard_decode_packed(post) -> torch.Tensor:
     for it), no host read; (ii) the candidates p(n) ≥ τ(n)·LB₀, packed in preorder by one top-C
     selection (the first host read: C, with the input check's flags); (iii) their masses from the
     depth-first prefix sums; (iv)–(vii) per-size node bounds, gains, the size screen, the knapsack of
-    the (sample, size) pairs left (the second host read: their number) and the choice of the best
+    the (sample, size) pairs left (the second host read: their number; the third: their allowed
+    candidates' counts, one more per group of pairs beyond the first) and the choice of the best
     size, all in float64.  Returns (B, N) bool.  The gains go in blocks of about 2^18
     (sample, candidate, size) cells and 256 sizes, the node bounds of 2^20 cells: a fixed count while
     one block holds them (B·C² ≤ 2^18, C ≤ 256), more operators beyond.
@@ -720,6 +729,8 @@ def jaccard_decode_packed(post) -> torch.Tensor:
                           _chunk_bytes(post))
             inside = torch.arange(k, device=dev)[None, :, None] < ks[:, None, :]  # A(a) is the first k chain nodes
             values = g.view(bsz, k, -1).masked_fill(~inside, 0).sum(1).nan_to_num(nan=float("-inf")).amax(1)
+            del g
+        del q, chain  # the (B, D + 1, E) root-path masses: not needed beside the candidates' own
     lb0 = values * (1 - (num_e + k + 16) * u64 - mass_rel) - 2 * k * mass_abs
     # A row without mass scores 0 with every set: 2 (above any value) keeps only its root.
     lb0 = torch.where(p[h.root] > 0, lb0, 2.0)

@@ -18,7 +18,7 @@ import torch
 from .._checks import check_bounds, check_float_tensor, check_vector
 from .._registry import register
 
-__all__ = ["jaccard_sets", "jaccard_sets_torch", "gains", "gain_weights", "knapsack", "knapsack_sets", "walk", "SCHEMA"]
+__all__ = ["jaccard_sets", "jaccard_sets_torch", "gains", "gain_weights", "size_bound", "knapsack", "knapsack_sets", "knapsack_band", "walk", "walk_band", "SCHEMA"]
 
 SCHEMA = ("jaccard_sets(Tensor q, Tensor ids, Tensor count, Tensor lb, Tensor k_ref, Tensor pre, Tensor end, "
           "Tensor depth, Tensor dmin1, Tensor depths, int max_depth, float mass_rel, float mass_abs, int budget) -> Tensor")
@@ -52,16 +52,19 @@ def jaccard_sets(q: torch.Tensor, ids: torch.Tensor, count: torch.Tensor, lb: to
         depths: (E,) float64 the leaf depth of each column of q; max_depth: D, the deepest leaf.
         mass_rel, mass_abs: the relative and absolute errors of an entry of q (a difference of float64
             prefix sums: 0 and a few ulps of 1; node probabilities: their summation's relative error).
-        budget: bytes for the knapsack tables at a time (the (row, size) pairs are solved in chunks).
+        budget: bytes for the knapsack's gathered gains and tables at a time (the (row, size) pairs are
+            solved in groups and chunks).
     Returns:
         (B, C) bool: the columns of each row's best set (all False for a row whose bound rules every
         size out, i.e. a row without mass).  O(B·C·K·E) for the gains, O(R·C·K) for the knapsacks of
-        the R (row, size) pairs the bounds leave.  The torch implementation: one host read (R and the
-        per-position counts).  The Triton kernel (CUDA): one launch and no host read whatever B, each
-        program solving whole rows with its tables in (2C + 2)·C float64 of scratch, as many programs as
-        ``budget`` holds; its gains sum the leaf depths in order where the torch implementation's
-        matrix product sums them in its BLAS's order, so values equal in exact arithmetic may round
-        apart (the knapsack, the size choice and the tie rule are the same operations).
+        the R (row, size) pairs the bounds leave (on their allowed candidates: :func:`knapsack_sets`);
+        the torch implementation: two host reads (R, then the pairs' allowed counts; one more per group of
+        pairs beyond the first).
+        The Triton kernel (CUDA): one launch and no host read whatever B, each program solving whole rows
+        with its tables in (2C + 2)·C float64 of scratch, as many programs as ``budget`` holds; its gains sum
+        the leaf depths in order where the torch implementation's matrix product sums them in its BLAS's
+        order, so values equal in exact arithmetic may round apart (the knapsack, the size choice and the
+        tie rule are the same operations).
     Raises:
         ValueError / TypeError naming the argument for a wrong shape, dtype or device.
     """
@@ -141,6 +144,22 @@ def gains(q: torch.Tensor, depth: torch.Tensor, depths: torch.Tensor, kmax: int,
     return g
 
 
+def size_bound(q_root: torch.Tensor, depths: torch.Tensor, kmax: int) -> torch.Tensor:
+    """(B, K) G(k) = Σ_e Q_e(root) min(k, d_e + 1)/max(k, d_e + 1) for k = 1..kmax, an upper bound on
+    the value of any set of size k, from the root's masses q_root (B, E) float64.
+
+    One (K, E) float64 table, its quotients made in place a block of 2^20 cells at a time (the same
+    values as in one piece), and one product with it.
+    """
+    kf = torch.arange(1, kmax + 1, device=depths.device, dtype=torch.float64)[:, None]
+    d1 = depths + 1
+    cover = torch.minimum(kf, d1)
+    step = max(1, (1 << 20) // max(d1.numel(), 1))
+    for a in range(0, kmax, step):
+        cover[a:a + step].div_(torch.maximum(kf[a:a + step], d1))
+    return q_root @ cover.t()
+
+
 def knapsack(gp, nx, kidx, jmax, active, space=None):
     """Preorder knapsack of R pairs: gains gp (R, C) (-inf: not allowed), nxt columns nx (R, C).
 
@@ -188,42 +207,178 @@ def _knapsack_steps_numpy(hist, dec, skip_rows, gcols, active) -> None:
         np.copyto(hist[i, :a, 1:], np.where(dec[i, :a, 1:], take, skip))
 
 
-def knapsack_sets(gp, nx, kidx, jmax: int, active, budget: int):
-    """:func:`knapsack` and :func:`walk` of R pairs in chunks of pairs whose tables fit ``budget`` bytes.
+def knapsack_sets(gains, entry, nxt, b, kidx, budget: int):
+    """The best set of R pairs (sample, size): :func:`knapsack` and :func:`walk` on each pair's allowed
+    candidates, in groups of pairs and chunks whose tables fit ``budget`` bytes.
 
-    gp, nx: (R, C); kidx: (R,) int64 below ``jmax``; active: the per-position prefix sizes of
-    :func:`knapsack` (pairs with more candidates first).  Returns (V (R,), members (R, C) bool).
-    Memory per pair: its (C + 1) × (j + 1) value table and decisions, j = ``jmax`` when all pairs fit
-    at once, else the largest kidx of its chunk (F(i, j) reads only F(·, j' ≤ j), so a narrower table
-    gives the same values bit for bit).  No host read when all fit; one (kidx) otherwise.
+    gains: (X, K) float g_k of every candidate entry at k = 1..K (-inf or NaN: not allowed);
+    entry: (B, C) int64 each sample's candidates as rows of ``gains``, in preorder, root first
+    (padding: a row that is -inf); nxt: (B, C) int64 the position after each candidate's subtree;
+    b, kidx: (R,) int64 each pair's sample and size − 1 (< K).  Returns (V (R,), members (R, C) bool).
+
+    A candidate whose gain is -inf (or NaN) is never taken, nor anything under it: each pair keeps
+    only its A_r allowed candidates with no disallowed ancestor (preorder and subtrees kept, so the
+    knapsack over them reads the same values, adds them in the same order and takes the same
+    decisions at every state of finite value).  Its table is then the cheaper of two layouts of the
+    same states: by nodes j left to choose, (A_r + 1) × (k_r + 1) (:func:`knapsack`), or by candidates
+    skipped so far, (A_r + 1) × (A_r − k_r + 1) (:func:`knapsack_band`: at most A_r − k_r of them can
+    be skipped, a narrow band when the bounds leave few more allowed nodes than the size; on deep
+    caterpillars often none).  A pair with fewer than k_r allowed candidates (no set of its size: never
+    an optimal size) gets V = -inf and the root alone.  Per group: its (pairs, C) gains and
+    positions (half the budget, at least one pair) and one host read (the allowed counts).
     """
+    r, (bsz, c) = b.numel(), entry.shape
+    dev = entry.device
+    val = gains.new_full((r,), float("-inf"))
+    members = torch.zeros(r, c, dtype=torch.bool, device=dev)
+    if r == 0 or c == 0:
+        return val, members
+    kk = gains.shape[1]
+    step = max(1, budget // (2 * 128 * (c + 1)))  # ~13 (pair, position) temporaries of ≤ 8 bytes each
+    for a in range(0, r, step):
+        e = slice(a, a + step)
+        gp = gains.view(-1)[entry[b[e]] * kk + kidx[e, None]]  # (R', C)
+        val[e], members[e] = _solve_pairs(gp, nxt[b[e]], kidx[e], budget // 2)
+    return val, members
+
+
+def _solve_pairs(gp, nx, kidx, budget: int):
+    """:func:`knapsack_sets` of the pairs with gains gp (R, C) and nxt columns nx (R, C)."""
     r, c = gp.shape
-    cell = (c + 1) * (gp.element_size() + 1)
-    if r * (jmax + 1) * cell <= budget:
-        val, dec = knapsack(gp, nx, kidx, jmax, active)
-        return val, walk(dec, nx, kidx)
-    # Chunks of consecutive pairs (their order keeps the active prefixes), each as wide as its largest
-    # size: pairs of one sample come by increasing size, so a chunk rarely pays for more than it needs.
-    sizes = kidx.tolist()
+    dev = gp.device
+    neg = float("-inf")
+    # Disallowed candidates and their subtrees, one difference array over preorder positions.
+    bad = ~(gp > neg)
+    bad[:, 0] = False  # the root is outside the table: V = g(root) + F(1, k − 1)
+    cover = torch.zeros(r, c + 1, dtype=torch.int32, device=dev)
+    cover[:, :c] = bad.to(torch.int32)
+    # A padding column's nxt may point at itself: its range ends one past it at least.
+    cover.scatter_add_(1, torch.maximum(nx, torch.arange(1, c + 1, device=dev)), -bad.to(torch.int32))
+    keep = cover.cumsum_(1)[:, :c] == 0
+    del cover, bad
+    rank = keep.cumsum(1, dtype=torch.int64)  # (R, C): allowed positions up to and including each one
+    count = rank[:, -1]
+    feasible = count > kidx  # room for the root and kidx more
+    order = torch.sort(torch.where(feasible, count, 0), descending=True, stable=True).indices
+    counts, ks = torch.stack([count[order], kidx[order]]).tolist()
+    live = sum(1 for x, y in zip(counts, ks) if x > y)
+    val = gp.new_full((r,), neg)
+    members = torch.zeros(r, c, dtype=torch.bool, device=dev)
+    members[:, 0] = True
+    if not live:
+        return val, members
+    # The kept candidates packed left, pairs with more of them first (a prefix works at each position).
+    sel = order[:live]
+    width = counts[0]
+    src = torch.nonzero_static(keep[sel], size=sum(counts[:live]))  # (kept, 2): (pair, position)
+    pr, ps = src.unbind(1)
+    dst = rank[sel][pr, ps] - 1
+    cg = gp.new_full((live, width), neg)
+    cg[pr, dst] = gp[sel][pr, ps]
+    before = torch.cat([rank.new_zeros(r, 1), rank], 1)[sel]  # allowed positions before each one
+    cnx = torch.full((live, width), width, dtype=torch.int64, device=dev)
+    cnx[pr, dst] = before.gather(1, nx[sel])[pr, ps]
+    where = torch.full((live, width), c, dtype=torch.int64, device=dev)  # padding: a spare column c
+    where[pr, dst] = ps
+    del src, pr, ps, dst, rank, before, keep
+    counts, ks = counts[:live], ks[:live]
+    es = gp.element_size()
+
+    def cost(a, b):
+        """(floats, bools, banded) of the tables of pairs a..b − 1 in the narrower of the two layouts."""
+        top, kmax = counts[a], max(ks[a:b])
+        band = max(x - y for x, y in zip(counts[a:b], ks[a:b]))
+        nodes = ((top + 1) * (kmax + 1) * (b - a), top * (kmax + 1) * (b - a), False)
+        skips = ((top + 1) * 2 * band * (b - a), top * band * (b - a), True)
+        return min(nodes, skips, key=lambda t: t[0] * es + t[1])
+
+    def size(t):
+        return t[0] * es + t[1]
+
     chunks = []
     a = 0
-    while a < r:
-        b, width = a + 1, sizes[a]
-        while b < r and (b + 1 - a) * (max(width, sizes[b]) + 1) * cell <= budget:
-            width = max(width, sizes[b])
+    while a < live:
+        b = a + 1
+        while b < live and size(cost(a, b + 1)) <= budget:
             b += 1
-        chunks.append((a, b, width))
+        chunks.append((a, b, cost(a, b)))
         a = b
-    most = max((b - a) * (width + 1) for a, b, width in chunks)
-    space = (torch.empty((c + 1) * most, dtype=gp.dtype, device=gp.device),
-             torch.empty(c * most, dtype=torch.bool, device=gp.device))
-    vals, members = [], []
-    for a, b, width in chunks:
-        part = [min(max(n - a, 0), b - a) for n in active]
-        val, dec = knapsack(gp[a:b], nx[a:b], kidx[a:b], width, part, space)
-        vals.append(val)
-        members.append(walk(dec, nx[a:b], kidx[a:b]))
-    return torch.cat(vals), torch.cat(members)
+    space = (torch.empty(max(t[0] for _, _, t in chunks), dtype=gp.dtype, device=dev),
+             torch.empty(max(t[1] for _, _, t in chunks), dtype=torch.bool, device=dev))
+    vals = []
+    got = torch.zeros(live, c + 1, dtype=torch.bool, device=dev)
+    for a, b, (_, _, banded) in chunks:
+        top = counts[a]
+        part = [sum(1 for x in counts[a:b] if x > i) for i in range(top)]
+        kr = kidx.new_tensor(ks[a:b])
+        g, x = cg[a:b, :top], cnx[a:b, :top].clamp(max=top)
+        if banded:
+            band = max(x - y for x, y in zip(counts[a:b], ks[a:b]))
+            v, dec = knapsack_band(g, x, kr, kidx.new_tensor(counts[a:b]), band, part, space)
+            m = walk_band(dec, x, kr)
+        else:
+            v, dec = knapsack(g, x, kr, max(ks[a:b]), part, space)
+            m = walk(dec, x, kr)
+        vals.append(v)
+        got[a:b].scatter_(1, where[a:b, :top], m)
+    val[sel] = torch.cat(vals)
+    members[sel] = got[:, :c]
+    return val, members
+
+
+def knapsack_band(gp, nx, kidx, count, band: int, active, space):
+    """:func:`knapsack` with states by candidates skipped: H[i, s] = F(i, j) with s = i − 1 − k + j,
+    k = kidx, the candidates among positions 1..i − 1 left out.
+
+    gp, nx: (R, C) the pairs' allowed candidates only; count: (R,) their numbers A_r (each
+    > kidx); band ≥ max(A_r − kidx); active[i]: the pairs with a candidate at position i are
+    0..active[i] − 1.  Taking v_i keeps s (F(i + 1, j − 1)), skipping its subtree adds nxt(i) − i
+    (F(nxt(i), j)): the same two values as :func:`knapsack`'s, compared and chosen the same way, on
+    at most A_r − k_r + 1 states per position instead of k_r + 1.  Returns (V (R,),
+    dec (C, R, band) bool: take position i at state s).
+    """
+    r, c = gp.shape
+    dev, dt = gp.device, gp.dtype
+    w = band
+    # Each row holds the band and as many -inf cells after it: the skip reads a window of w cells
+    # from offset nxt(i) − i ≤ w of its row, past the band -inf (more skips than candidates).
+    hist = space[0][: (c + 1) * r * 2 * w].view(c + 1, r, 2 * w).fill_(float("-inf"))
+    dec = space[1][: c * r * w].view(c, r, w).zero_()
+    rows = torch.arange(r, device=dev)
+    # F(A_r, 0) = 0: no node left to choose once every candidate is passed (s = A_r − 1 − k).
+    hist[count, rows, count - 1 - kidx] = 0
+    windows = hist.view(-1).unfold(0, w, 1)
+    base = nx * (r * 2 * w) + rows[:, None] * (2 * w)  # (R, C) start of row (nxt(i), pair)
+    shift = (nx - torch.arange(c, device=dev)).clamp(max=w)
+    start = (base + shift).t().contiguous()  # (C, R)
+    gcols = gp.t().contiguous()
+    for i in range(c - 1, 0, -1):
+        a = active[i]
+        take = hist[i + 1, :a, :w] + gcols[i, :a, None]
+        skip = windows.index_select(0, start[i, :a])
+        torch.ge(take, skip, out=dec[i, :a])
+        torch.where(dec[i, :a], take, skip, out=hist[i, :a, :w])
+    return gp[:, 0] + hist[1, :, 0], dec
+
+
+def walk_band(dec, nx, kidx):
+    """:func:`walk` for :func:`knapsack_band`'s decisions: (R, C) bool the set of each pair."""
+    c, r, w = dec.shape
+    dev = nx.device
+    s = torch.zeros(r, dtype=torch.long, device=dev)
+    pos = torch.ones(r, dtype=torch.long, device=dev)
+    members = torch.zeros(c, r, dtype=torch.bool, device=dev)
+    members[0] = True
+    rows = torch.arange(r, device=dev) * w
+    flat = dec.view(c, -1)
+    nxt = nx.t().contiguous()  # (C, R)
+    for i in range(1, c):
+        here = pos == i
+        t = torch.logical_and(flat[i].index_select(0, rows + s.clamp(max=w - 1)), here, out=members[i])
+        skip = here & ~t
+        s = torch.where(skip, s + nxt[i] - i, s)
+        pos = torch.where(here, torch.where(t, i + 1, nxt[i]), pos)
+    return members.t()
 
 
 def walk(dec, nx, kidx):
@@ -332,48 +487,21 @@ def _solve(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, 
     order = torch.sort(g.gather(2, col[:, None, None].expand(bsz, c, 1))[:, :, 0], dim=1, descending=True).indices
     lam = g.view(bsz, -1).gather(1, order * kmax + torch.arange(kmax, device=dev))  # g[b, order[b, k], k]
     lam = lam.clamp(min=0).nan_to_num(nan=0.0)
-    ub = (g - lam[:, None, :]).clamp(min=0).sum(1) + lam * kf
-    cover = torch.minimum(kf[:, None], depths + 1) / torch.maximum(kf[:, None], depths + 1)
-    ub = torch.minimum(ub, q[:, 0, :] @ cover.t())  # the root's masses
+    excess = torch.sub(g, lam[:, None, :]).clamp_(min=0)  # one (B, C, K) temporary
+    ub = excess.sum(1) + lam * kf
+    del excess
+    ub = torch.minimum(ub, size_bound(q[:, 0, :], depths, kmax))  # the root's masses
     slack_v = 2 * ((num_e + kslack + 16) * u64 + mass_rel)
     spread = slack_v * (max_depth + 1) / kf + 4 * kslack * mass_abs
     want = (ub * (1 + slack_v) + spread >= lb[:, None]) & (kf[None, :] <= count[:, None])
-    # The pairs, rows with more candidates first (a prefix of them works at each position); on large
-    # tables by width class (sizes k ≤ 8, 16, 32, ...: each class's knapsack tables as wide as its
-    # sizes, F(i, j) reads only j' ≤ j so the values are the same bits), rows with more candidates
-    # first within a class.  One host read: per class, the pairs with at least i candidates, for
-    # each position i.
-    # 8·2^(classes − 1) ≥ kmax
-    classes = 1 if bsz * kmax * kmax < GROUP_CELLS else max(1, (kmax - 1).bit_length() - 2)
+    # The pairs, rows with more candidates first: one host read, their number.
     by_count = torch.sort(count, descending=True, stable=True).indices
-    if classes == 1:
-        per = torch.zeros(kmax + 1, dtype=torch.long, device=dev).index_add_(0, count, want.sum(1))[None]
-    else:
-        size_class = ((torch.arange(kmax, device=dev) >> 3) + 1).log2().ceil().long().clamp(max=classes - 1)
-        per = torch.zeros(classes * (kmax + 1), dtype=torch.long, device=dev).index_add_(
-            0, (size_class[None, :] * (kmax + 1) + count[:, None]).view(-1), want.view(-1).long()).view(classes, -1)
-    sizes = torch.cat([per.flip(1).cumsum(1).flip(1), per.new_zeros(classes, 1)], 1)  # [c][i]: count ≥ i
-    sizes = sizes.tolist() if tolist is None else tolist(sizes)
-    b, kidx = torch.nonzero_static(want[by_count], size=sum(row[0] for row in sizes)).unbind(1)
-    if classes > 1:
-        by_class = torch.sort(size_class[kidx], stable=True).indices
-        b, kidx = b[by_class], kidx[by_class]
+    total = want.sum()
+    total = total.tolist() if tolist is None else tolist(total)
+    b, kidx = torch.nonzero_static(want[by_count], size=total).unbind(1)
     b = by_count[b]
-    nx = nxt[b]
-    gp = g[b, :, kidx]
-    if classes == 1:
-        val, members = knapsack_sets(gp, nx, kidx, kmax, sizes[0][1:], budget)  # (R,), (R, C)
-    else:
-        vals, sets, a = [], [], 0
-        for cls, row in enumerate(sizes):
-            if row[0]:
-                part = slice(a, a + row[0])
-                width = min(kmax, (8 << cls) - 1)
-                val, members = knapsack_sets(gp[part], nx[part], kidx[part], width, row[1:], budget)
-                vals.append(val)
-                sets.append(members)
-                a += row[0]
-        val, members = torch.cat(vals), torch.cat(sets)
+    val, members = knapsack_sets(g.view(-1, kmax), torch.arange(bsz * c, device=dev).view(bsz, c), nxt, b, kidx,
+                                 budget)  # (R,), (R, C)
     # The smallest size within float64 rounding of the best value, its first set.
     best = torch.full((bsz,), float("-inf"), dtype=torch.float64, device=dev).scatter_reduce(0, b, val, "amax")
     eligible = val >= best[b] * (1 - slack_v) - 4 * kslack * mass_abs
