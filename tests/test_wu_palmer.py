@@ -98,12 +98,21 @@ def _rows(h, dtype, kind, seed=0, b=29):
     return torch.softmax(torch.randn(b, h.num_leaves, generator=g, dtype=torch.float64) * scale, 1).to(dtype)
 
 
-def test_fused_gpu_plan_decoder_is_the_structural_table_bit_for_bit():
+def test_fused_op_only_where_the_tables_are_large():
+    # On an H100 the op's fixed launches per leaf depth cost more than the small trees' tables
+    h = hd.load_hierarchy("tieredimagenet-h")
+    m = hd.get_metric("wu_palmer", h, strategy="structural")
+    with hd.plan_for("cuda"):
+        assert not m._fused(hd.Posterior(h, torch.full((1, h.num_leaves), 1 / h.num_leaves)).plan, h)
+
+
+def test_fused_gpu_plan_decoder_is_the_structural_table_bit_for_bit(monkeypatch):
     # The GPU plan's structural decode runs as hdecode::wu_palmer_best; the unfused (N, E, B) table and
     # argbest, as the GPU plan decoded before, give the same node for every row (same roundings).
     from hdecode_torch.kernels.selection import argbest
-    from hdecode_torch.metrics.wu_palmer import wu_palmer_table
+    from hdecode_torch.metrics.wu_palmer import WuPalmer, wu_palmer_table
 
+    monkeypatch.setattr(WuPalmer, "FUSED_MIN_ROW_BYTES", 0)  # the op on every tree
     for h in _random_trees():
         m = hd.get_metric("wu_palmer", h, strategy="structural")
         for dtype in (torch.float32, torch.float64):
@@ -117,7 +126,10 @@ def test_fused_gpu_plan_decoder_is_the_structural_table_bit_for_bit():
                 assert torch.equal(got, want), (h.num_nodes, dtype, kind)
 
 
-def test_fused_decoder_is_optimal_against_the_dense_matrix():
+def test_fused_decoder_is_optimal_against_the_dense_matrix(monkeypatch):
+    from hdecode_torch.metrics.wu_palmer import WuPalmer
+
+    monkeypatch.setattr(WuPalmer, "FUSED_MIN_ROW_BYTES", 0)
     for h in _random_trees()[1:]:
         m = hd.get_metric("wu_palmer", h, strategy="structural")
         dense = m.dense_matrix()  # (N, L) float64 values of every pair

@@ -99,10 +99,19 @@ class WuPalmer(StrategyNodeMetric):
     #: on the typical count, which is known only once a batch's pruning has run).
     CANDIDATES_PER_SAMPLE = 64
 
+    #: Bytes of the unfused structural tables per sample from which the GPU plan decodes with the fused
+    #: op: on small trees its fixed launches per leaf depth cost more than the tables they save (on an
+    #: H100, tieredImageNet-H at B = 1 to 4,096 took 0.16-0.20 ms more per call), on large ones the
+    #: tables would be split into chunks that each pay the call's operators again.  Both give the same
+    #: node bit for bit, so the rule changes no decision.
+    FUSED_MIN_ROW_BYTES = 1 << 20
+
     def _fused(self, plan, h) -> bool:
-        # The GPU plan's structural decoder as one op, while the run ends fit their O(N·E) table (few
-        # leaf depths: every tree but very deep ones).
-        return plan.gpu and self.resolved_strategy(plan, h) == "structural" and depth_ranges(h).ends is not None
+        # The GPU plan's structural decoder as one op, on trees whose (N, E) tables per sample are large,
+        # while the run ends fit their O(N·E) table (few leaf depths: every tree but very deep ones).
+        return (plan.gpu and self.resolved_strategy(plan, h) == "structural"
+                and self.structural_bytes_per_sample(h, plan) >= self.FUSED_MIN_ROW_BYTES
+                and depth_ranges(h).ends is not None)
 
     def _decode_gpu(self, post):
         if self._fused(post.plan, post.h):
