@@ -40,8 +40,8 @@ import torch
 
 from .selection import argbest_pairs, tie_rank
 
-__all__ = ["Listed", "Support", "support_entry_of", "leaf_ranks", "subtree_weights", "listed_sums", "unlisted_support", "node_mass", "support_table",
-           "walk_up", "child_order",
+__all__ = ["Listed", "Support", "leaf_ranks", "subtree_weights", "listed_sums", "unlisted_support", "node_mass",
+           "support_table", "support_entry_of", "walk_up", "child_order",
            "first_free_rank", "cheapest_descent", "support_deepest_above", "support_best_leaf",
            "support_least_lca_height"]
 
