@@ -150,7 +150,7 @@ class Support(NamedTuple):
     node's first listed leaf; p: (M,) float64 p̃ of the node; key: (M,) int64 ascending,
     ``(depth·B + row)·k + lo``; entry: ((D+1)·B·k,) int64, at ``(d·B + row)·k + j`` the entry of the
     ancestor at depth d of the row's j-th listed leaf, for d up to that leaf's depth
-    (:func:`support_entry_of`).
+    (:func:`support_entry_of`; None unless asked for).
     """
 
     rows: torch.Tensor
@@ -159,10 +159,10 @@ class Support(NamedTuple):
     lo: torch.Tensor
     p: torch.Tensor
     key: torch.Tensor
-    entry: torch.Tensor
+    entry: torch.Tensor | None
 
 
-def support_table(h, listed: Listed, weights: torch.Tensor) -> Support:
+def support_table(h, listed: Listed, weights: torch.Tensor, with_entry: bool = False) -> Support:
     """The :class:`Support` of a batch: each support node once per row, with its p̃.
 
     Along the row's listed leaves sorted by depth-first position, the ancestors at depth d of the leaves
@@ -170,8 +170,9 @@ def support_table(h, listed: Listed, weights: torch.Tensor) -> Support:
     ancestor table (D+1, B, k) (the leaf itself below its depth) is marked where a run starts, and the
     run's ends give S and C as prefix-sum differences.  The masses are computed for the first entry of each
     run at the node's own depth only: a node shared by several listed leaves once, not once per leaf (the
-    leaf copies below their depth are runs of one entry, dropped).  O(B·k·D): D gathers, one comparison
-    and one nonzero over the table, then O(1) per support node.
+    leaf copies below their depth are runs of one entry, dropped).  ``with_entry``: also the table
+    position → entry map (two cumulative sums over the table).  O(B·k·D): D gathers, one comparison and
+    one nonzero over the table, then O(1) per support node.
     """
     leaves = listed.leaves
     bsz, k = leaves.shape
@@ -187,19 +188,19 @@ def support_table(h, listed: Listed, weights: torch.Tensor) -> Support:
     new[..., 1:] = anc[..., 1:] != anc[..., :-1]
     starts = new.reshape(-1).nonzero().squeeze(1)  # ascending: by depth, row, then rank
     # a run ends where the next starts, or at the end of its (depth, row) segment
-    seg = starts // k
     nxt = torch.empty_like(starts)
     nxt[:-1] = starts[1:]
     nxt[-1:] = anc.numel()
-    hi_all = torch.minimum(nxt, (seg + 1) * k) - seg * k
-    depth_all = seg // bsz
-    rows_all = seg % bsz
-    lo_all = starts % k
-    own_mask = depth_all <= _at(leaf_depth.reshape(-1), rows_all * k + lo_all)  # not a leaf's copy
+    end = torch.minimum(nxt, (starts // k + 1) * k)
+    own_mask = _at((levels[:, None, None] <= leaf_depth[None]).reshape(-1), starts)  # not a leaf's copy
     own = _where(own_mask)
+    key, end = _at(starts, own), _at(end, own)
+    seg = key // k
+    lo, hi = key - seg * k, end - seg * k
+    dep = seg // bsz
+    rows = seg - dep * bsz
     # every table position's run, and every run's entry (that of the last own run for a copy: never read)
-    entry = _at(own_mask.cumsum(0) - 1, new.reshape(-1).cumsum(0) - 1)
-    key, hi, dep, rows, lo = (_at(t, own) for t in (starts, hi_all, depth_all, rows_all, lo_all))
+    entry = _at(own_mask.cumsum(0) - 1, new.reshape(-1).cumsum(0) - 1) if with_entry else None
     nodes = _at(anc.reshape(-1), key)
     base = rows * (k + 1)
     vsum, wsum = listed.vsum.reshape(-1), listed.wsum.reshape(-1)
@@ -402,7 +403,7 @@ def support_least_lca_height(h, listed: Listed, weights: torch.Tensor, indices: 
     O(B·k·D·log(B·k·D)) plus the O(N) tables.
     """
     bsz, k = indices.shape
-    sup = support_table(h, listed, weights)
+    sup = support_table(h, listed, weights, with_entry=True)
     height = h.height.to(torch.float64)
     # P by levels from the root down, P(n) = P(parent) + height(parent)·(p̃(parent) − p̃(n)): the entries of a
     # depth are one slice, each one's parent the entry at the depth above holding its first listed leaf
