@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import torch
 
+from ..core.topk import TOPK_METRICS, TopK, no_top_k_decoder
 from .commands import output_format
 from .common import (
     DEFAULT_BETA, DEFAULT_C, DEFAULT_CALIBRATION_SPLIT, DEFAULT_SEED, CLIError, Progress, build_heuristics,
@@ -18,7 +19,6 @@ from .common import (
     load_any_hierarchy, one_spec,
     load_probs, load_targets, resolve_device, set_threads,
 )
-from ..core.topk import TOPK_METRICS, TopK, no_top_k_decoder
 from .evaluation import chunk_posterior, has_optimal
 from .io import StagedWrites, one_line
 

@@ -332,8 +332,13 @@ def support_deepest_above(h, listed: Listed, weights: torch.Tensor, indices: tor
     a = torch.where(top >= 0, n - 1 - top % n, h.root)
     # the children of a by decreasing W (ties: smaller id), and the heaviest child of every node
     children, rank = child_order(h, -weights, None if heavy_name is None else heavy_name + "_order")
-    first = torch.where(h.num_children > 0, children[h.children_ptr[:-1].clamp_max(max(children.shape[0] - 1, 0))],
-                        -1) if children.numel() else torch.full_like(h.parent, -1)
+    def heaviest():
+        if not children.numel():
+            return torch.full_like(h.parent, -1)
+        at = h.children_ptr[:-1].clamp_max(children.shape[0] - 1)
+        return torch.where(h.num_children > 0, _at(children, at), -1)
+    # a tree table (O(N)): cached with the order, not rebuilt per call
+    first = heaviest() if heavy_name is None else h.cached(heavy_name + "_first", heaviest)
     # only a's support children matter: the other entries are dropped before the sort
     under = _where(_at(h.parent, sup.nodes) == _at(a, sup.rows))
     taken_rows, taken = _at(sup.rows, under), _at(sup.nodes, under)
