@@ -332,6 +332,7 @@ def support_deepest_above(h, listed: Listed, weights: torch.Tensor, indices: tor
     a = torch.where(top >= 0, n - 1 - top % n, h.root)
     # the children of a by decreasing W (ties: smaller id), and the heaviest child of every node
     children, rank = child_order(h, -weights, None if heavy_name is None else heavy_name + "_order")
+
     def heaviest():
         if not children.numel():
             return torch.full_like(h.parent, -1)
@@ -409,7 +410,7 @@ def support_least_lca_height(h, listed: Listed, weights: torch.Tensor, indices: 
     """
     bsz, k = indices.shape
     sup = support_table(h, listed, weights, with_entry=True)
-    height = h.height.to(torch.float64)
+    height = h.cached("topk_height_f64", lambda: h.height.to(torch.float64))
     # P by levels from the root down, P(n) = P(parent) + height(parent)·(p̃(parent) − p̃(n)): the entries of a
     # depth are one slice, each one's parent the entry at the depth above holding its first listed leaf
     path = torch.zeros_like(sup.p)
@@ -421,8 +422,10 @@ def support_least_lca_height(h, listed: Listed, weights: torch.Tensor, indices: 
         par = support_entry_of(sup, sup.key[a:b] - bsz * k)
         path[a:b] = _at(path, par) + _at(height, _at(sup.nodes, par)) * (_at(sup.p, par) - sup.p[a:b])
     t_min, t_leaf = cheapest_descent(h, weights, None if cache_name is None else cache_name + "_descent")
-    g = t_min - height[h.parent_or_root] * weights
-    children, rank = child_order(h, g, None if cache_name is None else cache_name + "_order")
+
+    def order():  # a tree table (O(N)): built once per cache name
+        return child_order(h, t_min - _at(height, h.parent_or_root) * weights, None)
+    children, rank = order() if cache_name is None else h.cached(cache_name + "_order", order)
     x = _off_support_child(h, sup.rows, sup.nodes, children, rank, torch.arange(sup.rows.shape[0], device=sup.p.device))
     xs = x.clamp_min(0)
     r = _at(listed.rate, sup.rows)
