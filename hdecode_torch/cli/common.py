@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from ..core.topk import TopK
 from ..hierarchy import Hierarchy, list_hierarchies, load_hierarchy
 from .io import STDIN, CLIError, describe, load_array, one_line, read_input_text
 from .names import check_applicable_names
@@ -87,11 +88,21 @@ def hierarchy_description(spec: str, h: Hierarchy) -> str:
 
 
 # ---------------------------------------------------------------------------- arrays
-def load_probs(path: str, h: Hierarchy, what: str = "--probs") -> torch.Tensor:
+def load_probs(path: str, h: Hierarchy, what: str = "--probs", top_k: bool = False):
     """(B, L) float from a file; integer tables become float64.  A text table's first row that is the
-    column numbers is a header, or an error where it could be a sample (see ``io.load_array``)."""
-    x = load_array(path, what, index_header=True)
+    column numbers is a header, or an error where it could be a sample (see ``io.load_array``).
+    ``top_k``: a file holding ``values`` and ``indices`` (``.npz``, or a dict in a ``.pt``) gives a
+    :class:`~hdecode_torch.TopK` of them (its checks against the tree are the decoder's)."""
+    x = load_array(path, what, index_header=True, top_k=top_k)
     src = describe(path)
+    if isinstance(x, tuple):
+        values, indices = x
+        if values.dim() == 1:
+            values, indices = values[None], indices[None]
+        try:
+            return TopK(values, indices)
+        except (TypeError, ValueError) as exc:
+            raise CLIError(f"{what}: {src}: {one_line(exc)}") from None
     if x.dtype == torch.bool or x.is_complex() or not (x.is_floating_point() or x.dtype in (torch.int32, torch.int64)):
         raise CLIError(f"{what}: expected a float (B, {h.num_leaves}) array, but {src} has dtype {x.dtype}")
     if not x.is_floating_point():

@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import torch
 
+from ..core.topk import TOPK_METRICS, TopK, no_top_k_decoder
 from .commands import output_format
 from .common import (
     DEFAULT_BETA, DEFAULT_C, DEFAULT_CALIBRATION_SPLIT, DEFAULT_SEED, CLIError, Progress, build_heuristics,
@@ -19,7 +20,7 @@ from .common import (
     load_probs, load_targets, resolve_device, set_threads,
 )
 from .evaluation import chunk_posterior, has_optimal
-from .io import StagedWrites
+from .io import StagedWrites, one_line
 
 
 def _decoder(h, args):
@@ -95,6 +96,32 @@ def write_predictions(h, pred: torch.Tensor, path: str | None, names: bool) -> N
         staged.write(path, "--output", fill, text=ext not in (".npy", ".pt"))
 
 
+def _decode_top_k(args, topk: TopK, obj, decode, device, progress: Progress) -> torch.Tensor:
+    """(B,) int64 the decisions of a top-k list (a ``values``/``indices`` file), in --batch-size rows at a time."""
+    if args.calibrate:
+        raise CLIError("--calibrate: --probs holds a top-k list; a calibration is fitted on every logit")
+    if args.from_logits is True:
+        raise CLIError("--from-logits: --probs holds a top-k list, whose missing mass is unknown for logits (the "
+                       "softmax needs every logit); save the top-k of the probabilities")
+    if args.normalize:
+        raise CLIError("--normalize: --probs holds a top-k list; the mass its values leave is the unlisted leaves'")
+    if args.metric is None:
+        raise CLIError(f"--decoder {args.decoder}: heuristic decoders do not decode top-k lists; use --metric with "
+                       f"one of {', '.join(TOPK_METRICS)}")
+    if not obj.accepts_topk:
+        raise CLIError(f"--metric {args.metric}: {one_line(no_top_k_decoder(f'`{obj.name}`'))}")
+    values, indices = topk.values.to(device), topk.indices.to(device)
+    bsz = values.shape[0]
+    progress.stage(f"decode: {obj.key} (top-{topk.k} lists)", total=bsz)
+    parts = []
+    for start in range(0, bsz, args.batch_size):
+        stop = min(start + args.batch_size, bsz)
+        parts.append(decode(TopK(values[start:stop], indices[start:stop])).cpu())
+        progress.update(stop - start)
+    progress.close()
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+
+
 def run(args: argparse.Namespace, progress: Progress) -> int:
     """The command line was checked by ``commands.check_decode``."""
     with set_threads(args.threads):
@@ -103,7 +130,13 @@ def run(args: argparse.Namespace, progress: Progress) -> int:
         device = resolve_device(args.device)
         key, decode, obj = _decoder(h, args)
         progress.stage("decode: reading the model outputs")
-        probs = load_probs(args.probs, h)
+        probs = load_probs(args.probs, h, top_k=True)
+        if isinstance(probs, TopK):
+            pred = _decode_top_k(args, probs, obj, decode, device, progress)
+            write_predictions(h, pred, args.output, args.names)
+            if args.output is not None:
+                print(f"{key}: {pred.shape[0]} predictions written to {args.output}", file=sys.stderr)
+            return 0
         B = probs.shape[0]
         if args.calibrate:
             targets = load_targets(args.targets, h, B)

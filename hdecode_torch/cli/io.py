@@ -1,9 +1,10 @@
 """Reading inputs and writing outputs for the command line.
 
 Inputs: ``.npy``, ``.pt``/``.pth`` and text tables (``.csv``, ``.tsv``, ``.txt``), from a path or
-from standard input (``-``, format recognised from the content).  Outputs are checked before any
-work starts (folder exists and is writable, not a folder, not one of the inputs) and written to a
-temporary file beside the target that is renamed into place only once complete, so that a full
+from standard input (``-``, format recognised from the content); where a top-k list is accepted, also a
+``.npz`` path or a ``.pt`` holding the arrays ``values`` and ``indices`` (:func:`load_array`).  Outputs
+are checked before any work starts (folder exists and is writable, not a folder, not one of the
+inputs) and written to a temporary file beside the target that is renamed into place only once complete, so that a full
 disk, a file-size limit, Ctrl-C or SIGTERM never leaves a fragment or destroys an existing file; a
 fragment left by a killed run (SIGKILL, a power cut) is removed by the next run writing that output.
 
@@ -221,11 +222,13 @@ def _parse_number_table(text: str, name: str, delimiter: str | None, index_heade
     return table
 
 
-def load_array(path: str, flag: str, *, index_header: bool = False):
+def load_array(path: str, flag: str, *, index_header: bool = False, top_k: bool = False):
     """A tensor from ``.npy``, ``.pt``/``.pth`` (a tensor or a numpy array) or a text table
     (``.csv`` comma-, ``.tsv`` tab-, ``.txt`` comma/tab/whitespace-separated); ``-`` reads
     standard input and recognises the format from its first bytes.  ``index_header``: see
-    :func:`_parse_number_table` (for tables with one column per class)."""
+    :func:`_parse_number_table` (for tables with one column per class).  ``top_k``: also a top-k list,
+    a ``.npz`` path or a ``.pt`` holding a dict with ``values`` and ``indices`` (or a
+    ``torch.return_types.topk``), returned as the pair of tensors ``(values, indices)``."""
     import numpy as np
 
     if path == STDIN:
@@ -235,9 +238,10 @@ def load_array(path: str, flag: str, *, index_header: bool = False):
         ext, src, name = _sniff_array_format(data), io.BytesIO(data), f"{flag} (standard input)"
     else:
         ext = os.path.splitext(path)[1].lower()
-        if ext not in ARRAY_FORMATS:
+        if ext not in ARRAY_FORMATS and not (top_k and ext == ".npz"):
+            formats = ARRAY_FORMATS + ((".npz",) if top_k else ())
             raise CLIError(f"{flag}: unknown format {ext or '(no extension)'!r} of {path!r}; "
-                           f"use one of {', '.join(ARRAY_FORMATS)}")
+                           f"use one of {', '.join(formats)}")
         _check_readable_file(path, flag)
         try:
             size = os.path.getsize(path)
@@ -258,6 +262,15 @@ def load_array(path: str, flag: str, *, index_header: bool = False):
             except Exception as exc:  # noqa: BLE001 - numpy raises many types for corrupt files
                 raise CLIError(f"cannot read {name} as a .npy file (truncated or corrupt?): {one_line(exc)}") \
                     from None
+        elif ext == ".npz":
+            try:
+                with np.load(src, allow_pickle=False) as archive:
+                    arr = {key: archive[key] for key in archive.files}
+            except OSError as exc:
+                raise CLIError(f"cannot read {name}: {exc.strerror or one_line(exc)}") from None
+            except Exception as exc:  # noqa: BLE001 - numpy raises many types for corrupt files
+                raise CLIError(f"cannot read {name} as a .npz file (truncated or corrupt?): {one_line(exc)}") \
+                    from None
         elif ext in (".pt", ".pth"):
             arr = _torch_load(src, name)
         else:
@@ -275,6 +288,17 @@ def load_array(path: str, flag: str, *, index_header: bool = False):
             arr = _parse_number_table(text, name, delimiter, index_header=index_header)
     except OSError as exc:
         raise CLIError(f"cannot read {name}: {exc.strerror or one_line(exc)}") from None
+    if top_k:
+        import torch
+
+        if isinstance(arr, torch.return_types.topk):
+            arr = {"values": arr.values, "indices": arr.indices}
+        if isinstance(arr, dict):
+            missing = [key for key in ("values", "indices") if key not in arr]
+            if missing:
+                raise CLIError(f"{name} holds {', '.join(map(repr, sorted(map(str, arr)))) or 'nothing'}, expected a "
+                               "top-k list: the arrays 'values' (B, k) and 'indices' (B, k)")
+            return _as_tensor(arr["values"], f"{name} ('values')"), _as_tensor(arr["indices"], f"{name} ('indices')")
     return _as_tensor(arr, name)
 
 

@@ -17,6 +17,7 @@ from torch import nn
 
 from ..core.plan import MAX_LEVELS, plan_for, resolve_plan
 from ..core.posterior import Posterior
+from ..core.topk import TOPK_METRICS, TopK, no_top_k_decoder
 from ..core.validation import compute_dtype, input_kind
 from ..decoders import Decoder, get_decoder
 from ..decoders.risk_control import RiskControl
@@ -115,6 +116,24 @@ def _real_tensors(example: torch.Tensor):
 _OUTSIDE_GRAPH: dict = {}
 
 
+def top_k_metric(decoder: Decoder, from_logits, what: str) -> BaseMetric:
+    """The metric whose decode takes a top-k input for ``decoder`` (its own optimal decoder), or the error
+    saying why there is none: a heuristic decoder, a metric without a top-k decoder, or logits
+    (``from_logits=True``: a top-k of logits cannot be completed, the softmax's normaliser is unknown).
+    ``what`` names the caller in the errors."""
+    if from_logits is True:
+        raise ValueError(f"{what} was built with from_logits=True, but got a top-k list: the missing mass of a "
+                         "top-k of logits is unknown (the softmax's normaliser needs every logit); pass the top-k "
+                         "of the probabilities, probs.topk(k)")
+    metric = getattr(decoder, "metric", None)
+    if decoder.name != "optimal" or metric is None:
+        raise ValueError(f"{what} decodes with `{decoder.name}`, which does not decode top-k inputs: only the "
+                         f"optimal decoders of {', '.join(TOPK_METRICS)} do (decoder=\"optimal\")")
+    if not metric.accepts_topk:
+        raise no_top_k_decoder(f"`{metric.name}`")
+    return metric
+
+
 def _outside_graph():
     """``DecodingHead._decode`` excluded from ``torch.compile`` graphs.
 
@@ -178,7 +197,12 @@ class DecodingHead(nn.Module):
             required for a head traced into a graph (see below).
         cuda_graph: capture the decoding of CUDA inputs as a CUDA graph (see below).
 
-    Input: ``scores`` (B, L) or (L,) float32/float64/float16/bfloat16 on the head's device.
+    Input: ``scores`` (B, L) or (L,) float32/float64/float16/bfloat16 on the head's device, or a top-k
+    list of probabilities (``probs.topk(k)`` or a :class:`~hdecode_torch.TopK`) for the optimal decoders
+    of accuracy, lca_height, tree_distance and tree_distance_c: the decision of its completed
+    distribution, as ``metric.decode(topk)`` gives it (O(B·k·D), never the (B, L) table).  A head built
+    with ``from_logits=True`` refuses one (a top-k of logits has no known missing mass); ``"auto"``
+    takes it as probabilities.  Not in graphs (export, CUDA graphs): decoded eagerly.
 
     The tree's ``parent`` array (N,) int64 is a buffer, so ``.to(device)``, ``state_dict``
     and ``torch.save`` carry it; ``forward`` uses the hierarchy's cached copy on the
@@ -286,19 +310,28 @@ class DecodingHead(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def forward(self, scores: torch.Tensor) -> torch.Tensor:
-        """scores: (B, L) or (L,) float probabilities (or logits, see ``from_logits``).
+        """scores: (B, L) or (L,) float probabilities (or logits, see ``from_logits``), or a top-k list of
+        probabilities (a :class:`~hdecode_torch.TopK` or ``probs.topk(k)``, see the class docstring).
 
         Returns (B,) int64 node ids, or (B, N) bool node sets (:attr:`returns_sets`); () / (N,) for
         a 1-D input.
         """
         mode = _tracing()
         if mode == "export":
+            if TopK.of(scores) is not None:
+                raise ValueError("A DecodingHead cannot export the decoding of a top-k list: its support's size "
+                                 "depends on the data; decode it eagerly")
             return self._decode_traced(scores)
         if mode == "compile":
             return _outside_graph()(self, scores)
         return self._decode(scores)
 
     def _decode(self, scores) -> torch.Tensor:
+        topk = TopK.of(scores)
+        if topk is not None:
+            self._checked_device(topk.values)
+            metric = top_k_metric(self.decoder, self.from_logits, "This DecodingHead")
+            return metric.decode(topk, validate=self.validate)
         return self._decode_graphed(scores) if self.cuda_graph else self._decode_eager(scores)
 
     def _checked_device(self, scores) -> Hierarchy:

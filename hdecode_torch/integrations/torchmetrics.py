@@ -9,6 +9,7 @@ import torch
 from torchmetrics import Metric
 
 from ..core.posterior import Posterior
+from ..core.topk import TopK
 from ..core.validation import input_kind
 from ..decoders import Decoder, OptimalDecoder
 from ..decoders.registry import DECODERS
@@ -17,7 +18,7 @@ from ..functional._pieces import (
     checked_predictions, checked_scores, prediction_kind, values_compute, values_update,
 )
 from ..hierarchy import Hierarchy
-from .module import decoder_label, pair_name, resolve_pair
+from .module import decoder_label, pair_name, resolve_pair, top_k_metric
 
 __all__ = ["HierarchicalMetric", "NodeCalibrationError"]
 
@@ -41,7 +42,12 @@ class HierarchicalMetric(Metric):
     - (B, L) float scores (probabilities or logits, see ``from_logits``; or a
       :class:`~hdecode_torch.Posterior`): the decoder turns them into predictions;
     - (B,) integer node ids, or (B, N) bool node sets (set metrics): predictions already decoded,
-      scored as they are (the decoder is not used).
+      scored as they are (the decoder is not used);
+    - a top-k list of probabilities (:class:`~hdecode_torch.TopK` or ``probs.topk(k)``), with the
+      optimal decoder of accuracy, lca_height, tree_distance or tree_distance_c: decoded as
+      ``metric.decode(topk)`` does (the decision of its completed distribution, O(B·k·D)), then
+      scored; a ValueError for other decoders and for ``from_logits=True`` (``"auto"`` takes the
+      list as probabilities).  Not shared with other instances (each decodes it).
 
     ``metric(pred, target)`` scores each sample (in float64, as
     :func:`hdecode_torch.functional.value` does); ``compute()`` returns their mean as a 0-d tensor in
@@ -151,10 +157,18 @@ class HierarchicalMetric(Metric):
 
     def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
         """preds: (B, L) float scores (or a Posterior), decoded by the decoder; or decoded predictions,
-        (B,) int node ids or (B, N) bool node sets, scored as they are.  target: (B,) int leaf ids."""
-        batch = _shared_batch(self, preds, target)
-        values = batch.values(self.metric, self.decoder)  # float64
-        self._value_dtype = batch.dtype
+        (B,) int node ids or (B, N) bool node sets, scored as they are; or a top-k list (see the class
+        docstring).  target: (B,) int leaf ids."""
+        topk = TopK.of(preds)
+        if topk is not None:
+            pred = top_k_metric(self.decoder, self.from_logits, "This HierarchicalMetric").decode(
+                topk, validate=self.validate)
+            values = values_update(self.metric, pred, target, validate=self.validate)
+            self._value_dtype = torch.float64 if topk.values.dtype == torch.float64 else torch.float32
+        else:
+            batch = _shared_batch(self, preds, target)
+            values = batch.values(self.metric, self.decoder)  # float64
+            self._value_dtype = batch.dtype
         if self.exact:
             self.values.append(values)
         else:

@@ -40,8 +40,8 @@ import torch
 
 from .selection import argbest_pairs, tie_rank
 
-__all__ = ["Listed", "leaf_ranks", "subtree_weights", "listed_sums", "unlisted_support", "node_mass", "support_table",
-           "walk_up", "child_order",
+__all__ = ["Listed", "Support", "leaf_ranks", "subtree_weights", "listed_sums", "unlisted_support", "node_mass",
+           "support_table", "support_entry_of", "walk_up", "child_order",
            "first_free_rank", "cheapest_descent", "support_deepest_above", "support_best_leaf",
            "support_least_lca_height"]
 
@@ -60,6 +60,18 @@ class Listed(NamedTuple):
     vsum: torch.Tensor
     wsum: torch.Tensor
     rate: torch.Tensor
+
+
+def _at(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``table[idx]`` for a 1-D table and an int64 index of any shape, by ``index_select``: on the CPU
+    advanced indexing costs several times as much per entry, and these lookups are most of a top-k decode."""
+    return table.index_select(0, idx.reshape(-1)).view(idx.shape)
+
+
+def _where(mask: torch.Tensor) -> torch.Tensor:
+    """(M,) int64 the positions of a 1-D bool mask: one nonzero, then index_select per table (``t[mask]``
+    is as slow per entry as advanced indexing)."""
+    return mask.nonzero().squeeze(1)
 
 
 def leaf_ranks(h) -> torch.Tensor:
@@ -89,7 +101,7 @@ def listed_sums(h, values: torch.Tensor, indices: torch.Tensor, missing: torch.T
     m, prior: None (uniform completion) or (L,) float weights.  O(B·k·log k).
     """
     bsz, k = indices.shape
-    pos, order = leaf_ranks(h)[indices].sort(dim=1)
+    pos, order = _at(leaf_ranks(h), indices).sort(dim=1)
     v = values.to(torch.float64).gather(1, order)
     w = torch.ones_like(v) if prior is None else prior.to(torch.float64)[indices.gather(1, order)]
     zero = torch.zeros(bsz, 1, dtype=torch.float64, device=v.device)
@@ -121,56 +133,99 @@ def node_mass(h, listed: Listed, weights: torch.Tensor, nodes: torch.Tensor) -> 
     """
     shape = nodes.shape
     flat = nodes.reshape(shape[0], -1)
-    start = h.leaf_start[flat]
+    start = _at(h.leaf_start, flat)
     lo = torch.searchsorted(listed.keys, start)
-    hi = torch.searchsorted(listed.keys, start + h.leaf_count[flat])
+    hi = torch.searchsorted(listed.keys, start + _at(h.leaf_count, flat))
     s = listed.vsum.gather(1, hi) - listed.vsum.gather(1, lo)
     # W(n) − C(n) is a count (exact) or a prior's sums: rounding may leave −1e-17 where nothing is unlisted.
-    free = (weights[flat] - (listed.wsum.gather(1, hi) - listed.wsum.gather(1, lo))).clamp_min(0)
+    free = (_at(weights, flat) - (listed.wsum.gather(1, hi) - listed.wsum.gather(1, lo))).clamp_min(0)
     return (s + listed.rate[:, None] * free).view(shape)
 
 
-def support_table(h, listed: Listed, weights: torch.Tensor, with_first: bool = False):
-    """The support of each row with its node masses: ``(anc, p)``, (B, k, D+1) int64 and float64, and with
-    ``with_first`` a (B, k, D+1) bool marking one entry per (row, support node) (the first of its run, at
-    the node's own depth).
+class Support(NamedTuple):
+    """The support of a batch, one entry per (row, support node), with its node masses.
 
-    ``anc[b, j, d]`` is the ancestor at depth d of the row's j-th listed leaf in depth-first order (the leaf
-    itself below its own depth), ``p`` its p̃.  No binary search: along the sorted leaves, the leaves under a
-    node at depth d are one run of equal ``anc[:, :, d]`` (a node's leaves are contiguous in depth-first
-    order, and a leaf repeated below its depth equals no other entry), so S and C are prefix-sum
-    differences at the run's ends, found by a running max and min.  O(B·k·D).
+    Entries are ordered by depth, then row, then the depth-first rank of the node's first listed leaf.
+    rows, nodes, depth: (M,) int64 (M ≤ B·k·(D+1)); lo: (M,) int64 the rank in the row's sorted list of the
+    node's first listed leaf; p: (M,) float64 p̃ of the node; key: (M,) int64 ascending,
+    ``(depth·B + row)·k + lo``; entry: ((D+1)·B·k,) int64, at ``(d·B + row)·k + j`` the entry of the
+    ancestor at depth d of the row's j-th listed leaf, for d up to that leaf's depth
+    (:func:`support_entry_of`; None unless asked for).
+    """
+
+    rows: torch.Tensor
+    nodes: torch.Tensor
+    depth: torch.Tensor
+    lo: torch.Tensor
+    p: torch.Tensor
+    key: torch.Tensor
+    entry: torch.Tensor | None
+
+
+def support_table(h, listed: Listed, weights: torch.Tensor, with_entry: bool = False) -> Support:
+    """The :class:`Support` of a batch: each support node once per row, with its p̃.
+
+    Along the row's listed leaves sorted by depth-first position, the ancestors at depth d of the leaves
+    under a node of depth d are one run (a node's leaves are contiguous in depth-first order), so the
+    ancestor table (D+1, B, k) (the leaf itself below its depth) is marked where a run starts, and the
+    run's ends give S and C as prefix-sum differences.  The masses are computed for the first entry of each
+    run at the node's own depth only: a node shared by several listed leaves once, not once per leaf (the
+    leaf copies below their depth are runs of one entry, dropped).  ``with_entry``: also the table
+    position → entry map (two cumulative sums over the table).  O(B·k·D): D gathers, one comparison and
+    one nonzero over the table, then O(1) per support node.
     """
     leaves = listed.leaves
     bsz, k = leaves.shape
     d = h.max_depth
-    up = walk_up(h, leaves, d)  # column s: s levels above
-    steps = (h.depth[leaves][..., None] - torch.arange(d + 1, device=leaves.device)).clamp_min(0)
-    anc = up.gather(2, steps)
-    j = torch.arange(k, device=leaves.device)[None, :, None]
+    dev = leaves.device
+    up = walk_up(h, leaves, d, dim=0)  # (D+1, B, k): row s the ancestor s levels above
+    levels = torch.arange(d + 1, device=dev)
+    leaf_depth = _at(h.depth, leaves)
+    # row d: the ancestor at depth d (flat index_select: a gather along the first dimension is slower)
+    steps = (leaf_depth[None] - levels[:, None, None]).clamp_min(0)
+    anc = _at(up.reshape(-1), steps * (bsz * k) + torch.arange(bsz * k, device=dev).view(bsz, k))
     new = torch.ones_like(anc, dtype=torch.bool)
-    new[:, 1:] = anc[:, 1:] != anc[:, :-1]
-    last = torch.ones_like(new)
-    last[:, :-1] = new[:, 1:]
-    lo = torch.where(new, j, 0).cummax(1).values.reshape(bsz, -1)
-    hi = (torch.where(last, j, k).flip(1).cummin(1).values.flip(1) + 1).reshape(bsz, -1)
-    s = listed.vsum.gather(1, hi) - listed.vsum.gather(1, lo)
-    free = (weights[anc].reshape(bsz, -1) - (listed.wsum.gather(1, hi) - listed.wsum.gather(1, lo))).clamp_min(0)
-    p = (s + listed.rate[:, None] * free).view(anc.shape)
-    if not with_first:
-        return anc, p
-    return anc, p, new & (h.depth[anc] == torch.arange(d + 1, device=anc.device))
+    new[..., 1:] = anc[..., 1:] != anc[..., :-1]
+    starts = new.reshape(-1).nonzero().squeeze(1)  # ascending: by depth, row, then rank
+    # a run ends where the next starts, or at the end of its (depth, row) segment
+    nxt = torch.empty_like(starts)
+    nxt[:-1] = starts[1:]
+    nxt[-1:] = anc.numel()
+    end = torch.minimum(nxt, (starts // k + 1) * k)
+    own_mask = _at((levels[:, None, None] <= leaf_depth[None]).reshape(-1), starts)  # not a leaf's copy
+    own = _where(own_mask)
+    key, end = _at(starts, own), _at(end, own)
+    seg = key // k
+    lo, hi = key - seg * k, end - seg * k
+    dep = seg // bsz
+    rows = seg - dep * bsz
+    # every table position's run, and every run's entry (that of the last own run for a copy: never read)
+    entry = _at(own_mask.cumsum(0) - 1, new.reshape(-1).cumsum(0) - 1) if with_entry else None
+    nodes = _at(anc.reshape(-1), key)
+    base = rows * (k + 1)
+    vsum, wsum = listed.vsum.reshape(-1), listed.wsum.reshape(-1)
+    s = _at(vsum, base + hi) - _at(vsum, base + lo)
+    free = (_at(weights, nodes) - (_at(wsum, base + hi) - _at(wsum, base + lo))).clamp_min(0)
+    p = s + _at(listed.rate, rows) * free
+    return Support(rows, nodes, dep, lo, p, key, entry)
 
 
-def walk_up(h, nodes: torch.Tensor, steps: int) -> torch.Tensor:
-    """(..., steps+1) int64: column s is the ancestor s levels above each node (the root repeated above it).
+def support_entry_of(support: Support, key: torch.Tensor) -> torch.Tensor:
+    """(Q,) int64 the entry holding ``(d·B + row)·k + j`` (Q,) int64: the ancestor at depth d ≤ depth of
+    the row's j-th listed leaf."""
+    return _at(support.entry, key)
+
+
+def walk_up(h, nodes: torch.Tensor, steps: int, dim: int = -1) -> torch.Tensor:
+    """int64 of ``nodes``' shape with a new dimension of steps+1 at ``dim`` (last by default): index s is the
+    ancestor s levels above each node (the root repeated above it).
 
     nodes: int64 of any shape.  ``steps`` gathers (a loop over depth).
     """
     out = [nodes]
     for _ in range(steps):
-        out.append(h.parent_or_root[out[-1]])
-    return torch.stack(out, -1)
+        out.append(_at(h.parent_or_root, out[-1]))
+    return torch.stack(out, dim)
 
 
 def child_order(h, key: torch.Tensor, name: str | None):
@@ -210,11 +265,11 @@ def first_free_rank(group: torch.Tensor, rank: torch.Tensor, query: torch.Tensor
     gid, counts = torch.unique_consecutive(g, return_counts=True)
     starts = torch.cumsum(counts, 0) - counts
     slot = torch.repeat_interleave(torch.arange(gid.shape[0], device=g.device), counts)
-    j = torch.arange(pairs.shape[0], device=pairs.device) - starts[slot]
+    j = torch.arange(pairs.shape[0], device=pairs.device) - _at(starts, slot)
     # Ranks in a group are distinct and ascending: the first j with r ≠ j is the first gap.
-    free = counts.scatter_reduce(0, slot, torch.where(r != j, j, counts[slot]), "amin", include_self=True)
+    free = counts.scatter_reduce(0, slot, torch.where(r != j, j, _at(counts, slot)), "amin", include_self=True)
     at = torch.searchsorted(gid, query).clamp_max(gid.shape[0] - 1)
-    return torch.where(gid[at] == query, free[at], 0)
+    return torch.where(_at(gid, at) == query, _at(free, at), 0)
 
 
 def cheapest_descent(h, weights: torch.Tensor, name: str | None):
@@ -247,12 +302,13 @@ def _off_support_child(h, rows, nodes, children, rank, at):
 
     rows, nodes: (M,) int64 the support (any duplicates); at: (Q,) int64 positions in it to answer."""
     n = h.num_nodes
-    child = nodes != h.root
-    taken_group = rows[child] * n + h.parent[nodes[child]]
-    j = first_free_rank(taken_group, rank[nodes[child]], rows[at] * n + nodes[at])
-    a = nodes[at]
-    ok = j < h.num_children[a]
-    return torch.where(ok, children[(h.children_ptr[a] + j).clamp_max(children.shape[0] - 1)], -1)
+    child = _where(nodes != h.root)
+    child_nodes = _at(nodes, child)
+    taken_group = _at(rows, child) * n + _at(h.parent, child_nodes)
+    a = _at(nodes, at)
+    j = first_free_rank(taken_group, _at(rank, child_nodes), _at(rows, at) * n + a)
+    ok = j < _at(h.num_children, a)
+    return torch.where(ok, _at(children, (_at(h.children_ptr, a) + j).clamp_max(children.shape[0] - 1)), -1)
 
 
 def support_deepest_above(h, listed: Listed, weights: torch.Tensor, indices: torch.Tensor, threshold: float,
@@ -269,19 +325,24 @@ def support_deepest_above(h, listed: Listed, weights: torch.Tensor, indices: tor
     """
     bsz, k = indices.shape
     d = h.max_depth
-    anc, p = support_table(h, listed, weights)
-    rows = torch.arange(bsz, device=indices.device)[:, None, None].expand_as(anc)
-    key = torch.where(p > threshold, tie_rank(h)[anc], -1).reshape(bsz, -1)
-    top = key.max(1).values
+    sup = support_table(h, listed, weights)
+    key = torch.where(sup.p > threshold, _at(tie_rank(h), sup.nodes), -1)
+    top = torch.full((bsz,), -1, dtype=torch.long, device=indices.device).scatter_reduce(0, sup.rows, key, "amax")
     n = h.num_nodes
     a = torch.where(top >= 0, n - 1 - top % n, h.root)
     # the children of a by decreasing W (ties: smaller id), and the heaviest child of every node
     children, rank = child_order(h, -weights, None if heavy_name is None else heavy_name + "_order")
-    first = torch.where(h.num_children > 0, children[h.children_ptr[:-1].clamp_max(max(children.shape[0] - 1, 0))],
-                        -1) if children.numel() else torch.full_like(h.parent, -1)
+
+    def heaviest():
+        if not children.numel():
+            return torch.full_like(h.parent, -1)
+        at = h.children_ptr[:-1].clamp_max(children.shape[0] - 1)
+        return torch.where(h.num_children > 0, _at(children, at), -1)
+    # a tree table (O(N)): cached with the order, not rebuilt per call
+    first = heaviest() if heavy_name is None else h.cached(heavy_name + "_first", heaviest)
     # only a's support children matter: the other entries are dropped before the sort
-    under = (h.parent[anc] == a[:, None, None]).reshape(-1)
-    taken_rows, taken = rows.reshape(-1)[under], anc.reshape(-1)[under]
+    under = _where(_at(h.parent, sup.nodes) == _at(a, sup.rows))
+    taken_rows, taken = _at(sup.rows, under), _at(sup.nodes, under)
     at = torch.arange(taken.shape[0], taken.shape[0] + bsz, device=a.device)
     x = _off_support_child(h, torch.cat([taken_rows, torch.arange(bsz, device=a.device)]), torch.cat([taken, a]),
                            children, rank, at)
@@ -348,29 +409,33 @@ def support_least_lca_height(h, listed: Listed, weights: torch.Tensor, indices: 
     O(B·k·D·log(B·k·D)) plus the O(N) tables.
     """
     bsz, k = indices.shape
-    # column d: the ancestor at depth d, the leaf below its depth
-    anc, p, first = support_table(h, listed, weights, with_first=True)
-    rows = torch.arange(bsz, device=indices.device)[:, None, None].expand(anc.shape).contiguous()
-    height = h.height.to(torch.float64)
-    # the step from depth d to d+1: height(anc[d])·(p̃(anc[d]) − p̃(anc[d+1])); 0 between copies of the leaf
-    step = height[anc[..., :-1]] * (p[..., :-1] - p[..., 1:])
-    # P at column d: the steps above it, summed from the root down (the same sums for every copy of a node)
-    path = torch.zeros_like(p)
-    path[..., 1:] = step.cumsum(-1)
+    sup = support_table(h, listed, weights, with_entry=True)
+    height = h.cached("topk_height_f64", lambda: h.height.to(torch.float64))
+    # P by levels from the root down, P(n) = P(parent) + height(parent)·(p̃(parent) − p̃(n)): the entries of a
+    # depth are one slice, each one's parent the entry at the depth above holding its first listed leaf
+    path = torch.zeros_like(sup.p)
+    bounds = torch.searchsorted(sup.key, torch.arange(h.max_depth + 2, device=sup.key.device) * (bsz * k)).tolist()
+    for d in range(1, h.max_depth + 1):
+        a, b = bounds[d], bounds[d + 1]
+        if a == b:
+            break
+        par = support_entry_of(sup, sup.key[a:b] - bsz * k)
+        path[a:b] = _at(path, par) + _at(height, _at(sup.nodes, par)) * (_at(sup.p, par) - sup.p[a:b])
     t_min, t_leaf = cheapest_descent(h, weights, None if cache_name is None else cache_name + "_descent")
-    g = t_min - height[h.parent_or_root] * weights
-    children, rank = child_order(h, g, None if cache_name is None else cache_name + "_order")
-    # one entry per (row, support node): the copies of a node have the same masses and path sums
-    first = first.reshape(-1)
-    flat_rows, flat_nodes = rows.reshape(-1)[first], anc.reshape(-1)[first]
-    x = _off_support_child(h, flat_rows, flat_nodes, children, rank,
-                           torch.arange(flat_rows.shape[0], device=anc.device))
+
+    def order():  # a tree table (O(N)): built once per cache name
+        return child_order(h, t_min - _at(height, h.parent_or_root) * weights, None)
+    children, rank = order() if cache_name is None else h.cached(cache_name + "_order", order)
+    x = _off_support_child(h, sup.rows, sup.nodes, children, rank, torch.arange(sup.rows.shape[0], device=sup.p.device))
     xs = x.clamp_min(0)
-    r = listed.rate[flat_rows]
-    flat_p, flat_path = p.reshape(-1)[first], path.reshape(-1)[first]
-    off = flat_path + height[flat_nodes] * (flat_p - r * weights[xs]) + r * t_min[xs]
-    ok = x >= 0
-    values = torch.cat([path[..., -1].reshape(-1), off[ok]])
-    sample = torch.cat([rows[..., -1].reshape(-1), flat_rows[ok]])
-    leaves = torch.cat([anc[..., -1].reshape(-1), t_leaf[xs[ok]]])
+    r = _at(listed.rate, sup.rows)
+    off = path + _at(height, sup.nodes) * (sup.p - r * _at(weights, xs)) + r * _at(t_min, xs)
+    ok = _where(x >= 0)
+    # a listed leaf's own entry: at its depth, the first of its one-leaf run
+    j = torch.arange(k, device=indices.device)
+    leaf_key = (_at(h.depth, listed.leaves) * bsz + torch.arange(bsz, device=indices.device)[:, None]) * k + j
+    at_leaf = support_entry_of(sup, leaf_key.reshape(-1))
+    values = torch.cat([_at(path, at_leaf), _at(off, ok)])
+    sample = torch.cat([_at(sup.rows, at_leaf), _at(sup.rows, ok)])
+    leaves = torch.cat([listed.leaves.reshape(-1), _at(t_leaf, _at(xs, ok))])
     return argbest_pairs(h, values, sample, leaves, bsz, higher_is_better=False)

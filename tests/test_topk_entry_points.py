@@ -1,0 +1,150 @@
+"""Top-k inputs through the entry points: ``DecodingHead``, ``HierarchicalMetric`` and ``hdecode decode``
+give the decision of the metric's top-k decode (the completed distribution's, equal by expected score to
+the dense decoder on the completed table, and the dense answer bit for bit at k = L), and clear errors for
+heuristic decoders, metrics without a top-k decoder and logits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import hdecode_torch as hd
+from harness import bundled, model_like
+from hdecode_torch.cli.main import main
+
+CASES = [("accuracy", {}), ("lca_height", {}), ("tree_distance", {}), ("tree_distance_c", {"c": 0.5})]
+
+
+def _probs(h, seed=0, dtype=torch.float64):
+    rng = np.random.default_rng(seed)
+    rows = np.concatenate([model_like(rng, h, 8, kind) for kind in ("peaked", "diffuse", "confused", "shallow")])
+    return torch.tensor(rows, dtype=dtype)
+
+
+def _same_expected(m, topk, pred, dense_pred):
+    full = topk.completed(m.hierarchy.num_leaves, torch.float64)
+    torch.testing.assert_close(m.expected(full, pred), m.expected(full, dense_pred), rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("name,params", CASES)
+def test_decoding_head_decodes_top_k_lists(name, params):
+    h, _ = bundled("inat19")
+    probs = _probs(h)
+    head = hd.DecodingHead(h, name, **params)
+    m = hd.get_metric(name, h, **params)
+    for k in (1, 10, 100):
+        t = probs.topk(k)
+        topk = hd.TopK(t.values, t.indices)
+        pred = head(t)
+        assert pred.dtype == torch.long and pred.shape == (probs.shape[0],)
+        assert torch.equal(pred, m.decode(topk))
+        assert torch.equal(head(topk), pred)
+        _same_expected(m, topk, pred, head(topk.completed(h.num_leaves)))
+    assert torch.equal(head(probs.topk(h.num_leaves)), head(probs))  # k = L: the dense answer bit for bit
+    assert torch.equal(hd.DecodingHead(h, name, from_logits="auto", **params)(probs.topk(10)),
+                       head(probs.topk(10)))
+    assert head(probs[0].topk(10)).shape == ()  # one unbatched row
+
+
+def test_decoding_head_refuses_what_it_cannot_decode_from_a_top_k_list():
+    h, _ = bundled("inat19")
+    t = _probs(h).topk(10)
+    with pytest.raises(ValueError, match=r"from_logits=True.*top-k of the probabilities"):
+        hd.DecodingHead(h, "tree_distance", from_logits=True)(t)
+    with pytest.raises(ValueError, match=r"decodes with `darts`, which does not decode top-k inputs"):
+        hd.DecodingHead(h, "tree_distance", decoder=("darts", {"lam": 0.5}))(t)
+    with pytest.raises(ValueError, match=r"`wu_palmer` does not decode top-k inputs yet"):
+        hd.DecodingHead(h, "wu_palmer")(t)
+    with pytest.raises(ValueError, match=r"`values` to be non-negative"):
+        hd.DecodingHead(h, "tree_distance")(torch.log(_probs(h)).topk(10))
+
+
+@pytest.mark.parametrize("name,params", CASES)
+def test_hierarchical_metric_updates_with_top_k_lists(name, params):
+    h, _ = bundled("inat19")
+    probs = _probs(h, seed=1)
+    target = torch.randint(0, h.num_leaves, (probs.shape[0],), generator=torch.Generator().manual_seed(0))
+    m = hd.get_metric(name, h, **params)
+    for k in (10, h.num_leaves):
+        t = probs.topk(k)
+        ours = hd.HierarchicalMetric(h, name, **params)
+        ours.update(t, target)
+        ours.update(hd.TopK(t.values[:5], t.indices[:5]), target[:5])
+        pred = m.decode(hd.TopK(t.values, t.indices))
+        values = torch.cat([m(pred, target, dtype=torch.float64), m(pred[:5], target[:5], dtype=torch.float64)])
+        assert ours.compute().dtype == torch.float64
+        torch.testing.assert_close(ours.compute(), values.mean(), rtol=1e-12, atol=0)
+        if k == h.num_leaves:  # the dense path's value bit for bit
+            dense = hd.HierarchicalMetric(h, name, **params)
+            dense.update(probs, target)
+            dense.update(probs[:5], target[:5])
+            assert torch.equal(ours.compute(), dense.compute())
+
+
+def test_hierarchical_metric_refuses_what_it_cannot_decode_from_a_top_k_list():
+    h, _ = bundled("inat19")
+    t, target = _probs(h).topk(10), torch.zeros(32, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"decodes with `top_down`, which does not decode top-k inputs"):
+        hd.HierarchicalMetric(h, "tree_distance", decoder="top_down").update(t, target)
+    with pytest.raises(ValueError, match=r"`hf_beta` does not decode top-k inputs yet"):
+        hd.HierarchicalMetric(h, "hf_beta").update(t, target)
+    with pytest.raises(ValueError, match=r"from_logits=True"):
+        hd.HierarchicalMetric(h, "lca_height", from_logits=True).update(t, target)
+    with pytest.raises(ValueError, match=r"`target`"):
+        hd.HierarchicalMetric(h, "lca_height").update(t, torch.full((32,), h.num_leaves))
+
+
+def _run(argv, capsys):
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("fmt", ["npz", "pt"])
+def test_cli_decodes_a_top_k_file(tmp_path, capsys, fmt):
+    h, _ = bundled("inat19")
+    probs = _probs(h, seed=2, dtype=torch.float32)
+    for k in (10, h.num_leaves):
+        t = probs.topk(k)
+        path = tmp_path / f"topk{k}.{fmt}"
+        if fmt == "npz":
+            np.savez(path, values=t.values.numpy(), indices=t.indices.numpy())
+        else:
+            torch.save({"values": t.values, "indices": t.indices}, path)
+        for name, params in CASES:
+            out = tmp_path / "pred.npy"
+            extra = ["--c", params["c"]] if params else []
+            code, _, err = _run(["decode", "--hierarchy", "inat19", "--probs", path, "--metric", name, *extra,
+                                 "--batch-size", 10, "-o", out], capsys)
+            assert code == 0, err
+            m = hd.get_metric(name, h, **params)
+            want = m.decode(hd.TopK(t.values, t.indices))
+            assert torch.equal(torch.from_numpy(np.load(out)), want), (name, k)
+            if k == h.num_leaves:
+                assert torch.equal(want, m.decode(probs))
+
+
+def test_cli_refuses_what_it_cannot_decode_from_a_top_k_file(tmp_path, capsys):
+    h, _ = bundled("inat19")
+    t = _probs(h).topk(10)
+    path = tmp_path / "topk.npz"
+    np.savez(path, values=t.values.numpy(), indices=t.indices.numpy())
+    base = ["decode", "--hierarchy", "inat19", "--probs", path]
+    for extra, match in [(["--metric", "hf_beta"], "--metric hf_beta: `hf_beta` does not decode top-k inputs"),
+                         (["--decoder", "darts"], "--decoder darts: heuristic decoders do not decode top-k lists"),
+                         (["--metric", "tree_distance", "--from-logits"], "--from-logits: --probs holds a top-k list"),
+                         (["--metric", "tree_distance", "--normalize"], "--normalize: --probs holds a top-k list")]:
+        code, _, err = _run(base + extra, capsys)
+        assert code == 2 and match in err, err
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, values=t.values.numpy())
+    code, _, err = _run(["decode", "--hierarchy", "inat19", "--probs", bad, "--metric", "tree_distance"], capsys)
+    assert code == 2 and "expected a top-k list: the arrays 'values' (B, k) and 'indices' (B, k)" in err, err
+    wrong = tmp_path / "wrong.npz"
+    np.savez(wrong, values=t.values.numpy(), indices=t.indices.numpy() + h.num_leaves)
+    code, _, err = _run(["decode", "--hierarchy", "inat19", "--probs", wrong, "--metric", "tree_distance"], capsys)
+    assert code != 0 and "`indices` to be leaf ids" in err, err
