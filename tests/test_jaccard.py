@@ -660,3 +660,90 @@ def test_deep_caterpillar_masses_and_gains_within_the_budget(plan):
     growth, same, sizes = _caterpillar_decode(plan, 2000, "peaked")
     assert same == "True" and sizes == "[502, 668]"
     assert growth < 64
+
+
+# --------------------------------------------------------------------------- a row's decision is its own
+def packed_op_args(h, P):
+    """The arguments the GPU plan's decoder gives ``hdecode::jaccard_sets`` for the float64 rows P (B, L)."""
+    seen = []
+    op = J.jaccard_sets
+
+    def spy(*args):
+        seen.append(args)
+        return op(*args)
+
+    J.jaccard_sets = spy
+    try:
+        decode(h, P, torch.float64, "cuda")
+    finally:
+        J.jaccard_sets = op
+    return seen[0]
+
+
+def stack_op_rows(a, b):
+    """The op's arguments of two batches a and b side by side, the narrower padded to the wider's width."""
+    c = max(a[0].shape[1], b[0].shape[1])
+    n = a[5].shape[0] - 1
+
+    def pad(t, fill):
+        return torch.nn.functional.pad(t, (0, 0, 0, c - t.shape[1]) if t.dim() == 3 else (0, c - t.shape[1]),
+                                       value=fill)
+    return (torch.cat([pad(a[0], 0.0), pad(b[0], 0.0)]), torch.cat([pad(a[1], n), pad(b[1], n)]),
+            *(torch.cat([x, y]) for x, y in zip(a[2:5], b[2:5])), *a[5:])
+
+
+def batch_slack_cases():
+    """Op arguments (alone, beside a wider row) of rows whose decision the batch's width used to change.
+
+    A narrow row (peaked: few candidates, c) and a wide one (uniform: C > c) of a small tree; g the gap
+    between the row's best value and the best of the smaller sizes (enumerated).  With the absolute
+    error of a mass set to m = g / (2(c + C)), a slack of 4·c·m < g keeps the best size, one of 4·C·m > g
+    takes a smaller one."""
+    rng = np.random.default_rng(3)
+    cases = []
+    for par, info, h in small_trees(31, 40, sizes=range(6, 12)):
+        enum = Enumeration(info)
+        p = 0.2 * ref.random_distribution(rng, info.L, "dirichlet")
+        p[rng.integers(info.L)] += 0.8
+        vals = enum.values(p[None])[:, 0]
+        best_k = enum.k[np.argmax(vals)]
+        smaller = vals[enum.k < best_k]
+        if best_k < 2 or smaller.size == 0 or vals.max() - smaller.max() < 1e-9:
+            continue
+        narrow = packed_op_args(h, p[None])
+        wide = packed_op_args(h, np.full((1, info.L), 1 / info.L))
+        c, cw = int(narrow[2][0]), int(wide[2][0])
+        if cw <= c:
+            continue
+        m = (vals.max() - smaller.max()) / (2 * (c + cw))
+        alone = (*narrow[:12], m)
+        cases.append((alone, stack_op_rows(alone, (*wide[:12], m)), enum.k, best_k))
+    return cases
+
+
+def test_op_decision_does_not_depend_on_the_batch():
+    """A row's size choice alone and beside a wider row: on afab9d5 the tie slack counted the batch's width
+    (4·C·m), and the row took a smaller, worse set in the batch."""
+    from hdecode_torch.kernels.fused.jaccard_sets import jaccard_sets_torch
+
+    cases = batch_slack_cases()
+    assert len(cases) >= 5
+    for alone, batch, _, best_k in cases:
+        one = jaccard_sets_torch(*alone, 1 << 24)
+        both = jaccard_sets_torch(*batch, 1 << 24)
+        assert int(one.sum()) == best_k
+        assert torch.equal(both[0, : one.shape[1]], one[0]) and not both[0, one.shape[1]:].any()
+
+
+
+def test_caterpillar_row_alone_and_in_a_batch():
+    """2,001-node caterpillar, Dirichlet(0.3) rows (torch.manual_seed(0)): on afab9d5 the CPU plan gave sample 0
+    521 nodes alone (expected Jaccard 0.6293228154) and 520 beside sample 1 (0.6293199264); the GPU plan 520
+    both ways, within its slack 4·c·(mass error) = 2.9e-6 of its own 820 candidates."""
+    d = 1000
+    h = hd.Hierarchy.from_parents([-1] + list(range(d - 1)) + list(range(d)) + [d - 1])
+    torch.manual_seed(0)
+    P = torch.distributions.Dirichlet(torch.full((h.num_leaves,), 0.3, dtype=torch.float64)).sample((2,))
+    for plan, size in (("cpu", 521), ("cuda", 520)):
+        alone, both = decode(h, P[:1], plan=plan), decode(h, P, plan=plan)
+        assert torch.equal(alone[0], both[0]) and int(alone.sum()) == size and int(both[1].sum()) == 604

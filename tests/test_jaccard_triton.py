@@ -104,6 +104,19 @@ def interpreter_checks() -> dict:
     finally:
         J.jaccard_sets = op
 
+    # a row's decision alone and beside a wider row (on afab9d5 the slack counted the batch's width)
+    bad = []
+    cases = TJ.batch_slack_cases()
+    for alone, batch, _, best_k in cases:
+        one, both = JT.launch(*alone, 1 << 24), JT.launch(*batch, 1 << 24)
+        c = one.shape[1]
+        ok = (torch.equal(one, jaccard_sets_torch(*alone, 1 << 24))
+              and torch.equal(both, jaccard_sets_torch(*batch, 1 << 24))
+              and int(one.sum()) == best_k and torch.equal(both[0, :c], one[0]) and not both[0, c:].any())
+        if not ok:
+            bad.append((int(one.sum()), int(both[0].sum()), best_k))
+    record("batch_independence", len(cases) >= 5 and not bad, (len(cases), bad))
+
     # the op itself: a chain of 70 nodes (C = K = 70: three candidate tiles, two size tiles), a row
     # without candidates and a row without mass (lb above every value), 2 programs for 4 rows
     h = hd.Hierarchy.from_parents(ref.chain_tree(70))
@@ -131,7 +144,7 @@ def interpreter_checks() -> dict:
 def test_jaccard_kernel_under_the_interpreter():
     results = interpreter_results("test_jaccard_triton")
     assert set(results) == {"enumeration", "tie_rule", "bundled/tieredimagenet-h", "bundled/inat19",
-                            "edge/chain_empty_massless"}, results
+                            "batch_independence", "edge/chain_empty_massless"}, results
     failed = {k: v for k, v in results.items() if not v["ok"]}
     assert not failed, failed
 
@@ -142,9 +155,8 @@ def test_jaccard_kernel_compiles_for_sm90():
         from hdecode_torch.kernels.fused.jaccard_sets import triton as jt
         sig = {"Q": "*fp64", "sqb": "i64", "sqc": "i64", "sqe": "i64", "IDS": "*i64", "COUNT": "*i64",
                "LB": "*fp64", "KREF": "*i64", "PRE": "*i64", "END": "*i64", "DEPTH": "*i64", "DMIN1": "*fp64",
-               "W": "*fp64", "COVER": "*fp64", "SPREAD": "*fp64", "OUT": "*i8", "FS": "*fp64", "IS": "*i32",
-               "B": "i32", "C": "i32", "E": "i32", "max_depth": "fp64", "keep_rel": "fp64", "mass_abs": "fp64",
-               "slack_up": "fp64", "slack_down": "fp64", "slack_abs": "fp64", "CB": "constexpr", "KB": "constexpr"}
+               "W": "*fp64", "COVER": "*fp64", "OUT": "*i8", "FS": "*fp64", "IS": "*i32",
+               "B": "i32", "C": "i32", "E": "i32", "SCAL": "*fp64", "CB": "constexpr", "KB": "constexpr"}
         for cb, kb in ((16, 16), (32, 64)):
             build(jt._jaccard_sets_kernel, sig, {"CB": cb, "KB": kb}, 4)
     """)

@@ -137,7 +137,7 @@ from ..kernels.candidates import pack_rows
 from ..kernels.depth_ranges import depth_masses, depth_masses_packed, depth_ranges
 from ..kernels.fused import jaccard_sets, trust_indices
 from ..kernels.fused.jaccard_sets import PAD_DEPTH as _PAD_DEPTH
-from ..kernels.fused.jaccard_sets import GAIN_CELLS, GAIN_ROWS, gains, knapsack_sets, size_bound
+from ..kernels.fused.jaccard_sets import GAIN_CELLS, GAIN_ROWS, gains, knapsack_sets, row_slacks, size_bound
 from .base import SetMetric
 
 __all__ = ["Jaccard", "jaccard_from_counts", "jaccard_expected", "jaccard_decode", "jaccard_decode_packed",
@@ -596,10 +596,11 @@ def _solve(post, trace):
         cands.q64 = cands.q = None
     # A size is kept unless its bound is below LB beyond rounding.  The Lagrangian sum adds up to
     # C rounded gains of every allowed node, and Σ_n g_k(n) = (E[d(y)] + 1)/k ≤ (D + 1)/k over the
-    # whole tree: that bounds its absolute error.
-    slack_v = 2 * ((num_e + kmax + 16) * u + masses.rel)
-    spread = slack_v * (big_d + 1) / kf + 4 * kmax * masses.abs  # (K,)
-    want = ub.double() * (1 + slack_v) + spread >= lb[:, None]
+    # whole tree: that bounds its absolute error.  Each sample's own slacks, from its own count
+    # (row_slacks), so that neither the screen nor the tie rule below reads another sample.
+    slack_v, slack_abs = row_slacks(cands.count, num_e, u, masses.rel, masses.abs)  # (B,) each
+    spread = slack_v[:, None] * (big_d + 1) / kf + slack_abs[:, None]  # (B, K)
+    want = ub.double() * (1 + slack_v)[:, None] + spread >= lb[:, None]
     # The pairs, samples with more candidates first: at knapsack position i only the pairs of
     # samples with more than i candidates work, a prefix.  One host read: the pair count and,
     # for each i, the size of that prefix.
@@ -615,7 +616,7 @@ def _solve(post, trace):
     # sets (from the float64 masses), so that only float64 rounding can split a tie between sizes,
     # and the smallest of the tied sizes wins.
     best = torch.full((bsz,), float("-inf"), dtype=dt, device=dev).scatter_reduce(0, b, val, "amax")
-    near = val.double() >= best[b].double() * (1 - slack_v) - 4 * kmax * masses.abs
+    near = val.double() >= best[b].double() * (1 - slack_v)[b] - slack_abs[b]
     if dt == torch.float64:  # the values are float64 already
         eligible = near
     else:
@@ -628,7 +629,8 @@ def _solve(post, trace):
             val64[ci] = _values64(T, cands, b[ci], kidx[ci] + 1, members[ci])
         best64 = torch.full((bsz,), float("-inf"), dtype=torch.float64, device=dev).scatter_reduce(
             0, b, val64, "amax")
-        tol64 = 2 * (num_e + kmax + 16) * u64 * best64.abs() + 4 * kmax * masses.abs
+        rel64, abs64 = row_slacks(cands.count, num_e, u64, 0.0, masses.abs)
+        tol64 = rel64 * best64.abs() + abs64
         eligible = torch.where(contested, val64 >= best64[b] - tol64[b], near)
     kbest = torch.full((bsz,), kmax, dtype=torch.long, device=dev).scatter_reduce(
         0, b, torch.where(eligible, kidx, kmax), "amin")

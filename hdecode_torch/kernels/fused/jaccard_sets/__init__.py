@@ -18,7 +18,7 @@ import torch
 from .._checks import check_bounds, check_float_tensor, check_vector
 from .._registry import register
 
-__all__ = ["jaccard_sets", "jaccard_sets_torch", "gains", "gain_weights", "size_bound", "knapsack", "knapsack_sets", "knapsack_band", "walk", "walk_band", "SCHEMA"]
+__all__ = ["jaccard_sets", "jaccard_sets_torch", "row_slacks", "gains", "gain_weights", "size_bound", "knapsack", "knapsack_sets", "knapsack_band", "walk", "walk_band", "SCHEMA"]
 
 SCHEMA = ("jaccard_sets(Tensor q, Tensor ids, Tensor count, Tensor lb, Tensor k_ref, Tensor pre, Tensor end, "
           "Tensor depth, Tensor dmin1, Tensor depths, int max_depth, float mass_rel, float mass_abs, int budget) -> Tensor")
@@ -427,15 +427,15 @@ def jaccard_sets_torch(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths,
     """The torch implementation of :func:`jaccard_sets` (every device).
 
     Large batches of CPU tensors are solved in groups of rows of at most 16, 32, 64, ... candidates,
-    each group on its first columns; the rounding slacks stay those of the whole table's width C, so
-    that a row's choice between sizes is the same formula in any group.  On CPU tensors the knapsack
-    and its walk step NumPy views of their tables (the same float64 operations).
+    each group on its first columns; the rounding slacks are each row's own (:func:`row_slacks`), so a
+    row's choice between sizes is the same formula alone, in any group and in any batch.  On CPU
+    tensors the knapsack and its walk step NumPy views of their tables (the same float64 operations).
     """
     check_args(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget)
     bsz, c, _ = q.shape
     tables = (pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget)
     if q.device.type != "cpu" or bsz * c * c < GROUP_CELLS or c <= 16:
-        return _solve(q, ids, count, lb, k_ref, *tables, c)
+        return _solve(q, ids, count, lb, k_ref, *tables)
     groups = (c - 1).bit_length() - 3  # 16·2^(groups − 1) ≥ c
     group = ((count - 1).clamp(min=0) >> 4).add(1).log2().ceil().long().clamp(max=groups - 1)
     order = torch.sort(group, stable=True).indices
@@ -446,15 +446,30 @@ def jaccard_sets_torch(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths,
     for g, n in enumerate(sizes):
         if n:
             rows, w = order[a:a + n], min(c, 16 << g)
-            out[rows, :w] = _solve(q[rows, :w], ids[rows, :w], count[rows], lb[rows], k_ref[rows], *tables, c,
+            out[rows, :w] = _solve(q[rows, :w], ids[rows, :w], count[rows], lb[rows], k_ref[rows], *tables,
                                    _tolist)
             a += n
     return out
 
 
-def _solve(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget, kslack,
+def row_slacks(count: torch.Tensor, num_e: int, u: float, mass_rel: float, mass_abs: float):
+    """(B,) float64 each row's relative and absolute rounding slacks (rel, abs) from its own candidate
+    count c_b (int64): rel = 2((E + c_b + 16)·u + mass_rel), abs = 4·c_b·mass_abs.
+
+    A value V(k) = Σ of k ≤ c_b gains, each a sum over E leaf depths of nonnegative rounded products,
+    has relative error at most (E + k + 16)·u plus its masses' mass_rel, and absolute at most
+    2·k·mass_abs (the bound the lower bounds' ``safe`` lowering uses); two such values, twice that.
+    Counted with the row's own c_b, never the batch's width, so that a row's decision between sizes
+    does not depend on the rows beside it.  Every term is an integer made exact in float64 before
+    the one rounding of each product, the same operations as the Triton kernel's.
+    """
+    c = count.to(torch.float64)
+    return 2 * ((num_e + 16 + c) * u + mass_rel), 4 * c * mass_abs
+
+
+def _solve(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget,
            tolist=None):
-    """:func:`jaccard_sets_torch` of rows whose counts fit q's width, rounding slacks of width ``kslack``;
+    """:func:`jaccard_sets_torch` of rows whose counts fit q's width, each with its own rounding slacks;
     ``tolist``, if given, makes its host read (the groups of CPU rows pass one no host-read counter sees)."""
     bsz, c, num_e = q.shape
     dev = q.device
@@ -491,9 +506,10 @@ def _solve(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, 
     ub = excess.sum(1) + lam * kf
     del excess
     ub = torch.minimum(ub, size_bound(q[:, 0, :], depths, kmax))  # the root's masses
-    slack_v = 2 * ((num_e + kslack + 16) * u64 + mass_rel)
-    spread = slack_v * (max_depth + 1) / kf + 4 * kslack * mass_abs
-    want = (ub * (1 + slack_v) + spread >= lb[:, None]) & (kf[None, :] <= count[:, None])
+    # Each row's own slacks (row_slacks): the screen and the tie rule below read no other row.
+    slack_v, slack_abs = row_slacks(count, num_e, u64, mass_rel, mass_abs)
+    spread = slack_v[:, None] * (max_depth + 1) / kf + slack_abs[:, None]
+    want = (ub * (1 + slack_v)[:, None] + spread >= lb[:, None]) & (kf[None, :] <= count[:, None])
     # The pairs, rows with more candidates first: one host read, their number.
     by_count = torch.sort(count, descending=True, stable=True).indices
     total = want.sum()
@@ -504,7 +520,7 @@ def _solve(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, 
                                  budget)  # (R,), (R, C)
     # The smallest size within float64 rounding of the best value, its first set.
     best = torch.full((bsz,), float("-inf"), dtype=torch.float64, device=dev).scatter_reduce(0, b, val, "amax")
-    eligible = val >= best[b] * (1 - slack_v) - 4 * kslack * mass_abs
+    eligible = val >= best[b] * (1 - slack_v)[b] - slack_abs[b]
     kbest = torch.full((bsz,), kmax, dtype=torch.long, device=dev).scatter_reduce(
         0, b, torch.where(eligible, kidx, kmax), "amin")
     first = eligible & (kidx == kbest[b])

@@ -12,7 +12,8 @@ implementation on the row alone:
    candidate ranked k-th by its gain at ``k_ref`` (ranks by pairwise comparison, ties by column);
 3. the preorder knapsack F(i, j) = max(g_i + F(i + 1, j − 1), F(nxt(i), j)) of each size kept,
    one position at a time with all j of a tile at once, its table in the program's scratch;
-4. the smallest kept size within float64 rounding of the best value, whose knapsack is run again
+4. the smallest kept size within float64 rounding of the best value (the row's own slacks, from its
+   count: ``row_slacks``), whose knapsack is run again
    and walked forward from the root (take v_i iff taking it is at least as good as not).
 
 Exactness and ties: every knapsack value is computed by the same float64 operations, in the same
@@ -95,11 +96,16 @@ def _knapsack(G, F, NX, cnt, k, K, KB: tl.constexpr):
 
 
 @triton.jit
-def _jaccard_sets_kernel(Q, sqb, sqc, sqe, IDS, COUNT, LB, KREF, PRE, END, DEPTH, DMIN1, W, COVER, SPREAD,
-                         OUT, FS, IS, B, C, E, max_depth, keep_rel, mass_abs, slack_up, slack_down, slack_abs,
-                         CB: tl.constexpr, KB: tl.constexpr):
+def _jaccard_sets_kernel(Q, sqb, sqc, sqe, IDS, COUNT, LB, KREF, PRE, END, DEPTH, DMIN1, W, COVER,
+                         OUT, FS, IS, B, C, E, SCAL, CB: tl.constexpr, KB: tl.constexpr):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
+    # float64 scalars from a tensor: a Python float argument would be an fp32 one on CUDA
+    max_depth = tl.load(SCAL)
+    keep_rel = tl.load(SCAL + 1)
+    mass_rel = tl.load(SCAL + 2)
+    mass_abs = tl.load(SCAL + 3)
+    u64 = tl.load(SCAL + 4)
     K = C
     fs = FS + pid.to(tl.int64) * ((2 * C + 2) * K)
     G = fs  # (C, K) gains
@@ -115,6 +121,11 @@ def _jaccard_sets_kernel(Q, sqb, sqc, sqe, IDS, COUNT, LB, KREF, PRE, END, DEPTH
         cnt = tl.minimum(tl.load(COUNT + row), C).to(tl.int32)  # the op checks 0 <= count <= C
         lb = tl.load(LB + row)
         scale = lb * keep_rel
+        # the row's own rounding slacks (row_slacks: the same exact integers and roundings)
+        slack_v = 2.0 * ((cnt + E + 16).to(tl.float64) * u64 + mass_rel)
+        slack_up = 1.0 + slack_v
+        slack_down = 1.0 - slack_v
+        slack_abs = (4 * cnt).to(tl.float64) * mass_abs
         # 1. nxt(i) (the first position after v_i's subtree: the candidates whose preorder position
         # is below v_i's subtree end), and the gains with the node bound
         i0 = tl.full((), 0, tl.int32)
@@ -192,7 +203,8 @@ def _jaccard_sets_kernel(Q, sqb, sqc, sqe, IDS, COUNT, LB, KREF, PRE, END, DEPTH
                 root += tl.load(qrow + e * sqe) * tl.load(COVER + k * E + e, mask=live_k, other=0.0)
                 e += 1
             ub = tl.minimum(ub, root)
-            keep = live_k & (ub * slack_up + tl.load(SPREAD + k, mask=live_k, other=0.0) >= lb)
+            spread = slack_v * (max_depth + 1.0) / kf + slack_abs
+            keep = live_k & (ub * slack_up + spread >= lb)
             tl.store(V + k, tl.full((KB,), float("-inf"), tl.float64), mask=live_k)
             # the kept sizes of this tile, one knapsack each
             t = tl.full((), 0, tl.int32)
@@ -257,15 +269,14 @@ def launch(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, 
     kf = torch.arange(1, kmax + 1, device=dev, dtype=torch.float64)
     w = gain_weights(depths, kmax, torch.float64).contiguous()  # (2K, E)
     cover = (torch.minimum(kf[:, None], depths + 1) / torch.maximum(kf[:, None], depths + 1)).contiguous()
-    slack_v = 2 * ((num_e + kmax + 16) * u64 + mass_rel)
-    spread = (slack_v * (max_depth + 1) / kf + 4 * kmax * mass_abs).contiguous()
+    scal = torch.tensor([float(max_depth), 1 - float(mass_rel), float(mass_rel), float(mass_abs), u64],
+                        dtype=torch.float64, device=dev)
     programs = max(1, min(bsz, MAX_PROGRAMS, int(budget) // scratch_bytes_per_program(c)))
     fs = torch.empty(programs * (2 * c + 2) * c, dtype=torch.float64, device=dev)
     iscr = torch.empty(programs * 2 * c, dtype=torch.int32, device=dev)
     with T.launch_context(q):
         _jaccard_sets_kernel[(programs,)](
             q, q.stride(0), q.stride(1), q.stride(2), ids.contiguous(), count, lb, k_ref, pre, end, depth, dmin1,
-            w, cover, spread, out.view(torch.int8), fs, iscr, bsz, c, num_e, float(max_depth), 1 - mass_rel,
-            float(mass_abs), 1 + slack_v, 1 - slack_v, 4 * kmax * mass_abs,
+            w, cover, out.view(torch.int8), fs, iscr, bsz, c, num_e, scal,
             CB=min(T.padded(c), _CB), KB=min(T.padded(c), _KB), num_warps=4, enable_fp_fusion=False)
     return out
