@@ -206,9 +206,10 @@ def leaf_to_node_sum(h, leaf_values: torch.Tensor, layout: str | None = None, ba
         return _prefix_sums(h, leaf_values, "leaves", budget)
     dtype = leaf_values.dtype
     acc = accumulation_dtype(h, dtype)
-    # the leaves' rows, then zeros for the internal nodes (ids L..N-1): one padded copy, contiguous
-    pad = (0, 0) * (leaf_values.dim() - 1) + (0, h.num_nodes - h.num_leaves)
-    out = torch.nn.functional.pad(leaf_values if acc == dtype else leaf_values.to(acc), pad)
+    # the leaves' rows, then zeros for the internal nodes (ids L..N-1): one contiguous copy (a cat, not
+    # F.pad: torch 2.8's exported pad refuses an empty batch)
+    x = leaf_values if acc == dtype else leaf_values.to(acc)
+    out = torch.cat([x, x.new_zeros((h.num_nodes - h.num_leaves,) + tuple(x.shape[1:]))])
     out = subtree_sum_(h, out, backend)
     return out if acc == dtype else out.to(dtype)
 
