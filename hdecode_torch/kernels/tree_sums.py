@@ -182,7 +182,9 @@ def _as_rows(values: torch.Tensor) -> torch.Tensor:
     per-row bookkeeping of the 2-D ones, which at one column is most of a level's cost
     (benchmarks/README.md, "The fixed cost of a call").
     """
-    if values.dim() > 1 and values.numel() == values.shape[0]:
+    # Not in a traced graph: there the batch is symbolic, and comparing it with 1 made torch 2.8's ONNX
+    # export specialize it to the example's size.
+    if values.dim() > 1 and not torch.compiler.is_compiling() and values.numel() == values.shape[0]:
         return values.view(values.shape[0])
     return values
 
@@ -206,10 +208,11 @@ def leaf_to_node_sum(h, leaf_values: torch.Tensor, layout: str | None = None, ba
         return _prefix_sums(h, leaf_values, "leaves", budget)
     dtype = leaf_values.dtype
     acc = accumulation_dtype(h, dtype)
-    # the leaves' rows, then zeros for the internal nodes (ids L..N-1): one contiguous copy (a cat, not
-    # F.pad: torch 2.8's exported pad refuses an empty batch)
-    x = leaf_values if acc == dtype else leaf_values.to(acc)
-    out = torch.cat([x, x.new_zeros((h.num_nodes - h.num_leaves,) + tuple(x.shape[1:]))])
+    # the leaves' rows, then zeros for the internal nodes (ids L..N-1): F.pad would be one copy, but torch
+    # 2.8's exported pad refuses an empty batch
+    out = torch.empty((h.num_nodes,) + tuple(leaf_values.shape[1:]), dtype=acc, device=leaf_values.device)
+    out[: h.num_leaves] = leaf_values
+    out[h.num_leaves:] = 0
     out = subtree_sum_(h, out, backend)
     return out if acc == dtype else out.to(dtype)
 
