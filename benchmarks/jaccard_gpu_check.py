@@ -65,7 +65,7 @@ def _median_ms(fn, min_time: float, sync, max_calls: int = 200) -> float:
     return 1e3 * statistics.median(times)
 
 
-def _op_args(metric, p):
+def op_args(metric, p):
     """The arguments the GPU plan's decoder passes to ``hdecode::jaccard_sets`` for rows ``p``."""
     from hdecode_torch.metrics import jaccard as J
 
@@ -142,7 +142,7 @@ def check(tree: str, batch: int, min_time: float, device: str, cpu_time_max: int
             F.set_triton_enabled(True)
             J.jaccard_sets = op
         out[f"{name}_vs_cpu"] = _differing(metric, p, sets.cpu(), ref)
-    args = _op_args(mc, pc)
+    args = op_args(mc, pc)
     out["op_shape"] = list(args[0].shape)
     kernel = JT.launch(*args)
     fallback = jaccard_sets_torch(*args)

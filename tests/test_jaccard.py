@@ -665,19 +665,9 @@ def test_deep_caterpillar_masses_and_gains_within_the_budget(plan):
 # --------------------------------------------------------------------------- a row's decision is its own
 def packed_op_args(h, P):
     """The arguments the GPU plan's decoder gives ``hdecode::jaccard_sets`` for the float64 rows P (B, L)."""
-    seen = []
-    op = J.jaccard_sets
+    from benchmarks.jaccard_gpu_check import op_args
 
-    def spy(*args):
-        seen.append(args)
-        return op(*args)
-
-    J.jaccard_sets = spy
-    try:
-        decode(h, P, torch.float64, "cuda")
-    finally:
-        J.jaccard_sets = op
-    return seen[0]
+    return op_args(hd.get_metric("jaccard", h), torch.as_tensor(np.asarray(P)).to(torch.float64))
 
 
 def stack_op_rows(a, b):

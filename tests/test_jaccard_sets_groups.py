@@ -4,7 +4,7 @@ at once, and the GPU plan's decisions stay the CPU plan's."""
 
 from __future__ import annotations
 
-import sys
+import importlib
 
 import numpy as np
 import pytest
@@ -12,26 +12,14 @@ import torch
 
 import hdecode_torch as hd
 from harness import bundled, model_like
-from hdecode_torch.metrics import jaccard as J
+from benchmarks import jaccard_gpu_check as gpu_check
 
-JS = sys.modules["hdecode_torch.kernels.fused.jaccard_sets"]
+JS = importlib.import_module("hdecode_torch.kernels.fused.jaccard_sets")
 
 
 def op_args(h, P):
     """The arguments the GPU plan's decoder passes to the op for rows P."""
-    seen = []
-    op = J.jaccard_sets
-
-    def spy(*args):
-        seen.append(args)
-        return op(*args)
-    J.jaccard_sets = spy
-    try:
-        with hd.plan_for("cuda"):
-            hd.get_metric("jaccard", h).decode(torch.as_tensor(P))
-    finally:
-        J.jaccard_sets = op
-    return seen[-1]
+    return gpu_check.op_args(hd.get_metric("jaccard", h), torch.as_tensor(P))
 
 
 @pytest.mark.parametrize("tree", ["tieredimagenet-h", "inat19"])
