@@ -111,7 +111,7 @@ def test_names_signatures_and_docstrings():
     metrics = hd.list_metrics()
     heuristics = [d for d in hd.list_decoders() if d != "optimal"]
     named = {n for m in metrics for n in (m, f"expected_{m}", f"decode_{m}")} | {f"decode_{d}" for d in heuristics}
-    calibration = {"node_calibration_error", "node_reliability", "NodeReliability",  # written out, not generated
+    calibration = {"node_calibration_error", "node_reliability", "NodeReliability",
                    "node_calibration_check", "NodeCalibrationCheck"}
     assert set(F.__all__) == named | {"value", "expected", "decode", "decode_with"} | calibration
     assert not {f"decode_{m}" for m in metrics} & {f"decode_{d}" for d in heuristics}  # one function per name
@@ -128,11 +128,108 @@ def test_names_signatures_and_docstrings():
                 assert declared[p.name].default == p.default and declared[p.name].annotation is p.type, fn.__name__
                 assert f"{p.name}: {p.doc}" in fn.__doc__, fn.__name__
             assert f'get_metric("{name}", hierarchy' in fn.__doc__ and cls.__qualname__ in fn.__doc__
-            assert fn.__module__ == "hdecode_torch.functional" and fn.__name__ in pydoc.render_doc(fn)
+            assert fn.__name__ in pydoc.render_doc(fn)
     sig = inspect.signature(F.decode_information_threshold)
     assert sig.parameters["threshold"].default is inspect.Parameter.empty  # required, as declared
     assert "beta: float = 1.0" in pydoc.render_doc(F.hf_beta)  # what help() shows
     assert 'get_decoder("darts", hierarchy, lam=lam)' in F.decode_darts.__doc__
+
+
+# --------------------------------------------------------------------------- written out, and kept so
+def _builtin_functions():
+    """(function name, its class, which function) of every built-in metric and heuristic decoder (those a test
+    registers are left to the generator)."""
+    out = []
+    for name in hd.list_metrics():
+        cls = hd.metrics.metric_class(name)
+        if cls.__module__.startswith("hdecode_torch."):
+            out += [(name, cls, "value"), (f"expected_{name}", cls, "expected")]
+            out += [(f"decode_{name}", cls, "decode")] if cls.has_decoder else []
+    decoders = [hd.decoders.DECODERS.get_class(d) for d in hd.list_decoders() if d != "optimal"]
+    return out + [(f"decode_{cls.name}", cls, "decoder") for cls in decoders
+                  if cls.__module__.startswith("hdecode_torch.")]
+
+
+def _generated(cls, which):
+    """The function the generator (kept for what a user registers later) makes of ``cls``: the reference the
+    written-out ones must not drift from."""
+    from hdecode_torch.functional import _generated as gen
+
+    return gen.decoder_function(cls) if which == "decoder" else gen.metric_functions(cls)[
+        {"value": cls.name, "expected": f"expected_{cls.name}", "decode": f"decode_{cls.name}"}[which]]
+
+
+@pytest.mark.parametrize("fname,cls,which", _builtin_functions(), ids=lambda x: x if isinstance(x, str) else "")
+def test_written_out_functions_match_their_class(fname, cls, which):
+    """Every built-in function is a plain ``def`` of that name in its concept's module, whose signature is
+    the one its class's ``PARAMS`` give (names, kinds, defaults and types: the class's parameters keyword-only,
+    then the function's own keywords, as the generator makes them), documented with shapes and an example."""
+    fn = getattr(F, fname)
+    module = importlib.import_module(fn.__module__)
+    assert fn.__module__.startswith("hdecode_torch.functional._") and getattr(module, fname) is fn
+    assert inspect.isfunction(fn) and fn.__name__ == fname and inspect.getsource(fn).startswith(f"def {fname}(")
+    assert fname in module.__all__ and fname in F.__all__
+    want = inspect.signature(_generated(cls, which))
+    got = inspect.signature(fn)
+    assert [(p.name, p.kind, p.default, p.annotation) for p in got.parameters.values()] == \
+        [(p.name, p.kind, p.default, p.annotation) for p in want.parameters.values()]
+    assert got == want
+    assert "Example:" in fn.__doc__ and f"F.{fname}(" in fn.__doc__ and "Returns:" in fn.__doc__
+    for p in cls.PARAMS:
+        assert f"{p.name}: {p.doc}" in fn.__doc__
+
+
+def _small():
+    """The docstrings' tree (leaves 0-3, 0 and 1 under node 4, root 5) and a batch on it."""
+    h = hd.Hierarchy.from_parents([4, 4, 5, 5, 5, -1])
+    probs = torch.tensor([[0.3, 0.3, 0.2, 0.2], [0.7, 0.1, 0.1, 0.1], [0.1, 0.1, 0.1, 0.7], [0.25] * 4])
+    return h, probs, torch.tensor([0, 2, 3, 1]), torch.tensor([4, 0, 5, 3])
+
+
+@pytest.mark.parametrize("fname,cls,which", _builtin_functions(), ids=lambda x: x if isinstance(x, str) else "")
+def test_written_out_functions_equal_their_class_and_generated_form(fname, cls, which):
+    """On a small tree, every built-in function returns what its class's method returns, bit for bit, and what
+    the generated form of the same class returns; a bad parameter and a bad input raise the same errors."""
+    h, probs, y, ids = _small()
+    fn, gen = getattr(F, fname), _generated(cls, which)
+    params = {p.name: p.default for p in cls.PARAMS}
+    if "threshold" in params:  # required: no default
+        params["threshold"] = 0.5
+    component = cls(h, **params)
+    if which == "value":
+        calls = [((ids, y, h), component(ids, y)), ((probs, y, h), component(component.decode(probs), y))]
+    elif which == "expected":
+        calls = [((probs, ids, h), component.expected(probs, ids))]
+    else:
+        calls = [((probs, h), component.decode(probs)), ((probs[0], h), component.decode(probs[0]))]
+    for args, want in calls:
+        assert _same(fn(*args, **params), want) and _same(gen(*args, **params), want), fname
+    for p in cls.PARAMS:  # a wrong type of parameter: the class's check, in the same words
+        bad = {**params, p.name: "x" if p.type is not str else 1.5}
+        with pytest.raises(Exception) as written:
+            fn(*calls[0][0], **bad)
+        with pytest.raises(Exception) as generated:
+            gen(*calls[0][0], **bad)
+        assert type(written.value) is type(generated.value) and str(written.value) == str(generated.value)
+    first = (calls[0][0][0] * 2 if which != "value" else ids + h.num_nodes,) + calls[0][0][1:]
+    with pytest.raises(ValueError) as written:
+        fn(*first, **params)
+    with pytest.raises(ValueError) as generated:
+        gen(*first, **params)
+    assert str(written.value) == str(generated.value)
+    with pytest.raises(TypeError, match="`hierarchy`"):
+        fn(*calls[0][0][:-1], "tree", **params)
+
+
+def test_docstring_examples_run_and_show_what_they_return():
+    """The ``Example:`` of every written-out function runs and prints what its docstring shows."""
+    import doctest
+
+    modules = sorted({getattr(F, fname).__module__ for fname, _, _ in _builtin_functions()})
+    assert len(modules) == 9
+    for name in modules:
+        result = doctest.testmod(importlib.import_module(name), optionflags=doctest.NORMALIZE_WHITESPACE)
+        assert result.failed == 0 and result.attempted > 0, name
 
 
 def test_reductions_dtypes_and_batch_order():
@@ -177,9 +274,9 @@ def test_errors_name_what_is_wrong():
     h, probs, y, ids, _ = _batch("inat19", torch.float32)
     with pytest.raises(TypeError, match=r"hf_beta\(\) got an unexpected keyword argument 'bta'"):
         F.hf_beta(ids, y, h, bta=1.0)
-    with pytest.raises(TypeError, match=r"hf_beta\(\) too many positional arguments"):
+    with pytest.raises(TypeError, match=r"hf_beta\(\) takes 3 positional arguments but 4 were given"):
         F.hf_beta(ids, y, h, 0.5)  # parameters are keyword-only
-    with pytest.raises(TypeError, match="missing a required (keyword-only )?argument: 'threshold'"):
+    with pytest.raises(TypeError, match="missing 1 required keyword-only argument: 'threshold'"):
         F.decode_information_threshold(probs, h)
     with pytest.raises(ValueError, match="Expected `beta` to be a float > 0, but got -1"):
         F.hf_beta(ids, y, h, beta=-1)

@@ -1,7 +1,8 @@
-"""The steps every scoring goes through, shared by the functions of :mod:`hdecode_torch.functional` and by
+"""The steps every call goes through, shared by the functions of :mod:`hdecode_torch.functional` and by
 :class:`~hdecode_torch.HierarchicalMetric` (as torchmetrics' ``_x_update``/``_x_compute`` pieces are shared
 by its functions and classes): telling decoded predictions from scores, checking a batch with one host read,
-per-sample values in float64, and their reduction in the caller's dtype.
+per-sample values in float64, their reduction in the caller's dtype, and the three calls on a built metric
+or decoder (:func:`score`, :func:`expect`, :func:`decode_by`) that every named and generic function makes.
 """
 
 from __future__ import annotations
@@ -10,10 +11,13 @@ import torch
 
 from ..core.posterior import Posterior
 from ..core.validation import RangeCheck, as_node_ids, as_targets, as_tensor, check_node_sets, check_ranges
-from ..metrics.base import value_dtype
+from ..decoders.registry import get_decoder
+from ..hierarchy import Hierarchy
+from ..metrics.base import BaseMetric, value_dtype
+from ..metrics.registry import get_metric
 
 __all__ = ["prediction_kind", "checked_scores", "checked_predictions", "values_update", "values_compute",
-           "REDUCTIONS"]
+           "REDUCTIONS", "as_hierarchy", "on_tree", "metric_on", "leaf_input", "score", "expect", "decode_by"]
 
 REDUCTIONS = ("none", "mean", "sum")
 
@@ -103,3 +107,66 @@ def values_compute(values, reduction: str = "mean", dtype: torch.dtype | None = 
     flat = values.reshape(-1).to(torch.float64)
     total = torch.sort(flat).values.sum()
     return (total if reduction == "sum" else total / flat.numel()).to(dtype)
+
+
+# --------------------------------------------------------------------------- calls on a built component
+def as_hierarchy(hierarchy) -> Hierarchy:
+    """``hierarchy``, checked to be a :class:`~hdecode_torch.Hierarchy` (the functions' first check, before
+    the component's parameters are)."""
+    if not isinstance(hierarchy, Hierarchy):
+        raise TypeError(f"Expected `hierarchy` to be a Hierarchy, but got {type(hierarchy).__name__}")
+    return hierarchy
+
+
+def on_tree(component, hierarchy):
+    """``component``, checked to be built on ``hierarchy``'s tree (a built one passed with another tree)."""
+    if component.hierarchy is not hierarchy and not component.hierarchy.same_tree(hierarchy):
+        raise ValueError(f"Expected a {component.component_kind} on {hierarchy!r}, but `{component.key}` is on "
+                         f"{component.hierarchy!r}")
+    return component
+
+
+def metric_on(spec, hierarchy, params: dict) -> BaseMetric:
+    """The metric a spec (or a built metric) names, on ``hierarchy``'s tree."""
+    return on_tree(get_metric(spec, as_hierarchy(hierarchy), **params), hierarchy)
+
+
+def leaf_input(component, leaf_probs, from_logits, normalize, validate, *, defer: bool):
+    """``leaf_probs`` as the method takes it: as given for probabilities, else a Posterior converting logits
+    or normalising (its check deferred to the decoder's one host read when ``defer``)."""
+    if from_logits is False and not normalize:
+        return leaf_probs
+    if isinstance(leaf_probs, Posterior):
+        raise ValueError("`leaf_probs` is a Posterior, whose probabilities are already converted and checked: "
+                         "`from_logits` and `normalize` apply to tensors only")
+    return Posterior(component.hierarchy, leaf_probs, from_logits=from_logits, normalize=normalize,
+                     validate=component._validate(validate), defer_check=defer)
+
+
+def score(m: BaseMetric, preds, target, *, decoder, from_logits, reduction, dtype, validate) -> torch.Tensor:
+    """The values of the built metric ``m`` (what ``functional.<metric>`` and ``functional.value`` return):
+    decoded predictions scored as they are; float scores decoded by ``decoder`` first, checked together
+    with the target in one host read."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"Expected `reduction` to be one of {REDUCTIONS}, but got {reduction!r}")
+    validate = m._validate(validate)
+    kind, preds = prediction_kind(preds)
+    if kind != "scores":
+        return values_compute(values_update(m, preds, target, validate=validate), reduction, dtype)
+    dec = get_decoder(decoder, m.hierarchy, metric=m, validate=validate)
+    post, t = checked_scores(m.hierarchy, preds, target, from_logits=from_logits, validate=validate)
+    values = values_update(m, dec.decode(post), t)  # predictions of a decoder, targets checked with the scores
+    return values_compute(values, reduction, post.dtype if dtype is None else dtype)
+
+
+def expect(m: BaseMetric, leaf_probs, preds, *, from_logits, normalize, validate, chunk_size) -> torch.Tensor:
+    """``m.expected`` of the leaf input (``functional.expected_<metric>`` and ``functional.expected``)."""
+    probs = leaf_input(m, leaf_probs, from_logits, normalize, validate, defer=False)
+    return m.expected(probs, preds, validate=validate, chunk_size=chunk_size)
+
+
+def decode_by(component, leaf_probs, *, from_logits, normalize, validate, chunk_size, within) -> torch.Tensor:
+    """``component.decode`` of the leaf input, a metric's or a decoder's (``functional.decode_<name>``,
+    ``functional.decode`` and ``functional.decode_with``)."""
+    probs = leaf_input(component, leaf_probs, from_logits, normalize, validate, defer=True)
+    return component.decode(probs, validate=validate, chunk_size=chunk_size, within=within)

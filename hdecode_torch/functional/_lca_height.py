@@ -1,0 +1,117 @@
+"""LCA height as functions: ``lca_height``, ``expected_lca_height``, ``decode_lca_height``.
+
+Each function builds the metric with its parameters and makes one call through the pieces every
+function shares (``_pieces.py``): the values (``score``), the expected values (``expect``) and the
+Bayes-optimal prediction (``decode_by``), as :class:`~hdecode_torch.HierarchicalMetric` and the
+generic :func:`~hdecode_torch.functional.value` do.
+"""
+
+import torch
+
+from ..core.posterior import Posterior
+from ..decoders.base import Decoder
+from ..hierarchy import Hierarchy
+from ..metrics.lca_height import LCAHeight
+from ._pieces import as_hierarchy, decode_by, expect, score
+
+__all__ = ["lca_height", "expected_lca_height", "decode_lca_height"]
+
+
+def lca_height(preds: torch.Tensor, target: torch.Tensor, hierarchy: Hierarchy, *,
+               decoder: str | tuple | Decoder = "optimal", from_logits: bool | str = False, reduction: str = "none",
+               dtype: torch.dtype | None = None, validate: bool | None = None) -> torch.Tensor:
+    """height(LCA(pred, target)) (Karthik et al. 2021): 0 for the right leaf, larger for mistakes
+    that split higher up.  Lower is better.
+
+    Per-sample values, or their mean or sum: ``get_metric("lca_height", hierarchy)(preds, target)``
+    (:class:`~hdecode_torch.metrics.lca_height.LCAHeight`).
+
+    Args:
+        preds: decoded predictions, scored as they are: (B,) int64 node ids; or (B, L) float scores
+            (probabilities, logits with ``from_logits``, or a Posterior), decoded by ``decoder`` first.
+        target: (B,) int64 leaf ids in 0..L-1.
+        hierarchy: the Hierarchy.
+        decoder, from_logits, reduction, dtype, validate: as for :func:`~hdecode_torch.functional.value`
+            (``decoder="optimal"``: this metric's Bayes-optimal decoder).
+
+    Returns:
+        (B,) values (``reduction="none"``) or their 0-d mean or sum, computed in float64 and cast to
+        ``dtype``: by default the scores' compute dtype (float64 kept, float32 otherwise), torch's default
+        dtype for decoded predictions.
+
+    Example:
+        >>> import torch
+        >>> from hdecode_torch import Hierarchy, functional as F
+        >>> h = Hierarchy.from_parents([4, 4, 5, 5, 5, -1])  # leaves 0-3 (0, 1 under node 4), root 5
+        >>> F.lca_height(torch.tensor([4, 2]), torch.tensor([0, 2]), h)
+        tensor([1., 0.])
+    """
+    component = LCAHeight(as_hierarchy(hierarchy))
+    return score(component, preds, target, decoder=decoder, from_logits=from_logits, reduction=reduction,
+                 dtype=dtype, validate=validate)
+
+
+def expected_lca_height(leaf_probs: torch.Tensor | Posterior, preds: torch.Tensor, hierarchy: Hierarchy, *,
+                        from_logits: bool | str = False, normalize: bool = False, validate: bool | None = None,
+                        chunk_size: int | None = None) -> torch.Tensor:
+    """Expected lca_height Σ_l p(l) lca_height(n, l) of each prediction n under its row's distribution p:
+    One root-path sum: Σ_{j<k} height(a_j) (p(a_j) − p(a_{j+1})) + height(n) p(n) over n's root path
+    a_0 = root, ..., a_k = n.
+
+    Equals ``get_metric("lca_height", hierarchy).expected(leaf_probs, preds)``
+    (:class:`~hdecode_torch.metrics.lca_height.LCAHeight`).
+
+    Args:
+        leaf_probs: (B, L) or (L,) float probabilities (or a Posterior).
+        preds: (B,) or () int64 node ids.
+        hierarchy: the Hierarchy.
+        from_logits, normalize, validate, chunk_size: as for :func:`~hdecode_torch.functional.expected`.
+
+    Returns:
+        (B,) (or ()) in the probabilities' compute dtype (float64 kept, float32 for every other floating
+        dtype), on their device.
+
+    Example:
+        >>> import torch
+        >>> from hdecode_torch import Hierarchy, functional as F
+        >>> h = Hierarchy.from_parents([4, 4, 5, 5, 5, -1])  # leaves 0-3 (0, 1 under node 4), root 5
+        >>> probs = torch.tensor([[0.3, 0.3, 0.2, 0.2], [0.7, 0.1, 0.1, 0.1]])
+        >>> F.expected_lca_height(probs, torch.tensor([4, 0]), h)
+        tensor([1.4000, 0.5000])
+    """
+    component = LCAHeight(as_hierarchy(hierarchy))
+    return expect(component, leaf_probs, preds, from_logits=from_logits, normalize=normalize,
+                  validate=validate, chunk_size=chunk_size)
+
+
+def decode_lca_height(leaf_probs: torch.Tensor | Posterior, hierarchy: Hierarchy, *, from_logits: bool | str = False,
+                      normalize: bool = False, validate: bool | None = None, chunk_size: int | None = None,
+                      within: torch.Tensor | int | None = None) -> torch.Tensor:
+    """The Bayes-optimal prediction for lca_height (of best expected value under each row's distribution).
+    The leaf of least expected LCA height (Karthik et al.'s CRM); ties: the deeper leaf, then the
+    smallest id.  O(B·N).
+
+    Equals ``get_metric("lca_height", hierarchy).decode(leaf_probs)``
+    (:class:`~hdecode_torch.metrics.lca_height.LCAHeight`).
+
+    Args:
+        leaf_probs: (B, L) or (L,) float probabilities (or a Posterior).
+        hierarchy: the Hierarchy.
+        from_logits, normalize, validate, chunk_size: as for :func:`~hdecode_torch.functional.expected`.
+        within: (B,) int64 node ids (or one for all rows) the answers must lie under, as for
+            :func:`~hdecode_torch.functional.decode`.
+
+    Returns:
+        (B,) int64 node ids (unbatched for a (L,) input), on the probabilities' device.
+
+    Example:
+        >>> import torch
+        >>> from hdecode_torch import Hierarchy, functional as F
+        >>> h = Hierarchy.from_parents([4, 4, 5, 5, 5, -1])  # leaves 0-3 (0, 1 under node 4), root 5
+        >>> probs = torch.tensor([[0.3, 0.3, 0.2, 0.2], [0.7, 0.1, 0.1, 0.1]])
+        >>> F.decode_lca_height(probs, h)
+        tensor([0, 0])
+    """
+    component = LCAHeight(as_hierarchy(hierarchy))
+    return decode_by(component, leaf_probs, from_logits=from_logits, normalize=normalize, validate=validate,
+                     chunk_size=chunk_size, within=within)
