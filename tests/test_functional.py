@@ -331,6 +331,28 @@ def test_a_metric_and_a_decoder_registered_later_are_reachable(registered, dtype
         hd.register_metric(cls)
 
 
+def test_the_generators_old_names_warn_once_and_work():
+    """``functional.metric_functions`` and ``functional.decoder_function`` (names of the module when it generated
+    every function) still give the generator, with one DeprecationWarning each naming what to use."""
+    import warnings
+
+    from hdecode_torch.functional import _generated
+
+    h, probs, y, ids, _ = _batch("inat19", torch.float32)
+    F._WARNED.clear()
+    for name, use in (("metric_functions", "functional.expected_<metric>"), ("decoder_function", "decode_<decoder>")):
+        with pytest.warns(DeprecationWarning, match=f"functional.{name}` is deprecated: register the class.*{use}"):
+            got = getattr(F, name)
+        assert got is getattr(_generated, name)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert getattr(F, name) is got  # once
+    zhao = F.metric_functions(hd.metrics.metric_class("zhao"))["zhao"]
+    assert _same(zhao(ids, y, h), F.zhao(ids, y, h))
+    darts = F.decoder_function(hd.decoders.DECODERS.get_class("darts"))
+    assert _same(darts(probs, h, lam=1.0), F.decode_darts(probs, h, lam=1.0))
+
+
 def test_functional_loads_lazily_with_the_package():
     assert hd.functional is importlib.import_module("hdecode_torch.functional") and "functional" in dir(hd)
     code = ("import sys, hdecode_torch; "

@@ -37,6 +37,8 @@ set metrics also (B, N) bool node sets) are scored as they are; (B, L) float sco
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from ..decoders.registry import DECODERS, get_decoder
@@ -44,6 +46,7 @@ from ..metrics.registry import METRICS
 from ._accuracy import accuracy, decode_accuracy, expected_accuracy
 from ._calibration import NodeReliability, node_calibration_error, node_reliability
 from ._calibration_check import NodeCalibrationCheck, node_calibration_check
+from . import _generated
 from ._generated import functions_of as _functions_of, metric_functions as _metric_functions
 from ._hamming import decode_hamming, expected_hamming, hamming
 from ._heuristics import (
@@ -179,7 +182,21 @@ def decode_with(decoder, leaf_probs, hierarchy, *, from_logits: bool | str = Fal
 
 
 # --------------------------------------------------------------------------- registered later
+# The generator's two entry points were names of this module when it generated every function; old imports
+# keep working, warned once.
+_MOVED = {"metric_functions": "`functional.<metric>`, `functional.expected_<metric>`, `functional.decode_<metric>`",
+          "decoder_function": "`functional.decode_<decoder>`"}
+_WARNED: set[str] = set()
+
+
 def __getattr__(name: str):
+    if name in _MOVED:
+        if name not in _WARNED:
+            _WARNED.add(name)
+            warnings.warn(f"`hdecode_torch.functional.{name}` is deprecated: register the class "
+                          f"(hd.register_metric / hd.register_decoder) and use {_MOVED[name]}", DeprecationWarning,
+                          stacklevel=2)
+        return getattr(_generated, name)
     # The functions of a metric or decoder registered after this module loaded (made anew at each
     # access, so that a replaced registration is followed).
     function = _functions_of(name) if not name.startswith("__") else None
