@@ -5,6 +5,8 @@ decoder with its parameters and makes the one call every decoding function makes
 ``_pieces.py``), as :func:`~hdecode_torch.functional.decode_with` does.
 """
 
+# Annotations are evaluated (no ``from __future__ import annotations``): the signatures hold the types
+# themselves, for help(), IDEs and tests/test_functional.py, which compares them with the classes' PARAMS.
 import torch
 
 from ..core.posterior import Posterior

@@ -6,6 +6,8 @@ Bayes-optimal prediction (``decode_by``), as :class:`~hdecode_torch.Hierarchical
 generic :func:`~hdecode_torch.functional.value` do.
 """
 
+# Annotations are evaluated (no ``from __future__ import annotations``): the signatures hold the types
+# themselves, for help(), IDEs and tests/test_functional.py, which compares them with the classes' PARAMS.
 import torch
 
 from ..core.posterior import Posterior
