@@ -241,7 +241,7 @@ class Check:
         return self._fine
 
 
-def _input_array(leaf_probs, num_leaves: int, name: str, device) -> tuple[torch.Tensor, bool]:
+def _input_array(leaf_probs, num_leaves: int, name: str) -> tuple[torch.Tensor, bool]:
     """(B, L) floating-point tensor and whether the input was 1-D; type and shape errors name ``name``."""
     x = as_tensor(leaf_probs, name)
     if not x.is_floating_point():
@@ -263,8 +263,6 @@ def _input_array(leaf_probs, num_leaves: int, name: str, device) -> tuple[torch.
             f"Expected `{name}` to have {num_leaves} columns (one per leaf of the hierarchy), but got shape "
             f"{tuple(x.shape)}"
         )
-    if device is not None and x.device != device:
-        x = x.to(device)
     return x, unbatched
 
 
@@ -280,7 +278,6 @@ def prepare_leaf_probs(
     normalize: bool = False,
     from_logits: bool | str = False,
     validate: bool = True,
-    device: torch.device | None = None,
     extra_checks=(),
     fused_check: bool = False,
     defer: bool = False,
@@ -312,7 +309,7 @@ def prepare_leaf_probs(
     rows in one fused pass (``hdecode::row_check``; what the GPU plan does).
     """
     kind = input_kind(from_logits)
-    x, unbatched = _input_array(leaf_probs, num_leaves, name, device)
+    x, unbatched = _input_array(leaf_probs, num_leaves, name)
     in_dtype = x.dtype
     if in_dtype not in (torch.float32, torch.float64):
         x = x.to(compute_dtype(in_dtype))
