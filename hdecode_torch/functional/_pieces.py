@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 
 from ..core.posterior import Posterior
-from ..core.validation import RangeCheck, as_node_ids, as_targets, as_tensor, check_node_sets, check_ranges
+from ..core.conversion import as_tensor
+from ..core.index_checks import RangeCheck, as_node_ids, as_targets, check_node_sets, check_ranges
 from ..metrics.base import value_dtype
 
 __all__ = ["prediction_kind", "checked_scores", "checked_predictions", "values_update", "values_compute",

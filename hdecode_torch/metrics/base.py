@@ -18,9 +18,8 @@ import torch
 from ..core.component import HierarchyComponent
 from ..core.posterior import Posterior
 from ..core.topk import CompletedTopK, TopK, no_top_k_decoder
-from ..core.validation import (
-    RangeCheck, as_node_ids, as_targets, as_tensor, check_node_sets, check_ranges,
-)
+from ..core.conversion import as_tensor
+from ..core.index_checks import RangeCheck, as_node_ids, as_targets, check_node_sets, check_ranges
 from ..kernels.ancestry import ancestor_closure, ancestor_mask, path_counts
 from ..kernels.selection import argbest
 
