@@ -7,8 +7,8 @@ reduction: one host read per call, none with ``validate=False``.  :func:`leaf_ro
 check row by row, for callers that read it later.  Messages name the argument, what was expected,
 what was found, and the fix.
 
-The helpers of those modules (and ``scalar_checks``) were once all defined here; their names are still
-importable from this module, for code written against it.
+The names of those modules (and of ``scalar_checks``) are importable from here too: code outside the
+package (tests, benchmarks, users) imports them from this module.  Patch a constant where it is defined.
 """
 
 from __future__ import annotations
