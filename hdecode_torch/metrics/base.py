@@ -233,7 +233,8 @@ class NodeMetric(BaseMetric):
         matrix is cached on the probabilities' copy of the hierarchy, built on the metric's); the built-in
         metrics compute it structurally (no N×L matrix)."""
         h = post.h
-        matrix = h.cached((type(self).__qualname__, "values", tuple(sorted(self.params.items())), post.dtype),
+        # Keyed by the class itself: two classes may share a name (a qualname omits the module).
+        matrix = h.cached((type(self), "values", tuple(sorted(self.params.items())), post.dtype),
                           lambda: self.dense_matrix().to(device=post.device, dtype=post.dtype))
         return matrix @ post.probs.t()
 
