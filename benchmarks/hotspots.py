@@ -212,12 +212,16 @@ def experiments(h, x: torch.Tensor):
         add("most_informative: first allowed row vs masked rank max", bench(lambda: _most_informative(h, allowed)),
             bench(alt), bool(torch.equal(_most_informative(h, allowed), alt())))
 
-        from hdecode_torch.kernels.selection import argbest
+        from hdecode_torch.kernels.selection import argbest, argbest_pairs
 
         v = torch.round(p * 8) / 8  # many exact ties
-        rows = torch.arange(h.num_nodes)[:, None].expand_as(v)
+        sample = torch.arange(v.shape[1]).repeat(h.num_nodes)
+        node = torch.arange(h.num_nodes).repeat_interleave(v.shape[1])
+
+        def as_pairs():
+            return argbest_pairs(h, v.reshape(-1), sample, node, v.shape[1], True)
         add("argbest: rows in tie order vs the same table as (row, column) pairs", bench(lambda: argbest(h, v, True)),
-            bench(lambda: argbest(h, v, True, ids=rows)), bool(torch.equal(argbest(h, v, True), argbest(h, v, True, ids=rows))))
+            bench(as_pairs), bool(torch.equal(argbest(h, v, True), as_pairs())))
     guarded("keys", e_keys)
 
     def e_top_down():

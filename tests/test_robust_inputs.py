@@ -17,7 +17,7 @@ import torch
 
 import hdecode_torch as hd
 from hdecode_torch import Hierarchy
-import hdecode_torch.core.validation as validation
+import hdecode_torch.core.row_checks as row_checks
 from hdecode_torch.core.validation import ROW_SUM_TOLERANCE, prepare_leaf_probs, row_sum_tolerance
 
 PARENTS = [5, 5, 6, 6, 6, 7, 7, -1]  # leaves 0..4, internal 5, 6, root 7
@@ -259,18 +259,18 @@ def test_a_large_table_is_checked_block_by_block_with_the_same_result(monkeypatc
     in whichever block it lies (the last one, a partial block, included)."""
     big = hd.load_hierarchy("inat19")
     x = torch.rand(1003, big.num_leaves, generator=torch.Generator().manual_seed(0)).softmax(1)
-    want = (validation.row_sums(x), x.amin())
-    monkeypatch.setattr(validation, "CHECK_BLOCK_BYTES", 7 * big.num_leaves * 4)  # blocks of 7 rows
-    monkeypatch.setattr(validation, "CHECK_BLOCKED_FROM_BYTES", 0)
+    want = (row_checks.row_sums(x), x.amin())
+    monkeypatch.setattr(row_checks, "CHECK_BLOCK_BYTES", 7 * big.num_leaves * 4)  # blocks of 7 rows
+    monkeypatch.setattr(row_checks, "CHECK_BLOCKED_FROM_BYTES", 0)
     with monkeypatch.context() as m:  # the whole-table path would call row_sums: the blocks are read
-        m.setattr(validation, "row_sums", lambda _: pytest.fail("read as a whole, not block by block"))
-        sums, low = validation.row_sums_and_min(x)
+        m.setattr(row_checks, "row_sums", lambda _: pytest.fail("read as a whole, not block by block"))
+        sums, low = row_checks.row_sums_and_min(x)
     assert torch.equal(sums, want[0]) and torch.equal(low, want[1])
     calls = []
     with monkeypatch.context() as m:  # a table no larger than the limit: read as a whole, two passes
-        m.setattr(validation, "CHECK_BLOCKED_FROM_BYTES", x.numel() * x.element_size())
-        m.setattr(validation, "row_sums", lambda t: calls.append(t.shape) or t.sum(1).double())
-        assert torch.equal(validation.row_sums_and_min(x)[0], want[0]) and calls == [x.shape]
+        m.setattr(row_checks, "CHECK_BLOCKED_FROM_BYTES", x.numel() * x.element_size())
+        m.setattr(row_checks, "row_sums", lambda t: calls.append(t.shape) or t.sum(1).double())
+        assert torch.equal(row_checks.row_sums_and_min(x)[0], want[0]) and calls == [x.shape]
     hd.node_probabilities(big, x)
     for row, value, match in [(1002, -1e-3, "negative entry"), (1001, float("nan"), "NaN"), (3, 0.5, "sum to 1")]:
         bad = x.clone()

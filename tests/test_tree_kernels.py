@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from hdecode_torch.kernels.selection import argbest
+from hdecode_torch.kernels.selection import argbest, argbest_pairs
 from hdecode_torch.kernels.descent import children_window, widest_by_depth
 from harness import DEVICES, bundled, random_trees
 
@@ -36,9 +36,15 @@ def test_argbest_ties_go_deep_then_small(device, higher, rows):
             ids = np.sort(np.stack([rng.choice(info.N, k, replace=False) for _ in range(9)], 1), axis=0)
         mask = rng.random((k, 9)) < 0.8
         for m in (None, mask):
-            got = argbest(h, torch.as_tensor(values, device=device), higher,
-                          mask=None if m is None else torch.as_tensor(m, device=device),
-                          ids=None if ids is None else torch.as_tensor(ids, device=device))
+            v = torch.as_tensor(values, device=device)
+            m_t = None if m is None else torch.as_tensor(m, device=device)
+            if ids is None:
+                got = argbest(h, v, higher, mask=m_t)
+            else:  # entries of other nodes than their rows: every entry as a (sample, node) pair
+                v = v if m_t is None else v.masked_fill(~m_t, float("-inf") if higher else float("inf"))
+                sample = torch.arange(9, device=device).repeat(k)
+                got = argbest_pairs(h, v.reshape(-1), sample, torch.as_tensor(ids, device=device).reshape(-1), 9,
+                                    higher)
             assert got.cpu().tolist() == _argbest_reference(info, values, higher, m, ids)
 
 
@@ -61,8 +67,6 @@ def test_children_window_is_the_csr_children(device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("higher", [True, False])
 def test_argbest_pairs_matches_argbest_on_masked_tables(device, higher):
-    from hdecode_torch.kernels.selection import argbest_pairs
-
     rng = np.random.default_rng(6)
     for h, info in random_trees(29, 20, num_nodes_max=16):
         h = h.to(device)

@@ -6,7 +6,7 @@ from .plan import Plan, get_backend, get_memory_budget, plan_for, resolve_plan, 
 from .posterior import Posterior
 from .probabilities import node_probabilities
 from .topk import TopK
-from .validation import ROW_SUM_TOLERANCE, row_sum_tolerance
+from .row_checks import ROW_SUM_TOLERANCE, row_sum_tolerance
 
 __all__ = ["Posterior", "TopK", "node_probabilities", "ROW_SUM_TOLERANCE", "row_sum_tolerance", "get_memory_budget",
            "set_memory_budget", "set_backend", "get_backend", "Plan", "plan_for", "resolve_plan"]

@@ -10,7 +10,7 @@ from ..hierarchy import Hierarchy
 from .chunking import chunk_ranges
 from .params import Param, bind_params, format_value
 from .posterior import Posterior
-from .validation import input_kind
+from .logits import input_kind
 from .subtree import decode_within
 from .topk import TopK, no_top_k_decoder
 

@@ -29,7 +29,8 @@ from ..kernels.tree_sums import (
     accumulation_dtype, blocked_gathered_prefix, leaf_to_node_sum, path_sum, subtree_sum, subtree_sum_,
 )
 from .plan import Plan, resolve_plan
-from .validation import as_tensor, prepare_leaf_probs
+from .conversion import as_tensor
+from .validation import prepare_leaf_probs
 
 __all__ = ["Posterior"]
 

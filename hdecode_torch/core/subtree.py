@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from ..hierarchy import Hierarchy
-from .validation import as_node_ids
+from .index_checks import as_node_ids
 
 __all__ = ["Subtree", "subtree", "as_within", "split_within", "decode_within", "SUBTREE_CACHE_ENTRIES",
            "SUBTREE_CACHE_NODES"]

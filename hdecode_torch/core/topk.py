@@ -20,7 +20,8 @@ import torch
 from ..kernels.support import listed_sums, node_mass, subtree_weights, unlisted_support, walk_up
 from .chunking import chunk_ranges
 from .plan import resolve_plan
-from .validation import as_tensor, row_sum_tolerance
+from .conversion import as_tensor
+from .row_checks import row_sum_tolerance
 
 __all__ = ["TopK", "CompletedTopK", "TOPK_METRICS", "no_top_k_decoder"]
 

@@ -7,7 +7,8 @@ import numbers
 import torch
 
 from ..hierarchy import Hierarchy
-from ..core.validation import RangeCheck, as_targets, as_tensor
+from ..core.conversion import as_tensor
+from ..core.index_checks import RangeCheck, as_targets
 from ..core.posterior import Posterior
 from .heuristics import darts_predict, hierarchically_correct
 

@@ -43,7 +43,7 @@ import math
 import torch
 
 from ..core.params import Param
-from ..core.validation import check_nonnegative, check_unit_interval
+from ..core.scalar_checks import check_nonnegative, check_unit_interval
 from ..kernels.ancestry import is_ancestor
 from ..kernels.descent import children_probs
 from ..kernels.selection import argbest, most_informative_where

@@ -104,7 +104,8 @@ import torch
 from ..core.params import Param
 from ..core.posterior import Posterior
 from ..core.subtree import as_within, split_within
-from ..core.validation import RangeCheck, as_targets, check_nonnegative
+from ..core.index_checks import RangeCheck, as_targets
+from ..core.scalar_checks import check_nonnegative
 from ..kernels.top_down_path import best_child, child_slots, descend, leaf_prefix, miss_chains, miss_critical_values
 from .base import Decoder
 

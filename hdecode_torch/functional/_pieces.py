@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from ..core.posterior import Posterior
-from ..core.validation import RangeCheck, as_node_ids, as_targets, as_tensor, check_node_sets, check_ranges
+from ..core.conversion import as_tensor
+from ..core.index_checks import RangeCheck, as_node_ids, as_targets, check_node_sets, check_ranges
 from ..decoders.registry import get_decoder
 from ..hierarchy import Hierarchy
 from ..metrics.base import BaseMetric, value_dtype

@@ -20,7 +20,7 @@ from torch import nn
 
 from ..core.posterior import Posterior
 from ..core.spec import parse_spec
-from ..core.validation import input_kind
+from ..core.logits import input_kind
 from ..decoders import Decoder, get_decoder
 from ..decoders.registry import DECODERS
 from ..hierarchy import Hierarchy

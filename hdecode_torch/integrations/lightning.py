@@ -12,8 +12,10 @@ import torch
 
 from ..core.plan import get_memory_budget
 from ..core.posterior import Posterior
-from ..core.validation import (RangeCheck, as_targets, check_ranges, compute_dtype, input_kind, leaf_row_flags,
-                               prepare_leaf_probs)
+from ..core.conversion import compute_dtype
+from ..core.index_checks import RangeCheck, as_targets, check_ranges
+from ..core.logits import input_kind
+from ..core.validation import leaf_row_flags, prepare_leaf_probs
 from ..hierarchy import Hierarchy
 from ..metrics import get_metric, has_optimal_decoder
 from .module import decoder_label, pair_name

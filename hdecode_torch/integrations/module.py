@@ -18,7 +18,8 @@ from torch import nn
 from ..core.plan import MAX_LEVELS, plan_for, resolve_plan
 from ..core.posterior import Posterior
 from ..core.topk import TOPK_METRICS, TopK, no_top_k_decoder
-from ..core.validation import compute_dtype, input_kind
+from ..core.conversion import compute_dtype
+from ..core.logits import input_kind
 from ..decoders import Decoder, get_decoder
 from ..decoders.risk_control import RiskControl
 from ..hierarchy import Hierarchy

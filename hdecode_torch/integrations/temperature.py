@@ -21,7 +21,7 @@ import warnings
 import torch
 from torch import nn
 
-from ..core.validation import row_sum_tolerance
+from ..core.row_checks import row_sum_tolerance
 
 __all__ = ["TemperatureScaler"]
 

@@ -10,7 +10,7 @@ from torchmetrics import Metric
 
 from ..core.posterior import Posterior
 from ..core.topk import TopK
-from ..core.validation import input_kind
+from ..core.logits import input_kind
 from ..decoders import Decoder, OptimalDecoder
 from ..decoders.registry import DECODERS
 from ..functional._calibration import _check_bins, _node_calibration_compute, _node_calibration_update

@@ -36,26 +36,21 @@ def preference_order(h, k: int) -> torch.Tensor:
 
 
 def argbest(h, values: torch.Tensor, higher_is_better: bool, mask: torch.Tensor | None = None,
-            prefer_deep: bool = True, ids: torch.Tensor | None = None) -> torch.Tensor:
+            prefer_deep: bool = True) -> torch.Tensor:
     """Best entry per column of a node-major score table, with deterministic ties.
 
-    values: (K, B) float scores; ``ids``: (K, B) int64 node id of each entry (default: row ``k``
-    is node ``k``, e.g. K = N for all nodes or K = L for the leaves); mask: optional (K, B) bool of
-    allowed entries.  Among exactly tied best scores the deepest node wins (unless
-    ``prefer_deep=False``: then the first row), then the smallest id.  Returns (B,) int64 node ids.
+    values: (K, B) float scores, row ``k`` node ``k`` (K = N for all nodes, K = L for the leaves;
+    entries of other nodes go to :func:`argbest_pairs`); mask: optional (K, B) bool of allowed
+    entries.  Among exactly tied best scores the deepest node wins (unless ``prefer_deep=False``:
+    then the first row), then the smallest id.  Returns (B,) int64 node ids.
     """
     fill = float("-inf") if higher_is_better else float("inf")
     v = values if mask is None else values.masked_fill(~mask, fill)
-    k, bsz = v.shape
-    if prefer_deep and k and ids is not None:
-        sample = torch.arange(bsz, device=v.device).repeat(k)
-        return argbest_pairs(h, v.reshape(-1), sample, ids.reshape(-1), bsz, higher_is_better)
-    if prefer_deep and k:
-        order = preference_order(h, k)
+    if prefer_deep and v.shape[0]:
+        order = preference_order(h, v.shape[0])
         v = v.index_select(0, order)
         return order.index_select(0, v.argmax(dim=0) if higher_is_better else v.argmin(dim=0))
-    first = v.argmax(dim=0) if higher_is_better else v.argmin(dim=0)
-    return first if ids is None else ids.gather(0, first[None])[0]
+    return v.argmax(dim=0) if higher_is_better else v.argmin(dim=0)
 
 
 def argbest_pairs(h, values: torch.Tensor, sample: torch.Tensor, node: torch.Tensor, batch_size: int,

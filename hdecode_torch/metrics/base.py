@@ -18,9 +18,8 @@ import torch
 from ..core.component import HierarchyComponent
 from ..core.posterior import Posterior
 from ..core.topk import CompletedTopK, TopK, no_top_k_decoder
-from ..core.validation import (
-    RangeCheck, as_node_ids, as_targets, as_tensor, check_node_sets, check_ranges,
-)
+from ..core.conversion import as_tensor
+from ..core.index_checks import RangeCheck, as_node_ids, as_targets, check_node_sets, check_ranges
 from ..kernels.ancestry import ancestor_closure, ancestor_mask, path_counts
 from ..kernels.selection import argbest
 
@@ -234,7 +233,8 @@ class NodeMetric(BaseMetric):
         matrix is cached on the probabilities' copy of the hierarchy, built on the metric's); the built-in
         metrics compute it structurally (no N×L matrix)."""
         h = post.h
-        matrix = h.cached((type(self).__qualname__, "values", tuple(sorted(self.params.items())), post.dtype),
+        # Keyed by the class itself: two classes may share a name (a qualname omits the module).
+        matrix = h.cached((type(self), "values", tuple(sorted(self.params.items())), post.dtype),
                           lambda: self.dense_matrix().to(device=post.device, dtype=post.dtype))
         return matrix @ post.probs.t()
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from ..core.params import REQUIRED, Param
-from ..core.validation import as_tensor
+from ..core.conversion import as_tensor
 from ..kernels.candidates import PruningStatistics, candidate_mask, pruning_statistics, sampled_products
 from ..kernels.selection import argbest, argbest_pairs
 from .base import NodeMetric

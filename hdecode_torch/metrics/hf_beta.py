@@ -52,7 +52,7 @@ from typing import NamedTuple
 import torch
 
 from ..core.params import Param
-from ..core.validation import check_positive
+from ..core.scalar_checks import check_positive
 from ..kernels.candidates import candidate_pairs, depth_rank, pack_candidates, pack_rows
 from ..kernels.depth_ranges import depth_masses, depth_masses_packed, depth_ranges
 from ..kernels.fused import hf_beta_best_k, trust_indices

@@ -18,7 +18,8 @@ from __future__ import annotations
 import torch
 
 from ..core.params import Param
-from ..core.validation import check_nonnegative, warn_user
+from ..core.conversion import warn_user
+from ..core.scalar_checks import check_nonnegative
 from ..kernels.ancestry import lca_depth
 from ..kernels.selection import deepest_above, deepest_above_from_leaves
 from ..kernels.support import support_deepest_above

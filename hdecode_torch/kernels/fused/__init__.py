@@ -51,7 +51,7 @@ Layout: one folder per op, ``<op>/__init__.py`` (schema, public wrapper, argumen
 implementation, fake kernel, autograd if any, and the ``register`` call) and ``<op>/triton.py``
 (the Triton kernel and its ``launch``, same arguments as the op; imported on the first CUDA call).
 Shared: ``_registry.py`` (``register``: define, the torch implementation for every backend, the
-CUDA dispatch, the fake kernel; ``SCHEMAS``; the Triton switches), ``_checks.py`` (argument and
+CUDA dispatch, the fake kernel; ``SCHEMAS``; the Triton switch), ``_checks.py`` (argument and
 index checks, :func:`trust_indices`, index tables derived once per tree) and ``_triton.py`` (the
 tiled float64 prefix scans and range sums the kernels share).  A new op is a new folder imported
 below; it is tested like the others: its torch implementation against a NumPy reference (wide
@@ -85,7 +85,7 @@ place: ``from hdecode_torch.kernels.fused import gathered_prefix`` is the functi
 from __future__ import annotations
 
 from ._checks import trust_indices
-from ._registry import SCHEMAS, set_triton_enabled, triton_available, triton_enabled
+from ._registry import SCHEMAS, set_triton_enabled, triton_available
 from .gathered_prefix import gathered_prefix
 from .best_ranked_above import best_ranked_above
 from .row_check import row_check
@@ -96,4 +96,4 @@ from .wu_palmer_best import wu_palmer_best
 
 __all__ = ["gathered_prefix", "best_ranked_above", "row_check", "hf_beta_best_k", "path_score_best", "jaccard_sets",
            "wu_palmer_best",
-           "trust_indices", "triton_available", "triton_enabled", "set_triton_enabled", "SCHEMAS"]
+           "trust_indices", "triton_available", "set_triton_enabled", "SCHEMAS"]

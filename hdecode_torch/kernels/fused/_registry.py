@@ -19,7 +19,7 @@ dispatched as registered, so traces and counts still see one ``hdecode::`` op.
 
 Dispatch: an op's torch implementation is registered for every backend (CompositeExplicitAutograd).
 CUDA has its own kernel: it imports the op's Triton module on first use and, when Triton imports
-and is enabled (:func:`set_triton_enabled`), checks the arguments and index values and calls the
+and is allowed (:func:`set_triton_enabled`), checks the arguments and index values and calls the
 module's ``launch``; otherwise it runs the torch implementation on the GPU.  Every launcher takes
 any size, so which kernel runs never depends on the shapes.
 """
@@ -34,7 +34,7 @@ from typing import Callable
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-__all__ = ["SCHEMAS", "OPS", "Op", "register", "call", "triton_available", "triton_enabled", "set_triton_enabled"]
+__all__ = ["SCHEMAS", "OPS", "Op", "register", "call", "triton_available", "set_triton_enabled"]
 
 #: name -> schema of every registered op (as passed to ``torch.library``, without the namespace).
 SCHEMAS: dict[str, str] = {}
@@ -80,11 +80,6 @@ def triton_available() -> bool:
     return _import(__name__.rpartition(".")[0] + "._triton") is not None
 
 
-def triton_enabled() -> bool:
-    """Whether CUDA calls may use the Triton kernels (see :func:`set_triton_enabled`)."""
-    return _state["enabled"]
-
-
 def set_triton_enabled(enabled: bool) -> None:
     """Allow (default) or forbid the Triton kernels on CUDA; forbidden, CUDA runs the torch implementations."""
     if not isinstance(enabled, bool):
@@ -108,15 +103,6 @@ def call(name: str, x: torch.Tensor, *args):
 def _functorch_wrapped(x: torch.Tensor) -> bool:
     """Whether ``x`` is a vmap/grad transform's wrapper (its ops must go through the dispatcher)."""
     return torch._C._functorch.is_functorch_wrapped_tensor(x)
-
-
-def _register_fake(name: str, fn) -> None:
-    qualname = f"hdecode::{name}"
-    register_fake = getattr(torch.library, "register_fake", None) or getattr(torch.library, "impl_abstract", None)
-    if register_fake is not None:
-        register_fake(qualname, fn, lib=_LIB)
-    else:  # torch < 2.2: a Meta kernel is what fake tensors fall back to
-        _LIB.impl(name, fn, "Meta")
 
 
 def register(name: str, schema: str, torch_impl: Callable, fake: Callable, check: Callable, triton_module: str | None,
@@ -145,7 +131,7 @@ def register(name: str, schema: str, torch_impl: Callable, fake: Callable, check
     _LIB.define(schema)
     _LIB.impl(name, torch_impl, "CompositeExplicitAutograd")
     _LIB.impl(name, cuda, "CUDA")
-    _register_fake(name, fake)
+    torch.library.register_fake(f"hdecode::{name}", fake, lib=_LIB)
     if autograd is not None:
         backward, setup_context = autograd
         torch.library.register_autograd(f"hdecode::{name}", backward, setup_context=setup_context, lib=_LIB)

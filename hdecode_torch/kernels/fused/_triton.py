@@ -7,10 +7,10 @@ A row's prefix is held one of two ways, chosen per call by :func:`row_layout`:
 
 - in registers, the whole row in one tile (``tl.cumsum``), read back with ``tl.gather``: rows of
   at most :data:`MAX_REGISTER_ROW` entries whose float64 prefix fits the shared memory a block may
-  use (``tl.gather`` stages it there), on a Triton that has ``tl.gather`` (3.3 on);
+  use (``tl.gather`` stages it there; the Triton of every supported torch has it);
 - in a float64 scratch row in global memory, written tile by tile (:data:`SCAN_BLOCK` entries,
   each tile's scan started from the running sum of the tiles before it) and read back with loads
-  after a block barrier: any length, on any Triton.
+  after a block barrier: any length.
 
 Numerics: products ``weight[j]·x[src[j]]`` are rounded before they are summed (FMA contraction is
 disabled), a tile is scanned by ``tl.cumsum`` after the running sum was added to its first entry,
@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["MAX_REGISTER_ROW", "SCAN_BLOCK", "HAS_GATHER", "interpreted", "launch_context", "row_layout", "row_buffers",
+__all__ = ["MAX_REGISTER_ROW", "SCAN_BLOCK", "interpreted", "launch_context", "row_layout", "row_buffers",
            "shared_memory", "padded", "num_warps", "prefix_tile", "prefix_to_memory", "prefix_at", "range_sums"]
 
 #: Longest row whose prefix a program holds in registers (16384 float64 over 512 threads = 32 a
@@ -40,8 +40,6 @@ __all__ = ["MAX_REGISTER_ROW", "SCAN_BLOCK", "HAS_GATHER", "interpreted", "launc
 MAX_REGISTER_ROW = 16384
 #: Entries scanned per tile of a scratch-row scan.
 SCAN_BLOCK = 4096
-#: Whether this Triton has ``tl.gather`` (3.3 on), which the register layout reads with.
-HAS_GATHER = hasattr(tl, "gather")
 
 
 @triton.jit
@@ -133,9 +131,8 @@ def num_warps(width: int) -> int:
 
 def row_layout(width: int, device: torch.device) -> bool:
     """Whether rows whose widest table has ``width`` entries are held in registers (True) or in a
-    scratch row (False): at most :data:`MAX_REGISTER_ROW` entries, a Triton with ``tl.gather``,
-    and on CUDA the padded float64 table within the block's shared memory."""
-    if not HAS_GATHER or width > MAX_REGISTER_ROW:
+    scratch row (False): at most :data:`MAX_REGISTER_ROW` entries and on CUDA the padded float64 table within the block's shared memory."""
+    if width > MAX_REGISTER_ROW:
         return False
     return device.type != "cuda" or 8 * padded(width) + 4096 <= shared_memory(device)
 
