@@ -5,8 +5,10 @@ predictions agree (``benchmarks/run.py``), and the tests use it as the exact ans
 heuristic and closed form (``tests/reference.py``), after checking it against the definitions and
 exhaustive enumeration (``tests/test_reference_selfcheck.py``).
 
-Nothing here imports ``torch`` or ``hdecode_torch``: the baselines work from a plain
-``parents`` array so that they are an independent yardstick for the library.
+Nothing here imports ``torch`` or the library's computations: the baselines work from a plain
+``parents`` array so that they are an independent yardstick for the library.  What they take from
+it are the metrics' declared facts (direction, kind, which baseline decodes each), read from the
+torch-free catalogue of the command line (``hdecode_torch/cli/catalogue.py``, written from the classes).
 
 How each baseline runs (``Baselines.decoder(key)`` returns ``fn(leaf_probs_1d) -> prediction``):
 
@@ -61,12 +63,15 @@ from typing import Callable
 
 import numpy as np
 
+from hdecode_torch.cli.catalogue import CATALOGUE  # plain data, no torch
+
 __all__ = ["TreeTables", "Baselines", "node_values", "dense_cost", "expected_score", "hf_beta_safe_bound",
            "hf_beta_value_bound", "HIGHER_IS_BETTER", "SET_METRICS", "NODE_METRICS"]
 
-HIGHER_IS_BETTER = {"accuracy": True, "lca_height": False, "tree_distance": False, "tree_distance_c": False,
-                    "wu_palmer": True, "zhao": True, "hf_beta": True, "hamming": False, "jaccard": True}
-SET_METRICS = ("hf_beta", "hamming", "jaccard")
+_LISTED = {name: facts for name, facts in CATALOGUE["metrics"].items() if facts["listed"]}
+#: Each listed metric's direction, as its class declares it.
+HIGHER_IS_BETTER = {name: facts["higher_is_better"] for name, facts in _LISTED.items()}
+SET_METRICS = tuple(name for name, facts in _LISTED.items() if facts["kind"] == "set")
 _JACCARD_SLACK = 1e-12  # relative; float64 rounding of the values and thresholds is far below it
 
 
@@ -215,7 +220,7 @@ def _children_of(frontier, ptr, order, counts):
 
 
 # ------------------------------------------------------------------ metric values
-NODE_METRICS = ("accuracy", "lca_height", "tree_distance", "tree_distance_c", "wu_palmer", "zhao")
+NODE_METRICS = tuple(name for name, facts in _LISTED.items() if facts["kind"] != "set")
 
 
 def node_values(t: TreeTables, metric: str, nodes, **params) -> np.ndarray:
@@ -601,8 +606,14 @@ class Baselines:
 
     # ------------------------------------------------------------ lookup
     def decoder(self, name: str, **params) -> Callable[[np.ndarray], object]:
-        """The per-sample function for decoder ``name`` (metric names for optimal decoders)."""
-        fn = getattr(self, name)
+        """The per-sample function for decoder ``name`` (metric names for optimal decoders): the method
+        its class declares as its ``baseline`` (``"benchmarks.baselines:Baselines.<method>"``)."""
+        facts = CATALOGUE["metrics"].get(name) or CATALOGUE["decoders"].get(name) or {}
+        hook = facts.get("baseline") or ""
+        prefix = "benchmarks.baselines:Baselines."
+        if not hook.startswith(prefix):
+            raise ValueError(f"{name!r} declares no baseline here (its `baseline`: {hook or None!r})")
+        fn = getattr(self, hook[len(prefix):])
         if params:
             return lambda pl: fn(pl, **params)
         return fn

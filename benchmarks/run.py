@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import math
 import os
 import platform
 import socket
@@ -33,7 +32,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import hdecode_torch as hd  # noqa: E402
-from benchmarks.baselines import HIGHER_IS_BETTER, Baselines, expected_score  # noqa: E402
+from benchmarks.baselines import NODE_METRICS, SET_METRICS, Baselines, expected_score  # noqa: E402
+from hdecode_torch.core.registry import resolve_hook  # noqa: E402
 from benchmarks.measure import cpu_model, measure_bandwidth, memory_profile, table_bandwidth, time_call  # noqa: E402
 from benchmarks.workloads import SYNTHETIC, TREE_ALIASES, load_tree, model_like_probs  # noqa: E402
 
@@ -46,8 +46,24 @@ SCORE_RTOL = 1e-6  # optimal decoders: library and baseline expected scores agre
 HEURISTIC_AGREEMENT = 0.99  # heuristics: fraction of identical predictions (float32 vs float64 near-ties)
 NODE_PROB_ATOL = 1e-5
 
-OPTIMAL_PARAMS = {"tree_distance_c": [{"c": 0.5}], "hf_beta": [{"beta": 0.5}, {"beta": 1.0}, {"beta": 2.0}]}
-HEURISTIC_PARAMS = {"confidence_threshold": {"tau": 0.75}, "darts": {"lam": 0.5}}
+
+
+def timed_settings(cls) -> list[dict]:
+    """The settings a metric or decoder is timed at: those the command line runs, from its declared
+    options (a swept parameter at each value of its sweep, others at the option's default; a default that
+    depends on the tree stays a function of it, :meth:`Spec.resolved`)."""
+    settings = [{}]
+    for p in cls.PARAMS:
+        if p.flag is not None:
+            values = p.flag.sweep or [p.flag.default if callable(p.flag.default) else p.flag.default_for(p, None)]
+            settings = [{**s, p.name: v} for s in settings for v in values]
+    return settings
+
+
+def _key(name: str, params: dict) -> str:
+    if not params:
+        return name
+    return name + "[" + ",".join(f"{k}={v.__name__ if callable(v) else format(v, 'g')}" for k, v in params.items()) + "]"
 
 
 @dataclass
@@ -55,8 +71,9 @@ class Spec:
     key: str
     kind: str  # "kernel" | "optimal" | "heuristic"
     name: str  # metric name (optimal), decoder name (heuristic), or "node_probabilities"
-    params: dict = field(default_factory=dict)
+    params: dict = field(default_factory=dict)  # a value that depends on the tree: a function of it
     out: str = "node"  # "node" ids, "set" bool masks, "table" (N,) floats
+    cls: type | None = None  # the metric or decoder class, whose declarations give its baseline and direction
 
     def library(self, h):
         """The library call for this spec on hierarchy ``h``: fn(probs tensor) -> output tensor."""
@@ -70,9 +87,7 @@ class Spec:
         return d.decode
 
     def resolved(self, h) -> dict:
-        if self.name == "information_threshold":
-            return {"threshold": 0.5 * math.log(h.num_leaves)}
-        return dict(self.params)
+        return {k: v(h) if callable(v) else v for k, v in self.params.items()}
 
 
 def discover_specs(only: list[str] | None = None) -> list[Spec]:
@@ -81,22 +96,20 @@ def discover_specs(only: list[str] | None = None) -> list[Spec]:
     x = torch.full((1, tiny.num_leaves), 1.0 / tiny.num_leaves)
     specs = [Spec("node_probabilities", "kernel", "node_probabilities", out="table")]
     for name in hd.list_metrics():
-        for params in OPTIMAL_PARAMS.get(name, [{}]):
-            m = hd.get_metric(name, tiny, **params)
-            try:
-                m.decode(x)
-            except NotImplementedError:
-                continue  # a metric without an exact decoder
-            key = "opt:" + name + ("[" + ",".join(f"{k}={v:g}" for k, v in params.items()) + "]" if params else "")
-            specs.append(Spec(key, "optimal", name, params, "set" if m.kind == "set" else "node"))
+        cls = hd.metrics.metric_class(name)
+        if not cls.has_decoder:
+            continue  # a metric without an exact decoder
+        for params in timed_settings(cls):
+            m = hd.get_metric(name, tiny, **{k: v(tiny) if callable(v) else v for k, v in params.items()})
+            m.decode(x)
+            specs.append(Spec("opt:" + _key(name, params), "optimal", name, params, "set" if m.kind == "set" else "node",
+                              cls))
     for name in hd.list_decoders():
         if name == "optimal":
             continue
-        params = HEURISTIC_PARAMS.get(name, {})
-        key = name + ("[" + ",".join(f"{k}={v:g}" for k, v in params.items()) + "]" if params else "")
-        if name == "information_threshold":
-            key = "information_threshold[0.5*logL]"
-        specs.append(Spec(key, "heuristic", name, params))
+        cls = hd.decoders.decoder_class(name)
+        for params in timed_settings(cls):
+            specs.append(Spec(_key(name, params), "heuristic", name, params, cls=cls))
     if only:
         specs = [s for s in specs if any(o in s.key for o in only)]
     return specs
@@ -160,8 +173,14 @@ class TreeBench:
         params = spec.resolved(self.h) if spec.kind != "kernel" else {}
         if spec.kind == "kernel":
             fn, fn_py = self.bl.node_probs, self.bl_py.node_probs
-        else:
-            fn, fn_py = self.bl.decoder(spec.name, **params), self.bl_py.decoder(spec.name, **params)
+        elif spec.cls.baseline is None:
+            res["skipped"] = f"{spec.name} declares no per-sample baseline"
+            self.base[spec.key] = res
+            return res
+        else:  # the per-sample decoder its class declares, f(baselines, leaf_probs, **params)
+            hook = resolve_hook(spec.cls.baseline)
+            fn = lambda pl, _f=hook, _b=self.bl: _f(_b, pl, **params)  # noqa: E731
+            fn_py = lambda pl, _f=hook, _b=self.bl_py: _f(_b, pl, **params)  # noqa: E731
         t0 = time.perf_counter()
         fn(self.p64[0])  # builds the tree-only tables (cost matrices, thresholds): not timed, as in the paper
         res["tables_s"] = time.perf_counter() - t0
@@ -197,6 +216,15 @@ class TreeBench:
             ok = agree >= HEURISTIC_AGREEMENT * k
             return {"status": "pass" if ok else "FAIL", "detail": f"{agree}/{k} identical predictions", "samples": k}
         params = spec.resolved(self.h)
+        if spec.name in NODE_METRICS or spec.name in SET_METRICS:  # the baselines' own NumPy scoring
+            def score(pred, p):
+                return expected_score(t, spec.name, pred, p, **params)
+        else:  # a metric the baselines do not know: the library's float64 expected value, for both sides
+            metric = hd.get_metric(spec.name, self.h, **params)
+
+            def score(pred, p):
+                pred = torch.as_tensor(np.asarray(pred))[None]
+                return float(metric.expected(torch.from_numpy(p)[None], pred)[0])
         worst, bad = 0.0, []
         for i in range(k):
             pred = out[i]
@@ -205,12 +233,12 @@ class TreeBench:
                 if not closed:
                     bad.append((i, "set not ancestor-closed"))
                     continue
-            a = expected_score(t, spec.name, pred, self.p64[i], **params)
-            b = expected_score(t, spec.name, preds[i], self.p64[i], **params)
+            a = score(pred, self.p64[i])
+            b = score(preds[i], self.p64[i])
             rel = abs(a - b) / max(abs(a), abs(b), 1e-12)
             worst = max(worst, rel)
             if rel > SCORE_RTOL:
-                better = (a > b) == HIGHER_IS_BETTER[spec.name]
+                better = (a > b) == spec.cls.higher_is_better
                 bad.append((i, f"library {a:.9g} vs baseline {b:.9g} ({'library better: baseline bug' if better else 'library worse'})"))
         status = "pass" if not bad else "FAIL"
         detail = f"max rel. diff of expected score {worst:.1e} (≤ {SCORE_RTOL:g})"

@@ -1,10 +1,11 @@
 """The test harness: which devices, dtypes, metrics and decoders every test runs over.
 
 Metric and decoder names come from the library's registries (``hd.list_metrics()``,
-``hd.list_decoders()``), so registering a new metric or decoder puts it under every registry-driven
-test; the only things declared here are the parameter grids and the few facts about a heuristic that
-its class does not declare (``HEURISTIC_FACTS``).  Each registered name must have a reference
-implementation in ``reference.py`` and its facts here (checked by ``test_registry_is_covered``).
+``hd.list_decoders()``), and everything else from the classes' declarations: the parameter grids
+(each ``Param``'s ``grid``), what a heuristic returns (``kind``), whether its keys are exact on dyadic
+inputs (``exact_on_dyadic``) and where its NumPy oracle and baseline live (``oracle``, ``baseline``).
+Registering a new metric or decoder puts it under every registry-driven test; nothing is declared
+here.  Each registered name must have its references (checked by ``test_registry_is_covered``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import torch
 
 import hdecode_torch as hd
 import reference as ref
+from hdecode_torch.core.params import grid_cases
+from hdecode_torch.core.registry import resolve_hook
 from benchmarks import baselines
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -26,31 +29,38 @@ ALL_FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 devices = pytest.mark.parametrize("device", DEVICES)
 dtypes = pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 
-#: Parameter grids (the first entry of each is the one used where a single case is enough).
-METRIC_PARAMS = {"tree_distance_c": [{"c": 0.5}, {"c": 0.0}, {"c": 2.0}],
-                 "hf_beta": [{"beta": 1.0}, {"beta": 0.5}, {"beta": 2.0}]}
-DECODER_PARAMS = {"confidence_threshold": [{"tau": 0.3}, {"tau": 0.0}, {"tau": 0.75}],
-                  "darts": [{"lam": 0.5}, {"lam": 0.0}, {"lam": 3.0}],
-                  "information_threshold": [{"threshold": 0.0}, {"threshold": 0.5}, {"threshold": 1.2}]}
+def metric_grid(name: str) -> list[dict]:
+    """The parameter settings the tests run the metric ``name`` at (its ``PARAMS``' grids; the first is
+    the one used where a single case is enough)."""
+    return grid_cases(hd.metrics.metric_class(name).PARAMS)
 
 
-#: What each heuristic returns ("leaf": a leaf id, "node": any node id), and whether its keys are exact
-#: on dyadic inputs (sums and products of k/16, no logarithms), where the library must return exactly the
-#: reference's node, ties included.  The decoder classes do not declare these facts.
-HEURISTIC_FACTS = {
-    "argmax_leaf": ("leaf", True), "top_down": ("leaf", True), "hie": ("leaf", True), "crm": ("leaf", True),
-    "confidence_threshold": ("node", True), "majority": ("node", True), "plurality": ("node", True),
-    "information_threshold": ("node", True), "darts": ("node", False), "expected_information": ("node", False),
-}
+def decoder_grid(name: str) -> list[dict]:
+    """The parameter settings the tests run the decoder ``name`` at."""
+    return grid_cases(hd.decoders.decoder_class(name).PARAMS)
 
 
 def returns_leaves(name: str) -> bool:
-    """Whether the heuristic ``name`` always returns a leaf (else any node)."""
-    return HEURISTIC_FACTS[name][0] == "leaf"
+    """Whether the heuristic ``name`` always returns a leaf (its declared ``kind``; else any node)."""
+    return hd.decoders.decoder_class(name).kind == "leaf"
 
 
 def exact_on_dyadic(name: str) -> bool:
-    return HEURISTIC_FACTS[name][1]
+    """Whether the heuristic's keys are exact on dyadic inputs (sums and products of k/16, no
+    logarithms), where the library must return exactly the reference's node, ties included."""
+    return bool(hd.decoders.decoder_class(name).exact_on_dyadic)
+
+
+def oracle(name: str):
+    """The metric's NumPy value function ``f(info, pred, y, **params)`` its class names (``oracle``)."""
+    return resolve_hook(hd.metrics.metric_class(name).oracle)
+
+
+def baseline(name: str, kind: str = "decoder"):
+    """The per-sample NumPy decoder ``f(baselines, leaf_probs, **params)`` the class of the metric or
+    decoder ``name`` names (``baseline``)."""
+    cls = hd.metrics.metric_class(name) if kind == "metric" else hd.decoders.decoder_class(name)
+    return resolve_hook(cls.baseline)
 
 
 #: tree_distance_c with c >= 1 puts the decision threshold (1 + c)/2 at or above 1, so the root is always
@@ -86,7 +96,7 @@ def param(name: str, params: dict):
 
 
 def _cases(names, grid, full):
-    return [param(name, p) for name in names for p in (grid.get(name, [{}]) if full else grid.get(name, [{}])[:1])]
+    return [param(name, p) for name in names for p in (grid(name) if full else grid(name)[:1])]
 
 
 def metric_names(decodable: bool = False) -> list[str]:
@@ -100,12 +110,12 @@ def heuristic_names() -> list[str]:
 
 def metric_cases(decodable: bool = False, full: bool = True):
     """pytest params (name, params) of every registered metric over its parameter grid."""
-    return _cases(metric_names(decodable), METRIC_PARAMS, full)
+    return _cases(metric_names(decodable), metric_grid, full)
 
 
 def heuristic_cases(full: bool = True):
     """pytest params (name, params) of every registered heuristic decoder over its parameter grid."""
-    return _cases(heuristic_names(), DECODER_PARAMS, full)
+    return _cases(heuristic_names(), decoder_grid, full)
 
 
 def metric_pairs(decodable: bool = False, full: bool = True):

@@ -948,7 +948,7 @@ def test_one_default_per_option(capsys):
     h = hd.load_hierarchy("inat19")
     probs, _ = synthetic_outputs(h, 5, 1.0, seed=0)
     for name, params in (("confidence_threshold", {"tau": 0.8}), ("darts", {"lam": 1.0})):
-        assert common.build_heuristics(h, [name], None, None, None)[0].params == params
+        assert common.build_heuristics(h, [name])[0].params == params
 
 
 def test_inapplicable_options_are_errors(tmp_path, capsys):

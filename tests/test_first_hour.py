@@ -147,9 +147,9 @@ def test_unknown_names_read_as_the_registries_say(spec, kind):
             check_before_torch(args, decoders=[spec])
     with pytest.raises(CLIError) as late:
         if kind == "metric":
-            build_metrics(h, [spec], [1.0], 0.5)
+            build_metrics(h, [spec])
         else:
-            build_heuristics(h, [spec], None, None, None)
+            build_heuristics(h, [spec])
     assert str(early.value) == str(late.value)
 
 

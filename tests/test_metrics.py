@@ -7,8 +7,8 @@ import torch
 import hdecode_torch as hd
 import reference as ref
 from harness import (
-    DEVICES, FLOAT_DTYPES, HEURISTIC_FACTS, batch, bundled, heuristic_names, metric_cases, metric_names, metric_pairs,
-    model_like, random_trees, silence_root_threshold, tolerance,
+    DEVICES, FLOAT_DTYPES, baseline, batch, bundled, heuristic_names, metric_cases, metric_names, metric_pairs,
+    model_like, oracle, random_trees, silence_root_threshold, tolerance,
 )
 
 
@@ -22,15 +22,17 @@ def test_registry_is_covered():
     assert metric_names() and heuristic_names()
     for name in metric_names():
         assert name in ref.METRICS, f"metric {name!r} has no reference implementation in tests/reference.py"
+        assert oracle(name) is ref.METRICS[name][2] and callable(baseline(name, "metric")), name  # its hooks
         cls = hd.metrics.metric_class(name)
         assert cls.kind == ref.metric_kind(name) and cls.higher_is_better == ref.higher_is_better(name)
     info = ref.TreeInfo(ref.full_tree(2, 2))
     for name in heuristic_names():
         assert name in ref.HEURISTICS, f"decoder {name!r} has no reference implementation in tests/reference.py"
-        assert name in HEURISTIC_FACTS, f"decoder {name!r} has no entry in tests/harness.py HEURISTIC_FACTS"
+        cls = hd.decoders.decoder_class(name)
+        assert cls.kind in ("leaf", "node") and isinstance(cls.exact_on_dyadic, bool), name  # the facts declared
         p = np.full(info.L, 1.0 / info.L)  # the reference runs it and formulates its candidates
         assert ref.heuristic(name, info, p) in ref.heuristic_candidates(name, info, p), name
-    assert set(HEURISTIC_FACTS) == set(heuristic_names())  # no stale entries
+        assert baseline(name)(ref.baselines(info), p) == ref.heuristic(name, info, p), name  # its hook
 
 
 @pytest.mark.parametrize("name,params", list(metric_cases()))

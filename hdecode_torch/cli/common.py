@@ -18,7 +18,7 @@ import torch
 from ..core.topk import TopK
 from ..hierarchy import Hierarchy, list_hierarchies, load_hierarchy
 from .io import STDIN, CLIError, describe, load_array, one_line, read_input_text
-from .names import check_applicable_names
+from .names import check_applicable_names, param_owners
 from .options import (  # noqa: F401 - re-exported for the subcommands
     DEFAULT_BATCH_SIZE, DEFAULT_BETA, DEFAULT_BETAS, DEFAULT_C, DEFAULT_CALIBRATION_SPLIT, DEFAULT_DPI,
     DEFAULT_HIERARCHY, DEFAULT_LAM, DEFAULT_METRICS, DEFAULT_SEED, DEFAULT_TAU, DEFAULT_THREADS, MAX_FIGURE_PIXELS,
@@ -178,8 +178,34 @@ class set_threads:
 
 # ---------------------------------------------------------------------------- metrics and decoders
 def default_info_threshold(h: Hierarchy) -> float:
-    """Half of a leaf's information, ½·log L, rounded: nodes with at most about √L leaves qualify."""
-    return round(0.5 * math.log(max(h.num_leaves, 1)), 2)
+    """Half of a leaf's information, ½·log L, rounded: nodes with at most about √L leaves qualify
+    (``information_threshold``'s declared command-line default)."""
+    from ..decoders.heuristics import half_log_leaves
+
+    return half_log_leaves(h)
+
+
+def flag_values(param, args, h: Hierarchy) -> list:
+    """The values the command line gives a declared parameter that a spec leaves out: its option's
+    (``args``: the parsed arguments, ``None`` for none), else the option's declared default; under a
+    command that scores several metrics (``args`` has the plural, ``--betas``), each of the values given
+    there, else the declared sweep."""
+    flag = param.flag
+    if flag.sweep and hasattr(args, flag.dest + "s"):
+        given = getattr(args, flag.dest + "s")
+        return list(dict.fromkeys(given)) if given is not None else list(flag.sweep)
+    given = getattr(args, flag.dest, None)
+    return [flag.default_for(param, h) if given is None else given]
+
+
+def _with_flags(cls, params: dict, args, h: Hierarchy) -> list[dict]:
+    """The parameter settings of ``cls`` the command line builds: one per combination of the values
+    :func:`flag_values` gives its optioned parameters that the spec (``params``) leaves out."""
+    settings = [{}]
+    for p in cls.PARAMS:
+        if p.flag is not None and p.name not in params:
+            settings = [{**s, p.name: v} for s in settings for v in flag_values(p, args, h)]
+    return settings
 
 
 def split_names(values, flag: str | None = None) -> list[str]:
@@ -222,6 +248,9 @@ def import_modules(names) -> None:
             if name.endswith(".py"):
                 path = os.path.abspath(name)
                 folder, module = os.path.dirname(path), os.path.basename(path)[:-3]
+                loaded = sys.modules.get(module)
+                if loaded is not None and os.path.abspath(getattr(loaded, "__file__", "") or "") == path:
+                    continue  # imported already (its options were read before the run): not registered twice
                 if folder not in sys.path:
                     sys.path.insert(0, folder)
                 spec = importlib.util.spec_from_file_location(module, path)
@@ -244,24 +273,45 @@ def import_modules(names) -> None:
             raise CLIError(f"--import {name}: {type(exc).__name__}: {one_line(exc)}{hint}") from None
 
 
-def build_metrics(h: Hierarchy, specs, betas, c) -> list:
-    """Metric objects for metric specs (names, aliases, ``name[param=value]``); ``hf_beta`` without a
-    ``beta`` in its spec is expanded over ``betas``, ``tree_distance_c`` without ``c`` takes ``c``; the same
-    metric twice (by alias or parameter) is kept once."""
+def parse_imported_flags(args, extras: list[str]) -> None:
+    """``--import`` modules may declare options of their own (a ``Flag`` on a parameter): import them now
+    and read ``extras``, what the command's parser did not know, with those options onto ``args``; what
+    is left is an error, as for any unknown option."""
+    import argparse
+
+    from .options import DECODER_FLAGS, METRIC_FLAGS, add_decoder_param_args, add_metric_params
+
+    import_modules(args.imports)
+    known = {flag["option"] for _, flag in METRIC_FLAGS + DECODER_FLAGS}
+    metric_flags, decoder_flags = ([(o, f) for o, f in flags if f["option"] not in known] for flags in registered_flags())
+    parser = argparse.ArgumentParser(prog="hdecode", add_help=False, allow_abbrev=False, exit_on_error=False)
+    if getattr(args, "_metric_params", None) is not None:  # the command takes the metrics' options
+        add_metric_params(parser, multi=args._metric_params, flags=metric_flags)
+    if getattr(args, "_decoder_params", False):
+        add_decoder_param_args(parser, flags=decoder_flags)
+    try:
+        given, rest = parser.parse_known_args(extras)
+    except argparse.ArgumentError as exc:
+        raise CLIError(str(exc)) from None
+    if rest:
+        raise CLIError(f"unrecognized arguments: {' '.join(rest)}")
+    vars(args).update(vars(given))
+
+
+def build_metrics(h: Hierarchy, specs, args=None) -> list:
+    """Metric objects for metric specs (names, aliases, ``name[param=value]``); a parameter with a
+    command-line option that the spec leaves out takes the option's value in ``args`` (the parsed
+    arguments) or its declared default, and a metric is built at each value of a swept one
+    (:func:`flag_values`: ``hf_beta`` over ``--betas``); the same metric twice (by alias or parameter)
+    is kept once."""
     from ..core.spec import parse_spec
-    from ..metrics import HFBeta, TreeDistanceC, get_metric, metric_class
+    from ..metrics import get_metric, metric_class
 
     out = {}
     for spec in specs:
         try:
             name, params = parse_spec(spec, "metric")
-            cls = metric_class(name)
-            if cls is HFBeta and "beta" not in params:
-                made = [get_metric(spec, h, beta=b) for b in dict.fromkeys(betas)]
-            elif cls is TreeDistanceC and "c" not in params:
-                made = [get_metric(spec, h, c=c)]
-            else:
-                made = [get_metric(spec, h)]
+            made = [get_metric(spec, h, **extra) for extra in _with_flags(metric_class(name), params, args, h)]
         except (ValueError, TypeError) as exc:
             raise CLIError(_spec_error("metric", spec, exc)) from None
         for m in made:
@@ -298,22 +348,18 @@ def heuristic_selection(values, flag: str) -> list[str]:
     return specs
 
 
-def build_heuristics(h: Hierarchy, specs, tau: float | None, lam: float | None, threshold: float | None) -> list:
-    """Decoder objects for heuristic specs; ``--tau``, ``--lam`` and ``--info-threshold`` (or their
-    defaults) give the parameters a spec leaves out."""
+def build_heuristics(h: Hierarchy, specs, args=None) -> list:
+    """Decoder objects for heuristic specs; the options of their declared parameters in ``args`` (the
+    parsed arguments: ``--tau``, ``--lam``, ``--info-threshold``, ...), or the options' declared
+    defaults, give the parameters a spec leaves out."""
     from ..core.spec import parse_spec
-    from ..decoders import ConfidenceThreshold, Darts, InformationThreshold, decoder_class, get_decoder
+    from ..decoders import decoder_class, get_decoder
 
-    flags = {ConfidenceThreshold: {"tau": DEFAULT_TAU if tau is None else tau},
-             Darts: {"lam": DEFAULT_LAM if lam is None else lam}}
     out = []
     for spec in specs:
         try:
             name, params = parse_spec(spec, "decoder")
-            cls = decoder_class(name)
-            extra = {k: v for k, v in flags.get(cls, {}).items() if k not in params}
-            if cls is InformationThreshold and "threshold" not in params:
-                extra["threshold"] = default_info_threshold(h) if threshold is None else threshold
+            extra = _with_flags(decoder_class(name), params, args, h)[0]  # a decoder's options take one value
             out.append(get_decoder(spec, h, **extra))
         except (ValueError, TypeError) as exc:
             raise CLIError(_spec_error("decoder", spec, exc)) from None
@@ -321,9 +367,20 @@ def build_heuristics(h: Hierarchy, specs, tau: float | None, lam: float | None, 
 
 
 def check_applicable(args, metrics=(), decoders=(), *, metric_flag="--metrics", decoder_flag="--decoders") -> None:
-    """A metric or decoder parameter given on the command line for one that is not selected is an error."""
+    """A metric or decoder parameter given on the command line for one that is not selected is an error
+    (the options of every registered class, those of ``--import`` modules included)."""
     check_applicable_names(args, [m.name for m in metrics], [d.name for d in decoders], metric_flag=metric_flag,
-                           decoder_flag=decoder_flag)
+                           decoder_flag=decoder_flag, owners=param_owners(*registered_flags()))
+
+
+def registered_flags() -> tuple[list, list]:
+    """``(metric flags, decoder flags)``, each ``(owner, flag facts)``, of every registered class now (the
+    catalogue's and those of modules imported with ``--import``)."""
+    from ..decoders.registry import DECODERS
+    from ..metrics.registry import METRICS
+
+    return tuple([(owner, flag) for owner, facts in registry.declarations().items() for flag in facts["flags"]]
+                 for registry in (METRICS, DECODERS))
 
 
 # ---------------------------------------------------------------------------- calibration

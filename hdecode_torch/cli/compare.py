@@ -16,7 +16,7 @@ import torch
 
 from ..synthetic import synthetic_outputs
 from .common import (
-    DEFAULT_BETAS, DEFAULT_C, DEFAULT_CALIBRATION_SPLIT, DEFAULT_METRICS, DEFAULT_SEED, CLIError, Progress,
+    DEFAULT_CALIBRATION_SPLIT, DEFAULT_METRICS, DEFAULT_SEED, CLIError, Progress,
     build_heuristics, build_metrics, calibration_check, calibration_label, calibration_report, calibration_split,
     check_applicable, fit_calibration,
     fit_risk_control, held_out_split, heuristic_selection, hierarchy_description, json_document, load_any_hierarchy,
@@ -276,10 +276,8 @@ def run(args: argparse.Namespace, progress: Progress) -> int:
         device = resolve_device(args.device)
         import_modules(args.imports)
         names = split_names(args.metrics, "--metrics") if args.metrics is not None else DEFAULT_METRICS
-        betas = list(dict.fromkeys(args.betas)) if args.betas is not None else list(DEFAULT_BETAS)
-        metrics = build_metrics(h, names, betas, DEFAULT_C if args.c is None else args.c)
-        heuristics = build_heuristics(h, heuristic_selection(args.decoders, "--decoders"), args.tau, args.lam,
-                                      args.info_threshold)
+        metrics = build_metrics(h, names, args)
+        heuristics = build_heuristics(h, heuristic_selection(args.decoders, "--decoders"), args)
         check_applicable(args, metrics=metrics, decoders=heuristics)
         setting = {"hierarchy": args.hierarchy, "num_nodes": h.num_nodes, "num_leaves": h.num_leaves}
         t0 = time.perf_counter()

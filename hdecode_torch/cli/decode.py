@@ -14,7 +14,7 @@ import torch
 from ..core.topk import TOPK_METRICS, TopK, no_top_k_decoder
 from .commands import output_format
 from .common import (
-    DEFAULT_BETA, DEFAULT_C, DEFAULT_CALIBRATION_SPLIT, DEFAULT_SEED, CLIError, Progress, build_heuristics,
+    DEFAULT_CALIBRATION_SPLIT, DEFAULT_SEED, CLIError, Progress, build_heuristics,
     build_metrics, calibration_report, calibration_split, check_applicable, fit_calibration, import_modules,
     load_any_hierarchy, one_spec,
     load_probs, load_targets, resolve_device, set_threads,
@@ -28,14 +28,13 @@ def _decoder(h, args):
     parameters given apply to it."""
     import_modules(args.imports)
     if args.metric is not None:
-        metric = build_metrics(h, [one_spec(args.metric, "--metric")], [args.beta if args.beta is not None else DEFAULT_BETA],
-                               args.c if args.c is not None else DEFAULT_C)[0]
+        metric = build_metrics(h, [one_spec(args.metric, "--metric")], args)[0]
         check_applicable(args, metrics=[metric], metric_flag="--metric", decoder_flag="--decoder")
         if not has_optimal(metric):
             raise CLIError(f"--metric {args.metric}: No Bayes-optimal decoder for `{metric.name}`; pick another "
                            "metric or a --decoder")
         return metric.key, metric.decode, metric
-    dec = build_heuristics(h, [one_spec(args.decoder, "--decoder")], args.tau, args.lam, args.info_threshold)[0]
+    dec = build_heuristics(h, [one_spec(args.decoder, "--decoder")], args)[0]
     check_applicable(args, decoders=[dec], metric_flag="--metric", decoder_flag="--decoder")
     return dec.key, dec.decode, dec
 

@@ -181,7 +181,7 @@ def _main(argv) -> int:
     parser = build_parser()
     args, extras = parser.parse_known_args(argv)
     sub = getattr(args, "_parser", parser)
-    if extras:
+    if extras and not getattr(args, "imports", None):  # with --import: maybe the options of the module's own
         sub.error(f"unrecognized arguments: {' '.join(extras)}")
     prog = sub.prog
     debug = bool(os.environ.get("HDECODE_DEBUG"))
@@ -211,6 +211,10 @@ def _main(argv) -> int:
             progress = Progress(f"{prog.removeprefix('hdecode ')}: loading",
                                 enabled=not getattr(args, "no_progress", False))
             with progress:
+                if extras:
+                    from .common import parse_imported_flags
+
+                    parse_imported_flags(args, extras)
                 code = int(_runner(args._run)(args, progress) or 0)
             sys.stdout.flush()
             return code

@@ -2,10 +2,10 @@
 
 A misspelt name (``--metric wu_palmar``), an input file that does not exist (``--probs nope.npy``) or
 a parameter of a metric or decoder that is not selected (``--beta`` with ``--metric zhao``) is
-answered from the static tables here before torch (seconds to import) is loaded, with the message
-the library's registries give once it is.  ``tests/test_cli.py`` checks the tables against the
-registries.  Names that a module given with ``--import`` registers are not in the tables: with
-``--import``, names and parameters are checked after the import, and only the files before it.
+answered from the tables here before torch (seconds to import) is loaded, with the message the
+library's registries give once it is.  The tables are read from the torch-free copy of the classes'
+declarations (:mod:`.catalogue`).  Names that a module given with ``--import`` registers are not in
+them: with ``--import``, names and parameters are checked after the import, and only the files before it.
 """
 
 from __future__ import annotations
@@ -14,40 +14,52 @@ import difflib
 import os
 import re
 
+from .catalogue import CATALOGUE
 from .io import STDIN, CLIError, _check_readable_file
-from .options import HEURISTIC_NAMES, HIERARCHY_NAMES, METRIC_NAMES
+from .options import DECODER_FLAGS, HEURISTIC_NAMES, HIERARCHY_NAMES, METRIC_FLAGS, METRIC_NAMES
 
 __all__ = ["METRIC_ALIASES", "UNLISTED_METRICS", "DECODER_NAMES", "HIERARCHY_ALIASES", "PARAM_OWNERS",
            "check_applicable_names", "check_before_torch"]
 
 #: ``hdecode_torch.metrics.METRICS``' aliases, alias -> name.
-METRIC_ALIASES = {"top1": "accuracy", "mistake_severity": "tree_distance", "hf": "hf_beta"}
+METRIC_ALIASES = {a: name for name, facts in CATALOGUE["metrics"].items() for a in facts["aliases"]}
 #: Registered but not listed (``cost_matrix`` needs its (N, L) table, which no option gives).
-UNLISTED_METRICS = ("cost_matrix",)
+UNLISTED_METRICS = tuple(name for name, facts in CATALOGUE["metrics"].items() if not facts["listed"])
 #: ``hdecode_torch.list_decoders()``, in its order (the heuristics and ``optimal``); no aliases.
-DECODER_NAMES = (*HEURISTIC_NAMES, "optimal")
+DECODER_NAMES = tuple(name for name, facts in CATALOGUE["decoders"].items() if facts["listed"])
 #: ``hdecode_torch.hierarchy.bundled``'s aliases (matched without case), alias -> name.
 HIERARCHY_ALIASES = {"tiered": "tieredimagenet-h", "tieredimagenet": "tieredimagenet-h",
                      "tiered-imagenet-h": "tieredimagenet-h", "inat": "inat19", "inaturalist19": "inat19"}
 
-#: (args attribute, flag, "metric"/"decoder", the one it belongs to)
-PARAM_OWNERS = (
-    ("beta", "--beta", "metric", "hf_beta"), ("betas", "--betas", "metric", "hf_beta"),
-    ("c", "--c", "metric", "tree_distance_c"),
-    ("tau", "--tau", "decoder", "confidence_threshold"), ("lam", "--lam", "decoder", "darts"),
-    ("info_threshold", "--info-threshold", "decoder", "information_threshold"),
-)
+
+
+def param_owners(metric_flags, decoder_flags) -> tuple:
+    """``(args attribute, option, "metric"/"decoder", owner)`` of every parameter option, its plural
+    (``--betas``) included where it has a sweep; ``*_flags``: ``(owner, flag facts)``."""
+    out = []
+    for kind, flags in (("metric", metric_flags), ("decoder", decoder_flags)):
+        for owner, flag in flags:
+            dest = flag["option"].lstrip("-").replace("-", "_")
+            out.append((dest, flag["option"], kind, owner))
+            if flag["sweep"]:
+                out.append((dest + "s", flag["option"] + "s", kind, owner))
+    return tuple(out)
+
+
+#: (args attribute, flag, "metric"/"decoder", the one it belongs to), from the catalogue.
+PARAM_OWNERS = param_owners(METRIC_FLAGS, DECODER_FLAGS)
 
 # The name at the head of a spec, as hdecode_torch.core.spec parses it (that module's package loads torch).
 _SPEC_NAME = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_.\-]*)\s*(?:\[.*\])?\s*", re.S)
 
 
 def check_applicable_names(args, metric_names, decoder_names, *, metric_flag="--metrics",
-                           decoder_flag="--decoders") -> None:
+                           decoder_flag="--decoders", owners=None) -> None:
     """A metric or decoder parameter given on the command line (``--beta``, ``--tau``, ...) for one
-    that is not selected is an error; ``*_names``: the selected ones' registered names."""
+    that is not selected is an error; ``*_names``: the selected ones' registered names; ``owners``: as
+    :data:`PARAM_OWNERS` (the default), which a run with ``--import`` extends by the module's own."""
     selected = {"metric": list(metric_names), "decoder": list(decoder_names)}
-    for attr, flag, kind, owner in PARAM_OWNERS:
+    for attr, flag, kind, owner in PARAM_OWNERS if owners is None else owners:
         if getattr(args, attr, None) is None or owner in selected[kind]:
             continue
         chosen = ", ".join(dict.fromkeys(selected[kind])) or "none"

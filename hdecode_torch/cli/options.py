@@ -2,11 +2,13 @@
 
 ``hdecode --help``, ``--version`` and every error argparse reports are answered from this
 module and :mod:`.commands` alone, before torch (about two seconds to import) is loaded.  So the
-names the help texts list are a static table here: ``tests/test_cli.py`` checks that they are the
-library's registries.  Every option that several subcommands take is defined here once, with one
-default, so that ``--tau``, ``--batch-size``, ... mean the same everywhere.  Parameters of a metric
-or decoder (``--beta``, ``--c``, ``--tau``, ``--lam``, ``--info-threshold``) default to ``None`` on
-the command line: giving one for a metric or decoder that is not selected is an error, not ignored.
+metric and decoder names the help texts list, and the options of their parameters with their
+defaults, come from the torch-free copy of the classes' declarations (:mod:`.catalogue`).  Every option
+that several subcommands take is defined here once, with one default, so that ``--tau``,
+``--batch-size``, ... mean the same everywhere.  Parameters of a metric or decoder (``--beta``,
+``--c``, ``--tau``, ``--lam``, ``--info-threshold``: each a ``Flag`` on the parameter it sets) default
+to ``None`` on the command line: giving one for a metric or decoder that is not selected is an error,
+not ignored.
 """
 
 from __future__ import annotations
@@ -14,31 +16,45 @@ from __future__ import annotations
 import argparse
 import math
 
-# ---------------------------------------------------------------------------- names (static copies)
+from .catalogue import CATALOGUE
+
+# ---------------------------------------------------------------------------- names (from the catalogue)
 #: ``hdecode_torch.list_metrics()``, in its order.
-METRIC_NAMES = ("accuracy", "lca_height", "tree_distance", "tree_distance_c", "wu_palmer", "zhao", "hf_beta",
-                "hamming", "jaccard")
+METRIC_NAMES = tuple(n for n, f in CATALOGUE["metrics"].items() if f["listed"])
 #: ``hdecode_torch.list_decoders()`` without ``optimal``, in its order.
-HEURISTIC_NAMES = ("argmax_leaf", "top_down", "confidence_threshold", "majority", "plurality", "darts",
-                   "expected_information", "information_threshold", "hie", "crm")
+HEURISTIC_NAMES = tuple(n for n, f in CATALOGUE["decoders"].items() if f["listed"] and n != "optimal")
 #: ``hdecode_torch.list_hierarchies()``.
 HIERARCHY_NAMES = ("inat19", "tieredimagenet-h")
 #: ``hdecode_torch.synthetic.DEFAULT_NOISE``.
 SYNTHETIC_NOISE = 0.75
 
+
+def _flags(kind: str) -> list[tuple[str, dict]]:
+    """``(owner, flag facts)`` of every parameter option the catalogue's ``kind`` ("metrics"/"decoders") declares."""
+    return [(owner, flag) for owner, facts in CATALOGUE[kind].items() for flag in facts["flags"]]
+
+
+#: ``(owner, flag facts)`` of the metrics' and the decoders' parameter options, in registration order.
+METRIC_FLAGS, DECODER_FLAGS = _flags("metrics"), _flags("decoders")
+
+
+def _flag_default(owner: str, param: str, key: str = "default"):
+    for who, flag in METRIC_FLAGS + DECODER_FLAGS:
+        if who == owner and flag["param"] == param:
+            return flag[key]
+    raise KeyError((owner, param))
+
+
 # ---------------------------------------------------------------------------- defaults (one place)
 DEFAULT_HIERARCHY = "tieredimagenet-h"
-# Every metric, one entry each; hf_beta is expanded over --betas.
+# Every metric, one entry each; a metric with a swept parameter (hf_beta over --betas) is expanded.
 DEFAULT_METRICS = list(METRIC_NAMES)
-DEFAULT_BETA = 1.0  # decode, plot agreement: one hf_beta
-DEFAULT_BETAS = (0.5, 1.0, 2.0)  # compare, plot gain: hf_beta at each
-# tree_distance_c's rule is "deepest node with p(n) > (1 + c)/2": c = 1/2 moves the threshold from
-# 1/2 to 3/4, a visible change, while any c >= 1 puts it at >= 1, which only the root reaches.
-DEFAULT_C = 0.5
-# confidence_threshold: tau = 1/2 is `majority`, already a decoder of its own; 0.8 is a distinct,
-# more cautious rule.
-DEFAULT_TAU = 0.8
-DEFAULT_LAM = 1.0  # darts; lam = 0 is `expected_information`, a decoder of its own
+# The parameters' command-line defaults, as their classes declare them (names kept for importers).
+DEFAULT_BETA = _flag_default("hf_beta", "beta")  # decode, plot agreement: one hf_beta
+DEFAULT_BETAS = tuple(_flag_default("hf_beta", "beta", "sweep"))  # compare, plot gain: hf_beta at each
+DEFAULT_C = _flag_default("tree_distance_c", "c")
+DEFAULT_TAU = _flag_default("confidence_threshold", "tau")
+DEFAULT_LAM = _flag_default("darts", "lam")
 DEFAULT_BATCH_SIZE = 1024
 DEFAULT_THREADS = 1
 DEFAULT_DPI = 120
@@ -61,10 +77,6 @@ DEFAULT_TABLE_WIDTH = 100
 MAX_SEED = 2 ** 63 - 1
 MAX_DPI = 1200
 MAX_FIGURE_PIXELS = 60_000_000  # ~240 MB of RGBA while drawing
-
-C_HELP = (f"tree_distance_c: cost c >= 0 per level of the prediction's depth (default: {DEFAULT_C}). Its optimal "
-          "rule predicts the deepest node with p(n) > (1+c)/2, so any c >= 1 makes that threshold >= 1 and the "
-          "root the answer for every sample")
 
 
 # ---------------------------------------------------------------------------- argument types
@@ -141,26 +153,36 @@ def add_input_kind_args(p) -> None:
     p.add_argument("--normalize", action="store_true", help="renormalize rows of --probs that do not sum to 1")
 
 
-def add_metric_params(p, *, multi: bool) -> None:
-    if multi:
-        p.add_argument("--betas", "--beta", dest="betas", type=positive_float, nargs="+", default=None,
-                       metavar="BETA", help="hf_beta: its betas > 0, one metric each (default: "
-                                            f"{' '.join(f'{b:g}' for b in DEFAULT_BETAS)})")
+def add_flag(p, owner: str, flag: dict, *, multi: bool = False) -> None:
+    """The option of one declared parameter (``flag``: its facts, as in the catalogue), for ``owner``.
+
+    ``multi``: the command scores several metrics, so an option with a ``sweep`` takes several values
+    under its plural (``--betas``, the singular an alias; default: the sweep).  Unset, it is ``None``.
+    """
+    kind = finite_float(flag["lower"], lo_open=flag["lower_open"]) if flag["lower"] is not None else finite_float()
+    option, param = flag["option"], flag["param"]
+    if multi and flag["sweep"]:
+        p.add_argument(option + "s", option, dest=option.lstrip("-").replace("-", "_") + "s", type=kind, nargs="+",
+                       default=None, metavar=param.upper(),
+                       help=f"{owner}: {flag['help']}; several values score one metric each (default: "
+                            f"{' '.join(f'{v:g}' for v in flag['sweep'])})")
     else:
-        p.add_argument("--beta", "--betas", dest="beta", type=positive_float, default=None,
-                       help=f"hf_beta: beta > 0 (default: {DEFAULT_BETA:g})")
-    p.add_argument("--c", type=finite_float(0.0), default=None, help=C_HELP)
+        p.add_argument(option, *([option + "s"] if flag["sweep"] else []), type=kind, default=None,
+                       metavar=param.upper(), help=f"{owner}: {flag['help']} (default: {flag['default_text']})")
 
 
-def add_decoder_param_args(p) -> None:
-    p.add_argument("--tau", type=finite_float(), default=None,
-                   help=f"confidence_threshold: the most informative node with p(n) > tau, 0 <= tau < 1 "
-                        f"(default: {DEFAULT_TAU})")
-    p.add_argument("--lam", type=finite_float(), default=None,
-                   help=f"darts: argmax (I(n) + lam) p(n) (default: {DEFAULT_LAM:g})")
-    p.add_argument("--info-threshold", type=finite_float(), default=None, metavar="T",
-                   help="information_threshold: the most probable node with I(n) >= T (default: ½·log L rounded, "
-                        "i.e. nodes with at most about √L leaves)")
+def add_metric_params(p, *, multi: bool, flags=None) -> None:
+    """The options of the metrics' parameters (``flags``: ``(owner, facts)``, default: the catalogue's)."""
+    p.set_defaults(_metric_params=multi)  # which options an --import module's metrics get (cli.common)
+    for owner, flag in METRIC_FLAGS if flags is None else flags:
+        add_flag(p, owner, flag, multi=multi)
+
+
+def add_decoder_param_args(p, flags=None) -> None:
+    """The options of the decoders' parameters (``flags``: ``(owner, facts)``, default: the catalogue's)."""
+    p.set_defaults(_decoder_params=True)
+    for owner, flag in DECODER_FLAGS if flags is None else flags:
+        add_flag(p, owner, flag)
 
 
 def add_run_args(p, *, batch: bool = True, threads: bool = True, device: bool = True, imports: bool = True) -> None:

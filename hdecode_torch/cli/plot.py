@@ -14,7 +14,7 @@ import torch
 
 from ..synthetic import synthetic_miscalibrated, synthetic_outputs
 from .common import (
-    DEFAULT_BETA, DEFAULT_BETAS, DEFAULT_C, DEFAULT_CALIBRATION_SPLIT, DEFAULT_SEED, MAX_FIGURE_PIXELS, CLIError,
+    DEFAULT_CALIBRATION_SPLIT, DEFAULT_SEED, MAX_FIGURE_PIXELS, CLIError,
     Progress, build_heuristics, build_metrics, check_applicable, fit_risk_control, held_out_split,
     heuristic_selection, json_document, load_any_hierarchy, load_probs, load_targets, resolve_device,
     set_threads, split_names, import_modules, one_spec, calibration_report, calibration_split, fit_calibration,
@@ -149,13 +149,12 @@ def run_agreement(args: argparse.Namespace, progress: Progress) -> int:
     check_output_path(path, "--output")
     h = three_leaf_tree()
     import_modules(getattr(args, "imports", None))
-    metric = build_metrics(h, [one_spec(args.metric, "--metric")], [DEFAULT_BETA if args.beta is None else args.beta],
-                           DEFAULT_C if args.c is None else args.c)[0]
+    metric = build_metrics(h, [one_spec(args.metric, "--metric")], args)[0]
     if not has_optimal(metric):
         raise CLIError(f"--metric {args.metric}: No Bayes-optimal decoder for `{metric.name}`, hence no agreement "
                        "map; pick another metric")
     names = heuristic_selection(args.decoders, "--decoders") if args.decoders is not None else ["majority"]
-    heuristics = build_heuristics(h, names, args.tau, args.lam, args.info_threshold)
+    heuristics = build_heuristics(h, names, args)
     check_applicable(args, metrics=[metric], decoders=heuristics, metric_flag="--metric")
     cols = min(len(heuristics), 4)
     rows = math.ceil(len(heuristics) / cols)
@@ -260,13 +259,11 @@ def run_gain(args: argparse.Namespace, progress: Progress) -> int:
         device = resolve_device(args.device)
         import_modules(args.imports)
         names = split_names(args.metrics, "--metrics") if args.metrics is not None else ["hf_beta"]
-        betas = list(dict.fromkeys(args.betas)) if args.betas is not None else list(DEFAULT_BETAS)
-        metrics = build_metrics(h, names, betas, DEFAULT_C if args.c is None else args.c)
+        metrics = build_metrics(h, names, args)
         missing = [m.key for m in metrics if not has_optimal(m)]
         if missing:
             raise CLIError(f"no optimal decoder for {', '.join(missing)}: the gain of optimal decoding is undefined")
-        heuristics = build_heuristics(h, heuristic_selection(args.decoders, "--decoders"), args.tau, args.lam,
-                                      args.info_threshold)
+        heuristics = build_heuristics(h, heuristic_selection(args.decoders, "--decoders"), args)
         check_applicable(args, metrics=metrics, decoders=heuristics)
         cols = min(len(metrics), 3)
         rows = math.ceil(len(metrics) / cols)

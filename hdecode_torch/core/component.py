@@ -44,6 +44,19 @@ class HierarchyComponent:
     #: What the registry calls this kind of component ("metric" or "decoder"), for messages.
     component_kind: str = "component"
     PARAMS: tuple[Param, ...] = ()
+    #: Other names the registry accepts for it (on input only; outputs use ``name``).
+    aliases: tuple[str, ...] = ()
+    #: Whether ``list_metrics``/``list_decoders`` list it (``False``: found by name only, for a component
+    #: that cannot be built from its name alone, such as a cost matrix).
+    listed: bool = True
+    #: The algorithm its decoding uses on each device plan, ``{"cpu": ..., "gpu": ...}``, in words.
+    algorithms: dict[str, str] = {}
+    #: Where its NumPy references live, as ``"module:qualified name"``: ``oracle`` the value function of the
+    #: tests' exhaustive oracle (``reference:<metric>`` in tests/), ``baseline`` the per-sample decoder the
+    #: benchmarks time it against (``benchmarks.baselines:Baselines.<name>``, called as ``f(baselines,
+    #: leaf_probs, **params)``).  ``None``: it has none.
+    oracle: str | None = None
+    baseline: str | None = None
 
     def __init__(self, hierarchy, *args, validate: bool = True, **params):
         if not isinstance(hierarchy, Hierarchy):

@@ -10,7 +10,9 @@ __all__ = ["Decoder"]
 class Decoder(HierarchyComponent):
     """A batched decision rule from leaf probabilities to node ids.
 
-    Subclasses declare ``name``, ``description`` and ``PARAMS`` and implement ``_decode_cpu`` (and,
+    Subclasses declare ``name``, ``description``, ``kind`` (``"leaf"`` for a rule that always returns a
+    leaf, else ``"node"``), ``PARAMS`` and the facts the tests and benchmarks read (``exact_on_dyadic``,
+    ``baseline``, ``algorithms``) and implement ``_decode_cpu`` (and,
     where the GPU plan decodes differently, ``_decode_gpu``) on a :class:`~hdecode_torch.Posterior`
     (checked probabilities with lazily computed node sums), returning (B,) int64 node ids.  ``decode`` accepts (B, L) or
     (L,) float probabilities (or a Posterior, to share node sums between decoders), decodes large
@@ -19,6 +21,9 @@ class Decoder(HierarchyComponent):
     """
 
     component_kind = "decoder"
+    #: Whether its rule's keys are exact on dyadic inputs (sums and products of k/16, no logarithms), where
+    #: the tests then require exactly the reference's node, ties included.
+    exact_on_dyadic: bool = False
 
     def __call__(self, leaf_probs, **kwargs):
         return self.decode(leaf_probs, **kwargs)

@@ -42,7 +42,7 @@ import math
 
 import torch
 
-from ..core.params import Param
+from ..core.params import Flag, Param
 from ..core.scalar_checks import check_nonnegative, check_unit_interval
 from ..kernels.ancestry import is_ancestor
 from ..kernels.descent import children_probs
@@ -53,7 +53,7 @@ from .base import Decoder
 __all__ = [
     "ArgmaxLeaf", "TopDown", "ConfidenceThreshold", "Majority", "Plurality", "Darts",
     "ExpectedInformation", "InformationThreshold", "HiE", "CRM",
-    "darts_predict", "hierarchically_correct", "mass_in_one_child",
+    "darts_predict", "hierarchically_correct", "mass_in_one_child", "half_log_leaves",
 ]
 
 
@@ -86,6 +86,14 @@ def mass_in_one_child(post) -> torch.Tensor:
     return internal & ((held > 0) | (count == 0))
 
 
+def half_log_leaves(h) -> float:
+    """½·log L rounded, i.e. nodes with at most about √L leaves.
+
+    The command line's ``information_threshold``: half of a leaf's information, rounded to two decimals.
+    """
+    return round(0.5 * math.log(max(h.num_leaves, 1)), 2)
+
+
 def hierarchically_correct(h, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """(B,) bool: the target leaf lies under the predicted node (``pred`` ∈ A(target))."""
     return is_ancestor(h, pred, target)
@@ -97,6 +105,10 @@ class ArgmaxLeaf(Decoder):
 
     name = "argmax_leaf"
     description = "most probable leaf (flat top-1)"
+    kind = "leaf"
+    exact_on_dyadic = True
+    algorithms = {"cpu": "argmax over the leaves", "gpu": "argmax over the leaves"}
+    baseline = "benchmarks.baselines:Baselines.argmax_leaf"
 
     def _decode_cpu(self, post) -> torch.Tensor:
         return post.probs.argmax(dim=1)  # the first of equal maxima: the smallest id, on every backend
@@ -111,6 +123,10 @@ class TopDown(Decoder):
 
     name = "top_down"
     description = "from the root, step to the most probable child until a leaf"
+    kind = "leaf"
+    exact_on_dyadic = True
+    algorithms = {"cpu": "greedy descent, one step per level", "gpu": "greedy descent, one step per level"}
+    baseline = "benchmarks.baselines:Baselines.top_down"
 
     def _decode_cpu(self, post) -> torch.Tensor:
         h, p = post.h, post.node
@@ -134,8 +150,16 @@ class ConfidenceThreshold(Decoder):
 
     name = "confidence_threshold"
     description = "most informative node with p(n) > tau"
+    exact_on_dyadic = True
+    algorithms = {"cpu": "most informative node above the threshold",
+                  "gpu": "most informative node above the threshold, nodes whose mass lies in one child left out"}
+    baseline = "benchmarks.baselines:Baselines.confidence_threshold"
 
-    PARAMS = (Param("tau", float, 0.5, check_unit_interval, doc="probability threshold in [0, 1)"),)
+    # The command line's tau: 1/2 is `majority`, already a decoder of its own; 0.8 is a distinct, more
+    # cautious rule.
+    PARAMS = (Param("tau", float, 0.5, check_unit_interval, doc="probability threshold in [0, 1)",
+                    grid=(0.3, 0.0, 0.75),
+                    flag=Flag("--tau", 0.8, "the most informative node with p(n) > tau, 0 <= tau < 1")),)
 
     def _decode_cpu(self, post) -> torch.Tensor:
         return most_informative_where(post.h, post.node > self.tau)
@@ -154,6 +178,7 @@ class Majority(ConfidenceThreshold):
 
     name = "majority"
     description = "deepest node with p(n) > 1/2 (confidence_threshold, tau = 1/2)"
+    baseline = "benchmarks.baselines:Baselines.majority"
 
     PARAMS = ()
     tau = 0.5
@@ -170,6 +195,9 @@ class Plurality(Decoder):
 
     name = "plurality"
     description = "most informative node more probable than every node outside its root path"
+    exact_on_dyadic = True
+    algorithms = {"cpu": "rank of each node's p(n) against its depth", "gpu": "rank of each node's p(n) against its depth"}
+    baseline = "benchmarks.baselines:Baselines.plurality"
 
     def _decode_cpu(self, post) -> torch.Tensor:
         # Two qualifying nodes off each other's root paths would each beat the other, so the
@@ -206,8 +234,14 @@ class Darts(Decoder):
 
     name = "darts"
     description = "argmax (I(n) + lam) p(n), Deng et al. 2012"
+    exact_on_dyadic = False  # I(n) is a logarithm
+    algorithms = {"cpu": "argmax of (I(n) + lam) p(n)",
+                  "gpu": "argmax of (I(n) + lam) p(n), nodes whose mass lies in one child left out"}
+    baseline = "benchmarks.baselines:Baselines.darts"
 
-    PARAMS = (Param("lam", float, 0.0, check_nonnegative, doc="weight of probability over information, >= 0"),)
+    # The command line's lam: lam = 0 is `expected_information`, a decoder of its own.
+    PARAMS = (Param("lam", float, 0.0, check_nonnegative, doc="weight of probability over information, >= 0",
+                    grid=(0.5, 0.0, 3.0), flag=Flag("--lam", 1.0, "argmax (I(n) + lam) p(n)")),)
 
     def _decode_cpu(self, post) -> torch.Tensor:
         return darts_predict(post.h, post.node, self.lam)
@@ -222,6 +256,7 @@ class ExpectedInformation(Darts):
 
     name = "expected_information"
     description = "argmax I(n) p(n) (darts, lam = 0)"
+    baseline = "benchmarks.baselines:Baselines.expected_information"
 
     PARAMS = ()
     lam = 0.0
@@ -239,8 +274,15 @@ class InformationThreshold(Decoder):
 
     name = "information_threshold"
     description = "most probable node with I(n) >= threshold"
+    exact_on_dyadic = True
+    algorithms = {"cpu": "most probable node among those with I(n) >= threshold",
+                  "gpu": "most probable node among those with I(n) >= threshold, nodes whose mass lies in one "
+                         "child left out"}
+    baseline = "benchmarks.baselines:Baselines.information_threshold"
 
-    PARAMS = (Param("threshold", float, check=check_nonnegative, doc="least information I(n) = log(L/|L(n)|), >= 0"),)
+    PARAMS = (Param("threshold", float, check=check_nonnegative, doc="least information I(n) = log(L/|L(n)|), >= 0",
+                    grid=(0.0, 0.5, 1.2),
+                    flag=Flag("--info-threshold", half_log_leaves, "the most probable node with I(n) >= threshold")),)
 
     def __init__(self, hierarchy, *args, **kw):
         super().__init__(hierarchy, *args, **kw)
@@ -274,6 +316,12 @@ class HiE(Decoder):
 
     name = "hie"
     description = "leaf maximising p(parent(l)) * p(l), Jain et al. 2023"
+    kind = "leaf"
+    exact_on_dyadic = True
+    algorithms = {"cpu": "argmax of p(parent(l)) p(l) over the leaves",
+                  "gpu": "argmax of p(parent(l)) p(l) over the leaves, a parent whose mass lies in one child "
+                         "taking the leaf's p"}
+    baseline = "benchmarks.baselines:Baselines.hie"
 
     @staticmethod
     def _leaf_parent(h) -> torch.Tensor:
@@ -302,6 +350,11 @@ class CRM(Decoder):
 
     name = "crm"
     description = "leaf minimising the expected LCA height (Karthik et al. 2021)"
+    kind = "leaf"
+    exact_on_dyadic = True
+    algorithms = {"cpu": "lca_height's decoder: root-path sums of the mass that splits off",
+                  "gpu": "lca_height's decoder: the fused hdecode::path_score_best"}
+    baseline = "benchmarks.baselines:Baselines.crm"
 
     def _decode_cpu(self, post):
         return lca_height_decode(post)

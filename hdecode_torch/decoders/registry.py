@@ -26,6 +26,7 @@ class OptimalDecoder(Decoder):
 
     name = "optimal"
     description = "Bayes-optimal decoder of a metric: get_decoder('optimal', h, metric='wu_palmer', **params)"
+    algorithms = {"cpu": "the metric's own", "gpu": "the metric's own"}
     PARAMS = (Param("metric", object, "accuracy", in_key=False, doc="the metric whose Bayes-optimal decoder to use"),)
 
     def __init__(self, hierarchy, metric="accuracy", *, validate: bool = True, **metric_params):
@@ -62,6 +63,7 @@ class OptimalDecoder(Decoder):
 
 
 DECODERS = Registry("decoder", Decoder)
+# The one list of the built-in decoders, in the order they are listed; each class declares its own facts.
 for _cls in (ArgmaxLeaf, TopDown, ConfidenceThreshold, Majority, Plurality, Darts, ExpectedInformation,
              InformationThreshold, HiE, CRM, OptimalDecoder):
     DECODERS.register(_cls)

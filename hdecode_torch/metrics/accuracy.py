@@ -38,6 +38,9 @@ class Accuracy(NodeMetric):
     kind = "leaf"
     higher_is_better = True
     description = "1 if the predicted leaf is the target (top-1 accuracy)"
+    aliases = ("top1",)
+    algorithms = {"cpu": "argmax leaf", "gpu": "argmax leaf"}
+    oracle, baseline = "reference:accuracy", "benchmarks.baselines:Baselines.accuracy"
 
     def _values(self, h, pred, target):
         return accuracy_values(h, pred, target)

@@ -29,6 +29,9 @@ class CostMatrixMetric(NodeMetric):
 
     name = "cost_matrix"
     description = "user-supplied (N, L) cost matrix"
+    listed = False  # needs its matrix: built with get_metric("cost_matrix", h, cost=...)
+    algorithms = {"cpu": "pruned candidates and sampled products, or the exhaustive (N,L)@(L,B) product",
+                  "gpu": "pruned candidates and sampled products, or the exhaustive (N,L)@(L,B) product"}
 
     STRATEGIES = ("auto", "candidates", "dense")
     PARAMS = (Param("cost", object, in_key=False, doc="(N, L) float cost (or utility) of every (node, leaf) pair"),

@@ -47,6 +47,8 @@ class Hamming(SetMetric):
     name = "hamming"
     higher_is_better = False
     description = "symmetric difference |h+ xor y+| / |y+| (lower is better)"
+    algorithms = {"cpu": "closed form: W(n) > W(root)/2", "gpu": "closed form: W(n) > W(root)/2"}
+    oracle, baseline = "reference:hamming", "benchmarks.baselines:Baselines.hamming"
 
     def _decode_cpu(self, post):
         return hamming_decode(post)

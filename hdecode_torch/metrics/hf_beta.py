@@ -51,7 +51,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..core.params import Param
+from ..core.params import Flag, Param
 from ..core.scalar_checks import check_positive
 from ..kernels.candidates import candidate_pairs, depth_rank, pack_candidates, pack_rows
 from ..kernels.depth_ranges import depth_masses, depth_masses_packed, depth_ranges
@@ -461,7 +461,12 @@ class HFBeta(SetMetric):
     higher_is_better = True
     description = "hierarchical F-beta of ancestor-closed node sets"
     data_dependent_sizes = "its candidate sets and the set sizes k left to solve depend on the data"
-    PARAMS = (Param("beta", float, 1.0, check_beta, doc="weight of recall over precision, > 0"),)
+    aliases = ("hf",)
+    algorithms = {"cpu": "closed prefix sets certified per set size k, rarely a sort",
+                  "gpu": "every k solved exactly on the packed candidates, the fused hdecode::hf_beta_best_k"}
+    oracle, baseline = "reference:hf_beta", "benchmarks.baselines:Baselines.hf_beta"
+    PARAMS = (Param("beta", float, 1.0, check_beta, doc="weight of recall over precision, > 0", grid=(1.0, 0.5, 2.0),
+                    flag=Flag("--beta", None, "beta > 0", sweep=(0.5, 1.0, 2.0), lower=0.0, lower_open=True)),)
 
     def _decode_cpu(self, post):
         return hf_beta_decode(post, self.beta)

@@ -770,6 +770,9 @@ class Jaccard(SetMetric):
     higher_is_better = True
     description = "Jaccard index |h+ & y+| / |h+ | y+| of ancestor-closed sets"
     data_dependent_sizes = "its candidate sets and the (sample, set size) pairs left to solve depend on the data"
+    algorithms = {"cpu": "tree knapsack per set size on the pruned candidates",
+                  "gpu": "tree knapsack per set size on the packed candidates, the fused hdecode::jaccard_sets"}
+    oracle, baseline = "reference:jaccard", "benchmarks.baselines:Baselines.jaccard"
 
     def _decode_cpu(self, post):
         return jaccard_decode(post)

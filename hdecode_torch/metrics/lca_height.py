@@ -78,6 +78,9 @@ class LCAHeight(NodeMetric):
     kind = "leaf"
     higher_is_better = False
     description = "height of LCA(prediction, target), Karthik et al. 2021 (lower is better)"
+    algorithms = {"cpu": "root-path sums of the mass that splits off, per level",
+                  "gpu": "the fused hdecode::path_score_best"}
+    oracle, baseline = "reference:lca_height", "benchmarks.baselines:Baselines.lca_height"
 
     def _values(self, h, pred, target):
         return lca_height_values(h, pred, target)

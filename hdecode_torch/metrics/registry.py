@@ -17,16 +17,16 @@ from .zhao import Zhao
 __all__ = ["METRICS", "get_metric", "list_metrics", "metric_class", "has_optimal_decoder", "register_metric"]
 
 METRICS = Registry("metric", BaseMetric)
-for _cls, _aliases in ((Accuracy, ("top1",)), (LCAHeight, ()), (TreeDistance, ("mistake_severity",)),
-                       (TreeDistanceC, ()), (WuPalmer, ()), (Zhao, ()), (HFBeta, ("hf",)), (Hamming, ()),
-                       (Jaccard, ())):
-    METRICS.register(_cls, aliases=_aliases)
-METRICS.register(CostMatrixMetric, listed=False)  # needs its matrix: built with get_metric("cost_matrix", h, cost=...)
+# The one list of the built-in metrics, in the order they are listed; each class declares its own facts
+# (aliases, listed, parameters, ...).
+for _cls in (Accuracy, LCAHeight, TreeDistance, TreeDistanceC, WuPalmer, Zhao, HFBeta, Hamming, Jaccard,
+             CostMatrixMetric):
+    METRICS.register(_cls)
 
 
 def register_metric(cls: type | None = None, *, aliases=(), replace: bool = False):
     """Register a metric class (a subclass of ``NodeMetric`` or ``SetMetric`` with ``name``,
-    ``description`` and ``PARAMS``) under its name; usable as a class decorator.
+    ``description`` and ``PARAMS``) under its name and its declared ``aliases``; usable as a class decorator.
 
     It can then be named everywhere a built-in metric can: ``get_metric``, ``DecodingHead``,
     ``HierarchicalMetric``, the Lightning callback and ``hdecode --import MODULE``.

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core.params import Param
+from ..core.params import Flag, Param
 from ..core.conversion import warn_user
 from ..core.scalar_checks import check_nonnegative
 from ..kernels.ancestry import lca_depth
@@ -64,6 +64,10 @@ class TreeDistance(NodeMetric):
     name = "tree_distance"
     higher_is_better = False
     description = "path length between prediction and target (mistake severity; lower is better)"
+    aliases = ("mistake_severity",)
+    algorithms = {"cpu": "closed form: deepest node with p(n) > (1+c)/2",
+                  "gpu": "closed form: deepest node with p(n) > (1+c)/2, the fused hdecode::best_ranked_above"}
+    oracle, baseline = "reference:tree_distance", "benchmarks.baselines:Baselines.tree_distance"
     c = 0.0
 
     def _values(self, h, pred, target):
@@ -101,8 +105,14 @@ class TreeDistanceC(TreeDistance):
 
     name = "tree_distance_c"
     description = "tree distance + c * depth(prediction) (lower is better)"
+    aliases = ()
+    oracle, baseline = "reference:tree_distance_c", "benchmarks.baselines:Baselines.tree_distance_c"
 
-    PARAMS = (Param("c", float, DEFAULT_C, check_nonnegative, doc="cost per level of the prediction's depth, >= 0"),)
+    PARAMS = (Param("c", float, DEFAULT_C, check_nonnegative, doc="cost per level of the prediction's depth, >= 0",
+                    grid=(0.5, 0.0, 2.0),
+                    flag=Flag("--c", None, "cost c >= 0 per level of the prediction's depth. Its optimal rule predicts "
+                                           "the deepest node with p(n) > (1+c)/2, so any c >= 1 makes that threshold "
+                                           ">= 1 and the root the answer for every sample", lower=0.0)),)
 
     def __init__(self, hierarchy, *args, **kw):
         super().__init__(hierarchy, *args, **kw)

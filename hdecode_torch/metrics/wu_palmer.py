@@ -79,6 +79,10 @@ class WuPalmer(StrategyNodeMetric):
     name = "wu_palmer"
     higher_is_better = True
     description = "Wu-Palmer similarity 2 d(LCA) / (d(h) + d(y))"
+    algorithms = {"cpu": "strategy 'auto': candidates where leaves sit at several depths, structural otherwise",
+                  "gpu": "strategy 'auto': dense while the matrix fits, else structural (the fused "
+                         "hdecode::wu_palmer_best on large trees)"}
+    oracle, baseline = "reference:wu_palmer", "benchmarks.baselines:Baselines.wu_palmer"
 
     def candidates_are_faster(self, h, small: bool) -> bool:
         # A rule fitted to CPU timings (benchmarks/README.md, "Device plans"): structural risks cost a

@@ -80,6 +80,9 @@ class Zhao(StrategyNodeMetric):
     name = "zhao"
     higher_is_better = True
     description = "Zhao similarity 2 I(LCA) / (I(h) + I(y)), information content I"
+    algorithms = {"cpu": "I(LCA) telescoped along root paths (strategy 'auto')",
+                  "gpu": "the fused hdecode::path_score_best on the structural strategy, else as on the CPU"}
+    oracle, baseline = "reference:zhao", "benchmarks.baselines:Baselines.zhao"
 
     def _values(self, h, pred, target):
         return zhao_values(h, pred, target)
