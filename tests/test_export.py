@@ -316,19 +316,15 @@ def _dynamo_folds_is_exporting_to_true(real):
     return lambda: torch.compiler.is_dynamo_compiling() or real()
 
 
-@pytest.mark.parametrize("torch_like", ["2.11", "2.6"])
-def test_head_stays_out_of_the_graph_whatever_torch_says_about_exporting(torch_like, monkeypatch):
+def test_head_stays_out_of_the_graph_whatever_torch_says_about_exporting(monkeypatch):
     """Issue 24: on torch 2.11, torch.compile of backbone + head raised "Expected a DecodingHead built with
-    `validate=False` in an exported graph" (Dynamo folded is_exporting() to True).  Both older behaviours
-    are simulated here: is_exporting() True under Dynamo (2.7 to 2.11), no is_exporting at all (2.6)."""
+    `validate=False` in an exported graph" (Dynamo folded is_exporting() to True).  That behaviour (torch
+    2.7 to 2.11) is simulated here."""
     import torch._dynamo
 
-    import hdecode_torch.integrations.module as module
+    import hdecode_torch.integrations.export as export
 
-    if torch_like == "2.11":
-        monkeypatch.setattr(module, "_is_exporting", _dynamo_folds_is_exporting_to_true(torch.compiler.is_exporting))
-    else:
-        monkeypatch.setattr(module, "_is_exporting", None)
+    monkeypatch.setattr(export, "_is_exporting", _dynamo_folds_is_exporting_to_true(torch.compiler.is_exporting))
     backbone = nn.Sequential(nn.Linear(8, L)).eval()
     model = nn.Sequential(backbone, DecodingHead(H, "wu_palmer", from_logits=True))
     x = torch.randn(16, 8, generator=torch.Generator().manual_seed(5)) * 4

@@ -16,7 +16,8 @@ from ..core.validation import (RangeCheck, as_targets, check_ranges, compute_dty
                                prepare_leaf_probs)
 from ..hierarchy import Hierarchy
 from ..metrics import get_metric, has_optimal_decoder
-from .module import decoder_label, pair_name
+from ..core.spec import label
+from .module import decoder_label
 from .torchmetrics import HierarchicalMetric, release_shared_batch, update_together
 
 try:
@@ -37,14 +38,15 @@ _STAGE = {"validate": "validation", "test": "test", "predict": "predict"}
 
 
 def default_name(prefix: str, metric: str, decoder: str) -> str:
-    """The logged name of a pair: ``<prefix>_<metric>_<decoder>``, parameter values appended with the
-    decimal point written ``p`` (``val_hf_beta0p5_optimal``, ``test_tree_distance_darts0p5``).
+    """The logged name of a pair: its label (:func:`~hdecode_torch.core.spec.label`) after the stage's
+    prefix, written with letters, digits, ``_`` and ``-`` only (``val_hf_beta0p5_optimal``,
+    ``test_tree_distance_darts0p5``), so it works as a ``ModelCheckpoint`` monitor, in its ``filename``
+    template and as a file name.
 
-    prefix: the stage's prefix; metric, decoder: keys such as ``"hf_beta[beta=0.5]"``,
-    ``"darts[lam=0.5]"`` or ``"optimal"``.  The name holds only letters, digits, ``_`` and ``-``,
-    so it works as a ``ModelCheckpoint`` monitor, in its ``filename`` template and as a file name.
+    prefix: the stage's prefix; metric, decoder: the pair's metric key and decoder label, such as
+    ``"hf_beta[beta=0.5]"`` and ``"darts[lam=0.5]"`` or ``"optimal"``.
     """
-    return pair_name(metric, decoder, prefix)
+    return label(metric, decoder, prefix=prefix, safe=True)
 
 
 class _CallbackLogic:

@@ -18,7 +18,8 @@ from ..functional._pieces import (
     checked_predictions, checked_scores, prediction_kind, values_compute, values_update,
 )
 from ..hierarchy import Hierarchy
-from .module import decoder_label, pair_name, resolve_pair, top_k_metric
+from ..core.spec import label
+from .module import resolve_pair, top_k_metric
 
 __all__ = ["HierarchicalMetric", "NodeCalibrationError"]
 
@@ -146,14 +147,15 @@ class HierarchicalMetric(Metric):
 
     @property
     def name(self) -> str:
-        """``<metric>_<decoder>`` with parameter values, safe in file names and logger keys, e.g.
-        ``hf_beta0p5_optimal``."""
-        return pair_name(self.metric.key, decoder_label(self.decoder, self.metric))
+        """:attr:`key` written with letters, digits and ``_`` (``label(..., safe=True)``), safe in file names,
+        logger keys and ``MetricCollection`` keys, e.g. ``hf_beta0p5_optimal``."""
+        return label(self.metric, self.decoder, safe=True)
 
     @property
     def key(self) -> str:
-        """``"<metric key>/<decoder key>"``, e.g. ``"hf_beta[beta=0.5]/optimal"``."""
-        return f"{self.metric.key}/{decoder_label(self.decoder, self.metric)}"
+        """The pair's label (:func:`~hdecode_torch.core.spec.label`), ``"<metric key>/<decoder label>"``, e.g.
+        ``"hf_beta[beta=0.5]/optimal"``; :attr:`name` is the same label written for identifiers."""
+        return label(self.metric, self.decoder)
 
     def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
         """preds: (B, L) float scores (or a Posterior), decoded by the decoder; or decoded predictions,
@@ -197,7 +199,7 @@ class HierarchicalMetric(Metric):
         return self._plot(val, ax)
 
     def extra_repr(self) -> str:
-        return f"metric={self.metric.key}, decoder={decoder_label(self.decoder, self.metric)}"
+        return self.key
 
 
 # --------------------------------------------------------------------------- one batch, shared
