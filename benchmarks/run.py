@@ -33,9 +33,10 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import hdecode_torch as hd  # noqa: E402
+from hdecode_torch.core.spec import label  # noqa: E402
 from benchmarks.baselines import HIGHER_IS_BETTER, Baselines, expected_score  # noqa: E402
 from benchmarks.measure import cpu_model, measure_bandwidth, memory_profile, table_bandwidth, time_call  # noqa: E402
-from benchmarks.workloads import SYNTHETIC, TREE_ALIASES, load_tree, model_like_probs  # noqa: E402
+from benchmarks.workloads import SYNTHETIC, TREE_ALIASES, label_matches, load_tree, model_like_probs  # noqa: E402
 
 DEFAULT_TREES = ["tieredimagenet-h", "inat19", "synthetic-100k", "synthetic-1m"]
 LARGE_NODES = 50_000  # trees above this get the "scale" treatment (B = --large-batch-sizes, memory checks)
@@ -87,7 +88,7 @@ def discover_specs(only: list[str] | None = None) -> list[Spec]:
                 m.decode(x)
             except NotImplementedError:
                 continue  # a metric without an exact decoder
-            key = "opt:" + name + ("[" + ",".join(f"{k}={v:g}" for k, v in params.items()) + "]" if params else "")
+            key = label(m, "optimal")
             specs.append(Spec(key, "optimal", name, params, "set" if m.kind == "set" else "node"))
     for name in hd.list_decoders():
         if name == "optimal":
@@ -98,7 +99,7 @@ def discover_specs(only: list[str] | None = None) -> list[Spec]:
             key = "information_threshold[0.5*logL]"
         specs.append(Spec(key, "heuristic", name, params))
     if only:
-        specs = [s for s in specs if any(o in s.key for o in only)]
+        specs = [s for s in specs if any(label_matches(o, s.key) for o in only)]
     return specs
 
 

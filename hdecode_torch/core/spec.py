@@ -96,13 +96,11 @@ def label(metric=None, decoder=None, *, prefix: str = "", safe: bool = False) ->
     if metric is not None and not isinstance(metric, str):
         metric = metric.key
     if decoder is not None and not isinstance(decoder, str):
-        own = decoder.metric if decoder.name == OPTIMAL and hasattr(decoder, "metric") else None
-        if own is None:
-            decoder = decoder.key
-        elif metric is None or own.key == metric:  # a metric's own optimal decoder, named after the metric
-            metric, decoder = own.key, OPTIMAL
+        own = getattr(decoder, "metric", None) if decoder.name == OPTIMAL else None
+        if own is not None and (metric is None or own.key == metric):
+            metric, decoder = own.key, OPTIMAL  # a metric's own optimal decoder, named after the metric
         else:
-            decoder = f"{own.key}/{OPTIMAL}"
+            decoder = decoder.key  # an OptimalDecoder's key is "<metric key>/optimal" too
     parts = [p for p in (prefix, metric, decoder) if p]
     return "_".join(_slug(p) for p in parts) if safe else "/".join(parts)
 
