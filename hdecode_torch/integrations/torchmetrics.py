@@ -168,7 +168,9 @@ class HierarchicalMetric(Metric):
             values = values_update(self.metric, pred, target, validate=self.validate)
             self._value_dtype = torch.float64 if topk.values.dtype == torch.float64 else torch.float32
         else:
-            batch = _shared_batch(self, preds, target)
+            given, self._given_batch = getattr(self, "_given_batch", None), None
+            batch = given if given is not None and _takes(given, self) else _shared_batch(self, preds, target)
+            batch.users.add(id(self))
             values = batch.values(self.metric, self.decoder)  # float64
             self._value_dtype = batch.dtype
         if self.exact:
@@ -318,6 +320,9 @@ class _SharedBatch:
                 self.scored[(id(metric), ident)] = part
 
 
+#: This thread's last batch (``batch``), which the next instance updated with the same arguments shares: how the
+#: members of a ``MetricCollection`` (or a loop over instances) share one check and decoding.  The one
+#: thread-local cache of the package; ``update_together`` hands its batch to each member instead.
 _local = threading.local()
 
 
@@ -379,26 +384,22 @@ def _shared_batch(metric: "HierarchicalMetric", preds, target) -> _SharedBatch:
     with it before (see the class docstring); ``metric`` is being updated with it."""
     kind, x = prediction_kind(preds)
     options = _options(metric, kind)
-    scope = getattr(_local, "scope", None)
-    if scope is not None:  # inside one update_together call: the same objects are the same batch
-        entry, args = scope
-        if (id(metric) not in entry.users and entry.key == options and args[0] is preds and args[1] is target
-                and (entry.h is metric.hierarchy or entry.h.same_tree(metric.hierarchy))):
-            entry.users.add(id(metric))
-            return entry
     entry = getattr(_local, "batch", None)
     # Identity and in-place version counters cannot tell a refilled buffer from the batch it held (writes
     # under inference_mode, through a numpy view or .data bump no counter): only the values can.
-    if (entry is not None and id(metric) not in entry.users and entry.key == options and entry.snapshot is not None
-            and (entry.h is metric.hierarchy or entry.h.same_tree(metric.hierarchy))
+    if (entry is not None and entry.key == options and entry.snapshot is not None and _takes(entry, metric)
             and _same_batch(entry.snapshot, preds, target)):
-        entry.users.add(id(metric))
         return entry
     entry = _new_batch(metric, kind, x, target, options)
     entry.snapshot = _snapshot(preds, target)
-    entry.users.add(id(metric))
     _local.batch = entry
     return entry
+
+
+def _takes(batch: _SharedBatch, metric: "HierarchicalMetric") -> bool:
+    """Whether ``metric`` may be updated with ``batch`` (checked with its options, on its tree, not yet used by it)."""
+    return (id(metric) not in batch.users and batch.key == _options(metric, batch.key[0])
+            and (batch.h is metric.hierarchy or batch.h.same_tree(metric.hierarchy)))
 
 
 def update_together(members, preds, target) -> None:
@@ -406,7 +407,8 @@ def update_together(members, preds, target) -> None:
     each metric object computed in one call for all its decoders' node-id predictions (what a grouped caller
     such as the Lightning callback knows in advance; members updated one by one share the decoding only).
 
-    Within this one call the arguments cannot change, so they are shared without comparing their values.
+    Within this one call the arguments cannot change, so the batch is handed to each member without comparing
+    their values (and without the thread's shared batch).
     """
     members = list(members)
     if not members:
@@ -415,13 +417,12 @@ def update_together(members, preds, target) -> None:
     options = _options(members[0], kind)
     batch = _new_batch(members[0], kind, x, target, options)
     batch.score([m for m in members if _options(m, kind) == options])
-    outer = getattr(_local, "scope", None)
-    _local.scope = (batch, (preds, target))
-    try:
-        for m in members:
+    for m in members:
+        m._given_batch = batch  # taken by m.update when m's options and tree match, else m checks its own
+        try:
             m.update(preds, target)
-    finally:
-        _local.scope = outer
+        finally:
+            m._given_batch = None
 
 
 def release_shared_batch() -> None:
