@@ -478,8 +478,9 @@ class HierarchicalMetricsCallback(_CallbackLogic, _pl.Callback):
     in large blocks, plus a few operators per pair to reduce and log the values.
 
     **What is logged.**  At the end of each validation epoch, one value per pair, named by
-    ``name_fn(prefix, metric key, decoder label)``; the default (:func:`default_name`) gives
-    ``val_<metric>_<decoder>`` with parameter values appended and the decimal point written
+    ``name_fn(prefix, metric key, decoder label)``; the default (:func:`default_name`) is the pair's
+    label (:func:`~hdecode_torch.core.spec.label`) after the prefix, written with letters, digits
+    and ``_``: ``val_<metric>_<decoder>`` with parameter values appended and the decimal point written
     ``p``: ``val_hf_beta0p5_optimal``, ``val_tree_distance_darts0p5``, ``val_accuracy_majority``.
     These names work as ``ModelCheckpoint(monitor="val_hf_beta0p5_optimal")`` and in its
     ``filename="{epoch}-{val_hf_beta0p5_optimal:.3f}"``.  ``trainer.test`` logs the same pairs

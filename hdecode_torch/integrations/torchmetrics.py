@@ -70,8 +70,9 @@ class HierarchicalMetric(Metric):
         compute_on_cpu, dist_sync_on_step, process_group, sync_on_compute, ...: passed to
             :class:`torchmetrics.Metric`.
 
-    Name: each instance's class is a subclass named after its pair, ``<metric>_<decoder>``
-    (:attr:`name`, e.g. ``hf_beta0p5_optimal``, ``tree_distance_darts0p5``), so that
+    Name: :attr:`key` is the pair's label (:func:`~hdecode_torch.core.spec.label`, e.g.
+    ``hf_beta[beta=0.5]/optimal``); each instance's class is a subclass named after it, written with
+    letters, digits and ``_`` (:attr:`name`, e.g. ``hf_beta0p5_optimal``, ``tree_distance_darts0p5``), so that
     ``MetricCollection([...])`` (which keys members by class name) takes a list of them.
     ``plot()`` draws values like torchmetrics' own metrics, on the metric's range (``[0, 1]``
     for accuracy, Wu-Palmer, Zhao, hF_β and Jaccard; from 0 for the costs).  Pickling stores the
