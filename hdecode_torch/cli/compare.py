@@ -410,7 +410,8 @@ def run(args: argparse.Namespace, progress: Progress) -> int:
     print(textwrap.fill(legend, width, break_on_hyphens=False))
     if rc is not None:
         print()
-        say("risk:", f"{canonical_label(decoder=rc)}: λ = {risk['lambda']:.4g} fitted on {risk['calibration_rows']} held-out rows "
+        say("risk:", f"{canonical_label(decoder=rc)}: λ = {risk['lambda']:.4g} fitted on {risk['calibration_rows']} "
+                     "held-out rows "
                      f"(their miss rate {risk['calibration_miss_rate']:.4f}); {risk['guarantee']}. On the "
                      f"{ev.num_samples} scored rows:")
         print()

@@ -23,7 +23,8 @@ from ..core.validation import compute_dtype
 from ..decoders import Decoder
 from ..hierarchy import Hierarchy
 
-__all__ = ["tracing", "fixed_size_decoder", "graph_body", "build_tables", "decode_traced", "export", "export_onnx"]
+__all__ = ["tracing", "fixed_size_decoder", "graph_body", "build_tables", "prepare_tables", "decode_traced", "export",
+           "export_onnx"]
 
 
 # --------------------------------------------------------------------------- tracing
@@ -150,7 +151,8 @@ def _export_context(head, device_type: str | None):
         head._unchecked_trace = was
 
 
-def _tables_for(head, x: torch.Tensor) -> None:
+def prepare_tables(head, x: torch.Tensor) -> None:
+    """:func:`build_tables` for ``x`` under the current plan (before a trace reads them)."""
     h = head.hierarchy
     plan = resolve_plan(h, x.device)
     build_tables(head, h, x, plan, fixed_size_decoder(head, h, plan))
@@ -160,7 +162,7 @@ def export(head, example: torch.Tensor, dynamic_batch: bool = True):
     """:meth:`DecodingHead.export` (its docstring says what the program does)."""
     x = _example(head, example)
     with _export_context(head, None):
-        _tables_for(head, x)
+        prepare_tables(head, x)
         program = torch.export.export(head, (x,), dynamic_shapes=_batch_dim(dynamic_batch), strict=False)
     return _checked_program(program, head._hierarchy.num_leaves)
 
@@ -183,7 +185,7 @@ def export_onnx(head, example: torch.Tensor, path=None, dynamic_batch: bool = Tr
     kwargs.setdefault("input_names", ["scores"])
     kwargs.setdefault("output_names", ["prediction"])
     with _export_context(head, "cpu"):
-        _tables_for(head, x)
+        prepare_tables(head, x)
         return torch.onnx.export(head, (x,), path, dynamo=True, dynamic_shapes=_batch_dim(dynamic_batch), **kwargs)
 
 

@@ -21,7 +21,8 @@ from ..decoders import Decoder, get_decoder
 from ..decoders.risk_control import RiskControl
 from ..hierarchy import Hierarchy
 from ..metrics import METRICS, BaseMetric, get_metric
-from . import cuda_graphs, export
+from . import cuda_graphs
+from . import export as exporting
 from .export import tracing
 
 __all__ = ["DecodingHead", "resolve_pair", "pair_name", "decoder_label"]
@@ -232,7 +233,7 @@ class DecodingHead(nn.Module):
         """
         mode = tracing()
         if mode == "export":
-            return export.decode_traced(self, scores)
+            return exporting.decode_traced(self, scores)
         if mode == "compile":
             return _outside_graph()(self, scores)
         return self._decode(scores)
@@ -263,11 +264,11 @@ class DecodingHead(nn.Module):
 
     def _graph_body(self, h: Hierarchy, scores: torch.Tensor, check: bool = False):
         """:func:`~hdecode_torch.integrations.export.graph_body` of this head under the current plan."""
-        return export.graph_body(self, h, scores, check)
+        return exporting.graph_body(self, h, scores, check)
 
     def _build_tables(self, h: Hierarchy, scores: torch.Tensor) -> None:
         """The tree-only tables a graph of this head reads, built under the current plan."""
-        export._tables_for(self, scores)
+        exporting.prepare_tables(self, scores)
 
     # ------------------------------------------------------------------ export
     def export(self, example: torch.Tensor, *, dynamic_batch: bool = True):
@@ -290,7 +291,7 @@ class DecodingHead(nn.Module):
         ``hdecode::`` operators: ``import hdecode_torch.kernels.fused`` (which registers them)
         before ``torch.export.load``.  ValueError for a decoder without fixed sizes (:attr:`traceable`).
         """
-        return export.export(self, example, dynamic_batch)
+        return exporting.export(self, example, dynamic_batch)
 
     def export_onnx(self, example: torch.Tensor, path=None, *, dynamic_batch: bool = True, **kwargs):
         """ONNX export of this head (``torch.onnx.export(dynamo=True)``); returns the ``ONNXProgram``.
@@ -304,7 +305,7 @@ class DecodingHead(nn.Module):
         use fused ``hdecode::`` operators, cannot be exported.  Needs ``onnx`` and ``onnxscript``
         (``pip install "hdecode_torch[export]"``); ``kwargs`` go to ``torch.onnx.export``.
         """
-        return export.export_onnx(self, example, path, dynamic_batch, **kwargs)
+        return exporting.export_onnx(self, example, path, dynamic_batch, **kwargs)
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         if "lam" in self._buffers and isinstance(self.decoder, RiskControl):
