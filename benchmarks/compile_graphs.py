@@ -26,19 +26,19 @@ import torch
 import hdecode_torch as hd
 
 from .measure import sync, time_call
-from .workloads import TREE_ALIASES, load_tree, model_like_probs
+from .workloads import TREE_ALIASES, label_matches, load_tree, model_like_probs
 
 #: (label, kind, name, params, host-sync free with validate=False)
 DECODERS = [
     ("node_probabilities", "probs", None, {}, True),
-    ("opt:accuracy", "metric", "accuracy", {}, True),
-    ("opt:lca_height", "metric", "lca_height", {}, True),
-    ("opt:tree_distance", "metric", "tree_distance", {}, True),
-    ("opt:zhao", "metric", "zhao", {"strategy": "structural"}, True),
-    ("opt:wu_palmer[structural]", "metric", "wu_palmer", {"strategy": "structural"}, True),
-    ("opt:hamming", "metric", "hamming", {}, True),
-    ("opt:wu_palmer", "metric", "wu_palmer", {}, False),
-    ("opt:hf_beta[beta=1]", "metric", "hf_beta", {"beta": 1.0}, False),
+    ("accuracy/optimal", "metric", "accuracy", {}, True),
+    ("lca_height/optimal", "metric", "lca_height", {}, True),
+    ("tree_distance/optimal", "metric", "tree_distance", {}, True),
+    ("zhao/optimal", "metric", "zhao", {"strategy": "structural"}, True),
+    ("wu_palmer/optimal (structural)", "metric", "wu_palmer", {"strategy": "structural"}, True),
+    ("hamming/optimal", "metric", "hamming", {}, True),
+    ("wu_palmer/optimal", "metric", "wu_palmer", {}, False),
+    ("hf_beta[beta=1]/optimal", "metric", "hf_beta", {"beta": 1.0}, False),
     ("top_down", "decoder", "top_down", {}, True),
     ("plurality", "decoder", "plurality", {}, True),
     ("darts[lam=0.5]", "decoder", "darts", {"lam": 0.5}, True),
@@ -85,7 +85,7 @@ def run(args) -> dict:
         print(f"\n=== {tree}  B={args.batch}  device={dev}")
         print(f"  {'decoder':28s} {'variant':8s} {'µs/sample':>10s} {'ms/batch':>9s} {'first call s':>12s}  same")
         for label, kind, name, params, sync_free in DECODERS:
-            if args.decoders and not any(s in label for s in args.decoders.split(",")):
+            if args.decoders and not any(label_matches(s, label) for s in args.decoders.split(",")):
                 continue
             fn = decoder_fn(h, kind, name, params)
             want = fn(x)

@@ -36,6 +36,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
 
 import hdecode_torch as hd  # noqa: E402
+from hdecode_torch.core.spec import label as decoder_label  # noqa: E402
 
 __all__ = ["Cost", "cost_of", "deepened"]
 
@@ -129,7 +130,7 @@ def decoders(h):
             continue
         for params in grids.get(name, [{}]):
             m = hd.get_metric(name, h, **params)
-            yield m.key, m.decode, h.num_nodes if m.kind == "set" else 8
+            yield decoder_label(m, "optimal"), m.decode, h.num_nodes if m.kind == "set" else 8
 
 
 def main(argv=None):

@@ -32,10 +32,11 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import hdecode_torch as hd  # noqa: E402
+from hdecode_torch.core.spec import label  # noqa: E402
 from benchmarks.baselines import NODE_METRICS, SET_METRICS, Baselines, expected_score  # noqa: E402
 from hdecode_torch.core.registry import resolve_hook  # noqa: E402
 from benchmarks.measure import cpu_model, measure_bandwidth, memory_profile, table_bandwidth, time_call  # noqa: E402
-from benchmarks.workloads import SYNTHETIC, TREE_ALIASES, load_tree, model_like_probs  # noqa: E402
+from benchmarks.workloads import SYNTHETIC, TREE_ALIASES, label_matches, load_tree, model_like_probs  # noqa: E402
 
 DEFAULT_TREES = ["tieredimagenet-h", "inat19", "synthetic-100k", "synthetic-1m"]
 LARGE_NODES = 50_000  # trees above this get the "scale" treatment (B = --large-batch-sizes, memory checks)
@@ -102,7 +103,7 @@ def discover_specs(only: list[str] | None = None) -> list[Spec]:
         for params in timed_settings(cls):
             m = hd.get_metric(name, tiny, **{k: v(tiny) if callable(v) else v for k, v in params.items()})
             m.decode(x)
-            specs.append(Spec("opt:" + _key(name, params), "optimal", name, params, "set" if m.kind == "set" else "node",
+            specs.append(Spec(label(m, "optimal"), "optimal", name, params, "set" if m.kind == "set" else "node",
                               cls))
     for name in hd.list_decoders():
         if name == "optimal":
@@ -111,7 +112,7 @@ def discover_specs(only: list[str] | None = None) -> list[Spec]:
         for params in timed_settings(cls):
             specs.append(Spec(_key(name, params), "heuristic", name, params, cls=cls))
     if only:
-        specs = [s for s in specs if any(o in s.key for o in only)]
+        specs = [s for s in specs if any(label_matches(o, s.key) for o in only)]
     return specs
 
 

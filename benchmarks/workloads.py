@@ -92,3 +92,11 @@ def model_like_probs(ancestors: np.ndarray, depth: np.ndarray, num_leaves: int, 
         e = np.exp(logits)
         out[i] = e / e.sum()
     return out
+
+
+def label_matches(pattern: str, key: str) -> bool:
+    """Whether ``pattern`` (a substring; ``opt:<metric>`` as earlier versions wrote it, a metric's optimal
+    decoder) selects the row labelled ``key``."""
+    if pattern.startswith("opt:"):
+        return key.endswith("/optimal") and pattern[len("opt:"):] in key
+    return pattern in key

@@ -964,6 +964,8 @@ def test_inapplicable_options_are_errors(tmp_path, capsys):
         (["compare", "--decoders", "majority", "--info-threshold", "1"], "--info-threshold applies to the decoder"),
         (["compare", "--metrics", ","], "--metrics: no name given"),
         (["compare", "--decoders", "optimal"], "'optimal' is not a heuristic"),
+        (["compare", "--decoders", "majority,wu_palmer/optimal"], "'optimal' is not a heuristic"),  # a label
+        (["compare", "--decoders", "optimal:wu_palmer"], "'optimal' is not a heuristic"),
         (["compare", "--calibrate"], "--calibrate applies to --probs"),
         (["plot", "agreement", "--metric", "zhao", "--beta", "2", "--output", tmp_path / "a.png"], "--beta applies"),
     ]

@@ -80,8 +80,8 @@ def test_compare_alpha_miss_rates_and_depths_equal_direct_ones(compare_alpha, ti
     p, t = probs[other], y[other]
     rc = hd.RiskControl(tiered, alpha=0.1).fit(probs[fit], y[fit])
     hf = hd.get_metric("hf_beta", tiered, beta=1.0)
-    answers = {rc.key: rc.decode(p), "optimal:tree_distance": hd.get_metric("tree_distance", tiered).decode(p),
-               "optimal:hf_beta[beta=1]": hf.decode(p)}  # a node set
+    answers = {rc.key: rc.decode(p), "tree_distance/optimal": hd.get_metric("tree_distance", tiered).decode(p),
+               "hf_beta[beta=1]/optimal": hf.decode(p)}  # a node set
     for key in HEURISTICS:  # setting["decoders"]: {key: {"name": ..., **params}}
         params = dict(doc["metadata"]["setting"]["decoders"][key])
         answers[key] = hd.get_decoder(params.pop("name"), tiered, **params).decode(p)
@@ -96,7 +96,7 @@ def test_compare_alpha_miss_rates_and_depths_equal_direct_ones(compare_alpha, ti
     # The library's own loss at the fitted λ, another path to the same number.
     assert risk["miss_rate"][rc.key] == pytest.approx(float(rc.loss_steps(p, t).losses(rc.lam).mean()), abs=1e-12)
     # majority is the optimal tree-distance decoder: the same answers, the same miss rate.
-    assert risk["miss_rate"]["majority"] == risk["miss_rate"]["optimal:tree_distance"]
+    assert risk["miss_rate"]["majority"] == risk["miss_rate"]["tree_distance/optimal"]
 
 
 def test_compare_alpha_prints_the_json_values(compare_alpha):
@@ -135,7 +135,7 @@ def test_compare_alpha_delta_with_its_own_split(tmp_path, tiered, capsys):
     assert "with probability at least 0.9" in risk["guarantee"]
     miss, _ = miss_and_depth(tiered, rc.decode(probs[other]), y[other])
     assert risk["miss_rate"][rc.key] == pytest.approx(float(miss.mean()), abs=1e-12)
-    assert list(risk["miss_rate"]) == [rc.key, "optimal:accuracy", "majority"]
+    assert list(risk["miss_rate"]) == [rc.key, "accuracy/optimal", "majority"]
 
 
 @pytest.mark.parametrize("kind", ["temperature", "hierarchical"])

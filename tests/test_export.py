@@ -316,19 +316,15 @@ def _dynamo_folds_is_exporting_to_true(real):
     return lambda: torch.compiler.is_dynamo_compiling() or real()
 
 
-@pytest.mark.parametrize("torch_like", ["2.11", "2.6"])
-def test_head_stays_out_of_the_graph_whatever_torch_says_about_exporting(torch_like, monkeypatch):
+def test_head_stays_out_of_the_graph_whatever_torch_says_about_exporting(monkeypatch):
     """Issue 24: on torch 2.11, torch.compile of backbone + head raised "Expected a DecodingHead built with
-    `validate=False` in an exported graph" (Dynamo folded is_exporting() to True).  Both older behaviours
-    are simulated here: is_exporting() True under Dynamo (2.7 to 2.11), no is_exporting at all (2.6)."""
+    `validate=False` in an exported graph" (Dynamo folded is_exporting() to True).  That behaviour (torch
+    2.7 to 2.11) is simulated here."""
     import torch._dynamo
 
-    import hdecode_torch.integrations.module as module
+    import hdecode_torch.integrations.export as export
 
-    if torch_like == "2.11":
-        monkeypatch.setattr(module, "_is_exporting", _dynamo_folds_is_exporting_to_true(torch.compiler.is_exporting))
-    else:
-        monkeypatch.setattr(module, "_is_exporting", None)
+    monkeypatch.setattr(export, "_is_exporting", _dynamo_folds_is_exporting_to_true(torch.compiler.is_exporting))
     backbone = nn.Sequential(nn.Linear(8, L)).eval()
     model = nn.Sequential(backbone, DecodingHead(H, "wu_palmer", from_logits=True))
     x = torch.randn(16, 8, generator=torch.Generator().manual_seed(5)) * 4
@@ -381,3 +377,31 @@ def test_cuda_graph_replay_equals_eager(name, params):
     assert loaded._graph is None
     x = _probs(12, 24).cuda()
     assert torch.equal(loaded(x), eager(x)) and loaded._graph is not None
+
+
+def test_each_metric_says_its_fixed_size_equivalent():
+    """metric.fixed_size(plan): the exact search a graph runs in place of a pruned candidate list, deciding
+    the same; every other metric answers itself."""
+    from hdecode_torch.core.plan import resolve_plan
+
+    x = _probs(4, 64)
+    with hd.plan_for("cpu"):
+        plan = resolve_plan(H, x.device)
+        for name, params in [("wu_palmer", {"strategy": "candidates"}), ("zhao", {"strategy": "candidates"}),
+                             ("wu_palmer", {"strategy": "structural"}), ("tree_distance", {}), ("hamming", {})]:
+            m = hd.get_metric(name, H, **params)
+            fixed = m.fixed_size(plan, H)
+            if params.get("strategy") == "candidates":
+                assert fixed is not m and fixed.strategy == "dense" and m.strategy == "candidates"
+            else:
+                assert fixed is m
+            assert torch.equal(fixed.decode(x), m.decode(x)), name
+        big = hd.get_metric("wu_palmer", H, strategy="candidates")
+        big.DENSE_MAX_ENTRIES = 0  # as on a tree too large for the (N, L) matrix: root-path sums
+        assert big.fixed_size(plan, H).strategy == "structural"
+        assert torch.equal(big.fixed_size(plan, H).decode(x), big.decode(x))
+        cost = hd.get_metric("tree_distance", H).dense_matrix().to(torch.float64)
+        m = hd.get_metric("cost_matrix", H, cost=cost)
+        fixed = m.fixed_size(plan, H)
+        assert m.is_hierarchically_reasonable and fixed.strategy == "dense" and m.strategy == "auto"
+        assert torch.equal(fixed.decode(x), m.decode(x))

@@ -621,3 +621,106 @@ def test_callback_with_the_unified_lightning_package(tmp_path):
     assert set(logged) == set(want)
     for k, v in want.items():
         assert torch.allclose(logged[k].double(), v, rtol=F32_EPS), k  # float64 mean, cast
+
+
+# --------------------------------------------------------------------------- one label per decoder
+#: (metric spec, decoder spec, the pair's label, its safe form, the decoder's own label)
+LABELLED = [
+    ("hf_beta[beta=0.5]", "optimal", "hf_beta[beta=0.5]/optimal", "hf_beta0p5_optimal", "hf_beta[beta=0.5]/optimal"),
+    ("tree_distance", ("darts", {"lam": 0.5}), "tree_distance/darts[lam=0.5]", "tree_distance_darts0p5",
+     "darts[lam=0.5]"),
+    ("accuracy", "optimal:wu_palmer", "accuracy/wu_palmer/optimal", "accuracy_wu_palmer_optimal",
+     "wu_palmer/optimal"),
+]
+
+
+@pytest.mark.parametrize("metric,decoder,pair,safe,alone", LABELLED, ids=[x[2] for x in LABELLED])
+def test_every_output_names_a_pair_by_its_one_label(metric, decoder, pair, safe, alone):
+    from hdecode_torch.core.spec import label
+    from hdecode_torch.integrations.batch import column_name
+    from hdecode_torch.integrations.lightning import default_name
+
+    m = HierarchicalMetric(H, metric, decoder=decoder)
+    head = DecodingHead(H, metric, decoder=decoder)
+    assert label(m.metric, m.decoder) == pair == m.key
+    assert label(m.metric, m.decoder, safe=True) == safe == m.name == type(m).__name__
+    assert repr(head) == f"DecodingHead({pair}, from_logits=False, num_nodes={H.num_nodes})"
+    assert f"({pair})" in repr(m)
+    metric_key, decoder_part = pair.split("/", 1)
+    assert default_name("val", metric_key, decoder_part) == f"val_{safe}"
+    assert label(decoder=m.decoder) == alone
+    assert column_name(m.decoder) == label(decoder=m.decoder, safe=True)
+    assert all(c.isalnum() or c in "_-" for c in safe)
+    # The label is a spec again: each part builds the same metric and decoder.
+    again = hd.get_decoder(alone, H) if "/" in alone else hd.get_decoder(decoder_part, H)
+    assert again.key == m.decoder.key
+    assert hd.get_metric(metric_key, H).key == m.metric.key
+
+
+@pytest.mark.parametrize("spec", ["optimal:hf_beta[beta=0.5]", "hf_beta[beta=0.5]/optimal", "optimal:hf[beta=0.5]",
+                                  ("optimal", {"metric": "hf_beta[beta=0.5]"}), "hf_beta[ beta = 0.50 ]/optimal"])
+def test_each_spelling_of_an_optimal_decoder_maps_to_its_label(spec):
+    from hdecode_torch.core.spec import label
+
+    dec = hd.get_decoder(spec, H)
+    assert label(decoder=dec) == "hf_beta[beta=0.5]/optimal"
+    by_metric = hd.get_decoder("optimal", H, metric=("hf_beta", {"beta": 0.5}))
+    assert label(decoder=by_metric) == label(by_metric.metric, by_metric) == "hf_beta[beta=0.5]/optimal"
+    assert label(hd.get_metric("hf_beta", H, beta=0.5), dec) == "hf_beta[beta=0.5]/optimal"  # its own metric
+
+
+@pytest.mark.parametrize("spec", ["darts[lam=0.5]", ("darts", {"lam": 0.5}), "darts[lam=0.50]"])
+def test_each_spelling_of_a_heuristic_maps_to_its_label(spec):
+    from hdecode_torch.core.spec import label
+
+    assert label(decoder=hd.get_decoder(spec, H)) == "darts[lam=0.5]"
+    assert label(decoder=hd.get_decoder("darts", H, lam=0.5), safe=True) == "darts0p5"
+
+
+def test_every_decoder_label_is_taken_back_as_a_spec():
+    from hdecode_torch.core.spec import label
+
+    from harness import heuristic_cases
+
+    decoders = [hd.get_decoder(name, H, **params) for name, params in (c.values for c in heuristic_cases(full=False))]
+    decoders += [hd.get_decoder("optimal", H, metric=name) for name in hd.list_metrics()
+                 if hd.metrics.metric_class(name).has_decoder and name != "cost_matrix"]
+    decoders += [hd.get_decoder("optimal", H, metric=("tree_distance_c", {"c": 0.25}))]
+    for dec in decoders:
+        again = hd.get_decoder(label(decoder=dec), H)
+        assert type(again) is type(dec) and again.key == dec.key, label(decoder=dec)
+
+
+def test_compare_json_and_table_use_the_labels(tmp_path, capsys):
+    """``hdecode compare``: the decoders' keys and headers are their labels, the risk-control rows too."""
+    import json
+
+    from hdecode_torch.cli.main import main
+    from hdecode_torch.core.spec import label
+
+    path = tmp_path / "out.json"
+    code = main(["compare", "--alpha", "0.2", "--num-samples", "300", "--seed", "1", "--metrics", "hf_beta,wu_palmer",
+                 "--betas", "0.5", "--decoders", "darts,majority", "--lam", "0.5", "--json", str(path),
+                 "--no-progress", "--width", "200"])
+    out = capsys.readouterr().out
+    assert code == 0
+    results = json.loads(path.read_text())["results"]
+    heuristics = [label(decoder=hd.get_decoder("darts", H, lam=0.5)), "majority"]
+    assert list(results["metrics"]) == ["hf_beta[beta=0.5]", "wu_palmer"]
+    for metric in results["metrics"].values():
+        assert [k for k in metric if k != "higher_is_better"] == ["optimal", *heuristics]
+    assert list(results["risk_control"]["miss_rate"]) == ["risk_control[alpha=0.2]", "hf_beta[beta=0.5]/optimal",
+                                                          "wu_palmer/optimal", *heuristics]
+    header = next(line for line in out.splitlines() if line.lstrip().startswith("metric"))
+    assert header.split() == ["metric", "optimal", "gain", *heuristics]
+    assert "hf_beta[beta=0.5]/optimal" in out and "optimal:" not in out
+
+
+def test_benchmark_rows_are_labelled_as_the_library_labels_them():
+    from benchmarks.run import discover_specs
+    from hdecode_torch.core.spec import label
+
+    keys = {s.key for s in discover_specs()}
+    assert {"hf_beta[beta=0.5]/optimal", "wu_palmer/optimal", "tree_distance_c[c=0.5]/optimal"} <= keys
+    assert not any(k.startswith("opt:") for k in keys)
+    assert label(decoder=hd.get_decoder("hf_beta[beta=2]/optimal", H)) in keys

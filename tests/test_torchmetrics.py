@@ -430,3 +430,24 @@ def test_compute_returns_the_scores_dtype_from_float64_sums(exact):
         m.reset()
         with pytest.warns(UserWarning, match="called before the ``update``"):
             assert m.compute().dtype == torch.get_default_dtype()
+
+
+def test_update_together_hands_its_batch_to_the_members_without_the_thread_cache(monkeypatch):
+    """update_together (the Lightning callback's path) checks and decodes once for its members and gives each
+    the batch itself: the thread's shared batch is neither read nor replaced, and a member with other options
+    checks its own."""
+    import hdecode_torch.integrations.torchmetrics as tm
+
+    probs, y = _batch(30, 12)
+    members = [HierarchicalMetric(H, "tree_distance", decoder="majority"), HierarchicalMetric(H, "wu_palmer",
+               decoder="majority"), HierarchicalMetric(H, "accuracy")]
+    other = HierarchicalMetric(H, "tree_distance", decoder="majority", from_logits="auto")
+    tm.release_shared_batch()
+    calls = _count_decodes(monkeypatch)
+    tm.update_together(members + [other], probs, y)
+    assert sorted(calls) == ["accuracy", "majority", "majority"]  # one per decoder, and `other`'s own
+    assert tm._local.batch.key[1] == "auto" and tm._local.batch.users == {id(other)}  # only `other` used the cache
+    assert not hasattr(tm._local, "scope") and all(m._given_batch is None for m in members)
+    for m in members + [other]:
+        assert _same(m.values[0], _direct(m, probs, y)), m.name
+    tm.release_shared_batch()

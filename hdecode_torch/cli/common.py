@@ -343,7 +343,7 @@ def heuristic_selection(values, flag: str) -> list[str]:
     if "all" in specs:
         specs = list(dict.fromkeys([n for n in specs if n != "all"] + heuristic_names()))
     for spec in specs:
-        if spec == "optimal" or spec.startswith("optimal:"):
+        if spec == "optimal" or spec.startswith("optimal:") or spec.rstrip().endswith("/optimal"):
             raise CLIError(f"{flag}: 'optimal' is not a heuristic; each metric's optimal decoder is always included")
     return specs
 

@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from ..core.spec import label as canonical_label
 from ..synthetic import synthetic_outputs
 from .common import (
     DEFAULT_CALIBRATION_SPLIT, DEFAULT_METRICS, DEFAULT_SEED, CLIError, Progress,
@@ -205,7 +206,7 @@ def to_json(ev: Evaluation) -> dict:
 
 COVERAGE_LEGEND = ("miss rate: how often the target is not under the answer (a node set: some node of it is not an "
                    "ancestor of the target), ± its standard error; mean depth: of the answers (a node set: its nodes "
-                   "below the root). optimal:M is metric M's Bayes-optimal decoder.")
+                   "below the root). M/optimal is metric M's Bayes-optimal decoder.")
 
 
 def render_coverage(cov, *, width: int | None = None) -> str:
@@ -391,7 +392,7 @@ def run(args: argparse.Namespace, progress: Progress) -> int:
     if ece_table:
         print()
         print(ece_table)
-    params = [d.key for d in heuristics if d.params]
+    params = [canonical_label(decoder=d) for d in heuristics if d.params]
     say("decoders:", "optimal = each metric's Bayes-optimal decoder, vs "
         f"{len(heuristics)} heuristic{'s' if len(heuristics) != 1 else ''}" + (f" ({', '.join(params)})" if params
                                                                                else ""))
@@ -407,7 +408,8 @@ def run(args: argparse.Namespace, progress: Progress) -> int:
     print(textwrap.fill(legend, width, break_on_hyphens=False))
     if rc is not None:
         print()
-        say("risk:", f"{rc.key}: λ = {risk['lambda']:.4g} fitted on {risk['calibration_rows']} held-out rows "
+        say("risk:", f"{canonical_label(decoder=rc)}: λ = {risk['lambda']:.4g} fitted on {risk['calibration_rows']} "
+                     "held-out rows "
                      f"(their miss rate {risk['calibration_miss_rate']:.4f}); {risk['guarantee']}. On the "
                      f"{ev.num_samples} scored rows:")
         print()
@@ -422,7 +424,7 @@ def run(args: argparse.Namespace, progress: Progress) -> int:
         if check is not None:
             results["calibration_check"] = check
         if rc is not None:
-            results["risk_control"] = {"decoder": rc.key, **risk, "scored_rows": ev.num_samples,
+            results["risk_control"] = {"decoder": canonical_label(decoder=rc), **risk, "scored_rows": ev.num_samples,
                                        **coverage_json(ev.coverage)}
         doc = json_document("compare", {"setting": setting, "timings": timings}, results)
         with StagedWrites() as staged:

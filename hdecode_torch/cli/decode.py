@@ -11,6 +11,8 @@ import sys
 import numpy as np
 import torch
 
+from ..core.spec import OPTIMAL
+from ..core.spec import label as decoder_label
 from ..core.topk import TOPK_METRICS, TopK, no_top_k_decoder
 from .commands import output_format
 from .common import (
@@ -24,7 +26,7 @@ from .io import StagedWrites, one_line
 
 
 def _decoder(h, args):
-    """(key, decode function, metric-or-decoder object) for --metric or --decoder; checks that the
+    """(label, decode function, metric-or-decoder object) for --metric or --decoder; checks that the
     parameters given apply to it."""
     import_modules(args.imports)
     if args.metric is not None:
@@ -33,10 +35,10 @@ def _decoder(h, args):
         if not has_optimal(metric):
             raise CLIError(f"--metric {args.metric}: No Bayes-optimal decoder for `{metric.name}`; pick another "
                            "metric or a --decoder")
-        return metric.key, metric.decode, metric
+        return decoder_label(metric, OPTIMAL), metric.decode, metric
     dec = build_heuristics(h, [one_spec(args.decoder, "--decoder")], args)[0]
     check_applicable(args, decoders=[dec], metric_flag="--metric", decoder_flag="--decoder")
-    return dec.key, dec.decode, dec
+    return decoder_label(decoder=dec), dec.decode, dec
 
 
 def set_members(h, sets: torch.Tensor) -> list[list[int]]:

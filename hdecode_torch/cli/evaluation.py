@@ -17,13 +17,12 @@ from dataclasses import dataclass
 import torch
 
 from ..core.posterior import Posterior
+from ..core.spec import OPTIMAL, label
 from ..kernels.ancestry import is_ancestor, path_counts
 from ..metrics import has_optimal_decoder
 
 __all__ = ["Evaluation", "Coverage", "evaluate", "has_optimal", "chunk_posterior", "rows_probabilities",
            "answer_coverage", "OPTIMAL"]
-
-OPTIMAL = "optimal"
 
 
 class _Moments:
@@ -60,7 +59,7 @@ class _Moments:
 class Coverage:
     """How often each decoder's answer misses the target, and how deep its answers are.
 
-    ``decoders``: keys (the ``extra`` decoders first, then ``optimal:<metric key>`` per metric with an
+    ``decoders``: keys (the ``extra`` decoders first, then ``<metric key>/optimal`` per metric with an
     optimal decoder, then the heuristics); ``miss``/``miss_stderr``: (K,) float64 mean of 1{the target
     is not under the answer} and its standard error; ``depth``/``depth_stderr``: (K,) float64 mean
     depth of the answers (a node set: its nodes below the root).
@@ -159,7 +158,7 @@ def evaluate(h, probs: torch.Tensor, targets: torch.Tensor, metrics: list, heuri
     coverage.
     """
     optimal_ok = [has_optimal(m) for m in metrics]
-    keys = [OPTIMAL] + [d.key for d in heuristics]
+    keys = [OPTIMAL] + [label(decoder=d) for d in heuristics]
     M, D = len(metrics), len(keys)
     single, paired, covered = _Moments(), _Moments(), _Moments()
     B = probs.shape[0]
@@ -189,7 +188,7 @@ def evaluate(h, probs: torch.Tensor, targets: torch.Tensor, metrics: list, heuri
     available[:, 0] = torch.tensor(optimal_ok)
     cov = None
     if coverage is not None:  # (K, 2): miss, depth
-        names = ([d.key for d in coverage] + [f"{OPTIMAL}:{m.key}" for m, ok in zip(metrics, optimal_ok) if ok]
+        names = ([label(decoder=d) for d in coverage] + [label(m, OPTIMAL) for m, ok in zip(metrics, optimal_ok) if ok]
                  + keys[1:])
         mean, se = covered.mean.cpu(), covered.stderr().cpu()
         cov = Coverage(names, mean[:, 0], se[:, 0], mean[:, 1], se[:, 1])

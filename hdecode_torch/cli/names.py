@@ -83,7 +83,7 @@ def _split(values) -> list[str]:
 
 def _name(spec: str) -> str | None:
     """The registered name a spec starts with; ``None`` for a malformed spec (reported after the import)."""
-    if spec.startswith("optimal:"):
+    if spec.startswith("optimal:") or spec.rstrip().endswith("/optimal"):
         return "optimal"
     match = _SPEC_NAME.fullmatch(spec)
     return match.group(1) if match else None
@@ -113,7 +113,7 @@ def _decoder_names(specs, flag: str, heuristics_only: bool) -> list[str]:
         if "all" in specs:
             specs = [s for s in specs if s != "all"] + list(HEURISTIC_NAMES)
         for spec in specs:
-            if spec == "optimal" or spec.startswith("optimal:"):
+            if spec == "optimal" or spec.startswith("optimal:") or spec.rstrip().endswith("/optimal"):
                 raise CLIError(f"{flag}: 'optimal' is not a heuristic; each metric's optimal decoder is always "
                                "included")
     names = []

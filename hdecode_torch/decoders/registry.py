@@ -48,7 +48,8 @@ class OptimalDecoder(Decoder):
 
     @property
     def key(self) -> str:
-        return f"optimal:{self.metric.key}"
+        """``"<metric key>/optimal"``, e.g. ``"hf_beta[beta=0.5]/optimal"`` (``core.spec.label``)."""
+        return f"{self.metric.key}/optimal"
 
     def __repr__(self) -> str:
         return f"OptimalDecoder({self.hierarchy!r}, metric={self.metric!r})"
@@ -96,7 +97,8 @@ def get_decoder(spec, hierarchy, *, metric=None, validate: bool | None = None, *
     ``information_threshold``, and ``validate=``); a built :class:`Decoder` is returned as is.
 
     ``"optimal"`` is the Bayes-optimal decoder of ``metric`` (a metric spec or a built metric, whose
-    parameters may follow as keywords); ``"optimal:hf_beta[beta=0.5]"`` names it in one string.
+    parameters may follow as keywords); its key ``"hf_beta[beta=0.5]/optimal"`` or ``"optimal:hf_beta[beta=0.5]"``
+    names it in one string.
     Unknown names (with a suggestion) or parameters and out-of-range values raise ``ValueError``; a
     metric without an exact decoder raises ``ValueError`` here rather than at the first batch.
     ``validate``: the decoder's default for its input check (ignored for a built decoder).

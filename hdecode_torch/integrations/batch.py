@@ -19,13 +19,12 @@ import torch
 from torch import nn
 
 from ..core.posterior import Posterior
-from ..core.spec import parse_spec
+from ..core.spec import label, parse_spec
 from ..core.logits import input_kind
 from ..decoders import Decoder, get_decoder
 from ..decoders.registry import DECODERS
 from ..hierarchy import Hierarchy
 from ..metrics import METRICS, BaseMetric
-from .module import decoder_label, pair_name
 
 __all__ = ["BatchDecoder", "column_name"]
 
@@ -33,14 +32,11 @@ _KEYS = {"probs": False, "logits": True}
 
 
 def column_name(decoder: Decoder) -> str:
-    """The output column of ``decoder``: ``<metric>_optimal`` for a metric's Bayes-optimal decoder
-    (``wu_palmer_optimal``, ``hf_beta0p5_optimal``), the decoder's key otherwise (``majority``,
-    ``darts0p5``), written as :func:`~hdecode_torch.integrations.module.pair_name` writes it: letters,
-    digits, ``_`` and ``-`` only, so that it is a valid Arrow, Spark and file name."""
-    metric = getattr(decoder, "metric", None)
-    if metric is not None and decoder_label(decoder, metric) == "optimal":
-        return pair_name(metric.key, "optimal")
-    return pair_name(decoder.key, "")
+    """The output column of ``decoder``: its label (:func:`~hdecode_torch.core.spec.label`) written with
+    letters, digits, ``_`` and ``-`` only, so that it is a valid Arrow, Spark and file name:
+    ``<metric>_optimal`` for a metric's Bayes-optimal decoder (``wu_palmer_optimal``,
+    ``hf_beta0p5_optimal``), the decoder's key otherwise (``majority``, ``darts0p5``)."""
+    return label(decoder=decoder, safe=True)
 
 
 def _resolve(hierarchy: Hierarchy, spec) -> Decoder:

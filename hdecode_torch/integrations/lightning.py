@@ -18,7 +18,8 @@ from ..core.logits import input_kind
 from ..core.validation import leaf_row_flags, prepare_leaf_probs
 from ..hierarchy import Hierarchy
 from ..metrics import get_metric, has_optimal_decoder
-from .module import decoder_label, pair_name
+from ..core.spec import label
+from .module import decoder_label
 from .torchmetrics import HierarchicalMetric, release_shared_batch, update_together
 
 try:
@@ -39,14 +40,15 @@ _STAGE = {"validate": "validation", "test": "test", "predict": "predict"}
 
 
 def default_name(prefix: str, metric: str, decoder: str) -> str:
-    """The logged name of a pair: ``<prefix>_<metric>_<decoder>``, parameter values appended with the
-    decimal point written ``p`` (``val_hf_beta0p5_optimal``, ``test_tree_distance_darts0p5``).
+    """The logged name of a pair: its label (:func:`~hdecode_torch.core.spec.label`) after the stage's
+    prefix, written with letters, digits, ``_`` and ``-`` only (``val_hf_beta0p5_optimal``,
+    ``test_tree_distance_darts0p5``), so it works as a ``ModelCheckpoint`` monitor, in its ``filename``
+    template and as a file name.
 
-    prefix: the stage's prefix; metric, decoder: keys such as ``"hf_beta[beta=0.5]"``,
-    ``"darts[lam=0.5]"`` or ``"optimal"``.  The name holds only letters, digits, ``_`` and ``-``,
-    so it works as a ``ModelCheckpoint`` monitor, in its ``filename`` template and as a file name.
+    prefix: the stage's prefix; metric, decoder: the pair's metric key and decoder label, such as
+    ``"hf_beta[beta=0.5]"`` and ``"darts[lam=0.5]"`` or ``"optimal"``.
     """
-    return pair_name(metric, decoder, prefix)
+    return label(metric, decoder, prefix=prefix, safe=True)
 
 
 class _CallbackLogic:
@@ -478,8 +480,9 @@ class HierarchicalMetricsCallback(_CallbackLogic, _pl.Callback):
     in large blocks, plus a few operators per pair to reduce and log the values.
 
     **What is logged.**  At the end of each validation epoch, one value per pair, named by
-    ``name_fn(prefix, metric key, decoder label)``; the default (:func:`default_name`) gives
-    ``val_<metric>_<decoder>`` with parameter values appended and the decimal point written
+    ``name_fn(prefix, metric key, decoder label)``; the default (:func:`default_name`) is the pair's
+    label (:func:`~hdecode_torch.core.spec.label`) after the prefix, written with letters, digits
+    and ``_``: ``val_<metric>_<decoder>`` with parameter values appended and the decimal point written
     ``p``: ``val_hf_beta0p5_optimal``, ``val_tree_distance_darts0p5``, ``val_accuracy_majority``.
     These names work as ``ModelCheckpoint(monitor="val_hf_beta0p5_optimal")`` and in its
     ``filename="{epoch}-{val_hf_beta0p5_optimal:.3f}"``.  ``trainer.test`` logs the same pairs

@@ -18,7 +18,8 @@ from ..functional._pieces import (
     checked_predictions, checked_scores, prediction_kind, values_compute, values_update,
 )
 from ..hierarchy import Hierarchy
-from .module import decoder_label, pair_name, resolve_pair, top_k_metric
+from ..core.spec import label
+from .module import resolve_pair, top_k_metric
 
 __all__ = ["HierarchicalMetric", "NodeCalibrationError"]
 
@@ -69,8 +70,9 @@ class HierarchicalMetric(Metric):
         compute_on_cpu, dist_sync_on_step, process_group, sync_on_compute, ...: passed to
             :class:`torchmetrics.Metric`.
 
-    Name: each instance's class is a subclass named after its pair, ``<metric>_<decoder>``
-    (:attr:`name`, e.g. ``hf_beta0p5_optimal``, ``tree_distance_darts0p5``), so that
+    Name: :attr:`key` is the pair's label (:func:`~hdecode_torch.core.spec.label`, e.g.
+    ``hf_beta[beta=0.5]/optimal``); each instance's class is a subclass named after it, written with
+    letters, digits and ``_`` (:attr:`name`, e.g. ``hf_beta0p5_optimal``, ``tree_distance_darts0p5``), so that
     ``MetricCollection([...])`` (which keys members by class name) takes a list of them.
     ``plot()`` draws values like torchmetrics' own metrics, on the metric's range (``[0, 1]``
     for accuracy, Wu-Palmer, Zhao, hF_β and Jaccard; from 0 for the costs).  Pickling stores the
@@ -146,14 +148,15 @@ class HierarchicalMetric(Metric):
 
     @property
     def name(self) -> str:
-        """``<metric>_<decoder>`` with parameter values, safe in file names and logger keys, e.g.
-        ``hf_beta0p5_optimal``."""
-        return pair_name(self.metric.key, decoder_label(self.decoder, self.metric))
+        """:attr:`key` written with letters, digits and ``_`` (``label(..., safe=True)``), safe in file names,
+        logger keys and ``MetricCollection`` keys, e.g. ``hf_beta0p5_optimal``."""
+        return label(self.metric, self.decoder, safe=True)
 
     @property
     def key(self) -> str:
-        """``"<metric key>/<decoder key>"``, e.g. ``"hf_beta[beta=0.5]/optimal"``."""
-        return f"{self.metric.key}/{decoder_label(self.decoder, self.metric)}"
+        """The pair's label (:func:`~hdecode_torch.core.spec.label`), ``"<metric key>/<decoder label>"``, e.g.
+        ``"hf_beta[beta=0.5]/optimal"``; :attr:`name` is the same label written for identifiers."""
+        return label(self.metric, self.decoder)
 
     def update(self, preds: torch.Tensor, target: torch.Tensor) -> None:
         """preds: (B, L) float scores (or a Posterior), decoded by the decoder; or decoded predictions,
@@ -166,7 +169,9 @@ class HierarchicalMetric(Metric):
             values = values_update(self.metric, pred, target, validate=self.validate)
             self._value_dtype = torch.float64 if topk.values.dtype == torch.float64 else torch.float32
         else:
-            batch = _shared_batch(self, preds, target)
+            given, self._given_batch = getattr(self, "_given_batch", None), None
+            batch = given if given is not None and _takes(given, self) else _shared_batch(self, preds, target)
+            batch.users.add(id(self))
             values = batch.values(self.metric, self.decoder)  # float64
             self._value_dtype = batch.dtype
         if self.exact:
@@ -197,7 +202,7 @@ class HierarchicalMetric(Metric):
         return self._plot(val, ax)
 
     def extra_repr(self) -> str:
-        return f"metric={self.metric.key}, decoder={decoder_label(self.decoder, self.metric)}"
+        return self.key
 
 
 # --------------------------------------------------------------------------- one batch, shared
@@ -316,6 +321,9 @@ class _SharedBatch:
                 self.scored[(id(metric), ident)] = part
 
 
+#: This thread's last batch (``batch``), which the next instance updated with the same arguments shares: how the
+#: members of a ``MetricCollection`` (or a loop over instances) share one check and decoding.  The one
+#: thread-local cache of the package; ``update_together`` hands its batch to each member instead.
 _local = threading.local()
 
 
@@ -377,26 +385,22 @@ def _shared_batch(metric: "HierarchicalMetric", preds, target) -> _SharedBatch:
     with it before (see the class docstring); ``metric`` is being updated with it."""
     kind, x = prediction_kind(preds)
     options = _options(metric, kind)
-    scope = getattr(_local, "scope", None)
-    if scope is not None:  # inside one update_together call: the same objects are the same batch
-        entry, args = scope
-        if (id(metric) not in entry.users and entry.key == options and args[0] is preds and args[1] is target
-                and (entry.h is metric.hierarchy or entry.h.same_tree(metric.hierarchy))):
-            entry.users.add(id(metric))
-            return entry
     entry = getattr(_local, "batch", None)
     # Identity and in-place version counters cannot tell a refilled buffer from the batch it held (writes
     # under inference_mode, through a numpy view or .data bump no counter): only the values can.
-    if (entry is not None and id(metric) not in entry.users and entry.key == options and entry.snapshot is not None
-            and (entry.h is metric.hierarchy or entry.h.same_tree(metric.hierarchy))
+    if (entry is not None and entry.key == options and entry.snapshot is not None and _takes(entry, metric)
             and _same_batch(entry.snapshot, preds, target)):
-        entry.users.add(id(metric))
         return entry
     entry = _new_batch(metric, kind, x, target, options)
     entry.snapshot = _snapshot(preds, target)
-    entry.users.add(id(metric))
     _local.batch = entry
     return entry
+
+
+def _takes(batch: _SharedBatch, metric: "HierarchicalMetric") -> bool:
+    """Whether ``metric`` may be updated with ``batch`` (checked with its options, on its tree, not yet used by it)."""
+    return (id(metric) not in batch.users and batch.key == _options(metric, batch.key[0])
+            and (batch.h is metric.hierarchy or batch.h.same_tree(metric.hierarchy)))
 
 
 def update_together(members, preds, target) -> None:
@@ -404,7 +408,8 @@ def update_together(members, preds, target) -> None:
     each metric object computed in one call for all its decoders' node-id predictions (what a grouped caller
     such as the Lightning callback knows in advance; members updated one by one share the decoding only).
 
-    Within this one call the arguments cannot change, so they are shared without comparing their values.
+    Within this one call the arguments cannot change, so the batch is handed to each member without comparing
+    their values (and without the thread's shared batch).
     """
     members = list(members)
     if not members:
@@ -413,13 +418,12 @@ def update_together(members, preds, target) -> None:
     options = _options(members[0], kind)
     batch = _new_batch(members[0], kind, x, target, options)
     batch.score([m for m in members if _options(m, kind) == options])
-    outer = getattr(_local, "scope", None)
-    _local.scope = (batch, (preds, target))
-    try:
-        for m in members:
+    for m in members:
+        m._given_batch = batch  # taken by m.update when m's options and tree match, else m checks its own
+        try:
             m.update(preds, target)
-    finally:
-        _local.scope = outer
+        finally:
+            m._given_batch = None
 
 
 def release_shared_batch() -> None:

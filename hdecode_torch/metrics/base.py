@@ -64,6 +64,15 @@ class BaseMetric(HierarchyComponent):
     #: depends on the data.  ``None``: every size is fixed by the batch and the tree.
     data_dependent_sizes: str | None = None
 
+    def fixed_size(self, plan, h=None) -> "BaseMetric":
+        """This metric, or an exact equivalent whose decoding under ``plan`` on ``h`` (default: its own
+        tree) has no size that depends on the data, for graphs (torch.export, ONNX, CUDA graphs).
+
+        Here: itself.  Metrics whose decoder prunes candidates (as many entries as pairs survive) return
+        a copy that scores every node instead.  Not called for ``data_dependent_sizes`` metrics.
+        """
+        return self
+
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         if "has_decoder" not in cls.__dict__:  # a class may say so itself

@@ -8,6 +8,8 @@ sampled products, O(B·(N + C·L)); otherwise it searches every node, O(B·N·L)
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import torch
 
@@ -101,6 +103,15 @@ class CostMatrixMetric(NodeMetric):
 
     def _bytes_per_sample(self, h, plan):
         return 8 * h.num_nodes * 2
+
+    def fixed_size(self, plan, h=None) -> "CostMatrixMetric":
+        """This metric, or for a pruning one (a hierarchically reasonable cost, strategy other than
+        ``"dense"``) a copy taking the exhaustive (N, B) table, which decides the same."""
+        if self.strategy == "dense" or not self.is_hierarchically_reasonable:
+            return self
+        fixed = copy.copy(self)
+        fixed.strategy = "dense"
+        return fixed
 
     def _decode_cpu(self, post) -> torch.Tensor:
         """Pruned candidates when the cost is hierarchically reasonable, else exhaustive search.

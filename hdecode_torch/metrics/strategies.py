@@ -19,6 +19,8 @@ the hierarchy, per device, so a new metric object decodes as fast as a reused on
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from ..core.chunking import chunk_ranges
@@ -93,6 +95,17 @@ class StrategyNodeMetric(NodeMetric):
 
     def _dense_fits(self, h) -> bool:
         return dense_fits(h, self.DENSE_MAX_ENTRIES)
+
+    def fixed_size(self, plan, h=None) -> "StrategyNodeMetric":
+        """This metric, or for the pruned candidates (``"candidates"``, or ``"auto"`` where ``plan`` picks
+        them) a copy scoring every node: the dense product while the (N, L) matrix fits, O(B·N·L), else the
+        structural root-path sums.  Both decide exactly as the candidates do."""
+        h = self.hierarchy if h is None else h
+        if self.resolved_strategy(plan, h) != "candidates":
+            return self
+        fixed = copy.copy(self)
+        fixed.strategy = "dense" if self._dense_fits(h) else "structural"
+        return fixed
 
     def candidates_are_faster(self, h, small: bool) -> bool:
         """Whether pruned candidates (scored with the dense matrix when ``small``, else along their root
