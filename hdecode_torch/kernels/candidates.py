@@ -54,7 +54,6 @@ def pruning_statistics(h, cost: torch.Tensor, rtol: float = 1e-12) -> PruningSta
     dev = cost.device
     depth = h.depth.to(dev)
     parent = h.parent.to(dev)
-    nodes = torch.arange(n_nodes, device=dev)
     pos, size = h.pos.to(dev), h.size.to(dev)
     inside = (pos[:, None] <= pos[None, :n_leaves]) & (pos[None, :n_leaves] < (pos + size)[:, None])  # l ∈ L(n)
     a_n = top_ancestor(h).to(dev)

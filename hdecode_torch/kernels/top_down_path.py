@@ -219,7 +219,6 @@ def miss_chains(h):
         col = np.repeat((np.cumsum(count, 1) - count)[rows, ks], reps) + j
         is_kid = j < degree[a]
         kid = kids[np.minimum(t.children_ptr[a] + j, max(kids.size - 1, 0))]
-        total = count.sum(1)
         # each row's last position (its last ancestor's end) repeated as padding; flat indices: 2-D fancy
         # indexing is several times slower on the millions of entries of a large tree
         runs = np.repeat(hi[owner[np.arange(num_leaves), (count > 0).sum(1) - 1]], width).reshape(num_leaves, width)
@@ -264,7 +263,7 @@ def miss_critical_values(h, chains, probs: torch.Tensor, targets: torch.Tensor, 
     block of the prefix sums.
     """
     runs_table, bar_table, on_table, rank_table = chains
-    d_max, batch, width = h.max_depth, probs.shape[0], runs_table.shape[1]
+    batch, width = probs.shape[0], runs_table.shape[1]
     runs = runs_table.index_select(0, targets)
     step = max(1, prefix_rows or batch)
     bounds = probs.new_empty((batch, width), dtype=torch.float64)

@@ -227,7 +227,7 @@ def knapsack_sets(gains, entry, nxt, b, kidx, budget: int):
     an optimal size) gets V = -inf and the root alone.  Per group: its (pairs, C) gains and
     positions (half the budget, at least one pair) and one host read (the allowed counts).
     """
-    r, (bsz, c) = b.numel(), entry.shape
+    r, c = b.numel(), entry.shape[1]
     dev = entry.device
     val = gains.new_full((r,), float("-inf"))
     members = torch.zeros(r, c, dtype=torch.bool, device=dev)
@@ -338,7 +338,7 @@ def knapsack_band(gp, nx, kidx, count, band: int, active, space):
     dec (C, R, band) bool: take position i at state s).
     """
     r, c = gp.shape
-    dev, dt = gp.device, gp.dtype
+    dev = gp.device
     w = band
     # Each row holds the band and as many -inf cells after it: the skip reads a window of w cells
     # from offset nxt(i) − i ≤ w of its row, past the band -inf (more skips than candidates).
