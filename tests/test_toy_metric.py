@@ -144,16 +144,16 @@ def test_harness_lists_them_with_their_grids(toy):
 def test_benchmarks_list_check_and_time_them(toy, tmp_path):
     run = pytest.importorskip("benchmarks.run")
     keys = [s.key for s in run.discover_specs()]
-    assert "opt:toy_depth_gap[penalty=3]" in keys and "toy_ranked_leaf" in keys  # the command line's setting
+    assert "toy_depth_gap[penalty=3]/optimal" in keys and "toy_ranked_leaf" in keys  # the command line's setting
     out = tmp_path / "bench.json"
     code = run.main(["--quick", "--device", "cpu", "--trees", "synthetic-tiny", "--batch-sizes", "16",
                      "--baseline-samples", "8", "--python-baseline-samples", "0", "--repeats", "1", "--min-time", "0",
                      "--no-backend-compare", "--no-memory", "--threads", "1", "--decoders", "toy_", "--json", str(out)])
     data = json.loads(out.read_text())
     assert code == 0
-    assert {c["decoder"]: c["status"] for c in data["checks"]} == {"opt:toy_depth_gap[penalty=3]": "pass",
+    assert {c["decoder"]: c["status"] for c in data["checks"]} == {"toy_depth_gap[penalty=3]/optimal": "pass",
                                                                   "toy_ranked_leaf": "pass"}
-    assert {r["decoder"] for r in data["rows"]} == {"opt:toy_depth_gap[penalty=3]", "toy_ranked_leaf"}
+    assert {r["decoder"] for r in data["rows"]} == {"toy_depth_gap[penalty=3]/optimal", "toy_ranked_leaf"}
 
 
 def test_compare_runs_them_with_the_declared_option(toy, tmp_path):
