@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels.certificate import Polytope, completion_polytope
 from ..kernels.support import listed_sums, node_mass, subtree_weights, unlisted_support, walk_up
 from .chunking import chunk_ranges
 from .plan import resolve_plan
@@ -262,6 +263,11 @@ class CompletedTopK:
     def node_mass(self, nodes: torch.Tensor) -> torch.Tensor:
         """(B, J) float64 p̃ of (B, J) int64 node ids, row by row (O(B·J·log k))."""
         return node_mass(self.h, self.listed, self.weights, nodes)
+
+    def polytope(self) -> Polytope:
+        """The completions the list is consistent with (each unlisted leaf at most c = max(v_k, m/|U|), their
+        total m), for ``decode(..., certify=True)``: see :mod:`hdecode_torch.kernels.certificate`.  O(B·k)."""
+        return completion_polytope(self.h.num_leaves, self.values, self.missing, self.prior is None)
 
     def root_paths(self, nodes: torch.Tensor) -> torch.Tensor:
         """(B, D+1) int64: column s is the ancestor s levels above each of the (B,) nodes (the root repeated)."""

@@ -43,7 +43,7 @@ from .selection import argbest_pairs, tie_rank
 __all__ = ["Listed", "Support", "leaf_ranks", "subtree_weights", "listed_sums", "unlisted_support", "node_mass",
            "support_table", "support_entry_of", "walk_up", "child_order",
            "first_free_rank", "cheapest_descent", "support_deepest_above", "support_best_leaf",
-           "support_least_lca_height"]
+           "support_least_lca_height", "lca_height_candidates"]
 
 
 class Listed(NamedTuple):
@@ -408,7 +408,16 @@ def support_least_lca_height(h, listed: Listed, weights: torch.Tensor, indices: 
     leaves and, per support node, the minimiser leaf under that child: one of them is optimal.
     O(B·k·D·log(B·k·D)) plus the O(N) tables.
     """
-    bsz, k = indices.shape
+    values, sample, leaves, _ = lca_height_candidates(h, listed, weights, cache_name)
+    return argbest_pairs(h, values, sample, leaves, indices.shape[0], higher_is_better=False)
+
+
+def lca_height_candidates(h, listed: Listed, weights: torch.Tensor, cache_name: str | None):
+    """The candidates of :func:`support_least_lca_height`: ``(values, sample, leaves, anchors)``, (M,) float64
+    expected LCA heights, int64 rows, leaves and anchors: first the B·k listed leaves in the order of
+    ``listed.leaves`` (row-major; anchor: the leaf), then per support node a with an off-support child the
+    best leaf under those children (anchor: a)."""
+    bsz, k = listed.leaves.shape
     sup = support_table(h, listed, weights, with_entry=True)
     height = h.cached("topk_height_f64", lambda: h.height.to(torch.float64))
     # P by levels from the root down, P(n) = P(parent) + height(parent)·(p̃(parent) − p̃(n)): the entries of a
@@ -432,10 +441,11 @@ def support_least_lca_height(h, listed: Listed, weights: torch.Tensor, indices: 
     off = path + _at(height, sup.nodes) * (sup.p - r * _at(weights, xs)) + r * _at(t_min, xs)
     ok = _where(x >= 0)
     # a listed leaf's own entry: at its depth, the first of its one-leaf run
-    j = torch.arange(k, device=indices.device)
-    leaf_key = (_at(h.depth, listed.leaves) * bsz + torch.arange(bsz, device=indices.device)[:, None]) * k + j
+    dev = listed.leaves.device
+    j = torch.arange(k, device=dev)
+    leaf_key = (_at(h.depth, listed.leaves) * bsz + torch.arange(bsz, device=dev)[:, None]) * k + j
     at_leaf = support_entry_of(sup, leaf_key.reshape(-1))
     values = torch.cat([_at(path, at_leaf), _at(off, ok)])
     sample = torch.cat([_at(sup.rows, at_leaf), _at(sup.rows, ok)])
     leaves = torch.cat([listed.leaves.reshape(-1), _at(t_leaf, _at(xs, ok))])
-    return argbest_pairs(h, values, sample, leaves, bsz, higher_is_better=False)
+    return values, sample, leaves, torch.cat([listed.leaves.reshape(-1), _at(sup.nodes, ok)])

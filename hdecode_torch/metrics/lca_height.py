@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..kernels.ancestry import lca
+from ..kernels.certificate import certify_least_lca_height
 from ..kernels.fused import path_score_best, trust_indices
 from ..kernels.selection import argbest, tie_rank
 from ..kernels.support import support_least_lca_height
@@ -95,6 +96,10 @@ class LCAHeight(NodeMetric):
 
     def _decode_topk(self, ct):
         return support_least_lca_height(ct.h, ct.listed, ct.weights, ct.indices,
+                                        "topk_lca" if ct.prior is None else None)
+
+    def _certify_topk(self, ct, pred):
+        return certify_least_lca_height(ct.h, ct.listed, ct.polytope(), ct.weights, pred,
                                         "topk_lca" if ct.prior is None else None)
 
     def _expected_topk(self, ct, pred):

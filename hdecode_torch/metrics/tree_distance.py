@@ -20,6 +20,7 @@ import torch
 from ..core.params import Param
 from ..core.validation import check_nonnegative, warn_user
 from ..kernels.ancestry import lca_depth
+from ..kernels.certificate import certify_deepest_above, tree_distance_regret_bound
 from ..kernels.selection import deepest_above, deepest_above_from_leaves
 from ..kernels.support import support_deepest_above
 from .base import NodeMetric
@@ -82,6 +83,11 @@ class TreeDistance(NodeMetric):
     def _decode_topk(self, ct):
         return support_deepest_above(ct.h, ct.listed, ct.weights, ct.indices, (1 + self.c) / 2,
                                      "topk_heaviest" if ct.prior is None else None)
+
+    def _certify_topk(self, ct, pred):
+        poly = ct.polytope()
+        certified = certify_deepest_above(ct.h, ct.listed, poly, pred, (1 + self.c) / 2)
+        return certified, tree_distance_regret_bound(ct.h, poly, pred, certified)
 
     def _expected_topk(self, ct, pred):
         # (1 + c)·d(h) + E[d(y)] − 2 Σ_{a ∈ A(h), a ≠ root} p̃(a), on h's root path (O(B·D·log k))
