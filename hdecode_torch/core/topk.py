@@ -5,7 +5,9 @@ row, the rest dropped.  :class:`TopK` holds such a list and states how the dropp
 the missing mass m (by default 1 − Σ values) is spread over the L − k unlisted leaves uniformly, or in
 proportion to a class prior π.  Decoding a TopK decodes that **completed** (B, L) distribution
 exactly, without ever building it (:mod:`hdecode_torch.kernels.support`): the same decision, by
-expected score, as the dense decoder on :meth:`TopK.completed`.
+expected score, as the dense decoder on :meth:`TopK.completed`.  Whether that decision holds for every
+completion the list is consistent with is its certificate (:meth:`CompletedTopK.polytope`,
+:mod:`hdecode_torch.kernels.certificate`).
 
 :class:`CompletedTopK` is a TopK bound to a hierarchy: its checks done, its listed leaves sorted for
 the support kernels, in O(B·k·log k).

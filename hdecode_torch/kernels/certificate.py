@@ -66,10 +66,27 @@ the same for d and d'), so Δ_u = 0 there and only u under z matter.
 - Tree distance: Δ_u = (1 + c)(d(d) − d(d')) − 2(d(LCA(d, u)) − d(LCA(d', u))) spans at most
   2·dist(d, d') ≤ 2·(depth(d) + D), so regret ≤ 2·T·(depth(d) + D), D the tree's depth (0 if certified).
 
+**The path bound (tree distance, LCA height).**  Both expected losses are sums over the root path, a
+over A(n) without the root: tree distance E ℓ(n) = E ℓ(root) + 2Σ_a (t − p(a)); LCA height (summing
+its split sums by parts) E ℓ(l) = height(root) − Σ_a (height(parent(a)) − height(a))·p(a).  Let d' be
+the optimum under some q ∈ Q and z = LCA(d, d').  The regret is (the terms of d's path below z) + (the
+terms of d''s path below z).  The first is bounded by p ≥ p_min on d's path.  The second runs down a
+chain from x, a child of z off d's path, and p ≤ p(x) ≤ p_max(x) along it; the chain has at most
+height(z) nodes, and its LCA-height gains sum to height(z) (they telescope), so with P(z) the largest
+p_max over the children of z off d's path (those reached by listed leaves: one per listed leaf l, at
+z = LCA(d, l); of the others, the one with the most leaves)
+
+    tree distance:  regret ≤ max_z [2Σ_{a on d's path below z} (t − p_min(a)) + 2·height(z)·(P(z) − t)_+],
+    LCA height:     regret ≤ max_z [height(z)·P(z) − Σ_{a on d's path below z} (height(parent(a)) −
+                    height(a))·p_min(a)],
+
+each clamped at 0 (z = d included for the tree distance: d' below d).  The bound returned is the smaller
+of the generic and the path bound; the LCA height's row is also certified when the path bound is 0.
+
 Every function takes tensors and the hierarchy's cached tree tables, computes in float64 and returns
-tensors.  Cost per row: O(k·log k) for the polytope and accuracy, O(k·D) for the tree distance (the walk
-down to d's children) plus a sort of B·k entries, and the LCA height's candidates (the decoder's
-O(k·D·log(B·k·D))) with one LCA per candidate.
+tensors.  Cost per row: O(k·log k) for the polytope and accuracy; O((k + D)·D) for the tree distance (the
+walks to d's children and off its path, one LCA per listed leaf) plus a sort of B·(k + D) entries; the
+same plus the LCA height's candidates (the decoder's O(k·D·log(B·k·D))) and one LCA per candidate.
 """
 
 from __future__ import annotations
@@ -79,9 +96,10 @@ from typing import NamedTuple
 import torch
 
 from .ancestry import lca
-from .support import Listed, _at, _off_support_child, child_order, lca_height_candidates
+from .support import Listed, _at, _off_support_child, child_order, lca_height_candidates, walk_up
 
-__all__ = ["Polytope", "completion_polytope", "listed_under", "mass_interval", "certify_best_leaf",
+__all__ = ["Polytope", "PathIntervals", "completion_polytope", "listed_under", "mass_interval", "path_intervals",
+           "certify_best_leaf",
            "certify_deepest_above", "certify_least_lca_height", "tree_distance_regret_bound"]
 
 
@@ -190,10 +208,73 @@ def certify_deepest_above(h, listed: Listed, poly: Polytope, pred: torch.Tensor,
     return keep & (torch.maximum(worst, off) <= threshold)
 
 
-def tree_distance_regret_bound(h, poly: Polytope, pred: torch.Tensor, certified: torch.Tensor) -> torch.Tensor:
-    """(B,) float64 2·T·(depth(pred) + D), 0 where certified (the generic bound of the module docstring)."""
-    span = 2 * (_at(h.depth, pred) + h.max_depth).to(torch.float64)
-    return torch.where(certified, 0.0, poly.shift * span)
+class PathIntervals(NamedTuple):
+    """Node mass intervals along the decision's root path, per row, column s for the node s levels above it.
+
+    up: (B, D+1) int64 the path (the root repeated above it); valid: (B, D+1) bool s ≤ depth(pred);
+    p_min: (B, D+1) float64 p_min(up_s); side: (B, D+1) float64 the largest p_max over the children of up_s
+    that are off the path (−inf where none).
+    """
+
+    up: torch.Tensor
+    valid: torch.Tensor
+    p_min: torch.Tensor
+    side: torch.Tensor
+
+
+def path_intervals(h, listed: Listed, poly: Polytope, pred: torch.Tensor) -> PathIntervals:
+    """The :class:`PathIntervals` of the decisions pred (B,) int64.  A listed leaf l ≠ pred leaves the path at
+    z = LCA(pred, l), into the child of z towards l (a walk up of D steps); per path node, the child with the
+    most leaves among those that hold no listed leaf and are off the path (a sort, as for the decoders'
+    off-support children).  O(B·(k + D)·D) plus the sort of B·(k + D) entries."""
+    bsz, k = listed.leaves.shape
+    d = h.max_depth
+    dev = pred.device
+    depth = h.depth
+    up = walk_up(h, pred, d)
+    steps = torch.arange(d + 1, device=dev)
+    valid = steps[None, :] <= _at(depth, pred)[:, None]
+    p_min, _ = mass_interval(h, listed, poly, up)
+    leaves = listed.leaves
+    z = lca(h, pred[:, None].expand(-1, k), leaves)
+    below = _at(depth, z) + 1
+    cur = leaves
+    for _ in range(d):
+        cur = torch.where(_at(depth, cur) > below, _at(h.parent_or_root, cur), cur)
+    kids = torch.where(leaves != pred[:, None], cur, -1)
+    _, kid_max = mass_interval(h, listed, poly, kids.clamp_min(0))
+    col = (_at(depth, pred)[:, None] - _at(depth, z)).clamp(0, d)
+    side = torch.full((bsz, d + 1), float("-inf"), dtype=torch.float64, device=dev)
+    side = side.scatter_reduce(1, col, torch.where(kids >= 0, kid_max, float("-inf")), "amax")
+    counts = h.cached("topk_leaf_count_f64", lambda: h.leaf_count.to(torch.float64))
+    children, rank = child_order(h, -counts, "topk_heaviest_order")
+    rows = torch.arange(bsz, device=dev)
+    path_kids = torch.where(valid[:, 1:], up[:, :-1], h.root)  # each path node's child on the path
+    queries = torch.where(valid, up, h.root)
+    nodes = torch.cat([torch.where(kids >= 0, kids, h.root).reshape(-1), path_kids.reshape(-1), queries.reshape(-1)])
+    at = torch.arange(bsz * (k + d), bsz * (k + 2 * d + 1), device=dev)
+    off = _off_support_child(h, torch.cat([rows.repeat_interleave(k), rows.repeat_interleave(d),
+                                           rows.repeat_interleave(d + 1)]), nodes, children, rank, at).view(bsz, d + 1)
+    off_max = torch.minimum(poly.missing[:, None], poly.cap[:, None] * _at(counts, off.clamp_min(0)))
+    side = torch.maximum(side, torch.where(valid & (off >= 0), off_max, float("-inf")))
+    return PathIntervals(up, valid, p_min, side)
+
+
+def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
+    return torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1].cumsum(1)], 1)
+
+
+def tree_distance_regret_bound(h, listed: Listed, poly: Polytope, pred: torch.Tensor, threshold: float,
+                               certified: torch.Tensor) -> torch.Tensor:
+    """(B,) float64 the tree distance's regret bound of pred (B,) int64, 0 where certified: the smaller of
+    2·T·(depth(pred) + D) (the generic bound) and the path bound of the module docstring."""
+    generic = poly.shift * 2 * (_at(h.depth, pred) + h.max_depth).to(torch.float64)
+    path = path_intervals(h, listed, poly, pred)
+    height = h.cached("topk_height_f64", lambda: h.height.to(torch.float64))
+    below = 2 * _at(height, path.up) * (path.side - threshold).clamp_min(0)
+    terms = 2 * _exclusive_cumsum(threshold - path.p_min) + below
+    bound = torch.where(path.valid, terms, float("-inf")).max(1).values.clamp_min(0)
+    return torch.where(certified, 0.0, torch.minimum(generic, bound))
 
 
 def certify_least_lca_height(h, listed: Listed, poly: Polytope, weights: torch.Tensor, pred: torch.Tensor,
@@ -215,5 +296,11 @@ def certify_least_lca_height(h, listed: Listed, poly: Polytope, weights: torch.T
     worst = torch.full((bsz,), float("-inf"), dtype=torch.float64, device=pred.device)
     worst = worst.scatter_reduce(0, sample, term, "amax").clamp_min(0)
     unlisted = torch.where(poly.shift > 0, 2 * poly.shift * height[h.root], 0.0)
-    bound = torch.where(is_listed, worst, unlisted)
+    path = path_intervals(h, listed, poly, pred)
+    gain = _at(height, _at(h.parent_or_root, path.up)) - _at(height, path.up)
+    # no off-path child: no rival leaf leaves the path there (and 0·(−inf) would be NaN at a leaf)
+    rival = torch.where(path.side > float("-inf"), _at(height, path.up) * path.side, float("-inf"))
+    terms = rival - _exclusive_cumsum(gain * path.p_min)
+    along = torch.where(path.valid, terms, float("-inf")).max(1).values.clamp_min(0)
+    bound = torch.minimum(torch.where(is_listed, worst, unlisted), along)
     return bound <= 0, bound

@@ -86,8 +86,9 @@ class TreeDistance(NodeMetric):
 
     def _certify_topk(self, ct, pred):
         poly = ct.polytope()
-        certified = certify_deepest_above(ct.h, ct.listed, poly, pred, (1 + self.c) / 2)
-        return certified, tree_distance_regret_bound(ct.h, poly, pred, certified)
+        t = (1 + self.c) / 2
+        certified = certify_deepest_above(ct.h, ct.listed, poly, pred, t)
+        return certified, tree_distance_regret_bound(ct.h, ct.listed, poly, pred, t, certified)
 
     def _expected_topk(self, ct, pred):
         # (1 + c)·d(h) + E[d(y)] − 2 Σ_{a ∈ A(h), a ≠ root} p̃(a), on h's root path (O(B·D·log k))
