@@ -86,7 +86,7 @@ of the generic and the path bound; the LCA height's row is also certified when t
 Every function takes tensors and the hierarchy's cached tree tables, computes in float64 and returns
 tensors.  Cost per row: O(k·log k) for the polytope and accuracy; O((k + D)·D) for the tree distance (the
 walks to d's children and off its path, one LCA per listed leaf) plus a sort of B·(k + D) entries; the
-same plus the LCA height's candidates (the decoder's O(k·D·log(B·k·D))) and one LCA per candidate.
+same plus O(1) per candidate of the LCA height's decoder (whose candidates it shares when it decodes).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ from typing import NamedTuple
 import torch
 
 from .ancestry import lca
-from .support import Listed, _at, _off_support_child, child_order, lca_height_candidates, walk_up
+from .support import LCACandidates, Listed, _at, _off_support_child, child_order, walk_up
 
 __all__ = ["Polytope", "PathIntervals", "completion_polytope", "listed_under", "mass_interval", "path_intervals",
            "certify_best_leaf",
@@ -213,13 +213,15 @@ class PathIntervals(NamedTuple):
 
     up: (B, D+1) int64 the path (the root repeated above it); valid: (B, D+1) bool s ≤ depth(pred);
     p_min: (B, D+1) float64 p_min(up_s); side: (B, D+1) float64 the largest p_max over the children of up_s
-    that are off the path (−inf where none).
+    that are off the path (−inf where none); meet: (B, k) int64 LCA(pred, l) of each listed leaf, in the
+    order of ``listed.leaves``.
     """
 
     up: torch.Tensor
     valid: torch.Tensor
     p_min: torch.Tensor
     side: torch.Tensor
+    meet: torch.Tensor
 
 
 def path_intervals(h, listed: Listed, poly: Polytope, pred: torch.Tensor) -> PathIntervals:
@@ -257,7 +259,7 @@ def path_intervals(h, listed: Listed, poly: Polytope, pred: torch.Tensor) -> Pat
                                            rows.repeat_interleave(d + 1)]), nodes, children, rank, at).view(bsz, d + 1)
     off_max = torch.minimum(poly.missing[:, None], poly.cap[:, None] * _at(counts, off.clamp_min(0)))
     side = torch.maximum(side, torch.where(valid & (off >= 0), off_max, float("-inf")))
-    return PathIntervals(up, valid, p_min, side)
+    return PathIntervals(up, valid, p_min, side, z)
 
 
 def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
@@ -277,26 +279,28 @@ def tree_distance_regret_bound(h, listed: Listed, poly: Polytope, pred: torch.Te
     return torch.where(certified, 0.0, torch.minimum(generic, bound))
 
 
-def certify_least_lca_height(h, listed: Listed, poly: Polytope, weights: torch.Tensor, pred: torch.Tensor,
-                             cache_name: str | None):
-    """The LCA height's certificate of leaves pred (B,) int64 (the decoder's, :func:`~hdecode_torch.kernels.
-    support.support_least_lca_height` on the same list): ``(certified (B,) bool, regret bound (B,) float64)``
-    from the generic bound over the decoder's candidates (see the module docstring).  weights: (N,) float64 W
-    of the decision's completion; cache_name as for the decoder."""
+def certify_least_lca_height(h, listed: Listed, poly: Polytope, pred: torch.Tensor, candidates: LCACandidates):
+    """The LCA height's certificate of leaves pred (B,) int64, the best of the decoder's ``candidates``
+    (:func:`~hdecode_torch.kernels.support.lca_height_candidates`): ``(certified (B,) bool, regret bound (B,)
+    float64)``, the smaller of the generic bound over the candidates and the path bound (see the module
+    docstring)."""
     bsz, k = listed.leaves.shape
-    values, sample, leaves, anchors = lca_height_candidates(h, listed, weights, cache_name)
+    values, sample, leaves, anchors, first = candidates
     mine = listed.leaves == pred[:, None]
     is_listed = mine.any(1)
     own = torch.where(mine, values[: bsz * k].view(bsz, k), float("inf")).min(1).values
     rival = leaves != _at(pred, sample)
     margin = values - _at(own, sample)
     height = h.cached("topk_height_f64", lambda: h.height.to(torch.float64))
-    z = lca(h, _at(pred, sample), anchors)
-    term = torch.where(rival, 2 * _at(poly.shift, sample) * _at(height, z) - margin, float("-inf"))
+    path = path_intervals(h, listed, poly, pred)
+    # LCA(d, a) for a support node a over the listed leaf l: a if a is an ancestor of d, else LCA(d, l); both
+    # lie on l's root path, so it is the higher of a and LCA(d, l) (no LCA per candidate)
+    meet = _at(path.meet.reshape(-1), sample * k + first)
+    top = torch.maximum(_at(height, anchors), _at(height, meet))
+    term = torch.where(rival, 2 * _at(poly.shift, sample) * top - margin, float("-inf"))
     worst = torch.full((bsz,), float("-inf"), dtype=torch.float64, device=pred.device)
     worst = worst.scatter_reduce(0, sample, term, "amax").clamp_min(0)
     unlisted = torch.where(poly.shift > 0, 2 * poly.shift * height[h.root], 0.0)
-    path = path_intervals(h, listed, poly, pred)
     gain = _at(height, _at(h.parent_or_root, path.up)) - _at(height, path.up)
     # no off-path child: no rival leaf leaves the path there (and 0·(−inf) would be NaN at a leaf)
     rival = torch.where(path.side > float("-inf"), _at(height, path.up) * path.side, float("-inf"))

@@ -136,14 +136,22 @@ class BaseMetric(HierarchyComponent):
         chunks = ct.chunks(chunk_size)
         if ct.k == ct.h.num_leaves:
             out = self.decode(topk.completed(ct.h.num_leaves), validate=False, chunk_size=chunk_size)
+            if not certify:
+                return out
             out = out.reshape(-1)
-        else:
+            parts = [(out[a:b], *self._certify_topk(ct.chunk(a, b), out[a:b])) for a, b in chunks]
+        elif not certify:
             out = torch.cat([self._decode_topk(ct.chunk(a, b)) for a, b in chunks])
-        if not certify:
             return out[0] if ct.unbatched else out
-        parts = [self._certify_topk(ct.chunk(a, b), out[a:b]) for a, b in chunks]
-        certified, bound = torch.cat([c for c, _ in parts]), torch.cat([r for _, r in parts])
+        else:
+            parts = [self._decode_certified_topk(ct.chunk(a, b)) for a, b in chunks]
+        out, certified, bound = (torch.cat(t) for t in zip(*parts))
         return (out[0], certified[0], bound[0]) if ct.unbatched else (out, certified, bound)
+
+    def _decode_certified_topk(self, ct: CompletedTopK):
+        """``(pred, certified, regret_bound)`` of a top-k chunk (a metric may share work between the two)."""
+        pred = self._decode_topk(ct)
+        return (pred, *self._certify_topk(ct, pred))
 
     def _certify_topk(self, ct: CompletedTopK, pred: torch.Tensor):
         """``(certified (B,) bool, regret_bound (B,) float64)`` of the top-k decision pred (B,) int64."""
