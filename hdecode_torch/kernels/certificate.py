@@ -33,7 +33,8 @@ p(d) + p(x) > 2t ≥ 1).  For all q ∈ Q at once, since each condition is on on
 
 A child with listed leaves is reached from them (≤ k per row); among the children with none,
 p_max = min(m, c·|L(x)|) is largest for the one with the most leaves: the first child of d, in the
-children sorted by decreasing leaf count, that holds no listed leaf (a tree table and a sort).
+children sorted by decreasing leaf count, that holds no listed leaf (a tree table and a sort; these are
+the path intervals below at d itself).
 
 **Accuracy (exact).**  E_q s(l) = q(l).  For d listed, the worst completion raises one unlisted leaf to
 min(m, c): regret = max(0, max_l v(l) − v(d), min(m, c) − v(d)).  For d unlisted, against a listed leaf
@@ -85,8 +86,9 @@ of the generic and the path bound; the LCA height's row is also certified when t
 
 Every function takes tensors and the hierarchy's cached tree tables, computes in float64 and returns
 tensors.  Cost per row: O(k·log k) for the polytope and accuracy; O((k + D)·D) for the tree distance (the
-walks to d's children and off its path, one LCA per listed leaf) plus a sort of B·(k + D) entries; the
-same plus O(1) per candidate of the LCA height's decoder (whose candidates it shares when it decodes).
+walks to d's children and off its path, a (k, D+1) comparison for the LCAs) plus a sort of B·(k + D)
+entries; the same plus O(1) per candidate of the LCA height's decoder (whose candidates it shares when it
+decodes).
 """
 
 from __future__ import annotations
@@ -95,7 +97,6 @@ from typing import NamedTuple
 
 import torch
 
-from .ancestry import lca
 from .support import LCACandidates, Listed, _at, _off_support_child, child_order, walk_up
 
 __all__ = ["Polytope", "PathIntervals", "completion_polytope", "listed_under", "mass_interval", "path_intervals",
@@ -173,41 +174,6 @@ def certify_best_leaf(poly: Polytope, values: torch.Tensor, indices: torch.Tenso
     return regret <= 0, regret
 
 
-def _child_toward(h, leaves: torch.Tensor, keys: torch.Tensor, node: torch.Tensor) -> torch.Tensor:
-    """(B, k) int64 the child of node (B,) on the way down to each listed leaf (B, k) strictly under it, −1
-    for the others; keys: the leaves' depth-first positions.  A walk up of D steps (a loop over depth)."""
-    depth = h.depth
-    below = _at(depth, node)[:, None] + 1
-    start = _at(h.leaf_start, node)[:, None]
-    under = (keys >= start) & (keys < start + _at(h.leaf_count, node)[:, None]) & (_at(depth, leaves) >= below)
-    cur = leaves
-    for _ in range(h.max_depth):
-        cur = torch.where(_at(depth, cur) > below, _at(h.parent_or_root, cur), cur)
-    return torch.where(under, cur, -1)
-
-
-def certify_deepest_above(h, listed: Listed, poly: Polytope, pred: torch.Tensor, threshold: float) -> torch.Tensor:
-    """The tree distance's exact certificate: (B,) bool, whether pred (B,) int64 is optimal for every q ∈ Q
-    under the rule "the deepest node with p(n) > threshold" (threshold ≥ 1/2; see the module docstring).
-    O(B·k·D) for the children with listed leaves, a sort of B·k entries for the heaviest child without."""
-    bsz, k = listed.leaves.shape
-    dev = pred.device
-    p_min, _ = mass_interval(h, listed, poly, pred[:, None])
-    keep = (pred == h.root) | (p_min[:, 0] >= threshold)
-    kids = _child_toward(h, listed.leaves, listed.keys, pred)
-    _, kid_max = mass_interval(h, listed, poly, kids.clamp_min(0))
-    worst = torch.where(kids >= 0, kid_max, float("-inf")).max(1).values
-    # the child with the most leaves among those holding no listed leaf (the uniform decoder's cached order)
-    counts = h.cached("topk_leaf_count_f64", lambda: h.leaf_count.to(torch.float64))
-    children, rank = child_order(h, -counts, "topk_heaviest_order")
-    rows = torch.arange(bsz, device=dev)
-    nodes = torch.cat([torch.where(kids >= 0, kids, h.root).reshape(-1), pred])
-    x = _off_support_child(h, torch.cat([rows.repeat_interleave(k), rows]), nodes, children, rank,
-                           torch.arange(bsz * k, bsz * k + bsz, device=dev))
-    off = torch.where(x >= 0, torch.minimum(poly.missing, poly.cap * _at(counts, x.clamp_min(0))), float("-inf"))
-    return keep & (torch.maximum(worst, off) <= threshold)
-
-
 class PathIntervals(NamedTuple):
     """Node mass intervals along the decision's root path, per row, column s for the node s levels above it.
 
@@ -238,14 +204,19 @@ def path_intervals(h, listed: Listed, poly: Polytope, pred: torch.Tensor) -> Pat
     valid = steps[None, :] <= _at(depth, pred)[:, None]
     p_min, _ = mass_interval(h, listed, poly, up)
     leaves = listed.leaves
-    z = lca(h, pred[:, None].expand(-1, k), leaves)
+    # LCA(pred, l): the path's nodes that hold l are the ones from some level up (nested ranges of depth-first
+    # leaf positions), so the level is the count of those that do not; no ancestor table, whatever N
+    start = _at(h.leaf_start, up)
+    keys = listed.keys[:, :, None]
+    holds = (start[:, None, :] <= keys) & (keys < (start + _at(h.leaf_count, up))[:, None, :])
+    col = (~holds).sum(2)
+    z = up.gather(1, col)
     below = _at(depth, z) + 1
     cur = leaves
     for _ in range(d):
         cur = torch.where(_at(depth, cur) > below, _at(h.parent_or_root, cur), cur)
     kids = torch.where(leaves != pred[:, None], cur, -1)
     _, kid_max = mass_interval(h, listed, poly, kids.clamp_min(0))
-    col = (_at(depth, pred)[:, None] - _at(depth, z)).clamp(0, d)
     side = torch.full((bsz, d + 1), float("-inf"), dtype=torch.float64, device=dev)
     side = side.scatter_reduce(1, col, torch.where(kids >= 0, kid_max, float("-inf")), "amax")
     counts = h.cached("topk_leaf_count_f64", lambda: h.leaf_count.to(torch.float64))
@@ -262,16 +233,22 @@ def path_intervals(h, listed: Listed, poly: Polytope, pred: torch.Tensor) -> Pat
     return PathIntervals(up, valid, p_min, side, z)
 
 
+def certify_deepest_above(path: "PathIntervals", pred: torch.Tensor, root: int, threshold: float) -> torch.Tensor:
+    """The tree distance's exact certificate: (B,) bool, whether pred (B,) int64 is optimal for every q ∈ Q
+    under the rule "the deepest node with p(n) > threshold" (threshold ≥ 1/2; see the module docstring), from
+    its :func:`path_intervals` (column 0: pred itself and all its children)."""
+    return ((pred == root) | (path.p_min[:, 0] >= threshold)) & (path.side[:, 0] <= threshold)
+
+
 def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1].cumsum(1)], 1)
 
 
-def tree_distance_regret_bound(h, listed: Listed, poly: Polytope, pred: torch.Tensor, threshold: float,
+def tree_distance_regret_bound(h, path: "PathIntervals", poly: Polytope, pred: torch.Tensor, threshold: float,
                                certified: torch.Tensor) -> torch.Tensor:
     """(B,) float64 the tree distance's regret bound of pred (B,) int64, 0 where certified: the smaller of
     2·T·(depth(pred) + D) (the generic bound) and the path bound of the module docstring."""
     generic = poly.shift * 2 * (_at(h.depth, pred) + h.max_depth).to(torch.float64)
-    path = path_intervals(h, listed, poly, pred)
     height = h.cached("topk_height_f64", lambda: h.height.to(torch.float64))
     below = 2 * _at(height, path.up) * (path.side - threshold).clamp_min(0)
     terms = 2 * _exclusive_cumsum(threshold - path.p_min) + below

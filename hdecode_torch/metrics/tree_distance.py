@@ -20,7 +20,7 @@ import torch
 from ..core.params import Param
 from ..core.validation import check_nonnegative, warn_user
 from ..kernels.ancestry import lca_depth
-from ..kernels.certificate import certify_deepest_above, tree_distance_regret_bound
+from ..kernels.certificate import certify_deepest_above, path_intervals, tree_distance_regret_bound
 from ..kernels.selection import deepest_above, deepest_above_from_leaves
 from ..kernels.support import support_deepest_above
 from .base import NodeMetric
@@ -86,9 +86,10 @@ class TreeDistance(NodeMetric):
 
     def _certify_topk(self, ct, pred):
         poly = ct.polytope()
+        path = path_intervals(ct.h, ct.listed, poly, pred)
         t = (1 + self.c) / 2
-        certified = certify_deepest_above(ct.h, ct.listed, poly, pred, t)
-        return certified, tree_distance_regret_bound(ct.h, ct.listed, poly, pred, t, certified)
+        certified = certify_deepest_above(path, pred, ct.h.root, t)
+        return certified, tree_distance_regret_bound(ct.h, path, poly, pred, t, certified)
 
     def _expected_topk(self, ct, pred):
         # (1 + c)·d(h) + E[d(y)] − 2 Σ_{a ∈ A(h), a ≠ root} p̃(a), on h's root path (O(B·D·log k))
