@@ -5,7 +5,9 @@ row, the rest dropped.  :class:`TopK` holds such a list and states how the dropp
 the missing mass m (by default 1 − Σ values) is spread over the L − k unlisted leaves uniformly, or in
 proportion to a class prior π.  Decoding a TopK decodes that **completed** (B, L) distribution
 exactly, without ever building it (:mod:`hdecode_torch.kernels.support`): the same decision, by
-expected score, as the dense decoder on :meth:`TopK.completed`.
+expected score, as the dense decoder on :meth:`TopK.completed`.  Whether that decision holds for every
+completion the list is consistent with is its certificate (:meth:`CompletedTopK.polytope`,
+:mod:`hdecode_torch.kernels.certificate`).
 
 :class:`CompletedTopK` is a TopK bound to a hierarchy: its checks done, its listed leaves sorted for
 the support kernels, in O(B·k·log k).
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels.certificate import Polytope, completion_polytope
 from ..kernels.support import listed_sums, node_mass, subtree_weights, unlisted_support, walk_up
 from .chunking import chunk_ranges
 from .plan import resolve_plan
@@ -263,6 +266,11 @@ class CompletedTopK:
     def node_mass(self, nodes: torch.Tensor) -> torch.Tensor:
         """(B, J) float64 p̃ of (B, J) int64 node ids, row by row (O(B·J·log k))."""
         return node_mass(self.h, self.listed, self.weights, nodes)
+
+    def polytope(self) -> Polytope:
+        """The completions the list is consistent with (each unlisted leaf at most c = max(v_k, m/|U|), their
+        total m), for ``decode(..., certify=True)``: see :mod:`hdecode_torch.kernels.certificate`.  O(B·k)."""
+        return completion_polytope(self.h.num_leaves, self.values, self.missing, self.prior is None)
 
     def root_paths(self, nodes: torch.Tensor) -> torch.Tensor:
         """(B, D+1) int64: column s is the ancestor s levels above each of the (B,) nodes (the root repeated)."""

@@ -43,7 +43,7 @@ from .selection import argbest_pairs, tie_rank
 __all__ = ["Listed", "Support", "leaf_ranks", "subtree_weights", "listed_sums", "unlisted_support", "node_mass",
            "support_table", "support_entry_of", "walk_up", "child_order",
            "first_free_rank", "cheapest_descent", "support_deepest_above", "support_best_leaf",
-           "support_least_lca_height"]
+           "support_least_lca_height", "LCACandidates", "lca_height_candidates", "least_lca_height_of"]
 
 
 class Listed(NamedTuple):
@@ -408,7 +408,33 @@ def support_least_lca_height(h, listed: Listed, weights: torch.Tensor, indices: 
     leaves and, per support node, the minimiser leaf under that child: one of them is optimal.
     O(B·k·D·log(B·k·D)) plus the O(N) tables.
     """
-    bsz, k = indices.shape
+    return least_lca_height_of(h, lca_height_candidates(h, listed, weights, cache_name), indices.shape[0])
+
+
+def least_lca_height_of(h, candidates: "LCACandidates", batch_size: int) -> torch.Tensor:
+    """(B,) int64 the best of :func:`lca_height_candidates` per row, with the decoder's ties."""
+    return argbest_pairs(h, candidates.values, candidates.sample, candidates.leaves, batch_size,
+                         higher_is_better=False)
+
+
+class LCACandidates(NamedTuple):
+    """The LCA height decoder's candidates, (M,) each: ``values`` float64 expected LCA heights, ``sample``,
+    ``leaves``, ``anchors`` and ``first`` int64: the row, the leaf, the node it is reached from (the leaf
+    itself for a listed leaf, the support node a for the others) and the rank in ``listed.leaves`` of the
+    first listed leaf under the anchor.  The B·k listed leaves come first, in the order of ``listed.leaves``
+    (row-major)."""
+
+    values: torch.Tensor
+    sample: torch.Tensor
+    leaves: torch.Tensor
+    anchors: torch.Tensor
+    first: torch.Tensor
+
+
+def lca_height_candidates(h, listed: Listed, weights: torch.Tensor, cache_name: str | None) -> LCACandidates:
+    """The candidates of :func:`support_least_lca_height` (:class:`LCACandidates`): the listed leaves, then per
+    support node a with an off-support child the best leaf under those children."""
+    bsz, k = listed.leaves.shape
     sup = support_table(h, listed, weights, with_entry=True)
     height = h.cached("topk_height_f64", lambda: h.height.to(torch.float64))
     # P by levels from the root down, P(n) = P(parent) + height(parent)·(p̃(parent) − p̃(n)): the entries of a
@@ -432,10 +458,12 @@ def support_least_lca_height(h, listed: Listed, weights: torch.Tensor, indices: 
     off = path + _at(height, sup.nodes) * (sup.p - r * _at(weights, xs)) + r * _at(t_min, xs)
     ok = _where(x >= 0)
     # a listed leaf's own entry: at its depth, the first of its one-leaf run
-    j = torch.arange(k, device=indices.device)
-    leaf_key = (_at(h.depth, listed.leaves) * bsz + torch.arange(bsz, device=indices.device)[:, None]) * k + j
+    dev = listed.leaves.device
+    j = torch.arange(k, device=dev)
+    leaf_key = (_at(h.depth, listed.leaves) * bsz + torch.arange(bsz, device=dev)[:, None]) * k + j
     at_leaf = support_entry_of(sup, leaf_key.reshape(-1))
     values = torch.cat([_at(path, at_leaf), _at(off, ok)])
     sample = torch.cat([_at(sup.rows, at_leaf), _at(sup.rows, ok)])
     leaves = torch.cat([listed.leaves.reshape(-1), _at(t_leaf, _at(xs, ok))])
-    return argbest_pairs(h, values, sample, leaves, bsz, higher_is_better=False)
+    anchors = torch.cat([listed.leaves.reshape(-1), _at(sup.nodes, ok)])
+    return LCACandidates(values, sample, leaves, anchors, torch.cat([j.expand(bsz, k).reshape(-1), _at(sup.lo, ok)]))

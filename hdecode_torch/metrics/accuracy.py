@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ..kernels.certificate import certify_best_leaf
 from ..kernels.support import support_best_leaf
 from .base import NodeMetric
 
@@ -55,6 +56,9 @@ class Accuracy(NodeMetric):
 
     def _decode_topk(self, ct):
         return support_best_leaf(ct.h, ct.listed, ct.values, ct.indices, ct.prior)
+
+    def _certify_topk(self, ct, pred):
+        return certify_best_leaf(ct.polytope(), ct.values, ct.indices, pred)
 
     def _expected_topk(self, ct, pred):
         q = ct.node_mass(pred[:, None])[:, 0]  # a leaf's node mass is q(leaf)

@@ -92,7 +92,7 @@ class BaseMetric(HierarchyComponent):
         return post, pred
 
     def decode(self, leaf_probs, *, from_logits: bool | str = False, normalize: bool = False,
-               validate: bool | None = None, chunk_size: int | None = None, within=None) -> torch.Tensor:
+               validate: bool | None = None, chunk_size: int | None = None, within=None, certify: bool = False):
         """The Bayes-optimal prediction for this metric.
 
         leaf_probs: (B, L) or (L,) float probabilities (or a :class:`~hdecode_torch.Posterior`);
@@ -102,13 +102,22 @@ class BaseMetric(HierarchyComponent):
         containing the root (set metrics); a 1-D input gives an unbatched output.  Large batches are
         decoded in chunks bounded by the memory budget.  ``within``: (B,) int64 node ids the answers
         must lie under, each row decoded optimally for this metric on that node's subtree.
+
+        ``certify=True`` (top-k inputs only): returns ``(pred, certified, regret_bound)``, (B,) bool whether
+        pred is optimal under every completion the list is consistent with (each unlisted leaf at most the
+        row's smallest listed value, their total the missing mass) and (B,) float64 an upper bound on the
+        expected-score regret over those completions (0 where certified); derivation in
+        :mod:`hdecode_torch.kernels.certificate`.
         """
         if not self.has_decoder:
             raise NotImplementedError(
                 f"`{self.name}` has no Bayes-optimal decoder; score a heuristic decoder's predictions with it")
         topk = TopK.of(leaf_probs)
         if topk is not None:
-            return self._decode_top_k(topk, from_logits, normalize, validate, chunk_size, within)
+            return self._decode_top_k(topk, from_logits, normalize, validate, chunk_size, within, certify)
+        if certify:
+            raise ValueError("Expected a top-k input (`probs.topk(k)` or hd.TopK) with `certify=True`, but got dense "
+                             "probabilities: their decision is exact, there is no unknown completion to certify")
         return super().decode(leaf_probs, from_logits=from_logits, normalize=normalize, validate=validate,
                               chunk_size=chunk_size, within=within)
 
@@ -128,14 +137,33 @@ class BaseMetric(HierarchyComponent):
             raise ValueError("`within` is not supported with a top-k input: pass the dense (B, L) probabilities")
         return CompletedTopK(self.hierarchy, topk, self._validate(validate))
 
-    def _decode_top_k(self, topk, from_logits, normalize, validate, chunk_size, within):
+    def _decode_top_k(self, topk, from_logits, normalize, validate, chunk_size, within, certify=False):
         """decode() of a top-k list: the completed distribution's decision, on the support (k = L: the dense
-        table, so the dense answer bit for bit)."""
+        table, so the dense answer bit for bit); with ``certify``, its certificate per chunk of rows."""
         ct = self._complete_top_k(topk, from_logits, normalize, validate, within)
+        chunks = ct.chunks(chunk_size)
         if ct.k == ct.h.num_leaves:
-            return self.decode(topk.completed(ct.h.num_leaves), validate=False, chunk_size=chunk_size)
-        out = torch.cat([self._decode_topk(ct.chunk(a, b)) for a, b in ct.chunks(chunk_size)])
-        return out[0] if ct.unbatched else out
+            out = self.decode(topk.completed(ct.h.num_leaves), validate=False, chunk_size=chunk_size)
+            if not certify:
+                return out
+            out = out.reshape(-1)
+            parts = [(out[a:b], *self._certify_topk(ct.chunk(a, b), out[a:b])) for a, b in chunks]
+        elif not certify:
+            out = torch.cat([self._decode_topk(ct.chunk(a, b)) for a, b in chunks])
+            return out[0] if ct.unbatched else out
+        else:
+            parts = [self._decode_certified_topk(ct.chunk(a, b)) for a, b in chunks]
+        out, certified, bound = (torch.cat(t) for t in zip(*parts))
+        return (out[0], certified[0], bound[0]) if ct.unbatched else (out, certified, bound)
+
+    def _decode_certified_topk(self, ct: CompletedTopK):
+        """``(pred, certified, regret_bound)`` of a top-k chunk (a metric may share work between the two)."""
+        pred = self._decode_topk(ct)
+        return (pred, *self._certify_topk(ct, pred))
+
+    def _certify_topk(self, ct: CompletedTopK, pred: torch.Tensor):
+        """``(certified (B,) bool, regret_bound (B,) float64)`` of the top-k decision pred (B,) int64."""
+        raise ValueError(f"`{self.name}` gives no certificate of a top-k decision (`certify=True`)")
 
     def _decode_topk(self, ct: CompletedTopK) -> torch.Tensor:
         raise NotImplementedError

@@ -15,9 +15,10 @@ from __future__ import annotations
 import torch
 
 from ..kernels.ancestry import lca
+from ..kernels.certificate import certify_least_lca_height
 from ..kernels.fused import path_score_best, trust_indices
 from ..kernels.selection import argbest, tie_rank
-from ..kernels.support import support_least_lca_height
+from ..kernels.support import lca_height_candidates, least_lca_height_of, support_least_lca_height
 from ..kernels.tree_sums import tree_ranges
 from .base import NodeMetric
 
@@ -99,6 +100,18 @@ class LCAHeight(NodeMetric):
     def _decode_topk(self, ct):
         return support_least_lca_height(ct.h, ct.listed, ct.weights, ct.indices,
                                         "topk_lca" if ct.prior is None else None)
+
+    def _candidates_topk(self, ct):
+        return lca_height_candidates(ct.h, ct.listed, ct.weights, "topk_lca" if ct.prior is None else None)
+
+    def _decode_certified_topk(self, ct):
+        # the decoder's candidates once, for the decision and its certificate
+        candidates = self._candidates_topk(ct)
+        pred = least_lca_height_of(ct.h, candidates, ct.batch_size)
+        return (pred, *certify_least_lca_height(ct.h, ct.listed, ct.polytope(), pred, candidates))
+
+    def _certify_topk(self, ct, pred):
+        return certify_least_lca_height(ct.h, ct.listed, ct.polytope(), pred, self._candidates_topk(ct))
 
     def _expected_topk(self, ct, pred):
         # Σ_s height(a_{s+1})·(p̃(a_{s+1}) − p̃(a_s)) up h's root path, + height(h)·p̃(h) (O(B·D·log k))

@@ -21,6 +21,7 @@ from ..core.params import Flag, Param
 from ..core.conversion import warn_user
 from ..core.scalar_checks import check_nonnegative
 from ..kernels.ancestry import lca_depth
+from ..kernels.certificate import certify_deepest_above, path_intervals, tree_distance_regret_bound
 from ..kernels.selection import deepest_above, deepest_above_from_leaves
 from ..kernels.support import support_deepest_above
 from .base import NodeMetric
@@ -87,6 +88,13 @@ class TreeDistance(NodeMetric):
     def _decode_topk(self, ct):
         return support_deepest_above(ct.h, ct.listed, ct.weights, ct.indices, (1 + self.c) / 2,
                                      "topk_heaviest" if ct.prior is None else None)
+
+    def _certify_topk(self, ct, pred):
+        poly = ct.polytope()
+        path = path_intervals(ct.h, ct.listed, poly, pred)
+        t = (1 + self.c) / 2
+        certified = certify_deepest_above(path, pred, ct.h.root, t)
+        return certified, tree_distance_regret_bound(ct.h, path, poly, pred, t, certified)
 
     def _expected_topk(self, ct, pred):
         # (1 + c)·d(h) + E[d(y)] − 2 Σ_{a ∈ A(h), a ≠ root} p̃(a), on h's root path (O(B·D·log k))
