@@ -17,7 +17,6 @@ import torch
 
 import hdecode_torch as hd
 import reference as ref
-from benchmarks import baselines
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 FLOAT_DTYPES = [torch.float32, torch.float64]
@@ -190,10 +189,10 @@ _DENSE = {}
 
 
 def dense_cost(info, name, **params):
-    """(N, L) cost (value for lower-is-better metrics, 1 − value otherwise) of a node metric, vectorized
-    in NumPy by the benchmark's baselines (checked against ``reference.cost_matrix`` in
-    test_reference_selfcheck.py) — an independent check of the library's structural formulas."""
+    """(N, L) cost (value for lower-is-better metrics, 1 − value otherwise) of a node metric, by
+    ``reference.dense_cost`` (checked against ``reference.cost_matrix`` in test_reference_selfcheck.py),
+    cached per tree and parameters — an independent check of the library's structural formulas."""
     key = (tuple(np.asarray(info.parents).tolist()), name, tuple(sorted(params.items())))
     if key not in _DENSE:
-        _DENSE[key] = baselines.dense_cost(ref.baselines(info).t, name, **params)
+        _DENSE[key] = ref.dense_cost(info, name, **params)
     return _DENSE[key]
