@@ -1,4 +1,4 @@
-"""The test harness: which devices, dtypes, metrics and decoders every test runs over.
+"""The test harness: which metrics and decoders every test runs over (the devices and dtypes: testing.py).
 
 Metric and decoder names come from the library's registries (``hd.list_metrics()``,
 ``hd.list_decoders()``), so registering a new metric or decoder puts it under every registry-driven
@@ -18,12 +18,8 @@ import torch
 import hdecode_torch as hd
 import reference as ref
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-FLOAT_DTYPES = [torch.float32, torch.float64]
-ALL_FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
-
-devices = pytest.mark.parametrize("device", DEVICES)
-dtypes = pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+# The devices and dtypes live in testing.py; re-exported for the files that import them from here.
+from testing import ALL_FLOAT_DTYPES, DEVICES, FLOAT_DTYPES, devices, dtypes  # noqa: F401
 
 #: Parameter grids (the first entry of each is the one used where a single case is enough).
 METRIC_PARAMS = {"tree_distance_c": [{"c": 0.5}, {"c": 0.0}, {"c": 2.0}],
