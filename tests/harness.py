@@ -1,4 +1,4 @@
-"""The test harness: which devices, dtypes, metrics and decoders every test runs over.
+"""The test harness: which metrics and decoders every test runs over (the devices and dtypes: testing.py).
 
 Metric and decoder names come from the library's registries (``hd.list_metrics()``,
 ``hd.list_decoders()``), and everything else from the classes' declarations: the parameter grids
@@ -20,14 +20,9 @@ import hdecode_torch as hd
 import reference as ref
 from hdecode_torch.core.params import grid_cases
 from hdecode_torch.core.registry import resolve_hook
-from benchmarks import baselines
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-FLOAT_DTYPES = [torch.float32, torch.float64]
-ALL_FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
-
-devices = pytest.mark.parametrize("device", DEVICES)
-dtypes = pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+# The devices and dtypes live in testing.py; re-exported for the files that import them from here.
+from testing import ALL_FLOAT_DTYPES, DEVICES, FLOAT_DTYPES, devices, dtypes  # noqa: F401
 
 def metric_grid(name: str) -> list[dict]:
     """The parameter settings the tests run the metric ``name`` at (its ``PARAMS``' grids; the first is
@@ -200,10 +195,10 @@ _DENSE = {}
 
 
 def dense_cost(info, name, **params):
-    """(N, L) cost (value for lower-is-better metrics, 1 − value otherwise) of a node metric, vectorized
-    in NumPy by the benchmark's baselines (checked against ``reference.cost_matrix`` in
-    test_reference_selfcheck.py) — an independent check of the library's structural formulas."""
+    """(N, L) cost (value for lower-is-better metrics, 1 − value otherwise) of a node metric, by
+    ``reference.dense_cost`` (checked against ``reference.cost_matrix`` in test_reference_selfcheck.py),
+    cached per tree and parameters — an independent check of the library's structural formulas."""
     key = (tuple(np.asarray(info.parents).tolist()), name, tuple(sorted(params.items())))
     if key not in _DENSE:
-        _DENSE[key] = baselines.dense_cost(ref.baselines(info).t, name, **params)
+        _DENSE[key] = ref.dense_cost(info, name, **params)
     return _DENSE[key]

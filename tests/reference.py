@@ -1,15 +1,17 @@
 """Slow, obviously-correct NumPy reference ("oracle") for the hdecode_torch test suite.
 
-The metrics, node probabilities, closed sets and exhaustive optima here are written
-straight from the definitions in ``/work/shared/SPEC.md`` with plain Python loops.  The
-heuristics and the closed forms (tree distance, Hamming, the hF_beta bounds) are the
-benchmark's per-sample NumPy decoders (``benchmarks/baselines.py``, the one NumPy copy of
-every decoder), checked against definitions and enumeration in ``test_reference_selfcheck.py``:
-every heuristic's answer lies in its :func:`heuristic_candidates` (among the exact ties where
-its keys are exact), every closed form among the brute-force optima.  Neither module imports
-``torch`` or ``hdecode_torch``: together they are the independent yardstick the library is
-compared against.  :class:`SlowJaccard` is the exact Jaccard decoder (a plain knapsack over
-every node) for trees too large to enumerate.
+The metrics, node probabilities, closed sets, exhaustive optima, heuristics and closed forms
+(tree distance, Hamming, the hF_beta bounds) here are written straight from the definitions in
+``/work/shared/SPEC.md``, with plain Python loops where a loop is clearer; :func:`dense_cost`
+writes the node metrics' definitions in NumPy arrays for the bundled trees, where the loops of
+:func:`cost_matrix` are too slow.  ``test_reference_selfcheck.py`` checks them against each other:
+every heuristic's answer lies in its :func:`heuristic_candidates` (among the exact ties where its
+keys are exact), every closed form among the brute-force optima, the dense costs equal
+:func:`cost_matrix`.  This module imports neither ``torch``, ``hdecode_torch`` nor the
+benchmarks: it is the independent yardstick the library is compared against.  Jaccard has one
+exhaustive oracle, :class:`JaccardEnumeration` (every closed set against every leaf, the values of
+:func:`jaccard`), and :class:`SlowJaccard`, the exact decoder (a plain knapsack over every node)
+for trees too large to enumerate, checked against it.
 
 Conventions (SPEC §1)
 ---------------------
@@ -87,7 +89,6 @@ from typing import Dict, FrozenSet, Iterable, Iterator, List, Optional, Set, Tup
 
 import numpy as np
 
-from benchmarks import baselines as _baselines  # the repository root is on sys.path (conftest.py)
 
 __all__ = [
     # trees
@@ -104,11 +105,11 @@ __all__ = [
     "set_to_mask", "mask_to_set",
     # optimal decoding
     "candidate_values", "optimal", "is_optimal", "tree_distance_closed_form",
-    "hamming_closed_form", "hf_beta_safe_bound", "hf_beta_value_bound",
+    "hamming_closed_form", "hf_beta_safe_bound", "hf_beta_value_bound", "dense_cost",
     # heuristics
-    "HEURISTICS", "baselines", "heuristic", "heuristic_candidates",
-    # Jaccard on large trees
-    "SlowJaccard",
+    "HEURISTICS", "heuristic", "heuristic_candidates",
+    # Jaccard: the exhaustive oracle, and the exact decoder for large trees
+    "JaccardEnumeration", "SlowJaccard",
 ]
 
 
@@ -349,7 +350,6 @@ class TreeInfo:
         self.dmax = np.array([max(self.depth[l] for l in x) for x in self._leaves_under], dtype=np.int64)
         self.height = self.dmax - self.depth
         self.max_depth = int(max(self.depth[l] for l in self.leaves))
-        self._baselines = None  # built by baselines(self)
 
     # -- structure -----------------------------------------------------------------
     def ancestors(self, n: int) -> List[int]:
@@ -783,32 +783,91 @@ def is_optimal(info: TreeInfo, metric, p_leaf, pred, rtol: float = 1e-9, atol: f
 def tree_distance_closed_form(info: TreeInfo, p_leaf, c: float = 0.0) -> int:
     """Theorem (Ramaswamy et al.; Cao et al.): the deepest node with p(n) > (1+c)/2,
     or the root if none.  (Nodes above a threshold >= 1/2 form a root path, so the
-    deepest one is unique.)  The benchmark's baseline; :func:`optimal` cross-checks it."""
+    deepest one is unique.)  :func:`optimal` cross-checks it."""
     info = _as_info(info)
-    return int(baselines(info).tree_distance_c(_check_p(info, p_leaf), c=c))
+    pn = node_probs(info, p_leaf)
+    above = [n for n in range(info.N) if pn[n] > (1 + c) / 2]
+    return max(above, key=lambda n: info.depth[n]) if above else info.root
 
 
 def hamming_closed_form(info: TreeInfo, p_leaf) -> FrozenSet[int]:
     """SPEC §4.1: include n iff W(n) > W/2 where W(n) = sum_{l in L(n)} p(l)/(d(l)+1),
-    W = W(root).  The benchmark's baseline; :func:`optimal` cross-checks it."""
+    W = W(root).  :func:`optimal` cross-checks it."""
     info = _as_info(info)
-    return frozenset(np.flatnonzero(baselines(info).hamming(_check_p(info, p_leaf))).tolist())
+    p = _check_p(info, p_leaf)
+    w = [math.fsum(p[l] / (info.depth[l] + 1) for l in info.leaves_under(n)) for n in range(info.N)]
+    return frozenset(n for n in range(info.N) if w[n] > w[info.root] / 2)
 
 
 def hf_beta_safe_bound(info: TreeInfo, n: int, beta: float) -> float:
     """SPEC §4.3 necessary condition: n in h* => p(n) >= this value,
     (d_min(n) + 1) / ((D + 1) (1 + beta^2 (D + 1)))."""
-    return float(_baselines.hf_beta_safe_bound(baselines(info).t, beta)[n])
+    info = _as_info(info)
+    big_d = info.max_depth + 1.0
+    return (info.dmin[n] + 1.0) / (big_d * (1 + beta * beta * big_d))
 
 
 def hf_beta_value_bound(info: TreeInfo, n: int, beta: float, value: float) -> float:
     """A non-root n of an optimal hF_beta set of expected score ``value`` has p(n) >= this,
     value (1 + beta^2 (d_min(n) + 1)) / ((1 + beta^2)(1 + beta^2 (D + 1)))."""
-    return value * float(_baselines.hf_beta_value_bound(baselines(info).t, beta)[n])
+    info = _as_info(info)
+    b2 = beta * beta
+    return value * (1 + b2 * (info.dmin[n] + 1.0)) / ((1 + b2) * (1 + b2 * (info.max_depth + 1.0)))
 
 
 # ---------------------------------------------------------------------------
-# Heuristic decoders (SPEC §4.2): the benchmark's per-sample baselines
+# Dense costs of the node metrics, for trees too large for cost_matrix's loops
+# ---------------------------------------------------------------------------
+
+def _depth_ancestors(info: TreeInfo) -> np.ndarray:
+    """(N, D+1) the ancestor of n at each depth, -1 below d(n) (cached on the TreeInfo)."""
+    if getattr(info, "_depth_anc", None) is None:
+        anc = np.full((info.N, info.max_depth + 1), -1, dtype=np.int64)
+        for n in range(info.N):
+            path = info.ancestors(n)[::-1]  # root first: path[d] is the ancestor at depth d
+            anc[n, : len(path)] = path
+        info._depth_anc = anc
+    return info._depth_anc
+
+
+def dense_cost(info: TreeInfo, metric: str, **params) -> np.ndarray:
+    """(N, L) float64 cost of predicting node n for leaf y (the value for lower-is-better metrics,
+    1 - value otherwise) of a node metric: :func:`cost_matrix`'s definitions in NumPy arrays.
+
+    Root paths agree down to the LCA and differ below it, so d(LCA(n, y)) is the number of depths
+    at which the two paths hold the same node, minus one.  O(N·L·D) time, blocks of 64 nodes.
+    """
+    info = _as_info(info)
+    anc = _depth_ancestors(info)
+    leaf_anc = anc[: info.L]
+    depth = info.depth.astype(np.float64)
+    out = np.empty((info.N, info.L))
+    for a in range(0, info.N, 64):
+        nodes = np.arange(a, min(a + 64, info.N))
+        same = (anc[nodes][:, None, :] == leaf_anc[None, :, :]) & (leaf_anc[None, :, :] >= 0)
+        lca_depth = same.sum(2) - 1  # (n, y)
+        lca = leaf_anc[np.arange(info.L)[None, :], lca_depth]
+        dn, dy = depth[nodes][:, None], depth[None, : info.L]
+        if metric == "accuracy":
+            value = (nodes[:, None] == np.arange(info.L)[None, :]).astype(np.float64)
+        elif metric in ("tree_distance", "mistake_severity", "tree_distance_c"):
+            c = params.get("c", 0.0) if metric == "tree_distance_c" else 0.0
+            value = dn + dy - 2 * lca_depth + c * dn
+        elif metric == "lca_height":
+            value = info.height[lca].astype(np.float64)
+        elif metric == "wu_palmer":  # 0/0 (the single-node tree) := 1, as wu_palmer
+            value = np.where(dn + dy > 0, 2.0 * lca_depth / np.maximum(dn + dy, 1), 1.0)
+        elif metric == "zhao":  # 0/0 (L = 1) := 1, as zhao
+            den = info.info[nodes][:, None] + info.info[None, : info.L]
+            value = np.where(den > 0, 2 * info.info[lca] / np.where(den > 0, den, 1.0), 1.0)
+        else:
+            raise ValueError(f"{metric!r} is not a node metric")
+        out[nodes] = 1.0 - value if higher_is_better(metric) else value
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Heuristic decoders (SPEC §4.2), from their definitions
 # ---------------------------------------------------------------------------
 
 #: The heuristics :func:`heuristic` runs and :func:`heuristic_candidates` formulates.
@@ -816,21 +875,70 @@ HEURISTICS = ("argmax_leaf", "top_down", "confidence_threshold", "majority", "pl
               "expected_information", "information_threshold", "hie", "crm")
 
 
-def baselines(info) -> "_baselines.Baselines":
-    """The per-sample NumPy decoders of ``benchmarks/baselines.py`` on this tree (built once per TreeInfo)."""
-    info = _as_info(info)
-    if info._baselines is None:
-        info._baselines = _baselines.Baselines(info.parents)
-    return info._baselines
+def _deeper_then_smaller(info: TreeInfo, nodes) -> int:
+    """SPEC §4.2's tie rule among nodes whose key ties exactly: the deeper node, then the smallest id."""
+    return min(nodes, key=lambda n: (-info.depth[n], n))
+
+
+def _argmax_key(info: TreeInfo, key, allowed) -> int:
+    """argmax of ``key`` over the ``allowed`` nodes, exact ties by :func:`_deeper_then_smaller`."""
+    best = max(key[n] for n in allowed)
+    return _deeper_then_smaller(info, [n for n in allowed if key[n] == best])
 
 
 def heuristic(name: str, info: TreeInfo, p_leaf, **params) -> int:
-    """Run a heuristic by name, e.g. ``heuristic("darts", info, p, lam=0.3)``: the benchmark's
-    baseline, whose answer :func:`heuristic_candidates` (from the definitions) always contains."""
+    """Run a heuristic by name, e.g. ``heuristic("darts", info, p, lam=0.3)``, as its rule in this
+    module's docstring states, on the exactly rounded node probabilities of :func:`node_probs`
+    (:func:`heuristic_candidates`, written independently, always contains the answer)."""
     if name not in HEURISTICS:
         raise ValueError(f"unknown heuristic {name!r}")
     info = _as_info(info)
-    return int(baselines(info).decoder(name, **params)(_check_p(info, p_leaf)))
+    p = _check_p(info, p_leaf)
+    pn = node_probs(info, p)
+    nodes = range(info.N)
+    if name == "argmax_leaf":
+        return min(info.leaves, key=lambda l: (-p[l], l))
+    if name == "top_down":
+        n = info.root
+        while info.children[n]:
+            n = min(info.children[n], key=lambda c: (-pn[c], c))
+        return n
+    if name in ("confidence_threshold", "majority"):
+        tau = 0.5 if name == "majority" else params.get("tau", 0.5)
+        if not 0 <= tau < 1:
+            raise ValueError(f"tau must lie in [0, 1), got {tau}")
+        above = [n for n in nodes if pn[n] > tau]
+        if not above:
+            return info.root
+        return _argmax_key(info, -info.leaf_count, above)  # I(n) compared through |L(n)|
+    if name == "plurality":
+        wins = [n for n in nodes
+                if all(pn[n] > pn[z] for z in nodes if not info.is_ancestor(z, n))]
+        return _argmax_key(info, -info.leaf_count, wins) if wins else info.root
+    if name in ("darts", "expected_information"):
+        lam = 0.0 if name == "expected_information" else params.get("lam", 0.0)
+        return _argmax_key(info, (info.info + lam) * pn, nodes)
+    if name == "information_threshold":
+        threshold = params.get("threshold", 0.0)
+        allowed = [n for n in nodes if info.info[n] >= threshold]
+        if not allowed:
+            raise ValueError(f"threshold {threshold} exceeds log(L) = {max(info.info)}")
+        return _argmax_key(info, pn, allowed)
+    if name == "hie":
+        def score(l):
+            parent = int(info.parents[l])
+            return pn[parent if parent >= 0 else l] * p[l]
+        return min(info.leaves, key=lambda l: (-score(l), l))
+    # crm: the optimal lca_height leaf, ties to the deeper leaf, then the smallest id
+    risk = _leaf_lca_height(info) @ p
+    return _argmax_key(info, -risk, info.leaves)
+
+
+def _leaf_lca_height(info: TreeInfo) -> np.ndarray:
+    """(L, L) height(LCA(l, y)) of every pair of leaves (cached on the TreeInfo)."""
+    if getattr(info, "_leaf_lca", None) is None:
+        info._leaf_lca = dense_cost(info, "lca_height")[: info.L]
+    return info._leaf_lca
 
 
 def _plurality_margin(info: TreeInfo, pn, n: int) -> float:
@@ -935,6 +1043,36 @@ def heuristic_candidates(name: str, info: TreeInfo, p_leaf, tol: float = 1e-9, *
     except ValueError:
         pass
     return cands
+
+
+# ---------------------------------------------------------------------------
+# Jaccard: the exhaustive oracle
+# ---------------------------------------------------------------------------
+
+class JaccardEnumeration:
+    """Every closed set of a small tree and its Jaccard index against every leaf: the exhaustive
+    Jaccard oracle (:func:`optimal` enumerates the same sets one distribution at a time).
+
+    ``sets`` is (S, N) bool in :func:`closed_sets` order, ``k`` (S,) their sizes, ``J`` (S, L) the
+    values of :func:`jaccard`.  O(S·L·N) once per tree; S grows as 2^(number of leaves) at worst.
+    """
+
+    def __init__(self, tree):
+        self.info = info = _as_info(tree)
+        frozen = list(closed_sets_frozen(info))
+        self.sets = np.array([set_to_mask(info, s) for s in frozen]).reshape(len(frozen), info.N)
+        self.k = self.sets.sum(1)
+        self.J = np.array([[jaccard(info, s, y) for y in info.leaves] for s in frozen]).reshape(len(frozen), info.L)
+
+    def values(self, P):
+        """(S, B) expected Jaccard of every set under every row of P (B, L)."""
+        return self.J @ np.asarray(P, dtype=np.float64).T
+
+    def value_of(self, mask, p):
+        """The expected Jaccard of the closed set ``mask`` (N,) under p (L,)."""
+        row = np.flatnonzero((self.sets == np.asarray(mask)[None, :]).all(1))
+        assert row.size == 1, "not a closed set containing the root"
+        return float(self.J[row[0]] @ p)
 
 
 # ---------------------------------------------------------------------------

@@ -8,9 +8,10 @@ import torch
 
 import hdecode_torch as hd
 import reference as ref
+from hdecode_torch import Posterior
 from harness import (
     DEVICES, FLOAT_DTYPES, batch, bundled, case_id, exact_on_dyadic, heuristic_cases, heuristic_pairs, model_like,
-    random_trees,
+    param, random_trees,
 )
 
 CASES = heuristic_pairs()
@@ -359,3 +360,98 @@ def test_optimal_wrapper():
     assert sets.shape == (24, h.num_nodes) and sets.dtype == torch.bool
     one = hd.get_decoder("optimal", h, metric="hf_beta", beta=1.0).decode(P[0])
     assert one.shape == (h.num_nodes,)
+
+
+# --------------------------------------------------------------------------- the two plans' tie rule
+THREE_LEAF_TREES = {"star": [3, 3, 3, -1], "pair_first": [3, 3, 4, 4, -1], "pair_last": [4, 3, 3, 4, -1]}
+#: the heuristics over their grids, and the parameters that put a threshold between the tree's levels
+TIE_CASES = [(n, p) for n, p in heuristic_pairs(full=True) if p.get("threshold", 0) <= np.log(3)] + [
+    ("information_threshold", {"threshold": 0.3}), ("confidence_threshold", {"tau": 0.25})]
+TIE_PARAMS = [param(n, p) for n, p in TIE_CASES]
+
+
+def _rows_with_a_zero(seed, count, L=3):
+    """Dirichlet rows with one entry set to exactly 0 and the rest rescaled: the sums are not exact, but a
+    node whose other children are empty has its child's probability in exact arithmetic."""
+    rng = np.random.default_rng(seed)
+    p = rng.dirichlet(np.ones(L), size=count)
+    p[np.arange(count), rng.integers(0, L, count)] = 0
+    return torch.as_tensor(p / p.sum(1, keepdims=True))
+
+
+def _both_plans(dec, x):
+    with hd.plan_for("cpu"):
+        a = dec.decode(x)
+    with hd.plan_for("cuda"):
+        b = dec.decode(x)
+    return a, b
+
+
+@pytest.mark.parametrize("tree", list(THREE_LEAF_TREES))
+@pytest.mark.parametrize("name,params", TIE_PARAMS)
+def test_heuristics_break_ties_with_an_empty_sibling_alike_on_both_plans(tree, name, params):
+    """Issue 24: information_threshold picked a shallower node on the GPU plan on 41 of 400 three-leaf
+    float64 rows: p(parent) of a leaf whose sibling is empty came out of a prefix difference an ulp above
+    the leaf's own entry."""
+    h = hd.Hierarchy.from_parents(THREE_LEAF_TREES[tree])
+    dec = hd.get_decoder(name, h, **params)
+    for dtype in (torch.float64, torch.float32):
+        x = _rows_with_a_zero(7, 400).to(dtype)
+        a, b = _both_plans(dec, x)
+        bad = (a != b).nonzero().flatten()
+        assert bad.numel() == 0, (dtype, x[bad[:3]].tolist(), a[bad[:3]].tolist(), b[bad[:3]].tolist())
+
+
+def test_single_child_mass_is_exact_and_changes_nothing_on_the_cpu_plan():
+    """The GPU plan's tie rule for nodes whose mass lies in one child gives, on the CPU plan's sums (where
+    such a node's p equals its child's bit for bit), exactly the CPU plan's decisions."""
+    from hdecode_torch.decoders.heuristics import mass_in_one_child
+
+    for h, _ in random_trees(11, 6, num_nodes_max=30, unary_prob=0.3):
+        rng = np.random.default_rng(h.num_nodes)
+        x = torch.as_tensor(rng.dirichlet(np.ones(h.num_leaves) * 0.3, size=64))
+        x[(x < 0.05) & (x < x.amax(1, keepdim=True))] = 0
+        x = x / x.sum(1, keepdim=True)
+        for plan in ("cpu", "cuda"):
+            with hd.plan_for(plan):
+                post = Posterior(h, x)
+                got = mass_in_one_child(post)
+            # reference: per node and row, the number of children with positive mass
+            count = hd.node_probabilities(h, (x > 0).double(), validate=False).t()  # positive leaves per node
+            kids = torch.zeros_like(count)
+            for c in range(h.num_nodes):
+                if h.parent[c] >= 0:
+                    kids[h.parent[c]] += (count[c] > 0).double()
+            want = (~h.is_leaf)[:, None] & (kids <= 1)
+            assert torch.equal(got, want), plan
+        with hd.plan_for("cpu"):
+            post = Posterior(h, x)
+            for name, params in TIE_CASES:
+                dec = hd.get_decoder(name, h, **params)
+                if type(dec)._decode_gpu is not type(dec)._decode_cpu:
+                    assert torch.equal(dec._decode_gpu(post), dec._decode_cpu(post)), name
+
+
+# --------------------------------------------------------------------------- memory budget
+def test_heuristics_follow_the_memory_budget(monkeypatch):
+    tiered = bundled("tieredimagenet-h")[0]
+    probs = torch.as_tensor(model_like(np.random.default_rng(0), tiered, 64, "confused"), dtype=torch.float32)
+    """Heuristic decoders used to ignore set_memory_budget (+2.8 GB at B = 200k with a 64 MiB budget)."""
+    seen = []
+    dec = hd.get_decoder("plurality", tiered)
+    original = type(dec)._decode
+
+    def spy(self, post):
+        seen.append(post.batch_size)
+        return original(self, post)
+
+    monkeypatch.setattr(type(dec), "_decode", spy)
+    whole = dec.decode(probs)
+    budget = hd.get_memory_budget()
+    try:
+        hd.set_memory_budget(dec._bytes_per_sample(tiered, hd.core.resolve_plan(tiered, torch.device("cpu"))) * 10)
+        seen.clear()
+        assert torch.equal(dec.decode(probs), whole)
+        assert max(seen) <= 10 and sum(seen) == probs.shape[0]
+    finally:
+        hd.set_memory_budget(budget)

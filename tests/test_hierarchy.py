@@ -92,20 +92,6 @@ def test_from_edges_csv(tmp_path):
     assert Hierarchy.from_edges(g).names == ["n1", "n2", "n0"]
 
 
-@pytest.mark.parametrize("bad,match", [
-    ([], "empty"),
-    ([-1], "at least one leaf"),
-    ([-1, -1, 0], "exactly one root"),
-    ([1, 0, 0], "exactly one root"),
-    ([-1, 2, 1, 0], "cycle"),
-    ([-1, 1, 0], "cycle"),
-    ([-1, 5], "parents\\[1\\]"),
-])
-def test_malformed_parents(bad, match):
-    with pytest.raises(ValueError, match=match):
-        Hierarchy.from_parents(bad)
-
-
 def test_malformed_other_inputs():
     with pytest.raises(ValueError, match="two parents"):
         Hierarchy.from_edges([("a", "b"), ("c", "b"), ("a", "c")])
@@ -350,3 +336,145 @@ def test_a_tree_unpickled_with_read_only_arrays_builds_without_warning():
         warnings.simplefilter("error")
         copy.__setstate__(state)
     assert torch.equal(copy.parent, h.parent) and torch.equal(copy.depth, h.depth)
+
+
+# --------------------------------------------------------------------------- construction errors
+PARENTS = [5, 5, 6, 6, 6, 7, 7, -1]  # leaves 0..4, internal 5, 6, root 7
+
+
+@pytest.mark.parametrize("parents,exc,match", [
+    ([], ValueError, "non-empty tree"),
+    ([-1], ValueError, "at least one leaf"),
+    ([-1, -1, 0], ValueError, r"exactly one root .* found 2: nodes \[0, 1\]. Add a common root"),
+    ([1, 0, 0], ValueError, "exactly one root.*found none.*cycle"),
+    ([-1, 2, 1, 0], ValueError, "cycle"),
+    ([-1, 1], ValueError, "cycle: node 1 is its own parent"),
+    ([-1, 1, 0], ValueError, "cycle"),
+    ([-1, 5], ValueError, r"every entry of `parents` in -1..1, but parents\[1\] = 5"),
+    ([-1, -2], ValueError, r"parents\[1\] = -2"),
+    ([-1, 2**70], ValueError, r"parents\[1\] = 1180591620717411303424"),
+    ([-1, 0.5], TypeError, r"integer node ids, but parents\[1\] = .*0.5"),
+    ([-1, float("nan")], TypeError, r"integer node ids, but parents\[1\] = .*nan"),
+    ([-1, None], TypeError, "integer node ids"),
+    ([-1, "0"], TypeError, "integer node ids"),
+    ([True, False], TypeError, r"parents\[0\] = True"),
+    (np.array([True, False]), TypeError, "dtype bool"),
+    ([[1, -1]], ValueError, r"one-dimensional, but got shape \(1, 2\)"),
+    ([[1], [1, 2]], TypeError, "flat sequence"),
+    (None, TypeError, "sequence of integer node ids, but got NoneType"),
+    ("abc", TypeError, "but got str"),
+    ({0: 1}, TypeError, "but got dict"),
+    (3, TypeError, "but got int"),
+])
+def test_from_parents_errors(parents, exc, match):
+    with pytest.raises(exc, match=match):
+        Hierarchy.from_parents(parents)
+
+
+def test_from_parents_accepts_arrays_tensors_and_integral_floats():
+    for parents in (np.array(PARENTS, dtype=np.int32), torch.tensor(PARENTS), [float(p) for p in PARENTS],
+                    np.array(PARENTS, dtype=object)):
+        assert Hierarchy.from_parents(parents).parents_list == PARENTS
+
+
+def test_names_and_labels_errors():
+    with pytest.raises(ValueError, match=r"`names` to have one entry per node \(8\), but got 2"):
+        Hierarchy.from_parents(PARENTS, names=["a", "b"])
+    with pytest.raises(ValueError, match="distinct node ids in `names`, but 'a' appears more than once"):
+        Hierarchy.from_parents([2, 2, -1], names=["a", "a", "r"])
+    with pytest.raises(TypeError, match=r"hashable node ids in `names`, but got \[1\]"):
+        Hierarchy.from_parents([2, 2, -1], names=[[1], [2], [3]])
+    with pytest.raises(TypeError, match="`labels` to be a sequence"):
+        Hierarchy.from_parents([2, 2, -1], labels=5)
+    with pytest.raises(ValueError, match=r"`labels` to have one entry per node \(3\), but got 1"):
+        Hierarchy.from_parents([2, 2, -1], labels=["x"])
+    with pytest.raises(TypeError, match="`names` to be a sequence"):
+        Hierarchy.from_parents([2, 2, -1], names="abc")
+
+
+def test_from_dict_edges_paths_errors():
+    with pytest.raises(TypeError, match="`children_of` to be a mapping"):
+        Hierarchy.from_dict([("a", "b")])
+    with pytest.raises(TypeError, match="children of 'a' to be a list of ids, but got 'b'"):
+        Hierarchy.from_dict({"a": "b"})
+    with pytest.raises(ValueError, match=r"Node 'b' has two parents \('a' and 'c'\)"):
+        Hierarchy.from_edges([("a", "b"), ("c", "b"), ("a", "c")])
+    with pytest.raises(ValueError, match="Unknown id 'zebra' in `leaf_order` \\(item 1\\)"):
+        Hierarchy.from_dict({"r": ["a", "b"]}, leaf_order=["a", "zebra"])
+    with pytest.raises(ValueError, match="each leaf once in `leaf_order`"):
+        Hierarchy.from_dict({"r": ["a", "b"]}, leaf_order=["a", "a"])
+    with pytest.raises(ValueError, match="`leaf_order` item 0 \\('r'\\) is an internal node"):
+        Hierarchy.from_dict({"r": ["a", "b"]}, leaf_order=["r", "a"])
+    with pytest.raises(ValueError, match="empty"):
+        Hierarchy.from_dict({})
+    with pytest.raises(ValueError, match="cycle"):
+        Hierarchy.from_dict({"r": ["x"], "a": ["b"], "b": ["a"]})
+    with pytest.raises(TypeError, match="`pairs` to be an iterable of \\(parent, child\\) pairs"):
+        Hierarchy.from_edges(None)
+    with pytest.raises(ValueError, match="item 0 is 1"):
+        Hierarchy.from_edges([1, 2])
+    with pytest.raises(ValueError, match="item 1 is 'ab'"):
+        Hierarchy.from_edges([("r", "a"), "ab"])
+    with pytest.raises(TypeError, match="single string"):
+        Hierarchy.from_paths("a/b")
+    with pytest.raises(ValueError, match="appears twice"):
+        Hierarchy.from_paths(["a/b", "a/b"])
+
+
+def test_json_and_bundled_errors(tmp_path):
+    f = tmp_path / "bad.json"
+    f.write_text("{not json")
+    with pytest.raises(ValueError):  # json.JSONDecodeError is a ValueError
+        Hierarchy.from_json(f)
+    f.write_text(json.dumps({"ids": [1, 2]}))
+    with pytest.raises(ValueError, match="`parents` field"):
+        Hierarchy.from_json(f)
+    f.write_text(json.dumps({"parents": [2, 2, -1], "ids": ["a", "a", "r"]}))
+    with pytest.raises(ValueError, match="distinct node ids"):
+        Hierarchy.from_json(f)
+    with pytest.raises(ValueError, match="Unknown bundled hierarchy 'imagenet'; available: inat19, tieredimagenet-h"):
+        hd.load_hierarchy("imagenet")
+    with pytest.raises(TypeError, match="`name` to be a string"):
+        hd.load_hierarchy(3)
+
+
+def test_device_errors():
+    h = Hierarchy.from_parents(PARENTS)
+    with pytest.raises(ValueError, match="`device` to be a torch device such as 'cpu'.*'gpu0'"):
+        h.to("gpu0")
+    with pytest.raises(TypeError, match="`device` to be a torch.device or a string"):
+        h.to(1.5)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            h.to("cuda")
+    with pytest.raises(ValueError, match="internal node ids in 5..7, but got 0"):
+        h.with_stop_leaves([0])
+    with pytest.raises(TypeError, match="`nodes` to be internal node ids"):
+        h.with_stop_leaves(["x"])
+
+
+@pytest.mark.parametrize("parents", [[-1, 0, True], (-1, 0, False), [-1, 0, np.bool_(True)]])
+def test_a_boolean_parent_is_refused_not_read_as_a_node_id(parents):
+    # numpy would read True as node 1: a JSON tree with `true` in it must not build a wrong tree
+    with pytest.raises(TypeError, match=r"parents\[2\]"):
+        hd.Hierarchy.from_parents(parents)
+    with pytest.raises(TypeError, match=r"parents\[2\]"):
+        hd.Hierarchy.from_json_dict({"parents": list(parents)})
+
+
+# --------------------------------------------------------------------------- scale
+def test_a_chain_of_100k_nodes_compiles_without_a_depth_table():
+    """A 100k chain failed with a 74.5 GiB ancestors table; building is O(N log N) whatever the depth."""
+    n = 100_000
+    h = hd.Hierarchy.from_parents(list(range(1, n)) + [-1])
+    assert h.max_depth == n - 1 and not h.ancestor_table_fits
+    assert "ancestors" not in h._cache and "levels" not in h._cache
+    with pytest.raises(ValueError, match="too deep for it"):
+        h.ancestors
+    x = torch.ones(3, 1)
+    assert hd.get_metric("tree_distance", h).decode(x).tolist() == [0, 0, 0]
+    assert hd.get_metric("lca_height", h).decode(x).tolist() == [0, 0, 0]
+    assert hd.get_metric("zhao", h)(torch.tensor([0, n - 1]), torch.tensor([0, 0])).tolist() == [1.0, 1.0]  # one leaf
+    d = n - 1 - n // 2  # depth of node n // 2, an ancestor of the leaf: it is their LCA
+    wp = hd.get_metric("wu_palmer", h)(torch.tensor([n // 2]), torch.tensor([0]), dtype=torch.float64).item()
+    assert wp == pytest.approx(2 * d / (d + n - 1), rel=1e-12)

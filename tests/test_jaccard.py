@@ -1,8 +1,8 @@
 """The exact Jaccard decoder (``metrics/jaccard.py``): exactness, its pruning bounds, its tie rule, both plans.
 
-Oracles: enumeration of every ancestor-closed set (``reference.closed_sets``, the Jaccard values
-checked against ``reference.jaccard``) on small random trees, and on trees too large for that the
-plain tree knapsack of ``reference.SlowJaccard`` (every node, no pruning, NumPy only).
+Oracles: enumeration of every ancestor-closed set (``reference.JaccardEnumeration``) on small random
+trees, and on trees too large for that the plain tree knapsack of ``reference.SlowJaccard`` (every
+node, no pruning, NumPy only), itself checked against the enumeration here.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import torch
 
 import hdecode_torch as hd
 import reference as ref
-from benchmarks.baselines import Baselines, expected_score
 from harness import bundled, model_like
 from hdecode_torch.kernels.depth_ranges import depth_masses
 from hdecode_torch.metrics import jaccard as J
@@ -49,29 +48,6 @@ def small_trees(seed, count, sizes=range(2, 13)):
         par = ref.random_tree(rng, num_nodes_max=sizes[i % len(sizes)], min_leaves=1,
                               unary_prob=(0.0, 0.2, 0.45)[i % 3], deep_bias=(0.0, 0.3, 0.6, 0.9)[i % 4])
         yield par, ref.TreeInfo(par), hd.Hierarchy.from_parents(par)
-
-
-class Enumeration:
-    """Every closed set of a small tree and its Jaccard index against every leaf."""
-
-    def __init__(self, info):
-        self.info = info
-        self.sets = np.array(list(ref.closed_sets(info)))  # (S, N) bool
-        inc = np.zeros((info.N, info.L))
-        for y in range(info.L):
-            inc[info.ancestors(y), y] = 1
-        inter = self.sets.astype(float) @ inc  # (S, L) |S ∩ y⁺|
-        self.k = self.sets.sum(1)
-        self.J = inter / (self.k[:, None] + (info.depth[: info.L] + 1)[None, :] - inter)
-
-    def values(self, P):
-        """(S, B) expected Jaccard of every set under every row of P (B, L)."""
-        return self.J @ np.asarray(P, dtype=np.float64).T
-
-    def value_of(self, mask, p):
-        row = np.flatnonzero((self.sets == np.asarray(mask)[None, :]).all(1))
-        assert row.size == 1, "not a closed set containing the root"
-        return float(self.J[row[0]] @ p)
 
 
 def decode(h, P, dtype=torch.float64, plan="cpu", **kw):
@@ -121,21 +97,11 @@ def gains_by_definition(info, p, k):
 
 
 # --------------------------------------------------------------------------- the oracles themselves
-def test_enumeration_oracle_matches_reference():
-    rng = np.random.default_rng(0)
-    for _, info, _ in small_trees(1, 30, sizes=range(2, 10)):
-        enum = Enumeration(info)
-        assert len(enum.sets) == ref.count_closed_sets(info)
-        for _ in range(5):
-            s, y = int(rng.integers(len(enum.sets))), int(rng.integers(info.L))
-            assert enum.J[s, y] == pytest.approx(ref.jaccard(info, ref.mask_to_set(enum.sets[s]), y), abs=1e-15)
-
-
 def test_slow_knapsack_matches_enumeration():
     """The oracle used on the bundled trees is itself exact on small trees."""
     rng = np.random.default_rng(2)
     for par, info, _ in small_trees(3, 60):
-        enum = Enumeration(info)
+        enum = ref.JaccardEnumeration(info)
         slow = ref.SlowJaccard(par)
         for kind in KINDS:
             p = distribution(rng, info, kind)
@@ -155,7 +121,7 @@ def test_exact_against_enumeration(chunk, dtype):
     checked = 0
     for par, info, h in small_trees(1000 + chunk, 40):
         P = np.stack([distribution(rng, info, kind) for kind in KINDS for _ in range(2)])
-        enum = Enumeration(info)
+        enum = ref.JaccardEnumeration(info)
         best = enum.values(P).max(0)
         sets = decode(h, P, dtype, plan).numpy()
         for b in range(len(P)):
@@ -175,7 +141,7 @@ def test_exact_on_two_and_three_node_trees(plan):
         info = ref.TreeInfo(np.array(par))
         h = hd.Hierarchy.from_parents(par)
         P = np.stack([distribution(rng, info, kind) for kind in KINDS])
-        enum = Enumeration(info)
+        enum = ref.JaccardEnumeration(info)
         sets = decode(h, P, plan=plan).numpy()
         for b in range(len(P)):
             assert enum.value_of(sets[b], P[b]) == pytest.approx(enum.values(P[b:b + 1]).max(), abs=1e-12)
@@ -189,7 +155,7 @@ def test_exact_on_the_simplex_of_the_three_leaf_tree():
     info = ref.TreeInfo(np.asarray(h.parents_list))
     grid, _ = simplex_grid(30)
     P = grid.numpy()
-    enum = Enumeration(info)
+    enum = ref.JaccardEnumeration(info)
     best = enum.values(P).max(0)
     for plan in PLANS:
         for dtype in (torch.float64, torch.float32):
@@ -204,7 +170,7 @@ def test_gains_match_definition_and_decompose_expected_jaccard():
     rng = np.random.default_rng(4)
     for _, info, h in small_trees(5, 25, sizes=range(3, 11)):
         p = distribution(rng, info, "dirichlet")
-        enum = Enumeration(info)
+        enum = ref.JaccardEnumeration(info)
         post = hd.Posterior(h, torch.as_tensor(p[None]))
         T = J._tables(h)
         nodes = torch.arange(info.N)
@@ -262,7 +228,7 @@ def test_every_bound_holds_on_every_optimal_set(chunk):
     rng = np.random.default_rng(200 + chunk)
     tight, excluded = 0, 0
     for _, info, h in small_trees(300 + chunk, 50):
-        enum = Enumeration(info)
+        enum = ref.JaccardEnumeration(info)
         tau = J.jaccard_value_bound(h).numpy()
         for kind in KINDS:
             p = distribution(rng, info, kind)
@@ -301,7 +267,7 @@ def test_node_bound_is_attained(plan):
     h = hd.Hierarchy.from_parents([4, 4, 4, 4, -1])
     info = ref.TreeInfo(np.array([4, 4, 4, 4, -1]))
     p = np.full(4, 0.25)
-    vals = Enumeration(info).values(p[None])[:, 0]
+    vals = ref.JaccardEnumeration(info).values(p[None])[:, 0]
     assert vals.max() == pytest.approx(0.5)
     assert ref.expected(info, "jaccard", p, {4, 0}) == pytest.approx(0.5)
     assert float(J.jaccard_value_bound(h)[0]) * 0.5 == pytest.approx(0.25)
@@ -321,7 +287,7 @@ def test_trace_invariants_against_enumeration(dtype, plan):
     tol = 1e-12 if dtype == torch.float64 else 2e-6
     for _, info, h in small_trees(8 + (plan == "cuda"), 60, sizes=range(3, 13)):
         P = np.stack([distribution(rng, info, kind) for kind in KINDS])
-        enum = Enumeration(info)
+        enum = ref.JaccardEnumeration(info)
         vals = enum.values(P)  # (S, B)
         t = trace(h, P, dtype, plan)
         assert torch.equal(t.sets, decode(h, P, dtype, plan))
@@ -383,34 +349,6 @@ def test_plans_agree_exactly_on_bundled_trees():
             assert torch.equal(decode(h, P, dtype, "cuda"), cpu), (tree, dtype)
             assert torch.equal(decode(h, P, dtype, "cpu", chunk_size=7), cpu), (tree, dtype)
             assert bool(cpu[:, h.root].all()) and 2 < float(cpu.sum(1).double().mean()) < h.max_depth + 4
-
-
-def test_numpy_baseline_matches_library():
-    """The benchmark's per-sample baseline (``benchmarks/baselines.py``) scores as the library does on
-    the bundled trees (both exact: the library against the slow knapsack above, the baseline against
-    enumeration below), and its float64 scoring of a set agrees with the library's."""
-    for tree in ("tieredimagenet-h", "inat19"):
-        h, _ = bundled(tree)
-        rng = np.random.default_rng(11)
-        P = np.concatenate([model_like(rng, h, 2, kind) for kind in ("peaked", "diffuse", "shallow")])
-        base = Baselines(np.asarray(h.parents_list))
-        lib = decode(h, P).numpy()
-        mine = np.stack([base.jaccard(p) for p in P])
-        scores = np.array([expected_score(base.t, "jaccard", s, p) for s, p in zip(mine, P)])
-        np.testing.assert_allclose([expected_score(base.t, "jaccard", s, p) for s, p in zip(lib, P)], scores,
-                                   rtol=1e-12)
-        np.testing.assert_allclose(hd.get_metric("jaccard", h).expected(torch.as_tensor(P), torch.as_tensor(mine)),
-                                   scores, rtol=1e-12)
-
-
-def test_numpy_baseline_exact_on_small_trees():
-    rng = np.random.default_rng(12)
-    for par, info, _ in small_trees(13, 50):
-        enum = Enumeration(info)
-        base = Baselines(par)
-        for kind in KINDS:
-            p = distribution(rng, info, kind)
-            assert enum.value_of(base.jaccard(p), p) == pytest.approx(enum.values(p[None]).max(), abs=1e-12)
 
 
 def test_synthetic_tree_and_deep_spine_match_slow_knapsack():
@@ -475,7 +413,7 @@ def test_tie_rule_on_exact_ties(dtype, plan):
         first = [y for y in range(info.L) if y < twin[y]]  # one leaf of each mirrored pair
         p[first] = rng.multinomial(8, np.full(len(first), 1 / len(first))) / 16.0
         p[twin[first]] = p[first]
-        enum = Enumeration(info)
+        enum = ref.JaccardEnumeration(info)
         vals = enum.values(p[None])[:, 0]
         want = rule_choice(enum, vals)
         got = decode(h, p[None], dtype, plan)[0].numpy()
@@ -491,7 +429,7 @@ def test_smallest_optimal_size_on_dyadic_rows(dtype):
     rng = np.random.default_rng(16)
     for _, info, h in small_trees(17, 60, sizes=range(3, 12)):
         P = np.stack([ref.random_distribution(rng, info.L, "dyadic") for _ in range(3)])
-        enum = Enumeration(info)
+        enum = ref.JaccardEnumeration(info)
         vals = enum.values(P)
         sets = decode(h, P, dtype).numpy()
         for b in range(len(P)):
@@ -692,7 +630,7 @@ def batch_slack_cases():
     rng = np.random.default_rng(3)
     cases = []
     for par, info, h in small_trees(31, 40, sizes=range(6, 12)):
-        enum = Enumeration(info)
+        enum = ref.JaccardEnumeration(info)
         p = 0.2 * ref.random_distribution(rng, info.L, "dirichlet")
         p[rng.integers(info.L)] += 0.8
         vals = enum.values(p[None])[:, 0]

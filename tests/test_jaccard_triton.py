@@ -58,7 +58,7 @@ def interpreter_checks() -> dict:
         bad = []
         for tree, (par, info, h) in enumerate(TJ.small_trees(77, 14)):
             P = np.stack([TJ.distribution(rng, info, kind) for kind in TJ.KINDS])
-            enum = TJ.Enumeration(info)
+            enum = ref.JaccardEnumeration(info)
             best = enum.values(P).max(0)
             for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 2e-6)):
                 sets = TJ.decode(h, P, dtype, "cuda").numpy()
@@ -78,7 +78,7 @@ def interpreter_checks() -> dict:
             first = [y for y in range(info.L) if y < twin[y]]
             p[first] = rng.multinomial(8, np.full(len(first), 1 / len(first))) / 16.0
             p[twin[first]] = p[first]
-            enum = TJ.Enumeration(info)
+            enum = ref.JaccardEnumeration(info)
             vals = enum.values(p[None])[:, 0]
             want = TJ.rule_choice(enum, vals)
             got = TJ.decode(h, p[None], torch.float64, "cuda")[0].numpy()

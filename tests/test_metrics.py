@@ -7,9 +7,10 @@ import torch
 import hdecode_torch as hd
 import reference as ref
 from harness import (
-    DEVICES, FLOAT_DTYPES, baseline, batch, bundled, heuristic_names, metric_cases, metric_names, metric_pairs,
+    baseline, batch, bundled, heuristic_names, metric_cases, metric_names, metric_pairs,
     model_like, oracle, random_trees, silence_root_threshold, tolerance,
 )
+from testing import Tester, grid, tensor
 
 
 def _ref_set(info, mask):
@@ -36,9 +37,9 @@ def test_registry_is_covered():
 
 
 @pytest.mark.parametrize("name,params", list(metric_cases()))
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_values_and_expected_on_random_trees(name, params, device, dtype):
+@grid()
+def test_values_and_expected_on_random_trees(name, params, plan, device, dtype):
+    tester = Tester(plan, device, dtype)
     rng = np.random.default_rng(sum(map(ord, name)))
     rtol = 1e-10 if dtype == torch.float64 else tolerance(dtype)
     atol = 1e-12 if dtype == torch.float64 else rtol  # sums of O(depth) terms cancel near 0
@@ -46,27 +47,26 @@ def test_values_and_expected_on_random_trees(name, params, device, dtype):
         h = h.to(device)
         m = hd.get_metric(name, h, **params)
         B = 12
-        P = torch.as_tensor(batch(rng, B, info.L)).to(dtype).double().numpy()  # the rounded rows are the input
+        P = tester.rows(batch(rng, B, info.L)).double().cpu().numpy()  # the rounded rows are the input
         y = rng.integers(0, info.L, B)
         pred = rng.integers(0, info.N, B)
         # values are computed in float64 and cast once: exact up to the rounding of `dtype`
         vtol = 1e-12 if dtype == torch.float64 else torch.finfo(dtype).eps
-        got = m(torch.as_tensor(pred, device=device), torch.as_tensor(y, device=device), dtype=dtype).cpu().numpy()
+        got = m(tensor(pred, torch.long, device), tensor(y, torch.long, device), dtype=dtype).cpu().numpy()
         assert got.dtype == (np.float64 if dtype == torch.float64 else np.float32)
         want = [ref.metric_value(info, name, int(pred[b]), int(y[b]), **params) for b in range(B)]
         np.testing.assert_allclose(got, want, rtol=vtol, atol=1e-12)
-        x = torch.as_tensor(P, device=device).to(dtype)
-        e = m.expected(x, torch.as_tensor(pred, device=device)).cpu().numpy()
+        e = tester.expected(h, name, P, pred, **params).numpy()
         assert e.dtype == (np.float64 if dtype == torch.float64 else np.float32)
         e_want = [ref.expected(info, name, P[b], int(pred[b]), **params) for b in range(B)]
         np.testing.assert_allclose(e, e_want, rtol=rtol, atol=atol)
         if m.kind == "set":
             masks = rng.random((B, info.N)) < 0.4
-            got = m(torch.as_tensor(masks, device=device), torch.as_tensor(y, device=device), dtype=dtype)
+            got = m(tensor(masks, torch.bool, device), tensor(y, torch.long, device), dtype=dtype)
             assert got.dtype == dtype
             want = [ref.metric_value(info, name, masks[b], int(y[b]), **params) for b in range(B)]
             np.testing.assert_allclose(got.cpu().numpy(), want, rtol=vtol, atol=1e-12)
-            e = m.expected(x, torch.as_tensor(masks, device=device)).cpu().numpy()
+            e = tester.expected(h, name, P, masks, **params).numpy()
             e_want = [ref.expected(info, name, P[b], masks[b], **params) for b in range(B)]
             np.testing.assert_allclose(e, e_want, rtol=rtol, atol=atol)
 
@@ -113,14 +113,14 @@ def test_wu_palmer_and_zhao_match_dense_cost():
     leaves = torch.arange(h.num_leaves).repeat(h.num_nodes)
     for name in ("wu_palmer", "zhao"):
         got = hd.get_metric(name, h)(nodes, leaves, dtype=torch.float64).view(h.num_nodes, h.num_leaves).numpy()
-        want = 1 - ref.cost_matrix(info, name)
+        want = 1 - ref.dense_cost(info, name)
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-15)
 
 
 def test_cost_matrix_metric_equals_builtin():
     h, info = bundled("inat19")
     rng = np.random.default_rng(0)
-    cost = ref.cost_matrix(info, "tree_distance")
+    cost = ref.dense_cost(info, "tree_distance")
     m = hd.CostMatrixMetric(h, cost)
     P = torch.as_tensor(model_like(rng, h, 5, "diffuse"))
     pred = torch.as_tensor(rng.integers(0, h.num_nodes, 5))
@@ -182,53 +182,40 @@ def test_node_probabilities_dtypes(dtype):
     torch.testing.assert_close(out.to(torch.float64), ref_out, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("bad,exc,match", [
-    (lambda L: torch.full((2, L), 1.0 / L).neg(), ValueError, "from_logits=True"),
-    (lambda L: torch.full((2, L), float("nan")), ValueError, "NaN"),
-    (lambda L: torch.full((2, L), 2.0 / L), ValueError, "normalize=True"),
-    (lambda L: torch.full((2, L + 1), 1.0 / (L + 1)), ValueError, "columns"),
-    (lambda L: torch.ones(2, L, dtype=torch.long), TypeError, "floating-point"),
-    (lambda L: torch.ones(2, 2, L), ValueError, "shape"),
-    (lambda L: "probs", TypeError, "torch.Tensor"),
-])
-def test_bad_probabilities(bad, exc, match):
-    h, _ = bundled("inat19")
-    with pytest.raises(exc, match=match):
-        hd.node_probabilities(h, bad(h.num_leaves))
-    m = hd.get_metric("wu_palmer", h)
-    with pytest.raises(exc, match=match):
-        m.expected(bad(h.num_leaves), torch.zeros(2, dtype=torch.long))
+# --------------------------------------------------------------------------- parameters and gradients
+def _confused(h, rows=64):
+    """float32 rows of a model confused between siblings and cousins."""
+    return torch.as_tensor(model_like(np.random.default_rng(0), h, rows, "confused"), dtype=torch.float32)
 
 
-def test_normalize_and_logits():
-    h, _ = bundled("inat19")
-    x = torch.rand(3, h.num_leaves, dtype=torch.float64)
-    p = hd.node_probabilities(h, x, normalize=True)
-    torch.testing.assert_close(p[:, h.root], torch.ones(3, dtype=torch.float64))
-    q = hd.node_probabilities(h, x, from_logits=True)
-    torch.testing.assert_close(q, hd.node_probabilities(h, torch.softmax(x, 1)))
+def test_tree_distance_c_default_is_not_degenerate():
+    tiered = bundled("tieredimagenet-h")[0]
+    probs = _confused(tiered)
+    m = hd.get_metric("tree_distance_c", tiered)
+    assert m.c == 0.5
+    assert (m.decode(probs) != tiered.root).any()  # c = 1 made the root the answer for every row
+    with pytest.warns(UserWarning, match="c = 1 >= 1.*root for every input"):
+        hd.get_metric("tree_distance_c", tiered, c=1.0)
 
 
-def test_bad_targets_and_params():
-    h, _ = bundled("inat19")
-    m = hd.get_metric("tree_distance", h)
-    with pytest.raises(ValueError, match="target"):
-        m(torch.tensor([0]), torch.tensor([h.num_leaves]))
-    with pytest.raises(ValueError, match="target"):
-        m(torch.tensor([0]), torch.tensor([-1]))
-    with pytest.raises(TypeError, match="target"):
-        m(torch.tensor([0]), torch.tensor([0.5]))
-    with pytest.raises(ValueError, match="pred"):
-        m(torch.tensor([h.num_nodes]), torch.tensor([0]))
-    with pytest.raises(ValueError, match="Expected `beta` to be a float > 0, but got -1"):
-        hd.get_metric("hf_beta", h, beta=-1)
-    with pytest.raises(ValueError, match="`c`"):
-        hd.get_metric("tree_distance_c", h, c=-0.5)
-    with pytest.raises(ValueError, match="Unknown metric"):
-        hd.get_metric("f1", h)
-    with pytest.raises(ValueError, match="Bad parameters"):
-        hd.get_metric("wu_palmer", h, beta=2)
-    with pytest.raises(ValueError, match="shape"):
-        hd.CostMatrixMetric(h, torch.zeros(3, 3))
-    with pytest.raises(TypeError, match="bool set"):
-        m(torch.zeros(1, h.num_nodes, dtype=torch.bool), torch.tensor([0]))
+def test_a_huge_beta_is_a_clear_error_not_an_overflow():
+    tiered = bundled("tieredimagenet-h")[0]
+    probs = _confused(tiered)
+    with pytest.raises(ValueError, match=r"`beta` to be a float in \(0, 1e\+150\]"):
+        hd.get_metric("hf_beta", tiered, beta=1e300)
+    sets = hd.get_metric("hf_beta", tiered, beta=1e100).decode(probs[:2])  # recall: the whole tree wins
+    assert sets.shape == (2, tiered.num_nodes) and bool(sets[:, tiered.root].all())
+
+
+def test_expected_values_keep_their_gradient_on_both_plans():
+    tiered = bundled("tieredimagenet-h")[0]
+    x = torch.softmax(torch.randn(3, tiered.num_leaves, dtype=torch.float64), 1).requires_grad_()
+    m = hd.get_metric("zhao", tiered)
+    pred = torch.tensor([3, 700, tiered.root])
+    grads = []
+    for plan in ("cpu", "cuda"):
+        with hd.plan_for(plan):
+            (g,) = torch.autograd.grad(m.expected(x, pred).sum(), x)
+        grads.append(g)
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-10, atol=1e-12)
+    assert grads[0].abs().sum() > 0

@@ -9,9 +9,10 @@ from hypothesis import given, strategies as st
 import hdecode_torch as hd
 import reference as ref
 from harness import (
-    DEVICES, FLOAT_DTYPES, batch, bundled, dense_cost, heuristic_pairs, metric_cases, metric_names, metric_pairs,
-    model_like, random_trees, silence_root_threshold, strategies, tolerance,
+    batch, bundled, dense_cost, heuristic_pairs, metric_cases, metric_names, metric_pairs, model_like, random_trees,
+    silence_root_threshold, strategies, tolerance,
 )
+from testing import DEVICES, Tester, grid
 
 DECODABLE = metric_pairs(decodable=True)
 #: Metrics with explicit decoding strategies (their classes declare STRATEGIES), and those with the
@@ -33,24 +34,37 @@ def _check_optimal(info, name, params, P, pred, m, rtol=1e-9):
         assert got == pytest.approx(best, rel=rtol, abs=max(1e-12, rtol * 1e-3)), (name, params, b, P[b])
 
 
+_OPTIMA = {}
+
+
+def _optimum(info, name, params, p):
+    """The brute-force best expected value of the row p, cached: every plan decodes the same rows."""
+    key = (info.parents.tobytes(), name, tuple(sorted(params.items())), p.tobytes())
+    if key not in _OPTIMA:
+        _OPTIMA[key] = ref.optimal(info, name, p, **params)[0]
+    return _OPTIMA[key]
+
+
 @pytest.mark.parametrize("name,params", metric_cases(decodable=True))
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-def test_exact_on_small_random_trees(name, params, device, dtype):
+@grid()
+def test_exact_on_small_random_trees(name, params, plan, device, dtype):
     """Every registered decoder against brute force (enumeration of every closed set for set metrics),
-    float64 exactly, float32 up to the rounding of its input."""
+    float64 exactly, float32 up to the rounding of its input, on both plans, by every entry point."""
+    tester = Tester(plan, device, dtype)
+    kind = hd.metrics.metric_class(name).kind
+    rtol = tolerance(dtype)
     rng = np.random.default_rng(11)
-    trees = 40 if hd.metrics.metric_class(name).kind != "set" else 25
+    trees = 40 if kind != "set" else 25
     if dtype != torch.float64:
         trees //= 4
     for h, info in random_trees(7, trees, num_nodes_max=11):
-        m = hd.get_metric(name, h.to(device), **params)
-        P = batch(rng, 10, info.L)
-        x = torch.as_tensor(P, device=device).to(dtype)
-        P = x.double().cpu().numpy()  # the rounded input is the distribution being decoded
-        pred = m.decode(x).cpu().numpy()
-        _check_optimal(info, name, params, P, pred, m, rtol=tolerance(dtype))
-        if m.kind == "set":
+        P = tester.rows(batch(rng, 10, info.L)).double().cpu().numpy()  # the rounded input is the distribution
+        pred = tester.decode(h, name, P, **params).numpy()
+        for b in range(P.shape[0]):
+            got = ref.expected(info, name, P[b], pred[b].astype(bool) if kind == "set" else int(pred[b]), **params)
+            assert got == pytest.approx(_optimum(info, name, params, P[b]), rel=rtol, abs=max(1e-12, rtol * 1e-3)), \
+                (name, params, b, P[b])
+        if kind == "set":
             assert pred[:, h.root].all()
             par = info.parents
             for row in pred:  # ancestor-closed
@@ -413,3 +427,34 @@ def test_structural_candidates_exact_on_random_trees(name, values):
         P = batch(rng, 10, info.L)
         pred = m.decode(torch.as_tensor(P)).numpy()
         _check_optimal(info, name, {}, P, pred, m)
+
+
+# --------------------------------------------------------------------------- strategies and degenerate parameters
+@pytest.mark.parametrize("plan", ["cpu", "cuda"])
+@pytest.mark.parametrize("name", ["zhao", "wu_palmer"])
+def test_dense_strategy_ties_do_not_depend_on_the_batch(plan, name):
+    """Found by the property above: the dense strategy (the GPU plan's default while the (N, L) matrix fits)
+    took one matrix product of the whole batch, which rounds a column differently with the number of
+    columns, so exact ties (uniform rows, symmetric subtrees, Zhao's unary chains) went to another node
+    when the row was decoded alone, in a batch of 2, 9 or 40."""
+    for h, info in random_trees(3, 12, num_nodes_max=40, unary_prob=0.2):
+        rng = np.random.default_rng(h.num_nodes)
+        rows = np.stack([ref.random_distribution(rng, info.L, ("dyadic", "uniform")[i % 2]) for i in range(40)])
+        for strategy in ("auto", "dense"):
+            m = hd.get_metric(name, h, strategy=strategy)
+            for dtype in (torch.float64, torch.float32):
+                x = torch.as_tensor(rows).to(dtype)
+                with hd.plan_for(plan):
+                    full = m.decode(x)
+                    for size in (1, 2, 9):
+                        parts = torch.cat([m.decode(x[i: i + size]) for i in range(0, 18, size)])
+                        assert torch.equal(parts, full[: parts.shape[0]]), (info.parents, strategy, dtype, size)
+
+
+def test_hf_beta_with_a_huge_beta_in_float32():
+    """(1+β²)/(k+β²(e+1)) was inf/inf once β² overflowed; the weights are now written with r = 1/(1+β²)."""
+    h = hd.Hierarchy.from_parents([5, 5, 6, 6, 6, 7, 7, -1])
+    x = torch.tensor([0.4, 0.1, 0.3, 0.1, 0.1], dtype=torch.float64)
+    m = hd.get_metric("hf_beta", h, beta=1e20)
+    assert bool(m.decode(x).all())  # float64: correct, the whole tree
+    assert torch.equal(m.decode(x.float()), m.decode(x))

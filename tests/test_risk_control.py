@@ -448,7 +448,7 @@ _DEEP_FIT = """
 import resource, sys, time, torch
 import hdecode_torch as hd
 depth, rows = int(sys.argv[1]), int(sys.argv[2])
-# test_edge_cases.caterpillar(depth): a spine of `depth` internal nodes, one leaf under each, two under the last
+# test_decoders.caterpillar(depth): a spine of `depth` internal nodes, one leaf under each, two under the last
 h = hd.Hierarchy.from_parents([-1] + list(range(depth - 1)) + list(range(depth)) + [depth - 1])
 g = torch.Generator().manual_seed(0)
 probs = torch.softmax(3 * torch.randn(rows, h.num_leaves, generator=g, dtype=torch.float64), 1)

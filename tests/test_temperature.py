@@ -11,6 +11,7 @@ from torch import nn
 
 import hdecode_torch as hd
 from hdecode_torch.synthetic import synthetic_outputs
+from harness import bundled
 
 
 @pytest.fixture(scope="module")
@@ -177,3 +178,16 @@ def test_fit_under_inference_mode(calibrated):
     assert made_inside.fit(z, t).temperature == want  # a parameter made under inference_mode
     with torch.inference_mode():
         assert made_inside.fit(z_inf, t).temperature == pytest.approx(want, rel=1e-6)  # from T = want
+
+
+def test_temperature_scaler_takes_logits_of_any_shape_and_fits_only_logits():
+    inat = bundled("inat19")[0]
+    scaler = hd.TemperatureScaler(2.0)
+    z = torch.randn(6, inat.num_leaves, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 3
+    z = z.float().reshape(2, 3, inat.num_leaves)
+    torch.testing.assert_close(scaler(z), z / 2)
+    assert scaler(z).dtype == torch.float32
+    with pytest.raises(TypeError, match="floating-point"):
+        scaler(torch.ones(3, inat.num_leaves, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"shape \(B, L\)"):
+        hd.TemperatureScaler().fit(z, torch.zeros(2, dtype=torch.long))

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+import hdecode_torch as hd
 from hdecode_torch.kernels.selection import argbest, argbest_pairs
 from hdecode_torch.kernels.descent import children_window, widest_by_depth
 from harness import DEVICES, bundled, random_trees
@@ -117,3 +118,14 @@ def test_level_sums_of_one_row_are_its_bits_in_any_batch(dtype):
             assert torch.equal(subtree_sum(h, v[:, b:b + 1], "levels")[:, 0], subtree_sum(h, v, "levels")[:, b])
             for root in (True, False):
                 assert torch.equal(path_sum(h, v[:, b:b + 1], root, "levels")[:, 0], path_sum(h, v, root, "levels")[:, b])
+
+
+def test_float32_node_sums_on_a_very_wide_node():
+    """Sequential float32 accumulation over 100k children drifted by 1e-3; wide nodes sum in float64."""
+    n = 100_000
+    h = hd.Hierarchy.from_parents([n] * n + [-1])
+    p = torch.full((2, n), 1.0 / n, dtype=torch.float32)
+    root = hd.node_probabilities(h, p)[:, h.root]
+    assert root.dtype == torch.float32
+    assert float((root - 1).abs().max()) < 1e-6
+    assert int(hd.get_metric("tree_distance", h).decode(p)[0]) == h.root

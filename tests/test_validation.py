@@ -1,24 +1,30 @@
-"""Bad input gets a clear error, never a wrong answer (SPEC §6; the audit is docs/validation.md).
+"""Input checks and conversions (``core/validation.py``) at every entry point: bad input gets a clear
+error, never a wrong answer (the audit is docs/validation.md).
 
-Every message names the argument, says what was expected and what was found, and, where
-there is one, the fix.  Validation is one fused check with a single host sync, and
-``validate=False`` skips it.
+Every message names the argument, says what was expected and what was found, and, where there is
+one, the fix.  Validation is one fused check with a single host sync, and ``validate=False`` skips
+it.  The input convention: probabilities unless told otherwise, a warning for probabilities handed
+over as logits, ``from_logits="auto"`` deciding only what it can tell apart, ``normalize=True``;
+row-sum tolerances that follow the arithmetic.  The tree's own construction errors are in
+test_hierarchy.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import importlib.util
 import math
+import warnings
 
 import numpy as np
 import pytest
 import torch
 
 import hdecode_torch as hd
-from hdecode_torch import Hierarchy
+from hdecode_torch import Hierarchy, Posterior
 import hdecode_torch.core.row_checks as row_checks
 from hdecode_torch.core.validation import ROW_SUM_TOLERANCE, prepare_leaf_probs, row_sum_tolerance
+from harness import bundled, heuristic_cases, metric_cases, model_like
 
 PARENTS = [5, 5, 6, 6, 6, 7, 7, -1]  # leaves 0..4, internal 5, 6, root 7
 L, N = 5, 8
@@ -34,6 +40,21 @@ def P():
     return torch.tensor([[0.1, 0.2, 0.3, 0.2, 0.2], [0.5, 0.0, 0.25, 0.25, 0.0]], dtype=torch.float64)
 
 
+@pytest.fixture(scope="module")
+def tiered():
+    return bundled("tieredimagenet-h")[0]
+
+
+@pytest.fixture(scope="module")
+def probs(tiered):
+    return torch.as_tensor(model_like(np.random.default_rng(0), tiered, 64, "confused"), dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def inat():
+    return bundled("inat19")[0]
+
+
 def all_entry_points(h):
     """(label, callable taking leaf_probs) for every public function that reads probabilities."""
     out = [("node_probabilities", lambda x: hd.node_probabilities(h, x)),
@@ -46,116 +67,6 @@ def all_entry_points(h):
         out.append((f"{name}.decode", hd.get_decoder(name, h).decode))
     out.append(("calibrate_darts", lambda x: hd.calibrate_darts(h, x, torch.tensor([0, 1]), 0.5)))
     return out
-
-
-# --------------------------------------------------------------------------- hierarchies
-@pytest.mark.parametrize("parents,exc,match", [
-    ([], ValueError, "non-empty tree"),
-    ([-1], ValueError, "at least one leaf"),
-    ([-1, -1, 0], ValueError, r"exactly one root .* found 2: nodes \[0, 1\]. Add a common root"),
-    ([1, 0, 0], ValueError, "exactly one root.*found none.*cycle"),
-    ([-1, 2, 1, 0], ValueError, "cycle"),
-    ([-1, 1], ValueError, "cycle: node 1 is its own parent"),
-    ([-1, 5], ValueError, r"every entry of `parents` in -1..1, but parents\[1\] = 5"),
-    ([-1, -2], ValueError, r"parents\[1\] = -2"),
-    ([-1, 2**70], ValueError, r"parents\[1\] = 1180591620717411303424"),
-    ([-1, 0.5], TypeError, r"integer node ids, but parents\[1\] = .*0.5"),
-    ([-1, float("nan")], TypeError, r"integer node ids, but parents\[1\] = .*nan"),
-    ([-1, None], TypeError, "integer node ids"),
-    ([-1, "0"], TypeError, "integer node ids"),
-    ([True, False], TypeError, r"parents\[0\] = True"),
-    (np.array([True, False]), TypeError, "dtype bool"),
-    ([[1, -1]], ValueError, r"one-dimensional, but got shape \(1, 2\)"),
-    ([[1], [1, 2]], TypeError, "flat sequence"),
-    (None, TypeError, "sequence of integer node ids, but got NoneType"),
-    ("abc", TypeError, "but got str"),
-    ({0: 1}, TypeError, "but got dict"),
-    (3, TypeError, "but got int"),
-])
-def test_from_parents_errors(parents, exc, match):
-    with pytest.raises(exc, match=match):
-        Hierarchy.from_parents(parents)
-
-
-def test_from_parents_accepts_arrays_tensors_and_integral_floats():
-    for parents in (np.array(PARENTS, dtype=np.int32), torch.tensor(PARENTS), [float(p) for p in PARENTS],
-                    np.array(PARENTS, dtype=object)):
-        assert Hierarchy.from_parents(parents).parents_list == PARENTS
-
-
-def test_names_and_labels_errors():
-    with pytest.raises(ValueError, match=r"`names` to have one entry per node \(8\), but got 2"):
-        Hierarchy.from_parents(PARENTS, names=["a", "b"])
-    with pytest.raises(ValueError, match="distinct node ids in `names`, but 'a' appears more than once"):
-        Hierarchy.from_parents([2, 2, -1], names=["a", "a", "r"])
-    with pytest.raises(TypeError, match=r"hashable node ids in `names`, but got \[1\]"):
-        Hierarchy.from_parents([2, 2, -1], names=[[1], [2], [3]])
-    with pytest.raises(TypeError, match="`labels` to be a sequence"):
-        Hierarchy.from_parents([2, 2, -1], labels=5)
-    with pytest.raises(ValueError, match=r"`labels` to have one entry per node \(3\), but got 1"):
-        Hierarchy.from_parents([2, 2, -1], labels=["x"])
-    with pytest.raises(TypeError, match="`names` to be a sequence"):
-        Hierarchy.from_parents([2, 2, -1], names="abc")
-
-
-def test_from_dict_edges_paths_errors():
-    with pytest.raises(TypeError, match="`children_of` to be a mapping"):
-        Hierarchy.from_dict([("a", "b")])
-    with pytest.raises(TypeError, match="children of 'a' to be a list of ids, but got 'b'"):
-        Hierarchy.from_dict({"a": "b"})
-    with pytest.raises(ValueError, match=r"Node 'b' has two parents \('a' and 'c'\)"):
-        Hierarchy.from_edges([("a", "b"), ("c", "b"), ("a", "c")])
-    with pytest.raises(ValueError, match="Unknown id 'zebra' in `leaf_order` \\(item 1\\)"):
-        Hierarchy.from_dict({"r": ["a", "b"]}, leaf_order=["a", "zebra"])
-    with pytest.raises(ValueError, match="each leaf once in `leaf_order`"):
-        Hierarchy.from_dict({"r": ["a", "b"]}, leaf_order=["a", "a"])
-    with pytest.raises(ValueError, match="`leaf_order` item 0 \\('r'\\) is an internal node"):
-        Hierarchy.from_dict({"r": ["a", "b"]}, leaf_order=["r", "a"])
-    with pytest.raises(ValueError, match="empty"):
-        Hierarchy.from_dict({})
-    with pytest.raises(ValueError, match="cycle"):
-        Hierarchy.from_dict({"r": ["x"], "a": ["b"], "b": ["a"]})
-    with pytest.raises(TypeError, match="`pairs` to be an iterable of \\(parent, child\\) pairs"):
-        Hierarchy.from_edges(None)
-    with pytest.raises(ValueError, match="item 0 is 1"):
-        Hierarchy.from_edges([1, 2])
-    with pytest.raises(ValueError, match="item 1 is 'ab'"):
-        Hierarchy.from_edges([("r", "a"), "ab"])
-    with pytest.raises(TypeError, match="single string"):
-        Hierarchy.from_paths("a/b")
-    with pytest.raises(ValueError, match="appears twice"):
-        Hierarchy.from_paths(["a/b", "a/b"])
-
-
-def test_json_and_bundled_errors(tmp_path):
-    f = tmp_path / "bad.json"
-    f.write_text("{not json")
-    with pytest.raises(ValueError):  # json.JSONDecodeError is a ValueError
-        Hierarchy.from_json(f)
-    f.write_text(json.dumps({"ids": [1, 2]}))
-    with pytest.raises(ValueError, match="`parents` field"):
-        Hierarchy.from_json(f)
-    f.write_text(json.dumps({"parents": [2, 2, -1], "ids": ["a", "a", "r"]}))
-    with pytest.raises(ValueError, match="distinct node ids"):
-        Hierarchy.from_json(f)
-    with pytest.raises(ValueError, match="Unknown bundled hierarchy 'imagenet'; available: inat19, tieredimagenet-h"):
-        hd.load_hierarchy("imagenet")
-    with pytest.raises(TypeError, match="`name` to be a string"):
-        hd.load_hierarchy(3)
-
-
-def test_device_errors(h):
-    with pytest.raises(ValueError, match="`device` to be a torch device such as 'cpu'.*'gpu0'"):
-        h.to("gpu0")
-    with pytest.raises(TypeError, match="`device` to be a torch.device or a string"):
-        h.to(1.5)
-    if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="CUDA is not available"):
-            h.to("cuda")
-    with pytest.raises(ValueError, match="internal node ids in 5..7, but got 0"):
-        h.with_stop_leaves([0])
-    with pytest.raises(TypeError, match="`nodes` to be internal node ids"):
-        h.with_stop_leaves(["x"])
 
 
 # --------------------------------------------------------------------------- probabilities
@@ -299,6 +210,15 @@ def test_normalize(h):
                                rtol=1e-3, atol=0)
     m = hd.get_metric("tree_distance", h)
     assert torch.equal(m.decode(hd.Posterior(h, x, normalize=True)), m.decode(x / x.sum(1, keepdim=True)))
+
+
+def test_normalize_and_logits():
+    h, _ = bundled("inat19")
+    x = torch.rand(3, h.num_leaves, dtype=torch.float64)
+    p = hd.node_probabilities(h, x, normalize=True)
+    torch.testing.assert_close(p[:, h.root], torch.ones(3, dtype=torch.float64))
+    q = hd.node_probabilities(h, x, from_logits=True)
+    torch.testing.assert_close(q, hd.node_probabilities(h, torch.softmax(x, 1)))
 
 
 def test_logits(h):
@@ -560,3 +480,319 @@ def test_calibrate_darts_errors(h, P):
     assert hd.calibrate_darts(h, P, y, np.float64(0.0)) == 0.0
     assert hd.calibrate_darts(h, P, y, torch.tensor(0.0)) == 0.0
     assert math.isfinite(hd.calibrate_darts(h, P, y, 1.0))
+
+
+# --------------------------------------------------------------------------- one input convention
+def test_every_entry_point_takes_probabilities_by_default(tiered, probs):
+    want = hd.get_metric("wu_palmer", tiered).decode(probs)
+    assert torch.equal(hd.DecodingHead(tiered, "wu_palmer")(probs), want)
+    metric = hd.HierarchicalMetric(tiered, "wu_palmer")
+    metric.update(probs, want.clamp(max=tiered.num_leaves - 1))
+    assert torch.equal(hd.get_decoder("optimal", tiered, metric="wu_palmer").decode(probs), want)
+
+
+@pytest.mark.parametrize("name", ["wu_palmer", "hf_beta", "tree_distance"])
+def test_probabilities_given_as_logits_warn_and_auto_decides(tiered, probs, name):
+    """A softmax of probabilities changed 823–959 predictions in 1,000 without a word."""
+    right = hd.DecodingHead(tiered, name)(probs)
+    with pytest.warns(UserWarning, match="looks like probabilities.*from_logits=True"):
+        hd.DecodingHead(tiered, name, from_logits=True)(probs)
+    with pytest.warns(UserWarning, match="looks like probabilities"):
+        hd.HierarchicalMetric(tiered, name, from_logits=True).update(probs.clone(), torch.zeros(64, dtype=torch.long))
+    logits = probs.log()
+    auto = hd.DecodingHead(tiered, name, from_logits="auto")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # neither input warns in auto mode
+        assert torch.equal(auto(probs), right)
+        assert torch.equal(auto(logits), hd.DecodingHead(tiered, name, from_logits=True)(logits))
+
+
+def test_auto_refuses_what_it_cannot_tell_apart(tiered):
+    x = torch.full((2, tiered.num_leaves), 0.5 / tiered.num_leaves)  # in [0, 1], sums to 1/2
+    with pytest.raises(ValueError, match="Cannot tell whether .* probabilities or logits.*normalize=True"):
+        hd.node_probabilities(tiered, x, from_logits="auto")
+    with pytest.raises(ValueError, match="`from_logits` to be False .*, True .* or 'auto'"):
+        hd.node_probabilities(tiered, x, from_logits="yes")
+    with pytest.raises(ValueError, match="`from_logits`"):
+        hd.DecodingHead(tiered, "accuracy", from_logits="logits")
+    masked = torch.randn(2, tiered.num_leaves)
+    masked[:, 5:] = float("-inf")  # masked classes are logits
+    torch.testing.assert_close(hd.node_probabilities(tiered, masked, from_logits="auto")[:, : tiered.num_leaves],
+                               torch.softmax(masked, 1))
+
+
+def test_a_refilled_buffer_is_not_a_stale_posterior(tiered):
+    """Inference tensors have no version counter: reuse keyed on identity would return the first batch."""
+    rng = np.random.default_rng(1)
+    b1, b2 = (torch.as_tensor(model_like(rng, tiered, 32, k), dtype=torch.float32) for k in ("peaked", "diffuse"))
+    t1, t2 = torch.randint(0, tiered.num_leaves, (32,)), torch.randint(0, tiered.num_leaves, (32,))
+    fresh = hd.HierarchicalMetric(tiered, "wu_palmer")
+    fresh.update(b1, t1)
+    fresh.update(b2, t2)
+    with torch.inference_mode():
+        buf = torch.empty_like(b1)
+        m = hd.HierarchicalMetric(tiered, "wu_palmer")
+        buf.copy_(b1)
+        m.update(buf, t1)
+        buf.copy_(b2)
+        m.update(buf, t2)
+        assert float(m.compute()) == float(fresh.compute())
+
+
+# --------------------------------------------------------------------------- from_logits and normalize
+def _logits(h, b=5, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(b, h.num_leaves, generator=g, dtype=dtype) * 3
+
+
+def _probs(h, b=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.softmax(torch.randn(b, h.num_leaves, generator=g, dtype=torch.float64) * 3, 1)
+
+
+@pytest.mark.parametrize("name,params", metric_cases(decodable=True, full=False))
+def test_metric_decode_and_expected_take_from_logits_and_normalize(tiered, name, params):
+    """Issue 24: docs/validation.md lists `from_logits` for metrics and decoders, but `decode` and `expected`
+    raised "unexpected keyword"."""
+    m = hd.get_metric(name, tiered, **params)
+    z = _logits(tiered)
+    p = torch.softmax(z, 1)
+    want = m.decode(p)
+    assert torch.equal(m.decode(z, from_logits=True), want)
+    assert torch.equal(m.decode(z, from_logits="auto"), want)
+    assert torch.equal(m.decode(p, from_logits="auto"), want)
+    assert torch.equal(m.decode(p, from_logits=False), want)
+    assert torch.equal(m.decode(p * 7, normalize=True), m.decode(p * 7 / (p * 7).sum(1, keepdim=True)))
+    assert torch.equal(m.decode(z[0], from_logits=True), want[0])  # unbatched
+    e = m.expected(p, want)
+    torch.testing.assert_close(m.expected(z, want, from_logits=True), e)
+    torch.testing.assert_close(m.expected(z, want, from_logits="auto"), e)
+    torch.testing.assert_close(m.expected(p * 3, want, normalize=True), e)
+    # the optimal decoder of the metric forwards them
+    dec = hd.get_decoder("optimal", tiered, metric=m)
+    assert torch.equal(dec.decode(z, from_logits=True), want)
+
+
+@pytest.mark.parametrize("name,params", heuristic_cases(full=False))
+def test_heuristic_decode_takes_from_logits_and_normalize(tiered, name, params):
+    dec = hd.get_decoder(name, tiered, **params)
+    z = _logits(tiered, seed=1)
+    p = torch.softmax(z, 1)
+    want = dec.decode(p)
+    assert torch.equal(dec.decode(z, from_logits=True), want)
+    assert torch.equal(dec.decode(z, from_logits="auto"), want)
+    assert torch.equal(dec.decode(p * 2, normalize=True), dec.decode(p * 2 / (p * 2).sum(1, keepdim=True)))
+
+
+def test_conversion_errors_name_the_input(tiered):
+    m = hd.get_metric("wu_palmer", tiered)
+    p = torch.softmax(_logits(tiered), 1)
+    with pytest.raises(ValueError, match="Expected `from_logits` to be False .*, True .* or 'auto', but got 'yes'"):
+        m.decode(p, from_logits="yes")
+    with pytest.raises(ValueError, match="Cannot tell whether `leaf_probs` holds probabilities or logits"):
+        m.decode(torch.full_like(p, 0.5), from_logits="auto")
+    with pytest.raises(ValueError, match="normalize=True is for unnormalised probabilities"):
+        m.expected(_logits(tiered), m.decode(p), from_logits="auto", normalize=True)
+    with pytest.raises(ValueError, match="sum to 1"):
+        m.expected(p * 2, m.decode(p))  # not normalized: refused, as before
+    with pytest.warns(UserWarning, match="looks like probabilities"):
+        m.decode(p, from_logits=True)  # a softmax of probabilities: warned, as everywhere
+
+
+def test_a_posterior_is_converted_already(tiered):
+    """A Posterior holds probabilities: from_logits / normalize given with one are an error, not ignored."""
+    z = _logits(tiered)
+    post = Posterior(tiered, z, from_logits=True)
+    m = hd.get_metric("zhao", tiered)
+    dec = hd.get_decoder("darts", tiered, lam=0.5)
+    want = m.decode(torch.softmax(z, 1))
+    assert torch.equal(m.decode(post), want) and torch.equal(m.decode(post, from_logits=False), want)
+    for call in (lambda **kw: m.decode(post, **kw), lambda **kw: dec.decode(post, **kw),
+                 lambda **kw: m.expected(post, want, **kw),
+                 lambda **kw: hd.get_decoder("optimal", tiered, metric=m).decode(post, **kw)):
+        for kw in ({"from_logits": True}, {"from_logits": "auto"}, {"normalize": True}):
+            with pytest.raises(ValueError, match=f"`leaf_probs` is a Posterior, whose probabilities are converted "
+                                                 f"already: {next(iter(kw))}="):
+                call(**kw)
+        with pytest.raises(ValueError, match="Expected `from_logits`"):
+            call(from_logits=2)
+
+
+@pytest.mark.parametrize("plan", ["cpu", "cuda"])
+def test_decode_with_logits_reads_the_host_once(tiered, plan, monkeypatch):
+    """The one-host-read design holds with the conversions: the deferred check of the logits (or of the
+    "auto" decision) is read with the decision, as that of probabilities is."""
+    z = _logits(tiered, b=32, seed=3).float()
+    with hd.plan_for(plan):
+        for name in ("tree_distance", "hamming"):
+            m = hd.get_metric(name, tiered)
+            m.decode(z, from_logits=True)  # tree tables built
+            for kind in (True, "auto"):
+                assert _host_reads(monkeypatch, lambda: m.decode(z, from_logits=kind)) == 1, (name, kind)
+
+
+def test_auto_refuses_probabilities_with_a_tiny_negative_entry(inat):
+    """Used to be read as logits and softmaxed (node probabilities off by up to 0.56)."""
+    p = _probs(inat)
+    p[2, 7] = -1e-12
+    with pytest.raises(ValueError, match=r"Cannot tell whether `leaf_probs` holds probabilities or logits: row 2 has "
+                                         r"a negative entry"):
+        hd.node_probabilities(inat, p, from_logits="auto")
+    with pytest.raises(ValueError, match="negative entry"):
+        hd.get_metric("tree_distance", inat).decode(p)  # probabilities: refused too, as before
+    # a clear case of each kind is decided
+    logits = torch.randn(4, inat.num_leaves, dtype=torch.float64)
+    torch.testing.assert_close(hd.node_probabilities(inat, logits, from_logits="auto"),
+                               hd.node_probabilities(inat, logits, from_logits=True))
+    torch.testing.assert_close(hd.node_probabilities(inat, _probs(inat), from_logits="auto"),
+                               hd.node_probabilities(inat, _probs(inat)))
+
+
+def test_auto_refuses_values_in_the_unit_interval_that_are_not_distributions(inat):
+    x = torch.full((3, inat.num_leaves), 0.5, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"entries are in \[0\.5, 0\.5\] but row 0 sums to 505"):
+        hd.node_probabilities(inat, x, from_logits="auto")
+    # just past the margin it is logits
+    x[1, 3] = 1.01
+    torch.testing.assert_close(hd.node_probabilities(inat, x, from_logits="auto"),
+                               hd.node_probabilities(inat, x, from_logits=True))
+
+
+def test_auto_with_normalize_normalizes_counts_and_refuses_negatives(inat):
+    counts = torch.randint(0, 5, (4, inat.num_leaves)).double()
+    counts[:, 0] += 1  # no zero row
+    want = hd.node_probabilities(inat, counts, normalize=True)
+    torch.testing.assert_close(hd.node_probabilities(inat, counts, from_logits="auto", normalize=True), want)
+    logits = torch.randn(4, inat.num_leaves, dtype=torch.float64)
+    with pytest.raises(ValueError, match="normalize=True is for unnormalised probabilities, but `leaf_probs` has "
+                                         "negative entries"):
+        hd.node_probabilities(inat, logits, from_logits="auto", normalize=True)
+
+
+def _host_reads(monkeypatch, fn) -> int:
+    """Tensor -> Python conversions during ``fn()`` (each a device-to-host read on a GPU)."""
+    calls = []
+    with monkeypatch.context() as m:
+        for attr in ("tolist", "item", "__bool__", "__int__", "__float__"):
+            def wrapper(self, *a, _orig=getattr(torch.Tensor, attr), **k):
+                calls.append(1)
+                return _orig(self, *a, **k)
+            m.setattr(torch.Tensor, attr, wrapper)
+        fn()
+    return len(calls)
+
+
+@pytest.mark.parametrize("plan", ["cpu", "cuda"])
+def test_deferred_check_reads_once_and_raises_the_same_error(inat, plan, monkeypatch):
+    """A decoder's input check is read with the decoder's own host read (one in all on the GPU plan),
+    and bad input still raises the check's own error, not whatever the decoder did with the bad values."""
+    p = _probs(inat, 32).float()
+    with hd.plan_for(plan):
+        for name, kw in [("tree_distance", {}), ("hf_beta", {"beta": 2.0}), ("wu_palmer", {}), ("hamming", {})]:
+            m = hd.get_metric(name, inat, **kw)
+            m.decode(p)
+            checked = _host_reads(monkeypatch, lambda: m.decode(p))
+            unchecked = _host_reads(monkeypatch, lambda: m.decode(p, validate=False))
+            if plan == "cuda" or name in ("tree_distance", "hamming"):
+                assert checked == 1, name
+            # the check rides on the decoder's own read where it has one (hF_β's candidate count)
+            assert unchecked == checked - (0 if (plan == "cuda" and name == "hf_beta") else 1), name
+            bad = p.clone()
+            bad[5, 3] = float("nan")
+            with pytest.raises(ValueError, match="row 5 contains NaN"):
+                m.decode(bad)
+            bad[5, 3] = -0.5
+            with pytest.raises(ValueError, match="row 5 has a negative entry"):
+                m.decode(bad)
+
+
+def test_from_logits_values_and_normalize_with_logits(inat):
+    """0 and 1 are False and True; other values are refused naming `from_logits`; normalize=True changes
+    nothing for logits (the softmax sums to 1), for every converting entry point."""
+    z, p = _logits(inat, seed=1), _probs(inat)
+    m, d = hd.get_metric("wu_palmer", inat), hd.get_decoder("majority", inat)
+    soft = torch.softmax(z, 1)
+    assert torch.equal(hd.node_probabilities(inat, z, from_logits=1), hd.node_probabilities(inat, soft))
+    assert torch.equal(hd.node_probabilities(inat, p, from_logits=0), hd.node_probabilities(inat, p))
+    for kind in ("yes", None, 2, "Auto"):
+        with pytest.raises(ValueError, match="Expected `from_logits` to be False"):
+            m.decode(z, from_logits=kind)
+    assert torch.equal(hd.node_probabilities(inat, z, from_logits=True, normalize=True),
+                       hd.node_probabilities(inat, z, from_logits=True))
+    assert torch.equal(m.decode(z, from_logits=True, normalize=True), m.decode(soft))
+    assert torch.equal(d.decode(z, from_logits=True, normalize=True), d.decode(soft))
+    pred = m.decode(soft)
+    assert torch.equal(m.expected(z, pred, from_logits=True, normalize=True), m.expected(soft, pred))
+
+
+def test_head_and_metric_take_no_normalize(inat):
+    """DecodingHead and HierarchicalMetric convert with from_logits only: `normalize=` is an unknown
+    metric parameter, refused by name, not ignored."""
+    for make in (lambda: hd.DecodingHead(inat, "wu_palmer", normalize=True),
+                 lambda: hd.HierarchicalMetric(inat, "wu_palmer", normalize=True)):
+        with pytest.raises(ValueError, match="unknown parameter\\(s\\) 'normalize'"):
+            make()
+    z = _logits(inat, seed=1)
+    head = hd.DecodingHead(inat, "wu_palmer", from_logits="auto")
+    assert torch.equal(head(z), hd.get_metric("wu_palmer", inat).decode(z, from_logits=True))
+    metric = hd.HierarchicalMetric(inat, "wu_palmer", from_logits="auto")
+    target = torch.arange(z.shape[0])
+    metric.update(z[0], target[0])  # one (L,) row with a () target
+    metric.update(z[1:], target[1:])
+    want = hd.get_metric("wu_palmer", inat)
+    got = metric.compute()
+    assert got.dtype == z.dtype  # the mean comes back in the scores' dtype
+    torch.testing.assert_close(got, want(want.decode(z, from_logits=True), target).mean().to(z.dtype))
+
+
+@pytest.mark.parametrize("key, from_logits", [("logits", True), ("logit", True), ("scores", True), ("probs", False),
+                                              ("probabilities", False), ("prob", False), ("leaf_probs", False),
+                                              ("out", None)])
+@pytest.mark.skipif(not any(importlib.util.find_spec(m) for m in ("lightning", "pytorch_lightning")),
+                    reason="needs lightning")
+def test_callback_reads_the_input_kind_from_its_output_key(inat, key, from_logits):
+    from hdecode_torch.integrations import HierarchicalMetricsCallback
+
+    if from_logits is None:
+        with pytest.raises(ValueError, match=f"Cannot tell whether `output_key='{key}'` holds logits"):
+            HierarchicalMetricsCallback(inat, metrics=["wu_palmer"], output_key=key)
+        return
+    cb = HierarchicalMetricsCallback(inat, metrics=["wu_palmer"], output_key=key)
+    assert [m.from_logits for m in cb.metrics.values()] == [from_logits]
+
+
+def test_calibrate_darts_decides_auto_as_the_explicit_kind(inat):
+    z, p = _logits(inat, 40, seed=1), _probs(inat, 40)
+    target = torch.randint(0, inat.num_leaves, (40,), generator=torch.Generator().manual_seed(2))
+    assert hd.calibrate_darts(inat, z, target, 0.3, from_logits="auto") == \
+        hd.calibrate_darts(inat, z, target, 0.3, from_logits=True)
+    assert hd.calibrate_darts(inat, p, target, 0.3, from_logits="auto") == hd.calibrate_darts(inat, p, target, 0.3)
+
+
+# --------------------------------------------------------------------------- framework outputs
+@pytest.mark.parametrize("num_classes", [1000, 100_000, 2_000_000])
+def test_a_float32_softmax_of_any_width_is_accepted(num_classes):
+    """On the CPU a float32 softmax over 2M classes sums to 1 ± 6e-4; a fixed 1e-4 rejected it."""
+    g = torch.Generator().manual_seed(num_classes)
+    logits = torch.randn(3, num_classes, generator=g) * 3
+    logits[0, 0] += 40  # one peaked row
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        try:
+            p = torch.softmax(logits, 1)
+        finally:
+            torch.set_num_threads(1)
+        prepare_leaf_probs(p, num_classes)  # no error
+        assert float((p.double().sum(1) - 1).abs().max()) <= row_sum_tolerance(torch.float32, num_classes)
+    bad = p.clone()
+    bad[1] *= 1.02  # a row off by 2%
+    with pytest.raises(ValueError, match="sum to 1"):
+        prepare_leaf_probs(bad, num_classes)
+
+
+def test_row_sum_tolerance_rule():
+    assert row_sum_tolerance(torch.float32, 1) == hd.ROW_SUM_TOLERANCE[torch.float32]
+    tol = [row_sum_tolerance(torch.float32, n) for n in (10, 10**3, 10**5, 10**6, 10**7)]
+    assert tol == sorted(tol) and tol[-1] < 0.02  # grows with L, still rejects a 2% error at 10M classes
+    assert row_sum_tolerance(torch.float64, 10**7) < 1e-5
+    assert row_sum_tolerance(torch.float16, 1000) < 0.01

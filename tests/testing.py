@@ -1,0 +1,96 @@
+"""What the tests run over (devices, dtypes, plans) and one tester for the plan × device × dtype ×
+entry point grid of a decoder or metric.
+
+The lists and :func:`tensor` follow pytorch_scatter's ``test/testing.py``; :class:`Tester` follows
+torchmetrics' ``MetricTester``: a test states its check once and the tester runs the component through
+each entry point (the class, ``hd.functional``, ``DecodingHead``), asserting that they agree bit for bit.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+import hdecode_torch as hd
+from hdecode_torch import functional as F
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+FLOAT_DTYPES = [torch.float32, torch.float64]
+ALL_FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+#: The two plans (``hd.plan_for``): the GPU plan runs on any device, so both are tested on the CPU.
+PLANS = ["cpu", "cuda"]
+#: How a user reaches a decoder: its class, the functional API, the nn.Module head.
+ENTRY_POINTS = ("class", "functional", "head")
+
+devices = pytest.mark.parametrize("device", DEVICES)
+dtypes = pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+
+
+def tensor(x, dtype, device):
+    """``x`` (a nested list, NumPy array or tensor) as a tensor of ``dtype`` on ``device``; None stays None."""
+    return None if x is None else torch.as_tensor(np.asarray(x), device=device).to(dtype)
+
+
+def grid(plans=PLANS, devices=DEVICES, dtypes=FLOAT_DTYPES):
+    """The pytest parametrization of ``plan, device, dtype`` over every combination (ids such as
+    ``cuda-cpu-float32``: the GPU plan on the CPU in float32)."""
+    return pytest.mark.parametrize("plan,device,dtype", [
+        pytest.param(p, d, t, id=f"{p}-{d}-{str(t).removeprefix('torch.')}")
+        for p, d, t in itertools.product(plans, devices, dtypes)])
+
+
+class Tester:
+    """A component (metric or heuristic decoder, by registered name) under one plan, device and dtype.
+
+    ``decode`` runs it through every entry point of :data:`ENTRY_POINTS` and asserts that they agree bit
+    for bit; ``expected`` does the same for the class and the functional API (the head only decodes).
+    The inputs are cast to the tester's dtype and device; the results come back on the CPU.
+    """
+
+    __test__ = False  # a helper, not a test class, despite its name
+
+    def __init__(self, plan: str, device: str, dtype: torch.dtype):
+        self.plan, self.device, self.dtype = plan, device, dtype
+
+    def __repr__(self) -> str:
+        return f"Tester(plan={self.plan!r}, device={self.device!r}, dtype={self.dtype})"
+
+    def rows(self, P) -> torch.Tensor:
+        """The rows P (B, L) as this tester decodes them: in its dtype on its device."""
+        return tensor(P, self.dtype, self.device)
+
+    def _component(self, h, name, params):
+        if name in hd.list_metrics():
+            return hd.get_metric(name, h, **params)
+        return hd.get_decoder(name, h, **params)
+
+    def decode(self, h, name: str, P, **params) -> torch.Tensor:
+        """(B,) node ids or (B, N) bool sets: ``name``'s decisions for the rows P (B, L), the same by
+        every entry point (a metric's name means its exact decoder)."""
+        h, x = h.to(self.device), self.rows(P)
+        is_metric = name in hd.list_metrics()
+        with hd.plan_for(self.plan):
+            got = {"class": self._component(h, name, params).decode(x),
+                   "functional": F.decode(name, x, h, **params) if is_metric
+                   else F.decode_with(name, x, h, **params),
+                   "head": (hd.DecodingHead(h, name, **params) if is_metric
+                            else hd.DecodingHead(h, decoder=(name, params)))(x)}
+        want = got["class"]
+        assert want.device.type == torch.device(self.device).type, (self, name)
+        for entry in ENTRY_POINTS[1:]:
+            assert got[entry].dtype == want.dtype and torch.equal(got[entry], want), (self, name, params, entry)
+        return want.cpu()
+
+    def expected(self, h, name: str, P, pred, **params) -> torch.Tensor:
+        """(B,) expected value of the metric ``name`` for the predictions ``pred`` under the rows P, the
+        same by the class and the functional API."""
+        h, x = h.to(self.device), self.rows(P)
+        pred = torch.as_tensor(np.asarray(pred), device=self.device)
+        with hd.plan_for(self.plan):
+            want = hd.get_metric(name, h, **params).expected(x, pred)
+            got = F.expected(name, x, pred, h, **params)
+        assert got.dtype == want.dtype and torch.equal(got, want), (self, name, params)
+        return want.cpu()
