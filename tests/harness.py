@@ -51,6 +51,20 @@ def oracle(name: str):
     return resolve_hook(hd.metrics.metric_class(name).oracle)
 
 
+_BASELINES = {}
+
+
+def benchmark_baselines(info):
+    """The benchmark's per-sample NumPy decoders (``benchmarks/baselines.py``, a second implementation
+    checked against the oracle, not an oracle) on the tree of ``info``, built once per tree."""
+    from benchmarks.baselines import Baselines
+
+    key = tuple(np.asarray(info.parents).tolist())
+    if key not in _BASELINES:
+        _BASELINES[key] = Baselines(info.parents)
+    return _BASELINES[key]
+
+
 def baseline(name: str, kind: str = "decoder"):
     """The per-sample NumPy decoder ``f(baselines, leaf_probs, **params)`` the class of the metric or
     decoder ``name`` names (``baseline``)."""
