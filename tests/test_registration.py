@@ -34,7 +34,7 @@ class SecondLeaf(hd.decoders.Decoder):
     name = "second_leaf"
     description = "second most probable leaf"
 
-    def _decode_cpu(self, post):
+    def _decode_default(self, post):
         return post.probs.topk(2, dim=1).indices[:, 1]
 
 
@@ -140,7 +140,7 @@ def test_registered_metric_and_decoder_on_the_command_line(tmp_path):
         "@hd.register_decoder\n"
         "class SecondLeaf(hd.decoders.Decoder):\n"
         "    name, description = 'second_leaf', 'second most probable leaf'\n\n"
-        "    def _decode_cpu(self, post):\n"
+        "    def _decode_default(self, post):\n"
         "        return post.probs.topk(2, dim=1).indices[:, 1]\n")
     out = tmp_path / "r.json"
     env = {**__import__("os").environ, "PYTHONPATH": str(tmp_path)}
@@ -167,3 +167,21 @@ def test_command_line_parameter_flags_name_declared_parameters():
         declared = {p.name for p in cls.PARAMS}
         want = {"betas": "beta", "info_threshold": "threshold"}.get(attr, attr)
         assert want in declared, (flag, owner, declared)
+
+
+def test_a_decoder_written_against_the_former_hook_name_keeps_working():
+    # `_decode_cpu` was the hook's name although every plan without a `_decode_gpu` ran it
+    with pytest.warns(DeprecationWarning, match="_decode_cpu is deprecated: name it _decode_default"):
+        class FormerDeepestLeaf(hd.decoders.Decoder):
+            name = "former_deepest_leaf"
+            description = "the last leaf"
+
+            def _decode_cpu(self, post):
+                return torch.full((post.batch_size,), self.hierarchy.num_leaves - 1, dtype=torch.long,
+                                  device=post.device)
+
+    h, _ = bundled("tieredimagenet-h")
+    p = torch.full((3, h.num_leaves), 1.0 / h.num_leaves)
+    for plan in ("cpu", "cuda"):
+        with hd.plan_for(plan):
+            assert FormerDeepestLeaf(h).decode(p).tolist() == [h.num_leaves - 1] * 3

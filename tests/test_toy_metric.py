@@ -74,7 +74,7 @@ class ToyRankedLeaf(hd.decoders.Decoder):
     baseline = "toy_decl:heuristic_baseline"
     PARAMS = (Param("rank", int, 2, grid=(2, 1)),)
 
-    def _decode_cpu(self, post):
+    def _decode_default(self, post):
         return post.probs.topk(self.rank, dim=1).indices[:, self.rank - 1]
 '''
 

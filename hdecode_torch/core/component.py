@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numbers
 
+import warnings
+
 import torch
 
 from ..hierarchy import Hierarchy
@@ -32,8 +34,8 @@ class HierarchyComponent:
     Subclasses set ``name``, ``description``, ``kind`` (``"leaf"``, ``"node"`` or ``"set"``: what
     ``decode`` returns) and ``PARAMS`` (their parameters as :class:`~hdecode_torch.core.params.Param` s:
     the constructor checks them and stores each as an attribute), and declare their decoding per plan:
-    ``_decode_cpu(post)`` and, where the GPU plan decodes differently, ``_decode_gpu(post)``, both on a
-    :class:`~hdecode_torch.Posterior` whose ``plan`` says which applies.  ``decode`` is the same
+    ``_decode_default(post)``, which every plan runs, unless the class also defines ``_decode_gpu(post)``
+    for the GPU plan; both take a :class:`~hdecode_torch.Posterior` whose ``plan`` says which applies.  ``decode`` is the same
     everywhere: check the input, build (or reuse) the batch's Posterior, split it into chunks bounded by
     the plan's memory budget, decode each, and unbatch a 1-D input.
     """
@@ -167,10 +169,24 @@ class HierarchyComponent:
 
     def _decode(self, post) -> torch.Tensor:
         """The decoding of one chunk under its plan (``post.plan``)."""
-        return self._decode_gpu(post) if post.plan.gpu else self._decode_cpu(post)
+        return self._decode_gpu(post) if post.plan.gpu else self._decode_default(post)
 
-    def _decode_cpu(self, post) -> torch.Tensor:
+    def _decode_default(self, post) -> torch.Tensor:
         raise NotImplementedError(f"{type(self).__name__} declares no decoding")
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # The hook was called `_decode_cpu` although every plan without a `_decode_gpu` runs it; a class
+        # written against that name keeps working.
+        if "_decode_cpu" in cls.__dict__ and "_decode_default" not in cls.__dict__:
+            warnings.warn(f"{cls.__qualname__}._decode_cpu is deprecated: name it _decode_default (what every plan "
+                          "runs unless _decode_gpu decodes differently on the GPU plan)", DeprecationWarning,
+                          stacklevel=2)
+            cls._decode_default = cls.__dict__["_decode_cpu"]
+
+    def _decode_cpu(self, post) -> torch.Tensor:
+        # the former name, for a subclass that calls it through super()
+        return self._decode_default(post)
+
     def _decode_gpu(self, post) -> torch.Tensor:
-        return self._decode_cpu(post)
+        return self._decode_default(post)

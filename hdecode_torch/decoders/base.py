@@ -12,7 +12,7 @@ class Decoder(HierarchyComponent):
 
     Subclasses declare ``name``, ``description``, ``kind`` (``"leaf"`` for a rule that always returns a
     leaf, else ``"node"``), ``PARAMS`` and the facts the tests and benchmarks read (``exact_on_dyadic``,
-    ``baseline``, ``algorithms``) and implement ``_decode_cpu`` (and,
+    ``baseline``, ``algorithms``) and implement ``_decode_default`` (and,
     where the GPU plan decodes differently, ``_decode_gpu``) on a :class:`~hdecode_torch.Posterior`
     (checked probabilities with lazily computed node sums), returning (B,) int64 node ids.  ``decode`` accepts (B, L) or
     (L,) float probabilities (or a Posterior, to share node sums between decoders), decodes large

@@ -110,7 +110,7 @@ class ArgmaxLeaf(Decoder):
     algorithms = {"cpu": "argmax over the leaves", "gpu": "argmax over the leaves"}
     baseline = "benchmarks.baselines:Baselines.argmax_leaf"
 
-    def _decode_cpu(self, post) -> torch.Tensor:
+    def _decode_default(self, post) -> torch.Tensor:
         return post.probs.argmax(dim=1)  # the first of equal maxima: the smallest id, on every backend
 
 
@@ -128,7 +128,7 @@ class TopDown(Decoder):
     algorithms = {"cpu": "greedy descent, one step per level", "gpu": "greedy descent, one step per level"}
     baseline = "benchmarks.baselines:Baselines.top_down"
 
-    def _decode_cpu(self, post) -> torch.Tensor:
+    def _decode_default(self, post) -> torch.Tensor:
         h, p = post.h, post.node
         cur = torch.full((post.batch_size,), h.root, dtype=torch.long, device=p.device)
         for depth in range(h.max_depth):
@@ -161,7 +161,7 @@ class ConfidenceThreshold(Decoder):
                     grid=(0.3, 0.0, 0.75),
                     flag=Flag("--tau", 0.8, "the most informative node with p(n) > tau, 0 <= tau < 1")),)
 
-    def _decode_cpu(self, post) -> torch.Tensor:
+    def _decode_default(self, post) -> torch.Tensor:
         return most_informative_where(post.h, post.node > self.tau)
 
     def _decode_gpu(self, post) -> torch.Tensor:
@@ -199,7 +199,7 @@ class Plurality(Decoder):
     algorithms = {"cpu": "rank of each node's p(n) against its depth", "gpu": "rank of each node's p(n) against its depth"}
     baseline = "benchmarks.baselines:Baselines.plurality"
 
-    def _decode_cpu(self, post) -> torch.Tensor:
+    def _decode_default(self, post) -> torch.Tensor:
         # Two qualifying nodes off each other's root paths would each beat the other, so the
         # qualifying nodes lie on one path, and each is the unique most probable child of its
         # parent: the path of a strict top-down descent.  Walk it, carrying the best probability
@@ -243,7 +243,7 @@ class Darts(Decoder):
     PARAMS = (Param("lam", float, 0.0, check_nonnegative, doc="weight of probability over information, >= 0",
                     grid=(0.5, 0.0, 3.0), flag=Flag("--lam", 1.0, "argmax (I(n) + lam) p(n)")),)
 
-    def _decode_cpu(self, post) -> torch.Tensor:
+    def _decode_default(self, post) -> torch.Tensor:
         return darts_predict(post.h, post.node, self.lam)
 
     def _decode_gpu(self, post) -> torch.Tensor:
@@ -298,7 +298,7 @@ class InformationThreshold(Decoder):
     def _allowed(self, h) -> torch.Tensor:
         return h.cached(("heuristics.info_at_least", self.threshold), lambda: (h.information >= self.threshold)[:, None])
 
-    def _decode_cpu(self, post) -> torch.Tensor:
+    def _decode_default(self, post) -> torch.Tensor:
         return argbest(post.h, post.node, higher_is_better=True, mask=self._allowed(post.h))
 
     def _decode_gpu(self, post) -> torch.Tensor:
@@ -328,7 +328,7 @@ class HiE(Decoder):
         return h.cached("heuristics.leaf_parent", lambda: torch.where(
             h.parent[: h.num_leaves] >= 0, h.parent[: h.num_leaves], torch.arange(h.num_leaves, device=h.device)))
 
-    def _decode_cpu(self, post) -> torch.Tensor:
+    def _decode_default(self, post) -> torch.Tensor:
         parent_p = post.node.index_select(0, self._leaf_parent(post.h))
         return (parent_p * post.probs.t()).argmax(dim=0)  # first max: smallest id
 
@@ -356,7 +356,7 @@ class CRM(Decoder):
                   "gpu": "lca_height's decoder: the fused hdecode::path_score_best"}
     baseline = "benchmarks.baselines:Baselines.crm"
 
-    def _decode_cpu(self, post):
+    def _decode_default(self, post):
         return lca_height_decode(post)
 
     def _decode_gpu(self, post):

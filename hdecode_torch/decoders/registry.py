@@ -72,7 +72,7 @@ for _cls in (ArgmaxLeaf, TopDown, ConfidenceThreshold, Majority, Plurality, Dart
 
 def register_decoder(cls: type | None = None, *, aliases=(), replace: bool = False):
     """Register a decoder class (a subclass of :class:`Decoder` with ``name``, ``description``,
-    ``PARAMS`` and ``_decode_cpu``) under its name; usable as a class decorator.
+    ``PARAMS`` and ``_decode_default``) under its name; usable as a class decorator.
 
     It can then be named everywhere a built-in decoder can: ``get_decoder``, ``DecodingHead``,
     ``HierarchicalMetric``, the Lightning callback and ``hdecode --import MODULE``.

@@ -152,7 +152,7 @@ class ThresholdDescent(Decoder):
     def _threshold(self) -> float:
         return self.lam
 
-    def _decode_cpu(self, post) -> torch.Tensor:
+    def _decode_default(self, post) -> torch.Tensor:
         return descend(post.h, post.probs, self._threshold())
 
 

@@ -49,7 +49,7 @@ class Accuracy(NodeMetric):
     def expected_table(self, post):
         return accuracy_table(post)
 
-    def _decode_cpu(self, post):
+    def _decode_default(self, post):
         return accuracy_decode(post)
 
     accepts_topk = True

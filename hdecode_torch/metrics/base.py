@@ -76,7 +76,7 @@ class BaseMetric(HierarchyComponent):
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         if "has_decoder" not in cls.__dict__:  # a class may say so itself
-            cls.has_decoder = cls._decode_cpu is not HierarchyComponent._decode_cpu
+            cls.has_decoder = cls._decode_default is not HierarchyComponent._decode_default
 
     def _posterior_with(self, leaf_probs, pred, convert, validate, from_logits=False, normalize=False):
         """``(posterior, pred)`` with ``pred`` converted by ``convert(pred, device) -> (tensor, RangeCheck|None)``
@@ -249,7 +249,7 @@ class NodeMetric(BaseMetric):
         chunks by; a decode may search differently)."""
         return self._bytes_per_sample(h, plan)
 
-    def _decode_cpu(self, post: Posterior) -> torch.Tensor:
+    def _decode_default(self, post: Posterior) -> torch.Tensor:
         table = self.expected_table(post)
         if self.kind == "leaf":
             return argbest(post.h, table[: post.h.num_leaves], self.higher_is_better, prefer_deep=False)

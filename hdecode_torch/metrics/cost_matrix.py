@@ -113,7 +113,7 @@ class CostMatrixMetric(NodeMetric):
         fixed.strategy = "dense"
         return fixed
 
-    def _decode_cpu(self, post) -> torch.Tensor:
+    def _decode_default(self, post) -> torch.Tensor:
         """Pruned candidates when the cost is hierarchically reasonable, else exhaustive search.
 
         ``strategy="dense"`` always takes the exhaustive (N, B) table; ``"candidates"`` and

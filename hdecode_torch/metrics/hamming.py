@@ -50,7 +50,7 @@ class Hamming(SetMetric):
     algorithms = {"cpu": "closed form: W(n) > W(root)/2", "gpu": "closed form: W(n) > W(root)/2"}
     oracle, baseline = "reference:hamming", "benchmarks.baselines:Baselines.hamming"
 
-    def _decode_cpu(self, post):
+    def _decode_default(self, post):
         return hamming_decode(post)
 
     def _from_counts(self, inter, size, ysize):

@@ -468,7 +468,7 @@ class HFBeta(SetMetric):
     PARAMS = (Param("beta", float, 1.0, check_beta, doc="weight of recall over precision, > 0", grid=(1.0, 0.5, 2.0),
                     flag=Flag("--beta", None, "beta > 0", sweep=(0.5, 1.0, 2.0), lower=0.0, lower_open=True)),)
 
-    def _decode_cpu(self, post):
+    def _decode_default(self, post):
         return hf_beta_decode(post, self.beta)
 
     def _decode_gpu(self, post):

@@ -774,7 +774,7 @@ class Jaccard(SetMetric):
                   "gpu": "tree knapsack per set size on the packed candidates, the fused hdecode::jaccard_sets"}
     oracle, baseline = "reference:jaccard", "benchmarks.baselines:Baselines.jaccard"
 
-    def _decode_cpu(self, post):
+    def _decode_default(self, post):
         return jaccard_decode(post)
 
     def _decode_gpu(self, post):

@@ -89,7 +89,7 @@ class LCAHeight(NodeMetric):
     def expected_table(self, post):
         return lca_height_table(post)
 
-    def _decode_cpu(self, post):
+    def _decode_default(self, post):
         return lca_height_decode(post)
 
     def _decode_gpu(self, post):

@@ -177,11 +177,11 @@ class StrategyNodeMetric(NodeMetric):
         return self.similarity_matrix(h).clone()
 
     # ------------------------------------------------------------------ decoding
-    def _decode_cpu(self, post):
+    def _decode_default(self, post):
         strategy = self.resolved_strategy(post.plan, post.h)
         h = post.h
         if strategy == "structural":
-            return super()._decode_cpu(post)
+            return super()._decode_default(post)
         if strategy == "dense":
             rows, row_of_node = self.distinct_rows(h, post.dtype)
             table = _blocked_product(rows, post.probs).index_select(0, row_of_node)

@@ -77,7 +77,7 @@ class TreeDistance(NodeMetric):
     def expected_table(self, post):
         return tree_distance_table(post, self.c)
 
-    def _decode_cpu(self, post):
+    def _decode_default(self, post):
         return tree_distance_decode(post, self.c)
 
     def _decode_gpu(self, post):

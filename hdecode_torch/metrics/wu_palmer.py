@@ -120,7 +120,7 @@ class WuPalmer(StrategyNodeMetric):
     def _decode_gpu(self, post):
         if self._fused(post.plan, post.h):
             return wu_palmer_best(post.probs, *_fused_args(post.h))
-        return self._decode_cpu(post)
+        return self._decode_default(post)
 
     def _bytes_per_sample(self, h, plan):
         if self._fused(plan, h):

@@ -95,7 +95,7 @@ class Zhao(StrategyNodeMetric):
         if h.num_leaves > 1 and self.resolved_strategy(post.plan, h) == "structural":
             # node sums, the root-path sum and the choice in one fused pass (float64)
             return path_score_best(post.probs, *_fused_args(h))
-        return self._decode_cpu(post)
+        return self._decode_default(post)
 
     def expected_table(self, post):
         return zhao_table(post)
