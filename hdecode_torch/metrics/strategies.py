@@ -148,7 +148,7 @@ class StrategyNodeMetric(NodeMetric):
             for a, b in chunk_ranges(h.num_nodes, self.LCA_VALUE_BYTES * h.num_leaves, budget):
                 out[a:b] = self._lca_values(h, nodes[a:b, None], leaves, meet[a:b].long())
             return out
-        return h.cached((self.name, "matrix", dtype), build)
+        return h.cached((type(self), "matrix", dtype), build)
 
     def distinct_rows(self, h, dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
         """``(rows, row_of_node)``: the distinct rows (K, L) of :meth:`similarity_matrix` and each node's
@@ -162,15 +162,15 @@ class StrategyNodeMetric(NodeMetric):
         def build():
             rows, inverse = torch.unique(self.similarity_matrix(h, dtype), dim=0, return_inverse=True)
             return rows.contiguous(), inverse
-        return h.cached((self.name, "distinct_rows", dtype), build)
+        return h.cached((type(self), "distinct_rows", dtype), build)
 
     def dense_pruning(self, h) -> PruningStatistics:
         """Exact Lemma 4.3 / Prop. E.6 statistics of the dense cost (−similarity), cached on ``h``."""
-        return h.cached((self.name, "dense_pruning"), lambda: pruning_statistics(h, -self.similarity_matrix(h)))
+        return h.cached((type(self), "dense_pruning"), lambda: pruning_statistics(h, -self.similarity_matrix(h)))
 
     def pruning(self, h) -> PruningStatistics:
         """Safe per-node pruning statistics from the cost structure (no N×L matrix), cached on ``h``."""
-        return h.cached((self.name, "pruning"), lambda: self.pruning_bounds(h))
+        return h.cached((type(self), "pruning"), lambda: self.pruning_bounds(h))
 
     def dense_matrix(self) -> torch.Tensor:
         h = self.hierarchy
