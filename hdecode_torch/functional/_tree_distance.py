@@ -215,8 +215,8 @@ def decode_tree_distance_c(leaf_probs: torch.Tensor | Posterior, hierarchy: Hier
         >>> import torch
         >>> from hdecode_torch import Hierarchy, functional as F
         >>> h = Hierarchy.from_parents([4, 4, 5, 5, 5, -1])  # leaves 0-3 (0, 1 under node 4), root 5
-        >>> probs = torch.tensor([[0.3, 0.3, 0.2, 0.2], [0.7, 0.1, 0.1, 0.1]])
-        >>> F.decode_tree_distance_c(probs, h, c=0.2)
+        >>> probs = torch.tensor([[0.25, 0.25, 0.3, 0.2], [0.7, 0.1, 0.1, 0.1]])  # p(4) = 0.5, then 0.8
+        >>> F.decode_tree_distance_c(probs, h, c=0.2)  # the deepest node with p(n) > (1 + c)/2 = 0.6
         tensor([5, 0])
     """
     component = TreeDistanceC(as_hierarchy(hierarchy), c=c)
