@@ -85,8 +85,8 @@ def test_hierarchical_metric_updates_with_top_k_lists(name, params):
 def test_hierarchical_metric_refuses_what_it_cannot_decode_from_a_top_k_list():
     h, _ = bundled("inat19")
     t, target = _probs(h).topk(10), torch.zeros(32, dtype=torch.long)
-    with pytest.raises(ValueError, match=r"decodes with `top_down`, which does not decode top-k inputs"):
-        hd.HierarchicalMetric(h, "tree_distance", decoder="top_down").update(t, target)
+    with pytest.raises(ValueError, match=r"decodes with `plurality`, which does not decode top-k inputs"):
+        hd.HierarchicalMetric(h, "tree_distance", decoder="plurality").update(t, target)
     with pytest.raises(ValueError, match=r"`hf_beta` does not decode top-k inputs yet"):
         hd.HierarchicalMetric(h, "hf_beta").update(t, target)
     with pytest.raises(ValueError, match=r"from_logits=True"):
@@ -135,7 +135,7 @@ def test_cli_refuses_what_it_cannot_decode_from_a_top_k_file(tmp_path, capsys):
     np.savez(path, values=t.values.numpy(), indices=t.indices.numpy())
     base = ["decode", "--hierarchy", "inat19", "--probs", path]
     for extra, match in [(["--metric", "hf_beta"], "--metric hf_beta: `hf_beta` does not decode top-k inputs"),
-                         (["--decoder", "darts"], "--decoder darts: heuristic decoders do not decode top-k lists"),
+                         (["--decoder", "darts"], "--decoder darts: the decoder `darts` does not decode top-k inputs"),
                          (["--metric", "tree_distance", "--from-logits"], "--from-logits: --probs holds a top-k list"),
                          (["--metric", "tree_distance", "--normalize"], "--normalize: --probs holds a top-k list")]:
         code, _, err = _run(base + extra, capsys)

@@ -13,7 +13,7 @@ import torch
 
 from ..core.spec import OPTIMAL
 from ..core.spec import label as decoder_label
-from ..core.topk import TOPK_METRICS, TopK, no_top_k_decoder
+from ..core.topk import TopK, no_top_k_decoder
 from .commands import output_format
 from .common import (
     DEFAULT_CALIBRATION_SPLIT, DEFAULT_SEED, CLIError, Progress, build_heuristics,
@@ -106,9 +106,8 @@ def _decode_top_k(args, topk: TopK, obj, decode, device, progress: Progress) -> 
                        "softmax needs every logit); save the top-k of the probabilities")
     if args.normalize:
         raise CLIError("--normalize: --probs holds a top-k list; the mass its values leave is the unlisted leaves'")
-    if args.metric is None:
-        raise CLIError(f"--decoder {args.decoder}: heuristic decoders do not decode top-k lists; use --metric with "
-                       f"one of {', '.join(TOPK_METRICS)}")
+    if args.metric is None and not obj.accepts_topk:
+        raise CLIError(f"--decoder {args.decoder}: {one_line(no_top_k_decoder(f'the decoder `{obj.name}`'))}")
     if not obj.accepts_topk:
         raise CLIError(f"--metric {args.metric}: {one_line(no_top_k_decoder(f'`{obj.name}`'))}")
     values, indices = topk.values.to(device), topk.indices.to(device)

@@ -15,7 +15,7 @@ from torch import nn
 
 from ..core.posterior import Posterior
 from ..core.spec import label
-from ..core.topk import TOPK_METRICS, TopK, no_top_k_decoder
+from ..core.topk import TOPK_DECODERS, TOPK_METRICS, TopK, no_top_k_decoder
 from ..core.logits import input_kind
 from ..decoders import Decoder, get_decoder
 from ..decoders.risk_control import RiskControl
@@ -55,8 +55,9 @@ def _same_tree(a: Hierarchy, b: Hierarchy) -> bool:
     return a is b or a.same_tree(b)
 
 
-def top_k_metric(decoder: Decoder, from_logits, what: str) -> BaseMetric:
-    """The metric whose decode takes a top-k input for ``decoder`` (its own optimal decoder), or the error
+def top_k_metric(decoder: Decoder, from_logits, what: str) -> BaseMetric | Decoder:
+    """The metric whose decode takes a top-k input for ``decoder`` (its own optimal decoder; a heuristic that
+    decodes top-k inputs itself: the heuristic), or the error
     saying why there is none: a heuristic decoder, a metric without a top-k decoder, or logits
     (``from_logits=True``: a top-k of logits cannot be completed, the softmax's normaliser is unknown).
     ``what`` names the caller in the errors."""
@@ -66,8 +67,11 @@ def top_k_metric(decoder: Decoder, from_logits, what: str) -> BaseMetric:
                          "of the probabilities, probs.topk(k)")
     metric = getattr(decoder, "metric", None)
     if decoder.name != "optimal" or metric is None:
+        if getattr(decoder, "accepts_topk", False):
+            return decoder  # a heuristic computed on the list's support: its decode takes the list
         raise ValueError(f"{what} decodes with `{decoder.name}`, which does not decode top-k inputs: only the "
-                         f"optimal decoders of {', '.join(TOPK_METRICS)} do (decoder=\"optimal\")")
+                         f"optimal decoders of {', '.join(TOPK_METRICS)} and the heuristics "
+                         f"{', '.join(TOPK_DECODERS)} do")
     if not metric.accepts_topk:
         raise no_top_k_decoder(f"`{metric.name}`")
     return metric
