@@ -148,3 +148,127 @@ def test_cli_refuses_what_it_cannot_decode_from_a_top_k_file(tmp_path, capsys):
     np.savez(wrong, values=t.values.numpy(), indices=t.indices.numpy() + h.num_leaves)
     code, _, err = _run(["decode", "--hierarchy", "inat19", "--probs", wrong, "--metric", "tree_distance"], capsys)
     assert code != 0 and "`indices` to be leaf ids" in err, err
+
+
+# --------------------------------------------------------------------------- certify=True at every entry point
+def _certified(h, name, params, t):
+    return hd.get_metric(name, h, **params).decode(hd.TopK(t.values, t.indices), certify=True)
+
+
+def _same_triple(got, want):
+    assert len(got) == 3 and all(torch.equal(a, b) for a, b in zip(got, want))
+    assert got[0].dtype == torch.long and got[1].dtype == torch.bool and got[2].dtype == torch.float64
+
+
+@pytest.mark.parametrize("name,params", CASES)
+def test_every_entry_point_certifies_as_the_metric_does(name, params):
+    h, _ = bundled("inat19")
+    probs = _probs(h, seed=3)
+    head = hd.DecodingHead(h, name, certify=True, **params)
+    for k in (1, 5, 50):
+        t = probs.topk(k)
+        want = _certified(h, name, params, t)
+        assert 0 < int(want[1].sum()) < probs.shape[0] or k == 1 or name == "accuracy"
+        _same_triple(getattr(hd.functional, f"decode_{name}")(t, h, certify=True, **params), want)
+        _same_triple(hd.functional.decode(name, t, h, certify=True, **params), want)
+        _same_triple(hd.functional.decode(name, hd.TopK(t.values, t.indices), h, certify=True, **params), want)
+        _same_triple(head(t), want)
+        assert torch.equal(getattr(hd.functional, f"decode_{name}")(t, h, **params), want[0])  # without: the ids
+    one = head(probs[0].topk(10))
+    assert [x.shape for x in one] == [(), (), ()]
+
+
+def test_certify_is_refused_where_there_is_nothing_to_certify():
+    h, _ = bundled("inat19")
+    probs = _probs(h)
+    t = probs.topk(10)
+    F = hd.functional
+    for call in (lambda: F.decode_tree_distance(probs, h, certify=True),
+                 lambda: F.decode("lca_height", probs, h, certify=True),
+                 lambda: hd.DecodingHead(h, "tree_distance", certify=True)(probs)):
+        with pytest.raises(ValueError, match=r"`certify=True`.*dense"):
+            call()
+    for call in (lambda: F.decode_wu_palmer(t, h, certify=True), lambda: F.decode("hf_beta", t, h, certify=True),
+                 lambda: F.decode_zhao(probs, h, certify=True), lambda: hd.DecodingHead(h, "jaccard", certify=True)):
+        with pytest.raises(ValueError, match=r"Expected `certify` to be False for `(wu_palmer|hf_beta|zhao|jaccard)`, "
+                                             r"which gives no certificate.*accuracy, lca_height, tree_distance, "
+                                             r"tree_distance_c do"):
+            call()
+    with pytest.raises(ValueError, match=r"`certify` to be False for the decoder `darts`"):
+        hd.DecodingHead(h, "tree_distance", decoder=("darts", {"lam": 0.5}), certify=True)
+    with pytest.raises(ValueError, match=r"`certify` to be False with from_logits=True"):
+        hd.DecodingHead(h, "tree_distance", from_logits=True, certify=True)
+    with pytest.raises(ValueError, match=r"`certify` to be False with `cuda_graph=True`"):
+        hd.DecodingHead(h, "tree_distance", cuda_graph=True, certify=True)
+    with pytest.raises(ValueError, match=r"`certify=True` cannot be exported"):
+        hd.DecodingHead(h, "tree_distance", certify=True).export(probs)
+    with pytest.raises(TypeError, match=r"`certify` to be a bool"):
+        F.decode_accuracy(t, h, certify=1)
+    with pytest.raises(ValueError, match=r"from_logits and normalize do not apply"):
+        F.decode_accuracy(t, h, from_logits=True, certify=True)
+
+
+def _read_certificate(path, fmt):
+    import csv
+    import json
+
+    if fmt == "npz":
+        z = np.load(path)
+        return torch.from_numpy(z["pred"]), torch.from_numpy(z["certified"]), torch.from_numpy(z["regret_bound"])
+    if fmt == "pt":
+        d = torch.load(path)
+        return d["pred"], d["certified"], d["regret_bound"]
+    if fmt == "csv":
+        with open(path, newline="") as f:
+            rows = list(csv.reader(f))
+        assert rows[0] == ["node", "certified", "regret_bound"]
+        rows = rows[1:]
+    elif fmt == "jsonl":
+        recs = [json.loads(line) for line in open(path)]
+        rows = [[r["node"], r["certified"], r["regret_bound"]] for r in recs]
+    else:  # the lines of stdout
+        rows = [line.split("\t") for line in path.splitlines()]
+    cert = [c if isinstance(c, bool) else {"true": True, "false": False}[c] for _, c, _ in rows]
+    return (torch.tensor([int(n) for n, _, _ in rows]), torch.tensor(cert, dtype=torch.bool),
+            torch.tensor([float(b) for _, _, b in rows], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl", "npz", "pt", "stdout"])
+def test_cli_writes_the_certificate_next_to_each_decision(tmp_path, capsys, fmt):
+    h, _ = bundled("inat19")
+    probs = _probs(h, seed=4)
+    t = probs.topk(20)
+    path = tmp_path / "topk.npz"
+    np.savez(path, values=t.values.numpy(), indices=t.indices.numpy())
+    for name, params in CASES:
+        out = tmp_path / f"pred.{fmt}"
+        extra = ["--c", params["c"]] if params else []
+        where = [] if fmt == "stdout" else ["-o", out]
+        code, stdout, err = _run(["decode", "--hierarchy", "inat19", "--probs", path, "--metric", name, *extra,
+                                  "--batch-size", 7, "--certify", *where], capsys)
+        assert code == 0, err
+        want = _certified(h, name, params, t)
+        got = _read_certificate(stdout if fmt == "stdout" else out, fmt)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), (name, fmt)
+        n, done = probs.shape[0], int(want[1].sum())
+        summary = (f"{name}{'[c=0.5]' if params else ''}/optimal: {done} of {n} rows certified ({done / n:.1%}); "
+                   f"mean regret bound {float(want[2].mean()):.4g}")
+        assert summary in err, err
+
+
+def test_cli_refuses_certify_where_there_is_nothing_to_certify(tmp_path, capsys):
+    h, _ = bundled("inat19")
+    probs = _probs(h)
+    t = probs.topk(10)
+    path, dense = tmp_path / "topk.npz", tmp_path / "dense.npy"
+    np.savez(path, values=t.values.numpy(), indices=t.indices.numpy())
+    np.save(dense, probs.numpy())
+    base = ["decode", "--hierarchy", "inat19", "--certify"]
+    for extra, match in [
+            (["--probs", dense, "--metric", "tree_distance"], "--certify: --probs holds dense (B, L) probabilities"),
+            (["--probs", path, "--decoder", "darts"], "--certify: certificates are of a --metric's optimal decisions"),
+            (["--probs", path, "--metric", "tree_distance", "-o", tmp_path / "p.npy"],
+             "--certify: a .npy file holds one array")]:
+        code, _, err = _run(base + extra, capsys)
+        assert code == 2 and match in err, err
+    assert not (tmp_path / "p.npy").exists()
