@@ -272,3 +272,75 @@ def test_cli_refuses_certify_where_there_is_nothing_to_certify(tmp_path, capsys)
         code, _, err = _run(base + extra, capsys)
         assert code == 2 and match in err, err
     assert not (tmp_path / "p.npy").exists()
+
+
+# --------------------------------------------------------------------------- hdecode compare on top-k lists
+def _compare_json(tmp_path, capsys, probs_path, targets_path, *extra, name="c.json"):
+    import json
+
+    out = tmp_path / name
+    code, stdout, err = _run(["compare", "--hierarchy", "inat19", "--probs", probs_path, "--targets", targets_path,
+                              "--batch-size", 64, "--json", out, *extra], capsys)
+    assert code == 0, err
+    return json.loads(out.read_text())["results"], stdout
+
+
+def test_cli_compare_runs_what_decodes_top_k_lists_and_names_the_rest(tmp_path, capsys):
+    h, _ = bundled("inat19")
+    probs = _probs(h, seed=5)
+    g = torch.Generator().manual_seed(1)
+    y = torch.multinomial(probs, 1, generator=g)[:, 0]
+    np.save(tmp_path / "y.npy", y.numpy())
+    dense_path = tmp_path / "dense.npy"
+    np.save(dense_path, probs.numpy())
+    dense, _ = _compare_json(tmp_path, capsys, dense_path, tmp_path / "y.npy", name="dense.json")
+    for k in (10, h.num_leaves):
+        t = probs.topk(k)
+        path = tmp_path / f"topk{k}.npz"
+        np.savez(path, values=t.values.numpy(), indices=t.indices.numpy())
+        res, stdout = _compare_json(tmp_path, capsys, path, tmp_path / "y.npy")
+        topk = hd.TopK(t.values, t.indices)
+        na = res["not_applicable"]
+        assert "not applicable:" in stdout
+        heuristics = [key for key in dense["metrics"]["accuracy"] if key not in ("higher_is_better", "optimal")]
+        for key in dense["metrics"]:
+            m = hd.get_metric(key, h)
+            if m.accepts_topk:
+                assert key not in na
+                want = m(m.decode(topk), y, dtype=torch.float64).mean().item()
+                assert res["metrics"][key]["optimal"] == pytest.approx(want, rel=1e-12, abs=1e-12), key
+                if k == h.num_leaves:  # the dense run's value bit for bit
+                    assert res["metrics"][key]["optimal"] == dense["metrics"][key]["optimal"], key
+            else:
+                assert key in na or (f"{key}/optimal" in na and res["metrics"][key]["optimal"] is None), key
+        for key in heuristics:
+            d = hd.get_decoder(key, h)
+            try:
+                pred = d.decode(topk)
+            except ValueError:  # a heuristic without a top-k rule: left out, named
+                assert key in na and key not in res["metrics"]["accuracy"], key
+                continue
+            assert key not in na
+            m = hd.get_metric("tree_distance", h)
+            assert res["metrics"]["tree_distance"][key] == pytest.approx(
+                m(pred, y, dtype=torch.float64).mean().item(), rel=1e-12, abs=1e-12)
+        if not any(key in res["metrics"]["accuracy"] for key in heuristics):  # no heuristic ran: their rows go
+            assert {"wu_palmer", "zhao", "hamming", "jaccard"} <= set(na) and "wu_palmer" not in res["metrics"]
+
+
+def test_cli_compare_refuses_what_needs_every_leaf_on_top_k_lists(tmp_path, capsys):
+    h, _ = bundled("inat19")
+    probs = _probs(h)
+    t = probs.topk(10)
+    path = tmp_path / "topk.npz"
+    np.savez(path, values=t.values.numpy(), indices=t.indices.numpy())
+    np.save(tmp_path / "y.npy", np.zeros(probs.shape[0], dtype=np.int64))
+    base = ["compare", "--hierarchy", "inat19", "--probs", path, "--targets", tmp_path / "y.npy"]
+    for extra, match in [(["--from-logits"], "--from-logits: --probs holds top-k lists"),
+                         (["--normalize"], "--normalize: --probs holds top-k lists"),
+                         (["--alpha", "0.1"], "--alpha: --probs holds top-k lists"),
+                         (["--metrics", "wu_palmer", "--decoders", "darts"],
+                          "--probs holds top-k lists, which none of the selected metrics' optimal decoders nor "
+                          "heuristics decode")]:
+        code, _, err = _run(base + extra, capsys)
+        assert code == 2 and match in err, err

@@ -87,7 +87,9 @@ def _add_compare(sub) -> None:
     add_hierarchy_args(p)
     src = p.add_argument_group("model outputs")
     src.add_argument("--probs", metavar="FILE", help="(B, L) probabilities (or logits with --from-logits): "
-                     ".npy, .pt, .csv, .tsv or .txt; column j is leaf j of the hierarchy; '-' reads standard input")
+                     ".npy, .pt, .csv, .tsv or .txt; column j is leaf j of the hierarchy; '-' reads standard input; "
+                     "or top-k lists of probabilities, a .npz (or a .pt dict) with 'values' and 'indices' (B, k): "
+                     "the metrics and heuristics that decode them run, the others are named as not applicable")
     src.add_argument("--targets", metavar="FILE", help="(B,) true leaf ids: .npy, .pt, .csv or .txt (one per line); "
                      "'-' reads standard input")
     add_input_kind_args(src)
