@@ -344,3 +344,124 @@ def test_cli_compare_refuses_what_needs_every_leaf_on_top_k_lists(tmp_path, caps
                           "heuristics decode")]:
         code, _, err = _run(base + extra, capsys)
         assert code == 2 and match in err, err
+
+
+# --------------------------------------------------------------------------- the Lightning callback
+def test_lightning_callback_scores_top_k_lists(tmp_path):
+    pl = pytest.importorskip("pytorch_lightning")
+    from torch import nn
+
+    from hdecode_torch.integrations import HierarchicalMetricsCallback
+
+    h, _ = bundled("inat19")
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(40, 8, generator=g), torch.randint(0, h.num_leaves, (40,), generator=g)
+
+    class Module(pl.LightningModule):
+        def __init__(self, k):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net, self.k = nn.Linear(8, h.num_leaves), k
+            with torch.no_grad():
+                self.net.weight.mul_(8)
+
+        def probs(self, x):
+            return torch.softmax(self.net(x).double(), 1)
+
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            return {"probs": self.probs(x).topk(self.k), "target": y}
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
+    for k in (10, h.num_leaves):
+        module = Module(k)
+        cb = HierarchicalMetricsCallback(h, metrics=[name for name, _ in CASES[:3]] + [CASES[3]],
+                                         output_key="probs")
+        trainer = pl.Trainer(accelerator="cpu", devices=1, callbacks=[cb], logger=False, enable_progress_bar=False,
+                             enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=1)
+        trainer.validate(module, loader, verbose=False)
+        with torch.no_grad():
+            probs = module.probs(x)
+        for name, params in CASES:
+            want = hd.HierarchicalMetric(h, name, **params)
+            for a in range(0, 40, 16):
+                want.update(probs[a:a + 16].topk(k), y[a:a + 16])
+            m = hd.get_metric(name, h, **params)
+            assert cb.results[(m.key, "optimal")] == float(want.compute()), (name, k)
+            if k == h.num_leaves:  # the dense rows' value bit for bit
+                dense = hd.HierarchicalMetric(h, name, **params)
+                dense.update(probs, y)
+                assert cb.results[(m.key, "optimal")] == float(dense.compute()), name
+    logits_cb = HierarchicalMetricsCallback(h, metrics=["accuracy"], output_key="logits")
+    with pytest.raises(ValueError, match=r"top-k list: the missing mass of a top-k of logits is unknown"):
+        logits_cb._check_contract(probs.topk(5), y, "validate")
+    bad = HierarchicalMetricsCallback(h, metrics=["accuracy"], output_key="probs")
+
+    class Bad(Module):
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            t = self.probs(x).topk(self.k)
+            return {"probs": hd.TopK(t.values, t.indices + h.num_leaves), "target": y}
+
+    trainer = pl.Trainer(accelerator="cpu", devices=1, callbacks=[bad], logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0)
+    with pytest.raises(ValueError, match=r"HierarchicalMetricsCallback, validation batch 0: .*`indices`"):
+        trainer.validate(Bad(5), loader, verbose=False)
+
+
+# --------------------------------------------------------------------------- HierarchicalMetric under DDP
+_DDP_ROWS = 32  # what _probs gives
+
+
+def _ddp_data(h):
+    rows = _probs(h, seed=6)
+    target = torch.randint(0, h.num_leaves, (_DDP_ROWS,), generator=torch.Generator().manual_seed(2))
+    return rows, target
+
+
+def _ddp_worker(rank, init_file, out_dir, world):
+    import os
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        h, _ = bundled("inat19")
+        probs, target = _ddp_data(h)
+        mine = torch.arange(rank, _DDP_ROWS, world)  # DistributedSampler's split
+        results = {}
+        for k in (10, h.num_leaves):
+            for name, params in CASES:
+                m = hd.HierarchicalMetric(h, name, **params)
+                for chunk in mine.split(7):
+                    m.update(probs[chunk].topk(k), target[chunk])
+                results[(name, k)] = m.compute()
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_hierarchical_metric_on_top_k_lists_under_gloo_equals_one_process(tmp_path):
+    import torch.multiprocessing as mp
+
+    world = 2
+    mp.spawn(_ddp_worker, args=(str(tmp_path / "init"), str(tmp_path), world), nprocs=world, join=True)
+    h, _ = bundled("inat19")
+    probs, target = _ddp_data(h)
+    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    for k in (10, h.num_leaves):
+        for name, params in CASES:
+            one = hd.HierarchicalMetric(h, name, **params)
+            for a in range(0, _DDP_ROWS, 16):
+                one.update(probs[a:a + 16].topk(k), target[a:a + 16])
+            want = one.compute()
+            for r in range(world):
+                assert torch.equal(results[r][(name, k)], want), (name, k, r)
+            if k == h.num_leaves:  # the dense rows' value bit for bit
+                dense = hd.HierarchicalMetric(h, name, **params)
+                dense.update(probs, target)
+                assert torch.equal(results[0][(name, k)], dense.compute()), name
