@@ -465,3 +465,21 @@ def test_hierarchical_metric_on_top_k_lists_under_gloo_equals_one_process(tmp_pa
                 dense = hd.HierarchicalMetric(h, name, **params)
                 dense.update(probs, target)
                 assert torch.equal(results[0][(name, k)], dense.compute()), name
+
+
+def test_cli_decode_writes_npz_without_certify(tmp_path, capsys):
+    """.npz, the format that holds a certificate next to the decisions, also takes plain decisions (array 'pred')."""
+    h, _ = bundled("inat19")
+    probs = _probs(h)
+    dense, lists = tmp_path / "dense.npy", tmp_path / "topk.npz"
+    np.save(dense, probs.numpy())
+    t = probs.topk(10)
+    np.savez(lists, values=t.values.numpy(), indices=t.indices.numpy())
+    m = hd.get_metric("tree_distance", h)
+    for src, want in ((dense, m.decode(probs)), (lists, m.decode(t))):
+        out = tmp_path / "pred.npz"
+        code, _, err = _run(["decode", "--hierarchy", "inat19", "--probs", src, "--metric", "tree_distance",
+                             "-o", out], capsys)
+        assert code == 0, err
+        z = np.load(out)
+        assert list(z.files) == ["pred"] and torch.equal(torch.from_numpy(z["pred"]), want)
