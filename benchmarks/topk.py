@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """Dense against top-k decoding: microseconds per sample of the same decision, from the (B, L) table and
-from its top-k list (``probs.topk(k)``, the rest completed uniformly).
+from its top-k list (``probs.topk(k)``, the rest completed uniformly), for the optimal decoders of the
+metrics that take a list and for the heuristics that do (``HEURISTICS``, named in the table's metric column).
 
     python -m benchmarks.topk                                   # tiered, inat, 100k; B = 256; k = 10, 100
     python -m benchmarks.topk --trees 1m --rows 64              # the 1M-node tree, dense side by side
@@ -37,6 +38,8 @@ import hdecode_torch as hd  # noqa: E402
 from benchmarks.workloads import load_tree, model_like_probs  # noqa: E402
 
 METRICS = ["accuracy", "tree_distance", "tree_distance_c", "lca_height"]
+#: The heuristic decoders that take a top-k list, at the command line's parameters.
+HEURISTICS = [("argmax_leaf", {}), ("top_down", {}), ("majority", {}), ("confidence_threshold", {"tau": 0.8})]
 #: Largest dense (B, L) table built, in entries (1 GiB of float32).
 DENSE_MAX_ENTRIES = 2**28
 #: Rows whose decision is checked against the dense decoder on the completed table before the timings count.
@@ -56,9 +59,12 @@ def drawn_lists(h, rows: int, k: int, seed: int = 0) -> hd.TopK:
 
 
 def agrees(m, values, indices, num_leaves: int) -> bool:
-    """Whether the top-k decision of these rows has the dense decoder's expected score on the completed table."""
+    """Whether the top-k decision of these rows has the dense decoder's expected score on the completed table
+    (a heuristic: the dense heuristic's node on it)."""
     lists = hd.TopK(values, indices)
     full = lists.completed(num_leaves, torch.float64)
+    if isinstance(m, hd.decoders.Decoder):
+        return bool(torch.equal(m.decode(lists), m.decode(full)))
     ours, theirs = m.expected(full, m.decode(lists)), m.expected(full, m.decode(full))
     return bool(torch.allclose(ours, theirs, rtol=1e-9, atol=1e-9))
 
@@ -77,8 +83,9 @@ def bench_tree(name: str, rows: int, ks: list[int], repeats: int) -> dict:
         probs = torch.from_numpy(model_like_probs(h.ancestors.numpy(), h.depth.numpy(), h.num_leaves, rows, seed=0))
     out = {"tree": name, "num_nodes": h.num_nodes, "num_leaves": h.num_leaves, "max_depth": h.max_depth,
            "rows": rows, "results": []}
-    for metric in METRICS:
-        m = hd.get_metric(metric, h)
+    out["heuristic_results"] = []
+    for metric, params in [(m, None) for m in METRICS] + HEURISTICS:
+        m = hd.get_metric(metric, h) if params is None else hd.get_decoder(metric, h, **params)
         for k in ks:
             lists = hd.TopK(*probs.topk(k)) if probs is not None else drawn_lists(h, rows, k)
             values, indices = lists.values, lists.indices
@@ -95,7 +102,7 @@ def bench_tree(name: str, rows: int, ks: list[int], repeats: int) -> dict:
             if dense_t:
                 row["dense_us"] = statistics.median(dense_t) / rows * 1e6
                 row["speedup"] = row["dense_us"] / row["topk_us"]
-            out["results"].append(row)
+            out["results" if params is None else "heuristic_results"].append(row)
             print(f"| {name} | {metric} | {k} | {row.get('dense_us', float('nan')):.1f} | {row['topk_us']:.1f} | "
                   f"{row.get('speedup', float('nan')):.1f} | {'yes' if row['agrees'] else 'NO'} |", flush=True)
     return out
@@ -118,7 +125,7 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"threads": args.threads, "results": results}, f, indent=1)
-    return 0 if all(r["agrees"] for tree in results for r in tree["results"]) else 1
+    return 0 if all(r["agrees"] for tree in results for r in tree["results"] + tree["heuristic_results"]) else 1
 
 
 if __name__ == "__main__":

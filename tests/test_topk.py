@@ -296,7 +296,7 @@ def test_benchmark_runs_and_checks_its_decisions(tmp_path):
     assert all(r["agrees"] and r["dense_us"] > 0 and r["topk_us"] > 0 for r in rows)
 
 
-@pytest.mark.parametrize("name", ["top_down", "majority", "argmax_leaf"])
+@pytest.mark.parametrize("name", ["plurality", "darts", "hie"])
 def test_heuristics_refuse_a_top_k_input_by_name(tree, name):
     with pytest.raises(ValueError, match=rf"the decoder `{name}` does not decode top-k inputs yet"):
         hd.get_decoder(name, tree).decode(torch.tensor([[0.5, 0.2]]).topk(2))

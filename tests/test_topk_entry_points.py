@@ -85,8 +85,8 @@ def test_hierarchical_metric_updates_with_top_k_lists(name, params):
 def test_hierarchical_metric_refuses_what_it_cannot_decode_from_a_top_k_list():
     h, _ = bundled("inat19")
     t, target = _probs(h).topk(10), torch.zeros(32, dtype=torch.long)
-    with pytest.raises(ValueError, match=r"decodes with `top_down`, which does not decode top-k inputs"):
-        hd.HierarchicalMetric(h, "tree_distance", decoder="top_down").update(t, target)
+    with pytest.raises(ValueError, match=r"decodes with `plurality`, which does not decode top-k inputs"):
+        hd.HierarchicalMetric(h, "tree_distance", decoder="plurality").update(t, target)
     with pytest.raises(ValueError, match=r"`hf_beta` does not decode top-k inputs yet"):
         hd.HierarchicalMetric(h, "hf_beta").update(t, target)
     with pytest.raises(ValueError, match=r"from_logits=True"):
@@ -135,7 +135,7 @@ def test_cli_refuses_what_it_cannot_decode_from_a_top_k_file(tmp_path, capsys):
     np.savez(path, values=t.values.numpy(), indices=t.indices.numpy())
     base = ["decode", "--hierarchy", "inat19", "--probs", path]
     for extra, match in [(["--metric", "hf_beta"], "--metric hf_beta: `hf_beta` does not decode top-k inputs"),
-                         (["--decoder", "darts"], "--decoder darts: heuristic decoders do not decode top-k lists"),
+                         (["--decoder", "darts"], "--decoder darts: the decoder `darts` does not decode top-k inputs"),
                          (["--metric", "tree_distance", "--from-logits"], "--from-logits: --probs holds a top-k list"),
                          (["--metric", "tree_distance", "--normalize"], "--normalize: --probs holds a top-k list")]:
         code, _, err = _run(base + extra, capsys)
@@ -148,3 +148,338 @@ def test_cli_refuses_what_it_cannot_decode_from_a_top_k_file(tmp_path, capsys):
     np.savez(wrong, values=t.values.numpy(), indices=t.indices.numpy() + h.num_leaves)
     code, _, err = _run(["decode", "--hierarchy", "inat19", "--probs", wrong, "--metric", "tree_distance"], capsys)
     assert code != 0 and "`indices` to be leaf ids" in err, err
+
+
+# --------------------------------------------------------------------------- certify=True at every entry point
+def _certified(h, name, params, t):
+    return hd.get_metric(name, h, **params).decode(hd.TopK(t.values, t.indices), certify=True)
+
+
+def _same_triple(got, want):
+    assert len(got) == 3 and all(torch.equal(a, b) for a, b in zip(got, want))
+    assert got[0].dtype == torch.long and got[1].dtype == torch.bool and got[2].dtype == torch.float64
+
+
+@pytest.mark.parametrize("name,params", CASES)
+def test_every_entry_point_certifies_as_the_metric_does(name, params):
+    h, _ = bundled("inat19")
+    probs = _probs(h, seed=3)
+    head = hd.DecodingHead(h, name, certify=True, **params)
+    for k in (1, 5, 50):
+        t = probs.topk(k)
+        want = _certified(h, name, params, t)
+        assert 0 < int(want[1].sum()) < probs.shape[0] or k == 1 or name == "accuracy"
+        _same_triple(getattr(hd.functional, f"decode_{name}")(t, h, certify=True, **params), want)
+        _same_triple(hd.functional.decode(name, t, h, certify=True, **params), want)
+        _same_triple(hd.functional.decode(name, hd.TopK(t.values, t.indices), h, certify=True, **params), want)
+        _same_triple(head(t), want)
+        assert torch.equal(getattr(hd.functional, f"decode_{name}")(t, h, **params), want[0])  # without: the ids
+    one = head(probs[0].topk(10))
+    assert [x.shape for x in one] == [(), (), ()]
+
+
+def test_certify_is_refused_where_there_is_nothing_to_certify():
+    h, _ = bundled("inat19")
+    probs = _probs(h)
+    t = probs.topk(10)
+    F = hd.functional
+    for call in (lambda: F.decode_tree_distance(probs, h, certify=True),
+                 lambda: F.decode("lca_height", probs, h, certify=True),
+                 lambda: hd.DecodingHead(h, "tree_distance", certify=True)(probs)):
+        with pytest.raises(ValueError, match=r"`certify=True`.*dense"):
+            call()
+    for call in (lambda: F.decode_wu_palmer(t, h, certify=True), lambda: F.decode("hf_beta", t, h, certify=True),
+                 lambda: F.decode_zhao(probs, h, certify=True), lambda: hd.DecodingHead(h, "jaccard", certify=True)):
+        with pytest.raises(ValueError, match=r"Expected `certify` to be False for `(wu_palmer|hf_beta|zhao|jaccard)`, "
+                                             r"which gives no certificate.*accuracy, lca_height, tree_distance, "
+                                             r"tree_distance_c do"):
+            call()
+    with pytest.raises(ValueError, match=r"`certify` to be False for the decoder `darts`"):
+        hd.DecodingHead(h, "tree_distance", decoder=("darts", {"lam": 0.5}), certify=True)
+    with pytest.raises(ValueError, match=r"`certify` to be False with from_logits=True"):
+        hd.DecodingHead(h, "tree_distance", from_logits=True, certify=True)
+    with pytest.raises(ValueError, match=r"`certify` to be False with `cuda_graph=True`"):
+        hd.DecodingHead(h, "tree_distance", cuda_graph=True, certify=True)
+    with pytest.raises(ValueError, match=r"`certify=True` cannot be exported"):
+        hd.DecodingHead(h, "tree_distance", certify=True).export(probs)
+    with pytest.raises(TypeError, match=r"`certify` to be a bool"):
+        F.decode_accuracy(t, h, certify=1)
+    with pytest.raises(ValueError, match=r"from_logits and normalize do not apply"):
+        F.decode_accuracy(t, h, from_logits=True, certify=True)
+
+
+def _read_certificate(path, fmt):
+    import csv
+    import json
+
+    if fmt == "npz":
+        z = np.load(path)
+        return torch.from_numpy(z["pred"]), torch.from_numpy(z["certified"]), torch.from_numpy(z["regret_bound"])
+    if fmt == "pt":
+        d = torch.load(path)
+        return d["pred"], d["certified"], d["regret_bound"]
+    if fmt == "csv":
+        with open(path, newline="") as f:
+            rows = list(csv.reader(f))
+        assert rows[0] == ["node", "certified", "regret_bound"]
+        rows = rows[1:]
+    elif fmt == "jsonl":
+        recs = [json.loads(line) for line in open(path)]
+        rows = [[r["node"], r["certified"], r["regret_bound"]] for r in recs]
+    else:  # the lines of stdout
+        rows = [line.split("\t") for line in path.splitlines()]
+    cert = [c if isinstance(c, bool) else {"true": True, "false": False}[c] for _, c, _ in rows]
+    return (torch.tensor([int(n) for n, _, _ in rows]), torch.tensor(cert, dtype=torch.bool),
+            torch.tensor([float(b) for _, _, b in rows], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl", "npz", "pt", "stdout"])
+def test_cli_writes_the_certificate_next_to_each_decision(tmp_path, capsys, fmt):
+    h, _ = bundled("inat19")
+    probs = _probs(h, seed=4)
+    t = probs.topk(20)
+    path = tmp_path / "topk.npz"
+    np.savez(path, values=t.values.numpy(), indices=t.indices.numpy())
+    for name, params in CASES:
+        out = tmp_path / f"pred.{fmt}"
+        extra = ["--c", params["c"]] if params else []
+        where = [] if fmt == "stdout" else ["-o", out]
+        code, stdout, err = _run(["decode", "--hierarchy", "inat19", "--probs", path, "--metric", name, *extra,
+                                  "--batch-size", 7, "--certify", *where], capsys)
+        assert code == 0, err
+        want = _certified(h, name, params, t)
+        got = _read_certificate(stdout if fmt == "stdout" else out, fmt)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), (name, fmt)
+        n, done = probs.shape[0], int(want[1].sum())
+        summary = (f"{name}{'[c=0.5]' if params else ''}/optimal: {done} of {n} rows certified ({done / n:.1%}); "
+                   f"mean regret bound {float(want[2].mean()):.4g}")
+        assert summary in err, err
+
+
+def test_cli_refuses_certify_where_there_is_nothing_to_certify(tmp_path, capsys):
+    h, _ = bundled("inat19")
+    probs = _probs(h)
+    t = probs.topk(10)
+    path, dense = tmp_path / "topk.npz", tmp_path / "dense.npy"
+    np.savez(path, values=t.values.numpy(), indices=t.indices.numpy())
+    np.save(dense, probs.numpy())
+    base = ["decode", "--hierarchy", "inat19", "--certify"]
+    for extra, match in [
+            (["--probs", dense, "--metric", "tree_distance"], "--certify: --probs holds dense (B, L) probabilities"),
+            (["--probs", path, "--decoder", "darts"], "--certify: certificates are of a --metric's optimal decisions"),
+            (["--probs", path, "--metric", "tree_distance", "-o", tmp_path / "p.npy"],
+             "--certify: a .npy file holds one array")]:
+        code, _, err = _run(base + extra, capsys)
+        assert code == 2 and match in err, err
+    assert not (tmp_path / "p.npy").exists()
+
+
+# --------------------------------------------------------------------------- hdecode compare on top-k lists
+def _compare_json(tmp_path, capsys, probs_path, targets_path, *extra, name="c.json"):
+    import json
+
+    out = tmp_path / name
+    code, stdout, err = _run(["compare", "--hierarchy", "inat19", "--probs", probs_path, "--targets", targets_path,
+                              "--batch-size", 64, "--json", out, *extra], capsys)
+    assert code == 0, err
+    return json.loads(out.read_text())["results"], stdout
+
+
+def test_cli_compare_runs_what_decodes_top_k_lists_and_names_the_rest(tmp_path, capsys):
+    h, _ = bundled("inat19")
+    probs = _probs(h, seed=5)
+    g = torch.Generator().manual_seed(1)
+    y = torch.multinomial(probs, 1, generator=g)[:, 0]
+    np.save(tmp_path / "y.npy", y.numpy())
+    dense_path = tmp_path / "dense.npy"
+    np.save(dense_path, probs.numpy())
+    dense, _ = _compare_json(tmp_path, capsys, dense_path, tmp_path / "y.npy", name="dense.json")
+    for k in (10, h.num_leaves):
+        t = probs.topk(k)
+        path = tmp_path / f"topk{k}.npz"
+        np.savez(path, values=t.values.numpy(), indices=t.indices.numpy())
+        res, stdout = _compare_json(tmp_path, capsys, path, tmp_path / "y.npy")
+        topk = hd.TopK(t.values, t.indices)
+        na = res["not_applicable"]
+        assert "not applicable:" in stdout
+        heuristics = [key for key in dense["metrics"]["accuracy"] if key not in ("higher_is_better", "optimal")]
+        for key in dense["metrics"]:
+            m = hd.get_metric(key, h)
+            if m.accepts_topk:
+                assert key not in na
+                want = m(m.decode(topk), y, dtype=torch.float64).mean().item()
+                assert res["metrics"][key]["optimal"] == pytest.approx(want, rel=1e-12, abs=1e-12), key
+                if k == h.num_leaves:  # the dense run's value bit for bit
+                    assert res["metrics"][key]["optimal"] == dense["metrics"][key]["optimal"], key
+            else:
+                assert key in na or (f"{key}/optimal" in na and res["metrics"][key]["optimal"] is None), key
+        for key in heuristics:
+            d = hd.get_decoder(key, h)
+            try:
+                pred = d.decode(topk)
+            except ValueError:  # a heuristic without a top-k rule: left out, named
+                assert key in na and key not in res["metrics"]["accuracy"], key
+                continue
+            assert key not in na
+            m = hd.get_metric("tree_distance", h)
+            assert res["metrics"]["tree_distance"][key] == pytest.approx(
+                m(pred, y, dtype=torch.float64).mean().item(), rel=1e-12, abs=1e-12)
+        if not any(key in res["metrics"]["accuracy"] for key in heuristics):  # no heuristic ran: their rows go
+            assert {"wu_palmer", "zhao", "hamming", "jaccard"} <= set(na) and "wu_palmer" not in res["metrics"]
+
+
+def test_cli_compare_refuses_what_needs_every_leaf_on_top_k_lists(tmp_path, capsys):
+    h, _ = bundled("inat19")
+    probs = _probs(h)
+    t = probs.topk(10)
+    path = tmp_path / "topk.npz"
+    np.savez(path, values=t.values.numpy(), indices=t.indices.numpy())
+    np.save(tmp_path / "y.npy", np.zeros(probs.shape[0], dtype=np.int64))
+    base = ["compare", "--hierarchy", "inat19", "--probs", path, "--targets", tmp_path / "y.npy"]
+    for extra, match in [(["--from-logits"], "--from-logits: --probs holds top-k lists"),
+                         (["--normalize"], "--normalize: --probs holds top-k lists"),
+                         (["--alpha", "0.1"], "--alpha: --probs holds top-k lists"),
+                         (["--metrics", "wu_palmer", "--decoders", "darts"],
+                          "--probs holds top-k lists, which none of the selected metrics' optimal decoders nor "
+                          "heuristics decode")]:
+        code, _, err = _run(base + extra, capsys)
+        assert code == 2 and match in err, err
+
+
+# --------------------------------------------------------------------------- the Lightning callback
+def test_lightning_callback_scores_top_k_lists(tmp_path):
+    pl = pytest.importorskip("pytorch_lightning")
+    from torch import nn
+
+    from hdecode_torch.integrations import HierarchicalMetricsCallback
+
+    h, _ = bundled("inat19")
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(40, 8, generator=g), torch.randint(0, h.num_leaves, (40,), generator=g)
+
+    class Module(pl.LightningModule):
+        def __init__(self, k):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net, self.k = nn.Linear(8, h.num_leaves), k
+            with torch.no_grad():
+                self.net.weight.mul_(8)
+
+        def probs(self, x):
+            return torch.softmax(self.net(x).double(), 1)
+
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            return {"probs": self.probs(x).topk(self.k), "target": y}
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
+    for k in (10, h.num_leaves):
+        module = Module(k)
+        cb = HierarchicalMetricsCallback(h, metrics=[name for name, _ in CASES[:3]] + [CASES[3]],
+                                         output_key="probs")
+        trainer = pl.Trainer(accelerator="cpu", devices=1, callbacks=[cb], logger=False, enable_progress_bar=False,
+                             enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=1)
+        trainer.validate(module, loader, verbose=False)
+        with torch.no_grad():
+            probs = module.probs(x)
+        for name, params in CASES:
+            want = hd.HierarchicalMetric(h, name, **params)
+            for a in range(0, 40, 16):
+                want.update(probs[a:a + 16].topk(k), y[a:a + 16])
+            m = hd.get_metric(name, h, **params)
+            assert cb.results[(m.key, "optimal")] == float(want.compute()), (name, k)
+            if k == h.num_leaves:  # the dense rows' value bit for bit
+                dense = hd.HierarchicalMetric(h, name, **params)
+                dense.update(probs, y)
+                assert cb.results[(m.key, "optimal")] == float(dense.compute()), name
+    logits_cb = HierarchicalMetricsCallback(h, metrics=["accuracy"], output_key="logits")
+    with pytest.raises(ValueError, match=r"top-k list: the missing mass of a top-k of logits is unknown"):
+        logits_cb._check_contract(probs.topk(5), y, "validate")
+    bad = HierarchicalMetricsCallback(h, metrics=["accuracy"], output_key="probs")
+
+    class Bad(Module):
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            t = self.probs(x).topk(self.k)
+            return {"probs": hd.TopK(t.values, t.indices + h.num_leaves), "target": y}
+
+    trainer = pl.Trainer(accelerator="cpu", devices=1, callbacks=[bad], logger=False, enable_progress_bar=False,
+                         enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0)
+    with pytest.raises(ValueError, match=r"HierarchicalMetricsCallback, validation batch 0: .*`indices`"):
+        trainer.validate(Bad(5), loader, verbose=False)
+
+
+# --------------------------------------------------------------------------- HierarchicalMetric under DDP
+_DDP_ROWS = 32  # what _probs gives
+
+
+def _ddp_data(h):
+    rows = _probs(h, seed=6)
+    target = torch.randint(0, h.num_leaves, (_DDP_ROWS,), generator=torch.Generator().manual_seed(2))
+    return rows, target
+
+
+def _ddp_worker(rank, init_file, out_dir, world):
+    import os
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        h, _ = bundled("inat19")
+        probs, target = _ddp_data(h)
+        mine = torch.arange(rank, _DDP_ROWS, world)  # DistributedSampler's split
+        results = {}
+        for k in (10, h.num_leaves):
+            for name, params in CASES:
+                m = hd.HierarchicalMetric(h, name, **params)
+                for chunk in mine.split(7):
+                    m.update(probs[chunk].topk(k), target[chunk])
+                results[(name, k)] = m.compute()
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_hierarchical_metric_on_top_k_lists_under_gloo_equals_one_process(tmp_path):
+    import torch.multiprocessing as mp
+
+    world = 2
+    mp.spawn(_ddp_worker, args=(str(tmp_path / "init"), str(tmp_path), world), nprocs=world, join=True)
+    h, _ = bundled("inat19")
+    probs, target = _ddp_data(h)
+    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    for k in (10, h.num_leaves):
+        for name, params in CASES:
+            one = hd.HierarchicalMetric(h, name, **params)
+            for a in range(0, _DDP_ROWS, 16):
+                one.update(probs[a:a + 16].topk(k), target[a:a + 16])
+            want = one.compute()
+            for r in range(world):
+                assert torch.equal(results[r][(name, k)], want), (name, k, r)
+            if k == h.num_leaves:  # the dense rows' value bit for bit
+                dense = hd.HierarchicalMetric(h, name, **params)
+                dense.update(probs, target)
+                assert torch.equal(results[0][(name, k)], dense.compute()), name
+
+
+def test_cli_decode_writes_npz_without_certify(tmp_path, capsys):
+    """.npz, the format that holds a certificate next to the decisions, also takes plain decisions (array 'pred')."""
+    h, _ = bundled("inat19")
+    probs = _probs(h)
+    dense, lists = tmp_path / "dense.npy", tmp_path / "topk.npz"
+    np.save(dense, probs.numpy())
+    t = probs.topk(10)
+    np.savez(lists, values=t.values.numpy(), indices=t.indices.numpy())
+    m = hd.get_metric("tree_distance", h)
+    for src, want in ((dense, m.decode(probs)), (lists, m.decode(t))):
+        out = tmp_path / "pred.npz"
+        code, _, err = _run(["decode", "--hierarchy", "inat19", "--probs", src, "--metric", "tree_distance",
+                             "-o", out], capsys)
+        assert code == 0, err
+        z = np.load(out)
+        assert list(z.files) == ["pred"] and torch.equal(torch.from_numpy(z["pred"]), want)

@@ -23,7 +23,7 @@ from .options import (
 
 __all__ = ["build_parser", "OUTPUT_FORMATS", "output_format"]
 
-OUTPUT_FORMATS = (".npy", ".pt", ".csv", ".jsonl")
+OUTPUT_FORMATS = (".npy", ".npz", ".pt", ".csv", ".jsonl")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,7 +87,9 @@ def _add_compare(sub) -> None:
     add_hierarchy_args(p)
     src = p.add_argument_group("model outputs")
     src.add_argument("--probs", metavar="FILE", help="(B, L) probabilities (or logits with --from-logits): "
-                     ".npy, .pt, .csv, .tsv or .txt; column j is leaf j of the hierarchy; '-' reads standard input")
+                     ".npy, .pt, .csv, .tsv or .txt; column j is leaf j of the hierarchy; '-' reads standard input; "
+                     "or top-k lists of probabilities, a .npz (or a .pt dict) with 'values' and 'indices' (B, k): "
+                     "the metrics and heuristics that decode them run, the others are named as not applicable")
     src.add_argument("--targets", metavar="FILE", help="(B,) true leaf ids: .npy, .pt, .csv or .txt (one per line); "
                      "'-' reads standard input")
     add_input_kind_args(src)
@@ -157,6 +159,7 @@ def _add_decode(sub) -> None:
             "--metric M: the Bayes-optimal prediction for metric M (node ids; for the set metrics\n"
             "hf_beta, hamming and jaccard, ancestor-closed node sets).  --decoder D: a heuristic (node ids).\n\n"
             "Output (--output, by extension): .npy / .pt: (B,) int64 node ids, or (B, N) bool set masks;\n"
+            ".npz: the same as the array 'pred' (with --certify, also 'certified' and 'regret_bound');\n"
             ".csv: one row per sample (column 'node', or 'nodes' with ';'-separated ids, root first);\n"
             ".jsonl: one JSON object per line ({\"node\": id} or {\"nodes\": [ids]}).  Without --output,\n"
             "or to a device or a pipe (-o /dev/null), one line per sample as on stdout.  --names writes\n"
@@ -199,6 +202,12 @@ def _add_decode(sub) -> None:
     out.add_argument("--output", "-o", metavar="FILE", help=f"write predictions to FILE ({', '.join(OUTPUT_FORMATS)}; "
                                                             "a device or a pipe gets the lines of stdout)")
     out.add_argument("--names", action="store_true", help="readable node labels instead of ids (text outputs)")
+    out.add_argument("--certify", action="store_true",
+                     help="top-k lists: also write each row's certificate, 'certified' (the decision is optimal under "
+                          "every completion of the list) and 'regret_bound' (a bound on its expected-score regret "
+                          "otherwise), as .csv columns, .jsonl fields, .npz/.pt arrays or tab-separated on stdout, "
+                          "and print the fraction certified and the mean bound (--metric accuracy, lca_height, "
+                          "tree_distance, tree_distance_c)")
     add_run_args(p.add_argument_group("run"))
 
 
@@ -210,8 +219,8 @@ def output_format(path: str | None, names: bool) -> str | None:
     ext = os.path.splitext(path)[1].lower()
     if ext not in OUTPUT_FORMATS:
         raise CLIError(f"--output: unknown format {ext or '(no extension)'!r}; use one of {', '.join(OUTPUT_FORMATS)}")
-    if names and ext in (".npy", ".pt"):
-        raise CLIError("--names needs a text output (.csv, .jsonl or stdout); .npy/.pt hold ids")
+    if names and ext in (".npy", ".npz", ".pt"):
+        raise CLIError("--names needs a text output (.csv, .jsonl or stdout); .npy/.npz/.pt hold ids")
     return ext
 
 
@@ -223,7 +232,14 @@ def check_decode(args) -> None:
     check_distinct_inputs(inputs)
     if args.output is not None:
         check_output_path(args.output, "--output", inputs=inputs)
-    output_format(args.output, args.names)
+    ext = output_format(args.output, args.names)
+    if args.certify:
+        if args.decoder is not None:
+            raise CLIError(f"--certify: certificates are of a --metric's optimal decisions, not of --decoder "
+                           f"{args.decoder}")
+        if ext == ".npy":
+            raise CLIError("--certify: a .npy file holds one array; write the decisions and their certificates to "
+                           ".npz, .pt, .csv or .jsonl")
     if args.output is None:
         require_stdout("no --output is given: the predictions would be lost")
     if args.calibrate:

@@ -14,7 +14,9 @@ import time
 
 import torch
 
+from ..core.spec import OPTIMAL
 from ..core.spec import label as canonical_label
+from ..core.topk import TopK
 from ..synthetic import synthetic_outputs
 from .common import (
     DEFAULT_CALIBRATION_SPLIT, DEFAULT_METRICS, DEFAULT_SEED, CLIError, Progress,
@@ -23,8 +25,8 @@ from .common import (
     fit_risk_control, held_out_split, heuristic_selection, hierarchy_description, json_document, load_any_hierarchy,
     load_probs, load_targets, resolve_device, set_threads, split_names, import_modules,
 )
-from .evaluation import Evaluation, evaluate, rows_probabilities
-from .io import STDIN, StagedWrites
+from .evaluation import Evaluation, evaluate, has_optimal, rows_probabilities, topk_rows
+from .io import STDIN, StagedWrites, one_line
 from .options import DEFAULT_NUM_SAMPLES, DEFAULT_TABLE_WIDTH, SYNTHETIC_NOISE
 
 GAIN_LABEL = "gain of optimal vs best heuristic"
@@ -265,6 +267,65 @@ def render_node_ece(calibration: dict | None, check: dict | None, width: int | N
     return table + "\n" + textwrap.fill(legend, width or DEFAULT_TABLE_WIDTH, break_on_hyphens=False)
 
 
+# --------------------------------------------------------------------------- top-k lists
+NO_TOPK = "does not decode top-k lists"
+
+
+def not_applicable_line(na: dict) -> str:
+    """What ``topk_applicable`` left out, in one paragraph: the names that take no top-k list, then any other
+    reason by name."""
+    plain = [key for key, why in na.items() if why == NO_TOPK]
+    other = [f"{key} ({why})" for key, why in na.items() if why != NO_TOPK]
+    parts = ([f"{', '.join(plain)} (no decoder of top-k lists: left out)"] if plain
+             else []) + other
+    return "; ".join(parts)
+
+
+def check_topk_options(args) -> None:
+    """The options that need every leaf's probability, refused for a --probs of top-k lists."""
+    for flag, given, why in (
+            ("--from-logits", args.from_logits is not False, "the missing mass of a top-k of logits is unknown (the "
+             "softmax needs every logit); save the top-k of the probabilities"),
+            ("--normalize", bool(args.normalize), "the mass its values leave is the unlisted leaves'"),
+            ("--calibrate", bool(args.calibrate), "a calibration is fitted on every logit"),
+            ("--alpha", args.alpha is not None, "risk control is fitted on the dense (B, L) probabilities")):
+        if given:
+            raise CLIError(f"{flag}: --probs holds top-k lists; {why}")
+
+
+def topk_applicable(metrics: list, heuristics: list, topk: TopK):
+    """``(metrics, heuristics, not_applicable)``: what runs on top-k lists, and ``{key: reason}`` for what
+    does not.  A heuristic runs where it decodes the list's first row (its ``accepts_topk``, and what its
+    parameters allow, e.g. ``confidence_threshold`` below 1/2 does not); a metric's row is kept where its
+    optimal decoder takes top-k lists (``accepts_topk``) or some heuristic runs (the metric scores its
+    nodes), its optimal column then n/a.  The reason of a metric or heuristic left out is ``NO_TOPK``
+    unless the decoder gave another."""
+    na = {}
+    first = topk_rows(topk, 0, 1)
+    kept_heuristics = []
+    for d in heuristics:
+        key = canonical_label(decoder=d)
+        if not getattr(d, "accepts_topk", False):
+            na[key] = NO_TOPK
+            continue
+        try:
+            d.decode(first)
+        except ValueError as exc:  # the decoder's reason, e.g. a parameter its top-k rule does not cover
+            na[key] = one_line(exc)
+            continue
+        kept_heuristics.append(d)
+    kept_metrics = []
+    for m in metrics:
+        optimal = has_optimal(m) and m.accepts_topk
+        if optimal or kept_heuristics:
+            kept_metrics.append(m)
+            if not optimal:  # its row holds the heuristics' values, its optimal column n/a
+                na[canonical_label(m, OPTIMAL)] = NO_TOPK
+        else:
+            na[m.key] = NO_TOPK
+    return kept_metrics, kept_heuristics, na
+
+
 # --------------------------------------------------------------------------- run
 def run(args: argparse.Namespace, progress: Progress) -> int:
     """The command line was checked by ``commands.check_compare``."""
@@ -285,6 +346,7 @@ def run(args: argparse.Namespace, progress: Progress) -> int:
         split = DEFAULT_CALIBRATION_SPLIT if args.calibration_split is None else args.calibration_split
         seed = DEFAULT_SEED if args.seed is None else args.seed
         rc = risk = None
+        not_applicable = None
         if args.probs is None:
             num = DEFAULT_NUM_SAMPLES if args.num_samples is None else args.num_samples
             noise = SYNTHETIC_NOISE if args.noise is None else args.noise
@@ -305,7 +367,26 @@ def run(args: argparse.Namespace, progress: Progress) -> int:
                           "probabilities, so each metric's optimal decoder is best up to sampling noise")
         else:
             progress.stage("compare: reading the model outputs")
-            probs = load_probs(args.probs, h)
+            probs = load_probs(args.probs, h, top_k=True)
+        if isinstance(probs, TopK):
+            check_topk_options(args)
+            num = int(probs.values.shape[0])
+            targets = load_targets(args.targets, h, num)
+            if num == 0:
+                raise CLIError(f"--probs: {args.probs!r} has no rows")
+            metrics, heuristics, not_applicable = topk_applicable(metrics, heuristics, probs)
+            if not metrics:
+                raise CLIError(f"--probs holds top-k lists, which none of the selected metrics' optimal decoders "
+                               f"nor heuristics decode: {not_applicable_line(not_applicable)}")
+            where = "standard input" if args.probs == STDIN else args.probs
+            setting.update(source="files", input="top-k lists", k=probs.k,
+                           probs=args.probs if args.probs == STDIN else os.path.abspath(args.probs),
+                           targets=args.targets if args.targets == STDIN else os.path.abspath(args.targets),
+                           num_samples=num)
+            source = f"{num} top-{probs.k} lists from {where} (the missing mass spread over the unlisted leaves)"
+            probs = TopK(probs.values.to(device), probs.indices.to(device))
+            targets = targets.to(device)
+        elif args.probs is not None:
             targets = load_targets(args.targets, h, probs.shape[0])
             if probs.shape[0] == 0:
                 raise CLIError(f"--probs: {args.probs!r} has no rows")
@@ -363,7 +444,7 @@ def run(args: argparse.Namespace, progress: Progress) -> int:
         setting.update(device=str(device), batch_size=args.batch_size, threads=args.threads,
                        decoders={d.key: {"name": d.name, **d.params} for d in heuristics},
                        metrics={m.key: {"name": m.name, **m.params} for m in metrics})
-        progress.stage("compare: decoding and scoring", total=int(probs.shape[0]))
+        progress.stage("compare: decoding and scoring", total=num if isinstance(probs, TopK) else int(probs.shape[0]))
         t0 = time.perf_counter()
         ev = evaluate(h, probs, targets, metrics, heuristics, batch_size=args.batch_size,
                       from_logits=args.from_logits, normalize=args.normalize, progress=progress,
@@ -396,6 +477,8 @@ def run(args: argparse.Namespace, progress: Progress) -> int:
     say("decoders:", "optimal = each metric's Bayes-optimal decoder, vs "
         f"{len(heuristics)} heuristic{'s' if len(heuristics) != 1 else ''}" + (f" ({', '.join(params)})" if params
                                                                                else ""))
+    if not_applicable:
+        say("not applicable:", not_applicable_line(not_applicable))
     print()
     print(render_table(ev, color=color, width=width, transpose=args.transpose))
     print()
@@ -423,6 +506,8 @@ def run(args: argparse.Namespace, progress: Progress) -> int:
             results["calibration"] = {k: v for k, v in calibration.items() if k != "seconds"}
         if check is not None:
             results["calibration_check"] = check
+        if not_applicable is not None:
+            results["not_applicable"] = not_applicable
         if rc is not None:
             results["risk_control"] = {"decoder": canonical_label(decoder=rc), **risk, "scored_rows": ev.num_samples,
                                        **coverage_json(ev.coverage)}

@@ -13,7 +13,8 @@ import torch
 
 from ..core.spec import OPTIMAL
 from ..core.spec import label as decoder_label
-from ..core.topk import TOPK_METRICS, TopK, no_top_k_decoder
+from ..core.topk import TopK, no_top_k_decoder
+from ..functional._pieces import certifies, certifying_metrics
 from .commands import output_format
 from .common import (
     DEFAULT_CALIBRATION_SPLIT, DEFAULT_SEED, CLIError, Progress, build_heuristics,
@@ -50,55 +51,91 @@ def set_members(h, sets: torch.Tensor) -> list[list[int]]:
     return [chunk.tolist() for chunk in torch.split(cols[order], counts)]
 
 
-def write_predictions(h, pred: torch.Tensor, path: str | None, names: bool) -> None:
+def write_predictions(h, pred: torch.Tensor, path: str | None, names: bool, certificate=None) -> None:
     """Write (B,) int64 node ids or (B, N) bool sets to ``path`` (by extension), or as lines to
-    stdout (no ``path``) or to a device or a pipe."""
+    stdout (no ``path``) or to a device or a pipe.  ``certificate``: ``(certified (B,) bool,
+    regret_bound (B,) float64)`` of top-k decisions, written next to each (a .csv's columns, a .jsonl's
+    fields, a .npz's or .pt's arrays, tab-separated on the lines of stdout)."""
     pred = pred.cpu()
     is_set = pred.dtype == torch.bool
     ext = output_format(path, names)
-    items = None if ext in (".npy", ".pt") else (set_members(h, pred) if is_set else pred.tolist())
+    items = None if ext in (".npy", ".npz", ".pt") else (set_members(h, pred) if is_set else pred.tolist())
     label = h.label
+    if certificate is not None:
+        certified, bound = (t.cpu() for t in certificate)
+        # repr: the shortest text that reads back as the same float64
+        cert_items = list(zip(certified.tolist(), (repr(b) for b in bound.tolist())))
 
     def text(it):
         if is_set:
             return ";".join(label(n) if names else str(n) for n in it)
         return label(it) if names else str(it)
 
+    def lines(f):
+        if certificate is None:
+            for it in items:
+                f.write(text(it) + "\n")
+        else:
+            for it, (c, b) in zip(items, cert_items):
+                f.write(f"{text(it)}\t{str(c).lower()}\t{b}\n")
+
     if path is None:
-        out = sys.stdout
-        for it in items:
-            out.write(text(it) + "\n")
+        lines(sys.stdout)
         return
 
     def fill(f):
         if ext is None:
-            for it in items:
-                f.write(text(it) + "\n")
+            lines(f)
         elif ext == ".npy":
             np.save(f, pred.numpy())
+        elif ext == ".npz":
+            arrays = {"pred": pred.numpy()}
+            if certificate is not None:
+                arrays.update(certified=certified.numpy(), regret_bound=bound.numpy())
+            np.savez(f, **arrays)
         elif ext == ".pt":
             # Serialised in memory first: torch's archive writer turns a failed write into an opaque
             # RuntimeError, a plain write keeps the reason (a full disk, a file-size limit).
             buf = io.BytesIO()
-            torch.save(pred, buf)
+            torch.save(pred if certificate is None else
+                       {"pred": pred, "certified": certified, "regret_bound": bound}, buf)
             f.write(buf.getbuffer())
         elif ext == ".jsonl":
-            for it in items:
+            for i, it in enumerate(items):
                 rec = {"nodes": it} if is_set else {"node": it}
                 if names:
                     rec["names" if is_set else "name"] = [label(n) for n in it] if is_set else label(it)
+                if certificate is not None:
+                    rec["certified"] = cert_items[i][0]
+                    rec["regret_bound"] = float(cert_items[i][1])
                 f.write(json.dumps(rec) + "\n")
         else:
             w = csv.writer(f)
-            w.writerow([("names" if names else "nodes") if is_set else ("name" if names else "node")])
-            w.writerows([text(it)] for it in items)
+            head = [("names" if names else "nodes") if is_set else ("name" if names else "node")]
+            if certificate is None:
+                w.writerow(head)
+                w.writerows([text(it)] for it in items)
+            else:
+                w.writerow(head + ["certified", "regret_bound"])
+                w.writerows([text(it), str(c).lower(), b] for it, (c, b) in zip(items, cert_items))
 
     with StagedWrites() as staged:
-        staged.write(path, "--output", fill, text=ext not in (".npy", ".pt"))
+        staged.write(path, "--output", fill, text=ext not in (".npy", ".npz", ".pt"))
 
 
-def _decode_top_k(args, topk: TopK, obj, decode, device, progress: Progress) -> torch.Tensor:
-    """(B,) int64 the decisions of a top-k list (a ``values``/``indices`` file), in --batch-size rows at a time."""
+def certificate_summary(key: str, certified: torch.Tensor, bound: torch.Tensor) -> str:
+    """One line: how many rows are certified, and the mean regret bound (over every row, 0 where certified)."""
+    n = certified.numel()
+    if n == 0:
+        return f"{key}: no rows to certify"
+    done = int(certified.sum())
+    return (f"{key}: {done} of {n} rows certified ({done / n:.1%}); mean regret bound "
+            f"{float(bound.to(torch.float64).mean()):.4g}")
+
+
+def _decode_top_k(args, topk: TopK, obj, decode, device, progress: Progress):
+    """(B,) int64 the decisions of a top-k list (a ``values``/``indices`` file), in --batch-size rows at a time;
+    with --certify, ``(pred, certified, regret_bound)``."""
     if args.calibrate:
         raise CLIError("--calibrate: --probs holds a top-k list; a calibration is fitted on every logit")
     if args.from_logits is True:
@@ -106,21 +143,30 @@ def _decode_top_k(args, topk: TopK, obj, decode, device, progress: Progress) -> 
                        "softmax needs every logit); save the top-k of the probabilities")
     if args.normalize:
         raise CLIError("--normalize: --probs holds a top-k list; the mass its values leave is the unlisted leaves'")
-    if args.metric is None:
-        raise CLIError(f"--decoder {args.decoder}: heuristic decoders do not decode top-k lists; use --metric with "
-                       f"one of {', '.join(TOPK_METRICS)}")
+    if args.metric is None and not obj.accepts_topk:
+        raise CLIError(f"--decoder {args.decoder}: {one_line(no_top_k_decoder(f'the decoder `{obj.name}`'))}")
     if not obj.accepts_topk:
         raise CLIError(f"--metric {args.metric}: {one_line(no_top_k_decoder(f'`{obj.name}`'))}")
+    if args.certify and not certifies(obj):
+        raise CLIError(f"--certify: `{obj.name}` gives no certificate of a top-k decision; "
+                       f"{', '.join(certifying_metrics())} do")
     values, indices = topk.values.to(device), topk.indices.to(device)
     bsz = values.shape[0]
     progress.stage(f"decode: {obj.key} (top-{topk.k} lists)", total=bsz)
     parts = []
     for start in range(0, bsz, args.batch_size):
         stop = min(start + args.batch_size, bsz)
-        parts.append(decode(TopK(values[start:stop], indices[start:stop])).cpu())
+        chunk = TopK(values[start:stop], indices[start:stop])
+        out = decode(chunk, certify=True) if args.certify else (decode(chunk),)
+        parts.append([t.cpu() for t in out])
         progress.update(stop - start)
     progress.close()
-    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+    if not parts:
+        empty = (torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.bool),
+                 torch.zeros(0, dtype=torch.float64))
+        return empty if args.certify else empty[0]
+    out = tuple(torch.cat(t) for t in zip(*parts))
+    return out if args.certify else out[0]
 
 
 def run(args: argparse.Namespace, progress: Progress) -> int:
@@ -133,11 +179,18 @@ def run(args: argparse.Namespace, progress: Progress) -> int:
         progress.stage("decode: reading the model outputs")
         probs = load_probs(args.probs, h, top_k=True)
         if isinstance(probs, TopK):
-            pred = _decode_top_k(args, probs, obj, decode, device, progress)
-            write_predictions(h, pred, args.output, args.names)
+            out = _decode_top_k(args, probs, obj, decode, device, progress)
+            pred, certificate = (out[0], out[1:]) if args.certify else (out, None)
+            write_predictions(h, pred, args.output, args.names, certificate)
             if args.output is not None:
                 print(f"{key}: {pred.shape[0]} predictions written to {args.output}", file=sys.stderr)
+            if certificate is not None:
+                print(certificate_summary(key, *certificate), file=sys.stderr)
             return 0
+        if args.certify:
+            raise CLIError("--certify: --probs holds dense (B, L) probabilities, whose decisions are exact: there "
+                           "is no unknown completion to certify (a certificate is of a top-k list, a .npz or .pt "
+                           "with 'values' and 'indices')")
         B = probs.shape[0]
         if args.calibrate:
             targets = load_targets(args.targets, h, B)

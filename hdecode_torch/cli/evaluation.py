@@ -18,10 +18,11 @@ import torch
 
 from ..core.posterior import Posterior
 from ..core.spec import OPTIMAL, label
+from ..core.topk import TopK
 from ..kernels.ancestry import is_ancestor, path_counts
 from ..metrics import has_optimal_decoder
 
-__all__ = ["Evaluation", "Coverage", "evaluate", "has_optimal", "chunk_posterior", "rows_probabilities",
+__all__ = ["Evaluation", "Coverage", "evaluate", "has_optimal", "chunk_posterior", "topk_rows", "rows_probabilities",
            "answer_coverage", "OPTIMAL"]
 
 
@@ -136,6 +137,12 @@ def chunk_posterior(h, probs: torch.Tensor, start: int, stop: int, *, from_logit
         raise ValueError(_ROW.sub(lambda m: f"row {int(m.group(1)) + start}", str(exc))) from None
 
 
+def topk_rows(topk: TopK, start: int, stop: int) -> TopK:
+    """Rows ``start:stop`` of a top-k list (its missing masses with them, the same prior)."""
+    missing = None if topk.missing is None else topk.missing[start:stop]
+    return TopK(topk.values[start:stop], topk.indices[start:stop], missing, topk.prior)
+
+
 def rows_probabilities(h, probs: torch.Tensor, rows: torch.Tensor, *, from_logits: bool | str = False,
                        normalize: bool = False) -> torch.Tensor:
     """(b, L) checked probabilities of ``probs[rows]`` (rows: (b,) int64; softmax of logits, rows renormalised
@@ -151,22 +158,28 @@ def evaluate(h, probs: torch.Tensor, targets: torch.Tensor, metrics: list, heuri
              progress=None, coverage: list | None = None) -> Evaluation:
     """Score ``optimal`` (per metric) and every heuristic on every metric.
 
-    probs: (B, L) float on the compute device (logits with ``from_logits``); targets: (B,)
-    int64 on the same device.  Set metrics score a heuristic's node as its ancestor set.
+    probs: (B, L) float on the compute device (logits with ``from_logits``), or a
+    :class:`~hdecode_torch.TopK` of (B, k) lists (decoded as they are, by the metrics whose decoder takes
+    one: the others' optimal column is unavailable, and every heuristic given must take one); targets:
+    (B,) int64 on the same device.  Set metrics score a heuristic's node as its ancestor set.
     ``coverage``: decoders (e.g. a fitted RiskControl) whose answers are not scored on the metrics,
     only by their miss rate and depth (:class:`Coverage`), next to every other decoder's; None: no
     coverage.
     """
-    optimal_ok = [has_optimal(m) for m in metrics]
+    topk = probs if isinstance(probs, TopK) else None
+    optimal_ok = [has_optimal(m) and (topk is None or m.accepts_topk) for m in metrics]
     keys = [OPTIMAL] + [label(decoder=d) for d in heuristics]
     M, D = len(metrics), len(keys)
     single, paired, covered = _Moments(), _Moments(), _Moments()
-    B = probs.shape[0]
+    B = (probs.values if topk is not None else probs).shape[0]
     if B == 0:
         raise ValueError("no samples to evaluate")
     for start in range(0, B, batch_size):
         stop = min(start + batch_size, B)
-        post = chunk_posterior(h, probs, start, stop, from_logits=from_logits, normalize=normalize)
+        if topk is not None:
+            post = topk_rows(topk, start, stop)
+        else:
+            post = chunk_posterior(h, probs, start, stop, from_logits=from_logits, normalize=normalize)
         y = targets[start:stop]
         preds = [d.decode(post) for d in heuristics]
         optimal = [m.decode(post) if ok else None for m, ok in zip(metrics, optimal_ok)]
@@ -174,7 +187,7 @@ def evaluate(h, probs: torch.Tensor, targets: torch.Tensor, metrics: list, heuri
         for m, opt in zip(metrics, optimal):
             # float64 values: the moments below are sums over every sample.
             value = (m(opt, y, dtype=torch.float64) if opt is not None
-                     else torch.full((stop - start,), math.nan, dtype=torch.float64, device=probs.device))
+                     else torch.full((stop - start,), math.nan, dtype=torch.float64, device=y.device))
             rows.append(torch.stack([value] + [m(p, y, dtype=torch.float64) for p in preds], 1))
         values = torch.stack(rows, 1)  # (b, M, D) float64
         single.add(values)

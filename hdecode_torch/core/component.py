@@ -121,9 +121,12 @@ class HierarchyComponent:
 
     def _chunks(self, post, chunk_size=None, bytes_per_sample: int | None = None):
         """The chunks of ``post``'s batch: ``bytes_per_sample`` (default: a decode's) within the budget."""
+        batch = post.batch_size
+        if chunk_size is None and batch <= 1:
+            return [(0, batch)]  # what chunk_ranges gives any budget: one row is never split
         if bytes_per_sample is None:
             bytes_per_sample = self._bytes_per_sample(post.h, post.plan)
-        return chunk_ranges(post.batch_size, bytes_per_sample, post.plan.budget, _chunk_size(chunk_size))
+        return chunk_ranges(batch, bytes_per_sample, post.plan.budget, _chunk_size(chunk_size))
 
     def decode(self, leaf_probs, *, from_logits: bool | str = False, normalize: bool = False,
                validate: bool | None = None, chunk_size: int | None = None, within=None) -> torch.Tensor:
@@ -143,8 +146,10 @@ class HierarchyComponent:
         """
         if TopK.of(leaf_probs) is not None:
             raise no_top_k_decoder(f"the {self.component_kind} `{self.name}`")
-        if isinstance(leaf_probs, torch.Tensor):
-            leaf_probs = leaf_probs.detach()  # a decision has no gradient; none is recorded
+        if isinstance(leaf_probs, torch.Tensor) and leaf_probs.requires_grad:
+            # a decision has no gradient; none is recorded (a tensor that needs none records none: one
+            # dispatcher call fewer per decode)
+            leaf_probs = leaf_probs.detach()
         post = self._posterior(leaf_probs, validate, from_logits, normalize)
         if within is not None:
             out = decode_within(self, post, within, chunk_size)

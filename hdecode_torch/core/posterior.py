@@ -223,7 +223,9 @@ class Posterior:
 
     def expected_leaf_depth(self) -> torch.Tensor:
         """(B,) E[d(y)]."""
-        return self._get("e_depth", lambda: self.probs @ self.h.leaf_depth.to(self.dtype))
+        # the depths in the probabilities' dtype, a tree-only table: converted once per tree, not per call
+        depth = self.h.cached(("leaf_depth_as", self.dtype), lambda: self.h.leaf_depth.to(self.dtype))
+        return self._get("e_depth", lambda: self.probs @ depth)
 
 
 def _depth_mass_ranges(h):

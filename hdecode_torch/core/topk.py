@@ -26,16 +26,19 @@ from .plan import resolve_plan
 from .conversion import as_tensor
 from .row_checks import row_sum_tolerance
 
-__all__ = ["TopK", "CompletedTopK", "TOPK_METRICS", "no_top_k_decoder"]
+__all__ = ["TopK", "CompletedTopK", "TOPK_METRICS", "TOPK_DECODERS", "no_top_k_decoder"]
 
 #: The metrics whose decode and expected accept a top-k input.
 TOPK_METRICS = ("accuracy", "lca_height", "tree_distance", "tree_distance_c")
+#: The heuristic decoders that accept a top-k input (confidence_threshold with tau >= 1/2).
+TOPK_DECODERS = ("argmax_leaf", "top_down", "majority", "confidence_threshold")
 
 
 def no_top_k_decoder(what: str) -> ValueError:
     """The error of a component (``what``, e.g. "`hf_beta`") that cannot decode a top-k input."""
-    return ValueError(f"{what} does not decode top-k inputs yet ({', '.join(TOPK_METRICS)} do): pass the dense "
-                      "(B, L) probabilities, e.g. TopK(values, indices).completed(L) on a small tree")
+    return ValueError(f"{what} does not decode top-k inputs yet ({', '.join(TOPK_METRICS)} and the heuristics "
+                      f"{', '.join(TOPK_DECODERS)} do): pass the dense (B, L) probabilities, e.g. "
+                      "TopK(values, indices).completed(L) on a small tree")
 
 
 def _floats(x, name):

@@ -16,6 +16,17 @@ same node, in any batch and any chunking):
 - ``argmax_leaf`` and ``hie``: the smallest leaf id (so ``argmax_leaf`` is ``probs.argmax(-1)``);
 - ``top_down``: at each step the child with the smallest id among the most probable ones.
 
+Top-k inputs (:class:`~hdecode_torch.TopK`): ``argmax_leaf``, ``top_down``, ``majority`` and
+``confidence_threshold`` (tau ≥ 1/2) decode the list on its support (:mod:`hdecode_torch.kernels.support`),
+the node their rule picks on the completed table with the tie rules above (the masses computed in float64;
+equal to the dense rule's node wherever both sums are exact).  The others refuse one: ``crm``'s support
+kernel (``lca_height``'s) breaks ties between off-support leaves of equal expected LCA height by the
+order of their subtrees, not by depth then id, and where the completion puts no mass (r = 0) it misses the
+deepest tied leaf; ``plurality`` needs the runner-up child at each step and ``hie`` the best unlisted leaf
+under an off-support parent, neither written yet; the information-based rules (``darts``,
+``expected_information``, ``information_threshold``) and ``confidence_threshold`` below 1/2 search every
+off-support node by its own key (I(n) and the leaf counts, not p̃), a search over the tree per row.
+
 What is the same on both plans (CPU and GPU, see :func:`~hdecode_torch.plan_for`).  The plans
 compute the node probabilities differently: the CPU plan adds children level by level in the
 compute dtype, the GPU plan takes differences of float64 prefix sums over the leaves in depth-first
@@ -47,6 +58,7 @@ from ..core.scalar_checks import check_nonnegative, check_unit_interval
 from ..kernels.ancestry import is_ancestor
 from ..kernels.descent import children_probs
 from ..kernels.selection import argbest, most_informative_where
+from ..kernels.support import support_best_leaf, support_deepest_above, support_top_down
 from ..metrics.lca_height import lca_height_decode, lca_height_decode_fused
 from .base import Decoder
 
@@ -110,8 +122,13 @@ class ArgmaxLeaf(Decoder):
     algorithms = {"cpu": "argmax over the leaves", "gpu": "argmax over the leaves"}
     baseline = "benchmarks.baselines:Baselines.argmax_leaf"
 
+    accepts_topk = True
+
     def _decode_default(self, post) -> torch.Tensor:
         return post.probs.argmax(dim=1)  # the first of equal maxima: the smallest id, on every backend
+
+    def _decode_topk(self, ct) -> torch.Tensor:
+        return support_best_leaf(ct.h, ct.listed, ct.values, ct.indices, ct.prior)
 
 
 class TopDown(Decoder):
@@ -136,6 +153,12 @@ class TopDown(Decoder):
             step = kids.gather(1, pk.argmax(1, keepdim=True))[:, 0]  # first max: the smallest id
             cur = torch.where(valid[:, 0], step, cur)  # a leaf stays
         return cur
+
+    accepts_topk = True
+
+    def _decode_topk(self, ct) -> torch.Tensor:
+        return support_top_down(ct.h, ct.listed, ct.weights, ct.indices,
+                                "topk_heaviest" if ct.prior is None else None)
 
 
 class ConfidenceThreshold(Decoder):
@@ -168,6 +191,19 @@ class ConfidenceThreshold(Decoder):
         # A node whose mass lies in one child loses to that child in exact arithmetic (the same p, more
         # informative): left out, so that p(n) rounded an ulp above tau cannot let it through.
         return most_informative_where(post.h, (post.node > self.tau) & ~mass_in_one_child(post))
+
+    accepts_topk = True
+
+    def _decode_topk(self, ct) -> torch.Tensor:
+        # Above tau >= 1/2 the nodes form one root path (two disjoint subtrees cannot both hold more than half
+        # the mass), whose deepest node is the most informative: the support kernel's search.  Below 1/2 they
+        # need not: the most informative of them may lie anywhere off the support, a search over the tree.
+        if self.tau < 0.5:
+            raise ValueError(f"Expected `tau` to be at least 0.5 for a top-k input (the nodes above it then lie on "
+                             f"one root path, found on the list's support), but got {self.tau}: pass the dense "
+                             "(B, L) probabilities, e.g. TopK(values, indices).completed(L) on a small tree")
+        return support_deepest_above(ct.h, ct.listed, ct.weights, ct.indices, self.tau,
+                                     "topk_heaviest" if ct.prior is None else None)
 
 
 class Majority(ConfidenceThreshold):

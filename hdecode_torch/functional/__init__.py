@@ -139,25 +139,37 @@ def expected(metric, leaf_probs, preds, hierarchy, *, from_logits: bool | str = 
 
 
 def decode(metric, leaf_probs, hierarchy, *, from_logits: bool | str = False, normalize: bool = False,
-           validate: bool | None = None, chunk_size: int | None = None, within=None, **params) -> torch.Tensor:
+           validate: bool | None = None, chunk_size: int | None = None, within=None, certify: bool = False,
+           **params):
     """The Bayes-optimal prediction for ``metric``: the prediction of best expected value.
 
     Args:
         metric: a metric spec or a built metric on ``hierarchy``; ``params`` are its parameters.
-        leaf_probs: (B, L) or (L,) float probabilities (or a :class:`~hdecode_torch.Posterior`).
+        leaf_probs: (B, L) or (L,) float probabilities (or a :class:`~hdecode_torch.Posterior`); or a top-k
+            list of probabilities, ``probs.topk(k)`` or a :class:`~hdecode_torch.TopK` ((B, k) values and
+            leaf ids), for the metrics whose decoder takes one (``metric.accepts_topk``): the decision of
+            the completed distribution.
         hierarchy: the :class:`~hdecode_torch.Hierarchy`.
         from_logits, normalize, validate, chunk_size: as for :func:`expected`.
         within: (B,) int64 node ids (or one id for all rows), the node each row's answer must lie under:
             the row is decoded on that node's subtree, its probabilities renormalised there (None or the
             root: the whole tree).
+        certify: with a top-k input, also return each row's certificate (accuracy, lca_height,
+            tree_distance, tree_distance_c): whether the decision is optimal under every completion the
+            list is consistent with (each unlisted leaf at most the row's smallest listed value, their
+            total the missing mass), and an upper bound on its expected-score regret over them.  A
+            ``ValueError`` naming ``certify`` for dense probabilities (their decision is exact) and for a
+            metric without a certificate.
 
     Returns:
         (B,) int64 node ids for leaf and node metrics, (B, N) bool ancestor-closed node sets for set
         metrics (unbatched for a (L,) input): ``get_metric(metric, hierarchy, **params).decode(leaf_probs)``.
+        With ``certify=True``: ``(pred, certified, regret_bound)``, (B,) int64, (B,) bool and (B,) float64
+        (0 where certified), as ``get_metric(metric, hierarchy, **params).decode(topk, certify=True)``.
         A metric without an exact decoder raises ``NotImplementedError``.
     """
     return _decode_by(_metric_on(metric, hierarchy, params), leaf_probs, from_logits=from_logits,
-                      normalize=normalize, validate=validate, chunk_size=chunk_size, within=within)
+                      normalize=normalize, validate=validate, chunk_size=chunk_size, within=within, certify=certify)
 
 
 def decode_with(decoder, leaf_probs, hierarchy, *, from_logits: bool | str = False, normalize: bool = False,

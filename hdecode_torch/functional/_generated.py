@@ -23,7 +23,7 @@ from ._pieces import as_hierarchy, decode_by, expect, score
 
 __all__ = ["metric_functions", "decoder_function", "functions_of", "signature_of",
            "VALUE_LEADING", "EXPECTED_LEADING", "DECODE_LEADING",
-           "VALUE_KEYWORDS", "PROBS_KEYWORDS", "DECODE_KEYWORDS"]
+           "VALUE_KEYWORDS", "PROBS_KEYWORDS", "DECODE_KEYWORDS", "METRIC_DECODE_KEYWORDS"]
 
 _POS = inspect.Parameter.POSITIONAL_OR_KEYWORD
 _KW = inspect.Parameter.KEYWORD_ONLY
@@ -38,6 +38,8 @@ VALUE_KEYWORDS = (("decoder", "optimal", str | tuple | Decoder), ("from_logits",
 PROBS_KEYWORDS = (("from_logits", False, bool | str), ("normalize", False, bool), ("validate", None, bool | None),
                   ("chunk_size", None, int | None))
 DECODE_KEYWORDS = PROBS_KEYWORDS + (("within", None, torch.Tensor | int | None),)
+# A metric's decoder also certifies top-k decisions (where the metric gives a certificate).
+METRIC_DECODE_KEYWORDS = DECODE_KEYWORDS + (("certify", False, bool),)
 
 _VALUE_DOC = """{title}{better}
 
@@ -65,6 +67,9 @@ _PROBS_ARGS = """Args:
 _WITHIN_ARG = """
     within: (B,) int64 node ids (or one for all rows) the answers must lie under, as for
         :func:`hdecode_torch.functional.decode`."""
+_CERTIFY_ARG = """
+    certify: with a top-k input, also each row's certificate: ``(pred, certified, regret_bound)``,
+        as for :func:`hdecode_torch.functional.decode`."""
 
 _EXPECTED_DOC = """Expected {name}: Σ_l p(l) {name}(preds, l) for each leaf distribution.
 
@@ -185,7 +190,8 @@ def metric_functions(cls) -> dict:
     def decode_body(a):
         m, r = _built(cls, a)
         return decode_by(m, r["leaf_probs"], from_logits=r["from_logits"], normalize=r["normalize"],
-                         validate=r["validate"], chunk_size=r["chunk_size"], within=r["within"])
+                         validate=r["validate"], chunk_size=r["chunk_size"], within=r["within"],
+                         certify=r["certify"])
 
     out = {
         cls.name: _make(cls.name, signature_of(VALUE_LEADING, cls, VALUE_KEYWORDS), _VALUE_DOC.format(**f),
@@ -196,8 +202,10 @@ def metric_functions(cls) -> dict:
     if cls.has_decoder:
         f["returns"] = ("(B, N) bool ancestor-closed node sets holding the root" if cls.kind == "set"
                         else "(B,) int64 node ids")
-        out[f"decode_{cls.name}"] = _make(f"decode_{cls.name}", signature_of(DECODE_LEADING, cls, DECODE_KEYWORDS),
-                                          _DECODE_DOC.format(**f), decode_body)
+        decode_args = _PROBS_ARGS.format(preds_arg="", within=_WITHIN_ARG + _CERTIFY_ARG, **f)
+        out[f"decode_{cls.name}"] = _make(f"decode_{cls.name}",
+                                          signature_of(DECODE_LEADING, cls, METRIC_DECODE_KEYWORDS),
+                                          _DECODE_DOC.format(**{**f, "args": decode_args}), decode_body)
     return out
 
 

@@ -90,7 +90,8 @@ def expected_hf_beta(leaf_probs: torch.Tensor | Posterior, preds: torch.Tensor, 
 
 def decode_hf_beta(leaf_probs: torch.Tensor | Posterior, hierarchy: Hierarchy, *, beta: float = 1.0,
                    from_logits: bool | str = False, normalize: bool = False, validate: bool | None = None,
-                   chunk_size: int | None = None, within: torch.Tensor | int | None = None) -> torch.Tensor:
+                   chunk_size: int | None = None, within: torch.Tensor | int | None = None,
+                   certify: bool = False) -> torch.Tensor:
     """The Bayes-optimal prediction for hf_beta (of best expected value under each row's distribution).
     The best ancestor-closed set over every set size k (Plaud et al. 2025, §4.2), with provably
     safe pruning.
@@ -105,6 +106,8 @@ def decode_hf_beta(leaf_probs: torch.Tensor | Posterior, hierarchy: Hierarchy, *
         from_logits, normalize, validate, chunk_size: as for :func:`~hdecode_torch.functional.expected`.
         within: (B,) int64 node ids (or one for all rows) the answers must lie under, as for
             :func:`~hdecode_torch.functional.decode`.
+        certify: with a top-k input, also each row's certificate: ``(pred, certified, regret_bound)``,
+            as for :func:`~hdecode_torch.functional.decode`.
 
     Returns:
         (B, N) bool ancestor-closed node sets holding the root (unbatched for a (L,) input), on the
@@ -121,4 +124,4 @@ def decode_hf_beta(leaf_probs: torch.Tensor | Posterior, hierarchy: Hierarchy, *
     """
     component = HFBeta(as_hierarchy(hierarchy), beta=beta)
     return decode_by(component, leaf_probs, from_logits=from_logits, normalize=normalize, validate=validate,
-                     chunk_size=chunk_size, within=within)
+                     chunk_size=chunk_size, within=within, certify=certify)

@@ -88,7 +88,8 @@ def expected_jaccard(leaf_probs: torch.Tensor | Posterior, preds: torch.Tensor, 
 
 def decode_jaccard(leaf_probs: torch.Tensor | Posterior, hierarchy: Hierarchy, *, from_logits: bool | str = False,
                    normalize: bool = False, validate: bool | None = None, chunk_size: int | None = None,
-                   within: torch.Tensor | int | None = None) -> torch.Tensor:
+                   within: torch.Tensor | int | None = None,
+                   certify: bool = False) -> torch.Tensor:
     """The Bayes-optimal prediction for jaccard (of best expected value under each row's distribution).
     The best ancestor-closed set: a tree knapsack per set size, with provably safe pruning.
 
@@ -101,6 +102,8 @@ def decode_jaccard(leaf_probs: torch.Tensor | Posterior, hierarchy: Hierarchy, *
         from_logits, normalize, validate, chunk_size: as for :func:`~hdecode_torch.functional.expected`.
         within: (B,) int64 node ids (or one for all rows) the answers must lie under, as for
             :func:`~hdecode_torch.functional.decode`.
+        certify: with a top-k input, also each row's certificate: ``(pred, certified, regret_bound)``,
+            as for :func:`~hdecode_torch.functional.decode`.
 
     Returns:
         (B, N) bool ancestor-closed node sets holding the root (unbatched for a (L,) input), on the
@@ -117,4 +120,4 @@ def decode_jaccard(leaf_probs: torch.Tensor | Posterior, hierarchy: Hierarchy, *
     """
     component = Jaccard(as_hierarchy(hierarchy))
     return decode_by(component, leaf_probs, from_logits=from_logits, normalize=normalize, validate=validate,
-                     chunk_size=chunk_size, within=within)
+                     chunk_size=chunk_size, within=within, certify=certify)

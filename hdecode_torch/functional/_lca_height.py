@@ -88,7 +88,8 @@ def expected_lca_height(leaf_probs: torch.Tensor | Posterior, preds: torch.Tenso
 
 def decode_lca_height(leaf_probs: torch.Tensor | Posterior, hierarchy: Hierarchy, *, from_logits: bool | str = False,
                       normalize: bool = False, validate: bool | None = None, chunk_size: int | None = None,
-                      within: torch.Tensor | int | None = None) -> torch.Tensor:
+                      within: torch.Tensor | int | None = None,
+                      certify: bool = False) -> torch.Tensor:
     """The Bayes-optimal prediction for lca_height (of best expected value under each row's distribution).
     The leaf of least expected LCA height (Karthik et al.'s CRM); ties: the deeper leaf, then the
     smallest id.  O(B·N).
@@ -102,9 +103,13 @@ def decode_lca_height(leaf_probs: torch.Tensor | Posterior, hierarchy: Hierarchy
         from_logits, normalize, validate, chunk_size: as for :func:`~hdecode_torch.functional.expected`.
         within: (B,) int64 node ids (or one for all rows) the answers must lie under, as for
             :func:`~hdecode_torch.functional.decode`.
+        certify: with a top-k input, also each row's certificate: ``(pred, certified, regret_bound)``,
+            as for :func:`~hdecode_torch.functional.decode`.
 
     Returns:
-        (B,) int64 node ids (unbatched for a (L,) input), on the probabilities' device.
+        (B,) int64 node ids (unbatched for a (L,) input), on the probabilities' device; with
+        ``certify=True`` (a top-k input), ``(pred, certified, regret_bound)``: the ids, (B,) bool and
+        (B,) float64, as ``decode(topk, certify=True)`` of the metric.
 
     Example:
         >>> import torch
@@ -116,4 +121,4 @@ def decode_lca_height(leaf_probs: torch.Tensor | Posterior, hierarchy: Hierarchy
     """
     component = LCAHeight(as_hierarchy(hierarchy))
     return decode_by(component, leaf_probs, from_logits=from_logits, normalize=normalize, validate=validate,
-                     chunk_size=chunk_size, within=within)
+                     chunk_size=chunk_size, within=within, certify=certify)

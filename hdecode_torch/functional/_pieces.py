@@ -10,15 +10,17 @@ from __future__ import annotations
 import torch
 
 from ..core.posterior import Posterior
+from ..core.topk import TopK
 from ..core.conversion import as_tensor
 from ..core.index_checks import RangeCheck, as_node_ids, as_targets, check_node_sets, check_ranges
 from ..decoders.registry import get_decoder
 from ..hierarchy import Hierarchy
 from ..metrics.base import BaseMetric, value_dtype
-from ..metrics.registry import get_metric
+from ..metrics.registry import METRICS, get_metric
 
 __all__ = ["prediction_kind", "checked_scores", "checked_predictions", "values_update", "values_compute",
-           "REDUCTIONS", "as_hierarchy", "on_tree", "metric_on", "leaf_input", "score", "expect", "decode_by"]
+           "REDUCTIONS", "as_hierarchy", "on_tree", "metric_on", "leaf_input", "score", "expect", "decode_by",
+           "certifies", "certifying_metrics", "check_certify"]
 
 REDUCTIONS = ("none", "mean", "sum")
 
@@ -166,8 +168,40 @@ def expect(m: BaseMetric, leaf_probs, preds, *, from_logits, normalize, validate
     return m.expected(probs, preds, validate=validate, chunk_size=chunk_size)
 
 
-def decode_by(component, leaf_probs, *, from_logits, normalize, validate, chunk_size, within) -> torch.Tensor:
+def certifies(component) -> bool:
+    """Whether ``component`` (a metric, or a metric class) certifies its top-k decisions
+    (``decode(topk, certify=True)``): a metric that decodes top-k lists and defines ``_certify_topk``."""
+    cls = component if isinstance(component, type) else type(component)
+    return issubclass(cls, BaseMetric) and bool(cls.accepts_topk) and cls._certify_topk is not BaseMetric._certify_topk
+
+
+def certifying_metrics() -> list[str]:
+    """The registered metrics that certify their top-k decisions, by name."""
+    return [n for n in METRICS.names() if certifies(METRICS.get_class(n))]
+
+
+def check_certify(component, certify) -> bool:
+    """``certify`` checked: a bool, and True only for a metric that certifies its top-k decisions (the error
+    names the metrics that do)."""
+    if not isinstance(certify, bool):
+        raise TypeError(f"Expected `certify` to be a bool, but got {certify!r}")
+    if certify and not certifies(component):
+        what = f"`{component.name}`" if isinstance(component, BaseMetric) else f"the decoder `{component.name}`"
+        raise ValueError(f"Expected `certify` to be False for {what}, which gives no certificate of a top-k "
+                         f"decision, but got True (the optimal decoders of {', '.join(certifying_metrics())} do)")
+    return certify
+
+
+def decode_by(component, leaf_probs, *, from_logits, normalize, validate, chunk_size, within,
+              certify: bool = False):
     """``component.decode`` of the leaf input, a metric's or a decoder's (``functional.decode_<name>``,
-    ``functional.decode`` and ``functional.decode_with``)."""
+    ``functional.decode`` and ``functional.decode_with``); ``certify`` (metrics): ``(pred, certified,
+    regret_bound)`` of a top-k input, as ``metric.decode(topk, certify=True)``."""
+    kwargs = {"validate": validate, "chunk_size": chunk_size, "within": within}
+    if check_certify(component, certify):
+        kwargs["certify"] = True
+    if TopK.of(leaf_probs) is not None:
+        # As it is: the component's decode takes top-k lists, and says why logits or normalising do not apply.
+        return component.decode(leaf_probs, from_logits=from_logits, normalize=normalize, **kwargs)
     probs = leaf_input(component, leaf_probs, from_logits, normalize, validate, defer=True)
-    return component.decode(probs, validate=validate, chunk_size=chunk_size, within=within)
+    return component.decode(probs, **kwargs)

@@ -92,7 +92,8 @@ def expected_tree_distance(leaf_probs: torch.Tensor | Posterior, preds: torch.Te
 
 def decode_tree_distance(leaf_probs: torch.Tensor | Posterior, hierarchy: Hierarchy, *,
                          from_logits: bool | str = False, normalize: bool = False, validate: bool | None = None,
-                         chunk_size: int | None = None, within: torch.Tensor | int | None = None) -> torch.Tensor:
+                         chunk_size: int | None = None, within: torch.Tensor | int | None = None,
+                         certify: bool = False) -> torch.Tensor:
     """The Bayes-optimal prediction for tree_distance (of best expected value under each row's distribution).
     The deepest node with p(n) > 1/2, the root if none (Ramaswamy et al. 2015).  O(B·N).
 
@@ -105,9 +106,13 @@ def decode_tree_distance(leaf_probs: torch.Tensor | Posterior, hierarchy: Hierar
         from_logits, normalize, validate, chunk_size: as for :func:`~hdecode_torch.functional.expected`.
         within: (B,) int64 node ids (or one for all rows) the answers must lie under, as for
             :func:`~hdecode_torch.functional.decode`.
+        certify: with a top-k input, also each row's certificate: ``(pred, certified, regret_bound)``,
+            as for :func:`~hdecode_torch.functional.decode`.
 
     Returns:
-        (B,) int64 node ids (unbatched for a (L,) input), on the probabilities' device.
+        (B,) int64 node ids (unbatched for a (L,) input), on the probabilities' device; with
+        ``certify=True`` (a top-k input), ``(pred, certified, regret_bound)``: the ids, (B,) bool and
+        (B,) float64, as ``decode(topk, certify=True)`` of the metric.
 
     Example:
         >>> import torch
@@ -119,7 +124,7 @@ def decode_tree_distance(leaf_probs: torch.Tensor | Posterior, hierarchy: Hierar
     """
     component = TreeDistance(as_hierarchy(hierarchy))
     return decode_by(component, leaf_probs, from_logits=from_logits, normalize=normalize, validate=validate,
-                     chunk_size=chunk_size, within=within)
+                     chunk_size=chunk_size, within=within, certify=certify)
 
 
 def tree_distance_c(preds: torch.Tensor, target: torch.Tensor, hierarchy: Hierarchy, *, c: float = 0.5,
@@ -193,7 +198,8 @@ def expected_tree_distance_c(leaf_probs: torch.Tensor | Posterior, preds: torch.
 
 def decode_tree_distance_c(leaf_probs: torch.Tensor | Posterior, hierarchy: Hierarchy, *, c: float = 0.5,
                            from_logits: bool | str = False, normalize: bool = False, validate: bool | None = None,
-                           chunk_size: int | None = None, within: torch.Tensor | int | None = None) -> torch.Tensor:
+                           chunk_size: int | None = None, within: torch.Tensor | int | None = None,
+                           certify: bool = False) -> torch.Tensor:
     """The Bayes-optimal prediction for tree_distance_c (of best expected value under each row's distribution).
     The deepest node with p(n) > (1 + c)/2, the root if none (Cao et al. 2024).  O(B·N).
 
@@ -207,9 +213,13 @@ def decode_tree_distance_c(leaf_probs: torch.Tensor | Posterior, hierarchy: Hier
         from_logits, normalize, validate, chunk_size: as for :func:`~hdecode_torch.functional.expected`.
         within: (B,) int64 node ids (or one for all rows) the answers must lie under, as for
             :func:`~hdecode_torch.functional.decode`.
+        certify: with a top-k input, also each row's certificate: ``(pred, certified, regret_bound)``,
+            as for :func:`~hdecode_torch.functional.decode`.
 
     Returns:
-        (B,) int64 node ids (unbatched for a (L,) input), on the probabilities' device.
+        (B,) int64 node ids (unbatched for a (L,) input), on the probabilities' device; with
+        ``certify=True`` (a top-k input), ``(pred, certified, regret_bound)``: the ids, (B,) bool and
+        (B,) float64, as ``decode(topk, certify=True)`` of the metric.
 
     Example:
         >>> import torch
@@ -221,4 +231,4 @@ def decode_tree_distance_c(leaf_probs: torch.Tensor | Posterior, hierarchy: Hier
     """
     component = TreeDistanceC(as_hierarchy(hierarchy), c=c)
     return decode_by(component, leaf_probs, from_logits=from_logits, normalize=normalize, validate=validate,
-                     chunk_size=chunk_size, within=within)
+                     chunk_size=chunk_size, within=within, certify=certify)

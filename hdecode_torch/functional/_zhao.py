@@ -91,7 +91,8 @@ def expected_zhao(leaf_probs: torch.Tensor | Posterior, preds: torch.Tensor, hie
 
 def decode_zhao(leaf_probs: torch.Tensor | Posterior, hierarchy: Hierarchy, *, strategy: str = "auto",
                 from_logits: bool | str = False, normalize: bool = False, validate: bool | None = None,
-                chunk_size: int | None = None, within: torch.Tensor | int | None = None) -> torch.Tensor:
+                chunk_size: int | None = None, within: torch.Tensor | int | None = None,
+                certify: bool = False) -> torch.Tensor:
     """The Bayes-optimal prediction for zhao (of best expected value under each row's distribution).
     The node of best expected similarity (ties: the deepest, then the smallest id), searched as
     ``strategy`` says (``"auto"``: chosen per plan and tree).
@@ -107,6 +108,8 @@ def decode_zhao(leaf_probs: torch.Tensor | Posterior, hierarchy: Hierarchy, *, s
         from_logits, normalize, validate, chunk_size: as for :func:`~hdecode_torch.functional.expected`.
         within: (B,) int64 node ids (or one for all rows) the answers must lie under, as for
             :func:`~hdecode_torch.functional.decode`.
+        certify: with a top-k input, also each row's certificate: ``(pred, certified, regret_bound)``,
+            as for :func:`~hdecode_torch.functional.decode`.
 
     Returns:
         (B,) int64 node ids (unbatched for a (L,) input), on the probabilities' device.
@@ -121,4 +124,4 @@ def decode_zhao(leaf_probs: torch.Tensor | Posterior, hierarchy: Hierarchy, *, s
     """
     component = Zhao(as_hierarchy(hierarchy), strategy=strategy)
     return decode_by(component, leaf_probs, from_logits=from_logits, normalize=normalize, validate=validate,
-                     chunk_size=chunk_size, within=within)
+                     chunk_size=chunk_size, within=within, certify=certify)

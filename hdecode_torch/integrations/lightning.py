@@ -15,6 +15,7 @@ from ..core.posterior import Posterior
 from ..core.conversion import compute_dtype
 from ..core.index_checks import RangeCheck, as_targets, check_ranges
 from ..core.logits import input_kind
+from ..core.topk import CompletedTopK, TopK
 from ..core.validation import leaf_row_flags, prepare_leaf_probs
 from ..hierarchy import Hierarchy
 from ..metrics import get_metric, has_optimal_decoder
@@ -215,10 +216,20 @@ class _CallbackLogic:
         step = _STEP[stage]
         L = self.hierarchy.num_leaves
         what = f"`{step}`'s scores ({self.output_key!r})" if self.extract is None else "`extract`'s scores"
-        if not isinstance(scores, torch.Tensor) or not scores.is_floating_point():
+        topk = TopK.of(scores)
+        if topk is not None:
+            if self.from_logits is True:
+                raise ValueError(f"Expected {what} to be logits (from_logits=True), but got a top-k list: the missing "
+                                 "mass of a top-k of logits is unknown (the softmax needs every logit); return "
+                                 "probs.topk(k) of the probabilities, with output_key='probs' or from_logits=False")
+            if topk.values.dim() != 2:
+                raise ValueError(f"Expected {what} to be a top-k list of shape (B, k), but got "
+                                 f"{tuple(topk.values.shape)}")
+            scores = topk.values
+        elif not isinstance(scores, torch.Tensor) or not scores.is_floating_point():
             kind = f"dtype {scores.dtype}" if isinstance(scores, torch.Tensor) else type(scores).__name__
-            raise ValueError(f"Expected {what} to be a float tensor (B, {L}), but got {kind}")
-        if scores.dim() != 2 or scores.shape[1] != L:
+            raise ValueError(f"Expected {what} to be a float tensor (B, {L}) or a top-k list, but got {kind}")
+        elif scores.dim() != 2 or scores.shape[1] != L:
             raise ValueError(f"Expected {what} to have shape (B, {L}) (one column per leaf of the hierarchy), but got "
                              f"{tuple(scores.shape)}")
         if not isinstance(target, torch.Tensor) or target.is_floating_point() or target.dtype == torch.bool:
@@ -261,6 +272,10 @@ class _CallbackLogic:
         self._check_contract(scores, target, stage)  # shapes and dtypes only: no device work
         if trainer.sanity_checking:
             return  # the contract is checked; the values of an untrained model are not reported
+        topk = TopK.of(scores)
+        if topk is not None:
+            self._update_topk(topk, target.detach(), (_STAGE[stage], dataloader_idx, batch_idx))
+            return
         scores = scores.detach()
         if not self._rows.fits(scores):
             self._flush(stage)
@@ -273,6 +288,23 @@ class _CallbackLogic:
             flags = leaf_row_flags(scores, "auto")
             as_probs, valid = flags.is_dist.all(), flags.valid
         self._rows.append(scores, target.detach(), (_STAGE[stage], dataloader_idx, batch_idx), as_probs, valid)
+
+    def _update_topk(self, topk: TopK, target: torch.Tensor, where) -> None:
+        """Score every pair on a batch of top-k lists, decoded at once (O(B·k·D) per decoder, never (B, L): not
+        buffered, as a block of dense rows is): each pair's value is that of its metric's top-k decode, as
+        ``HierarchicalMetric.update(topk, target)`` gives it; the batch is checked first (one host read)."""
+        topk = TopK(topk.values.detach(), topk.indices.detach(), topk.missing, topk.prior)
+        if self.validate:
+            stage, dataloader_idx, batch_idx = where
+            try:
+                CompletedTopK(self.hierarchy, topk, True)
+                t = as_targets(target, self.hierarchy.num_leaves, name="target")
+                check_ranges([RangeCheck(t, self.hierarchy.num_leaves, "target", "leaf ids")])
+            except ValueError as exc:
+                at = f"{stage} batch {batch_idx}" + (f" of dataloader {dataloader_idx}" if dataloader_idx else "")
+                raise ValueError(f"HierarchicalMetricsCallback, {at}: {exc}") from None
+        for m in self.metrics.values():
+            m.update(topk, target)
 
     def _capacity(self, scores: torch.Tensor) -> int:
         """Rows buffered before decoding: the buffer, the block's probabilities and node table within
@@ -464,7 +496,11 @@ class HierarchicalMetricsCallback(_CallbackLogic, _pl.Callback):
     model's scores under ``output_key`` ((B, L) float, one column per leaf ``0..L-1``) and, unless
     the batch is ``(x, y)`` or a dict holding ``target_key``, the targets under ``target_key``
     ((B,) int leaf ids), e.g. ``return {"loss": loss, "logits": logits, "target": y}``.
-    ``extract=(outputs, batch) -> (scores, target)`` handles anything else.  The contract (types
+    ``extract=(outputs, batch) -> (scores, target)`` handles anything else.  The scores may also be
+    a top-k list of probabilities (``probs.topk(k)`` or a :class:`~hdecode_torch.TopK`, with
+    ``output_key="probs"`` or ``from_logits=False``) for the pairs whose decoder decodes one: each batch
+    is decoded at once, never as the (B, L) table, and each value is that of the metric's top-k decode
+    (``HierarchicalMetric.update(topk, target)``).  The contract (types
     and shapes) is checked on every batch, the sanity check's included, so a step that returns
     only the loss fails before the first training epoch.
 

@@ -15,10 +15,11 @@ from torch import nn
 
 from ..core.posterior import Posterior
 from ..core.spec import label
-from ..core.topk import TOPK_METRICS, TopK, no_top_k_decoder
+from ..core.topk import TOPK_DECODERS, TOPK_METRICS, TopK, no_top_k_decoder
 from ..core.logits import input_kind
 from ..decoders import Decoder, get_decoder
 from ..decoders.risk_control import RiskControl
+from ..functional._pieces import certifies, certifying_metrics
 from ..hierarchy import Hierarchy
 from ..metrics import METRICS, BaseMetric, get_metric
 from . import cuda_graphs
@@ -55,8 +56,9 @@ def _same_tree(a: Hierarchy, b: Hierarchy) -> bool:
     return a is b or a.same_tree(b)
 
 
-def top_k_metric(decoder: Decoder, from_logits, what: str) -> BaseMetric:
-    """The metric whose decode takes a top-k input for ``decoder`` (its own optimal decoder), or the error
+def top_k_metric(decoder: Decoder, from_logits, what: str) -> BaseMetric | Decoder:
+    """The metric whose decode takes a top-k input for ``decoder`` (its own optimal decoder; a heuristic that
+    decodes top-k inputs itself: the heuristic), or the error
     saying why there is none: a heuristic decoder, a metric without a top-k decoder, or logits
     (``from_logits=True``: a top-k of logits cannot be completed, the softmax's normaliser is unknown).
     ``what`` names the caller in the errors."""
@@ -66,8 +68,11 @@ def top_k_metric(decoder: Decoder, from_logits, what: str) -> BaseMetric:
                          "of the probabilities, probs.topk(k)")
     metric = getattr(decoder, "metric", None)
     if decoder.name != "optimal" or metric is None:
+        if getattr(decoder, "accepts_topk", False):
+            return decoder  # a heuristic computed on the list's support: its decode takes the list
         raise ValueError(f"{what} decodes with `{decoder.name}`, which does not decode top-k inputs: only the "
-                         f"optimal decoders of {', '.join(TOPK_METRICS)} do (decoder=\"optimal\")")
+                         f"optimal decoders of {', '.join(TOPK_METRICS)} and the heuristics "
+                         f"{', '.join(TOPK_DECODERS)} do")
     if not metric.accepts_topk:
         raise no_top_k_decoder(f"`{metric.name}`")
     return metric
@@ -111,6 +116,13 @@ class DecodingHead(nn.Module):
         validate: check the input (one host sync per call); ``False`` on trusted hot paths, and
             required for a head traced into a graph (see below).
         cuda_graph: capture the decoding of CUDA inputs as a CUDA graph (see below).
+        certify: return, with each top-k input's decisions, their certificate: ``forward`` gives
+            ``(pred, certified, regret_bound)`` as ``metric.decode(topk, certify=True)`` does ((B,) int64,
+            (B,) bool, (B,) float64): whether each decision is optimal under every completion the list is
+            consistent with, and a bound on its expected-score regret otherwise.  For the optimal decoders
+            of the metrics with a certificate (accuracy, lca_height, tree_distance, tree_distance_c); such
+            a head takes top-k lists only (a dense row's decision is exact: a ``ValueError`` naming
+            ``certify``), so it is not exported nor captured in a CUDA graph.
 
     Input: ``scores`` (B, L) or (L,) float32/float64/float16/bfloat16 on the head's device, or a top-k
     list of probabilities (``probs.topk(k)`` or a :class:`~hdecode_torch.TopK`) for the optimal decoders
@@ -159,14 +171,17 @@ class DecodingHead(nn.Module):
     """
 
     def __init__(self, hierarchy: Hierarchy, metric="accuracy", decoder="optimal", from_logits: bool | str = False,
-                 validate: bool = True, cuda_graph: bool = False, **params):
+                 validate: bool = True, cuda_graph: bool = False, certify: bool = False, **params):
         super().__init__()
         if not isinstance(hierarchy, Hierarchy):
             raise TypeError(f"Expected `hierarchy` to be a Hierarchy, but got {type(hierarchy).__name__}")
         input_kind(from_logits)  # checked here, not at the first batch
         if not isinstance(cuda_graph, bool):
             raise TypeError(f"Expected `cuda_graph` to be a bool, but got {cuda_graph!r}")
+        if not isinstance(certify, bool):
+            raise TypeError(f"Expected `certify` to be a bool, but got {certify!r}")
         self.from_logits = from_logits if from_logits == "auto" else bool(from_logits)
+        self.certify = certify
         self.validate = bool(validate)
         self.cuda_graph = cuda_graph
         self.register_buffer("parent", hierarchy.parent.detach().to("cpu", torch.long).clone())
@@ -183,6 +198,8 @@ class DecodingHead(nn.Module):
         if isinstance(self.decoder, RiskControl):
             # The fitted λ is state: saved and loaded with the head (NaN: not fitted).
             self.register_buffer("lam", _lam_tensor(self.decoder))
+        if certify:
+            self._check_certify(cuda_graph)
         if cuda_graph and not self.traceable:
             raise ValueError(f"Expected a decoder with fixed sizes for `cuda_graph=True`, but {self._untraceable_reason()}")
         self.register_load_state_dict_post_hook(_rebuild_after_load)
@@ -201,6 +218,20 @@ class DecodingHead(nn.Module):
         self._graph = None  # the captured CUDA graph (cuda_graphs.py)
         self._unchecked_trace = False
         self._warned_cpu_graph = False
+
+    def _check_certify(self, cuda_graph: bool) -> None:
+        own = getattr(self.decoder, "metric", None)
+        if self.decoder.name != "optimal" or own is None or not certifies(own):
+            what = f"`{own.name}`" if self.decoder.name == "optimal" and own is not None else \
+                f"the decoder `{self.decoder.name}`"
+            raise ValueError(f"Expected `certify` to be False for {what}, which gives no certificate of a top-k "
+                             f"decision, but got True (the optimal decoders of {', '.join(certifying_metrics())} do)")
+        if self.from_logits is True:
+            raise ValueError("Expected `certify` to be False with from_logits=True: a certificate is of a top-k list "
+                             "of probabilities (a top-k of logits has no known missing mass)")
+        if cuda_graph:
+            raise ValueError("Expected `certify` to be False with `cuda_graph=True`: a certifying head decodes top-k "
+                             "lists only, which are decoded eagerly")
 
     @property
     def hierarchy(self) -> Hierarchy:
@@ -229,9 +260,11 @@ class DecodingHead(nn.Module):
         probabilities (a :class:`~hdecode_torch.TopK` or ``probs.topk(k)``, see the class docstring).
 
         Returns (B,) int64 node ids, or (B, N) bool node sets (:attr:`returns_sets`); () / (N,) for
-        a 1-D input.
+        a 1-D input.  With ``certify=True``: ``(pred, certified, regret_bound)`` of a top-k list.
         """
         mode = tracing()
+        if self.certify and mode == "export":
+            self._refuse_graph_if_certifying()
         if mode == "export":
             return exporting.decode_traced(self, scores)
         if mode == "compile":
@@ -243,7 +276,13 @@ class DecodingHead(nn.Module):
         if topk is not None:
             self._checked_device(topk.values)
             metric = top_k_metric(self.decoder, self.from_logits, "This DecodingHead")
+            if self.certify:
+                return metric.decode(topk, validate=self.validate, certify=True)
             return metric.decode(topk, validate=self.validate)
+        if self.certify:
+            raise ValueError("This DecodingHead was built with `certify=True`, but got dense scores: their decision "
+                             "is exact, there is no unknown completion to certify; pass a top-k list "
+                             "(probs.topk(k) or hd.TopK), or build the head without `certify`")
         if self.cuda_graph:
             return cuda_graphs.decode_graphed(self, scores)
         return self._decode_eager(scores)
@@ -291,6 +330,7 @@ class DecodingHead(nn.Module):
         ``hdecode::`` operators: ``import hdecode_torch.kernels.fused`` (which registers them)
         before ``torch.export.load``.  ValueError for a decoder without fixed sizes (:attr:`traceable`).
         """
+        self._refuse_graph_if_certifying()
         return exporting.export(self, example, dynamic_batch)
 
     def export_onnx(self, example: torch.Tensor, path=None, *, dynamic_batch: bool = True, **kwargs):
@@ -305,7 +345,13 @@ class DecodingHead(nn.Module):
         use fused ``hdecode::`` operators, cannot be exported.  Needs ``onnx`` and ``onnxscript``
         (``pip install "hdecode_torch[export]"``); ``kwargs`` go to ``torch.onnx.export``.
         """
+        self._refuse_graph_if_certifying()
         return exporting.export_onnx(self, example, path, dynamic_batch, **kwargs)
+
+    def _refuse_graph_if_certifying(self) -> None:
+        if self.certify:
+            raise ValueError("A DecodingHead built with `certify=True` cannot be exported: it decodes top-k lists "
+                             "only, eagerly; export a head without `certify`")
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         if "lam" in self._buffers and isinstance(self.decoder, RiskControl):
@@ -321,7 +367,7 @@ class DecodingHead(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"{label(self.metric, self.decoder)}, from_logits={self.from_logits}, num_nodes={self.parent.numel()}"
-                + (", cuda_graph=True" if self.cuda_graph else ""))
+                + (", cuda_graph=True" if self.cuda_graph else "") + (", certify=True" if self.certify else ""))
 
 
 def _rebuild_after_load(module: DecodingHead, incompatible_keys) -> None:

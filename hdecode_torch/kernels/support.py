@@ -43,7 +43,7 @@ from .selection import argbest_pairs, tie_rank
 __all__ = ["Listed", "Support", "leaf_ranks", "subtree_weights", "listed_sums", "unlisted_support", "node_mass",
            "support_table", "support_entry_of", "walk_up", "child_order",
            "first_free_rank", "cheapest_descent", "support_deepest_above", "support_best_leaf",
-           "support_least_lca_height", "LCACandidates", "lca_height_candidates", "least_lca_height_of"]
+           "support_least_lca_height", "support_top_down", "LCACandidates", "lca_height_candidates", "least_lca_height_of"]
 
 
 class Listed(NamedTuple):
@@ -467,3 +467,62 @@ def lca_height_candidates(h, listed: Listed, weights: torch.Tensor, cache_name: 
     leaves = torch.cat([listed.leaves.reshape(-1), _at(t_leaf, _at(xs, ok))])
     anchors = torch.cat([listed.leaves.reshape(-1), _at(sup.nodes, ok)])
     return LCACandidates(values, sample, leaves, anchors, torch.cat([j.expand(bsz, k).reshape(-1), _at(sup.lo, ok)]))
+
+
+def support_top_down(h, listed: Listed, weights: torch.Tensor, indices: torch.Tensor,
+                     order_name: str | None) -> torch.Tensor:
+    """(B,) int64 the leaf the greedy descent reaches: from the root, step to the child of largest p̃ (ties:
+    the smallest id) until a leaf.
+
+    indices: (B, k) int64 listed leaves.  At a support node the children are its support children (p̃ from
+    the support table) and the off-support ones, where p̃ = r·W: among those only the first in decreasing W
+    (ties: smaller id) can win, or, where r = 0 (every one at 0), the one of smallest id.  Once off the
+    support, p̃ = r·W all the way down: the heaviest child (the smallest id where r = 0).  One step per
+    level, each O(B·k·log(B·k)) (the off-support child is the first rank missing among the node's support
+    children), so O(B·k·D·log(B·k)) in all; ``order_name`` caches the O(N) child orders (None: built here).
+    """
+    bsz, k = indices.shape
+    dev = indices.device
+    n = h.num_nodes
+    sup = support_table(h, listed, weights)
+    by_weight = child_order(h, -weights, None if order_name is None else order_name + "_order")
+    by_id = h.cached("topk_child_order_by_id", lambda: child_order(h, torch.zeros(n, dtype=torch.float64,
+                                                                                  device=h.device), None))
+    has_kids = h.num_children > 0
+
+    def first_child(children):  # each node's first child in an order, -1 for a leaf
+        if not children.numel():
+            return torch.full_like(h.parent, -1)
+        return torch.where(has_kids, _at(children, h.children_ptr[:-1].clamp_max(children.shape[0] - 1)), -1)
+    heaviest = first_child(by_weight[0]) if order_name is None else h.cached(order_name + "_first",
+                                                                            lambda: first_child(by_weight[0]))
+    smallest = h.cached("topk_first_child_by_id", lambda: first_child(by_id[0]))
+    rate = listed.rate
+    spread = rate > 0
+    bounds = torch.searchsorted(sup.key, torch.arange(h.max_depth + 2, device=dev) * (bsz * k)).tolist()
+    rows = torch.arange(bsz, device=dev)
+    cur = torch.full((bsz,), h.root, dtype=torch.long, device=dev)
+    on = torch.ones(bsz, dtype=torch.bool, device=dev)
+    for d in range(h.max_depth):
+        # off the support: the heaviest child (the smallest id where nothing is spread)
+        down = torch.where(spread, _at(heaviest, cur), _at(smallest, cur))
+        # on it: the support children of cur, the best of them and the best off-support child
+        a, b = bounds[d + 1], bounds[d + 2]
+        nodes, srows = sup.nodes[a:b], sup.rows[a:b]
+        mine = _where((_at(h.parent, nodes) == _at(cur, srows)) & _at(on, srows))
+        nodes, srows, p = _at(nodes, mine), _at(srows, mine), _at(sup.p[a:b], mine)
+        best = torch.full((bsz,), -1.0, dtype=torch.float64, device=dev).scatter_reduce(0, srows, p, "amax")
+        tied = torch.where(p == _at(best, srows), nodes, n)
+        best_node = torch.full((bsz,), n, dtype=torch.long, device=dev).scatter_reduce(0, srows, tied, "amin")
+        at = torch.arange(nodes.shape[0], nodes.shape[0] + bsz, device=dev)
+        both_rows, both_nodes = torch.cat([srows, rows]), torch.cat([nodes, cur])
+        x_w = _off_support_child(h, both_rows, both_nodes, *by_weight, at)
+        x_id = _off_support_child(h, both_rows, both_nodes, *by_id, at)
+        x = torch.where(spread, x_w, x_id)
+        px = torch.where(x >= 0, rate * _at(weights, x.clamp_min(0)), -1.0)
+        take_x = (x >= 0) & ((px > best) | ((px == best) & (x < best_node)))
+        step = torch.where(take_x, x, best_node)
+        step = torch.where(step < n, step, cur)  # a leaf stays
+        cur = torch.where(on, step, torch.where(down >= 0, down, cur))
+        on = on & ~take_x
+    return cur

@@ -328,6 +328,11 @@ class _Cands:
         return torch.cat([values, values.new_full((1,), fill)])[self.entry]
 
 
+def _tau_as(h, T, dt) -> torch.Tensor:
+    """(N,) τ(n) in ``dt`` (cached: a tree-only table, converted once rather than per call)."""
+    return h.cached(("jaccard_tau", dt), lambda: T.tau.to(dt))
+
+
 def _screen(h, T, p, thr, batch_major):
     """The (sample, node) pairs with p(n) ≥ τ(n)·thr[b] or n the root, sample-major, in preorder
     within a sample, and the per-sample counts and their maximum.  p: (N, B); thr: (B,) float64.
@@ -337,7 +342,7 @@ def _screen(h, T, p, thr, batch_major):
     the nodes of a node-major mask is several times slower than listing it.
     """
     dt = p.dtype
-    tau = T.tau.to(dt)
+    tau = _tau_as(h, T, dt)
     if batch_major:  # p is a view of a (B, N) table: screen and list in that layout
         keep = p.t() >= thr.to(dt)[:, None] * tau[None, :]
         keep[:, h.root] = True
@@ -738,7 +743,7 @@ def jaccard_decode_packed(post) -> torch.Tensor:
     lb0 = torch.where(p[h.root] > 0, lb0, 2.0)
     # (ii) p's own summation error, as in the CPU path, folded into the threshold.
     thr = lb0 * (1 - (T.sum_fan + 8) * u) - 4 * h.num_leaves * 2 * u64 / T.tau_min
-    keep = p.t() >= torch.outer(thr.to(p.dtype), T.tau.to(p.dtype))  # (B, N); τ(root) = 0: always kept
+    keep = p.t() >= torch.outer(thr.to(p.dtype), _tau_as(h, T, p.dtype))  # (B, N); τ(root) = 0: always kept
     count = keep.sum(1)
     (width,) = post.read(count.max())
     ids = pack_rows(keep, _preorder_rank(h, T), width)  # (B, C), root first, preorder

@@ -1,0 +1,249 @@
+"""Top-k inputs to the heuristic decoders: the node each rule picks on the completed (B, L) distribution
+(``TopK.completed``), computed on the list's support, equal to the dense heuristic's node on that table
+exactly, ties included (lists of dyadic masses whose completion is dyadic too, so both sums are exact), on
+small random trees (unbalanced, single-child chains) and on both bundled trees, under both plans, in
+float32 and float64, uniform and prior completions; k = L is the dense answer bit for bit; every entry point
+(the class, ``hd.functional``, ``DecodingHead``, the command line) takes the list; the rules that cannot be
+computed on the support say so; a decode on a 100k-leaf tree never grows with B × L."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import hdecode_torch as hd
+import hdecode_torch.functional as F
+from harness import FLOAT_DTYPES, bundled, model_like, random_trees
+
+#: The heuristics that decode top-k inputs, with their parameters.
+CASES = [("argmax_leaf", {}), ("top_down", {}), ("majority", {}), ("confidence_threshold", {"tau": 0.5}),
+         ("confidence_threshold", {"tau": 0.75}), ("confidence_threshold", {"tau": 0.95})]
+#: Those whose rule is not computed on the support: they refuse a top-k input.
+REFUSED = ["crm", "plurality", "hie", "darts", "expected_information", "information_threshold"]
+PLANS = ["cpu", "cuda"]
+#: Masses are multiples of 2^-16: every node sum of the completed table is exact in float32 and float64.
+UNITS = 2**16
+
+
+def _case_id(case):
+    name, params = case
+    return name + "".join(f"-{k}{v}" for k, v in params.items())
+
+
+def dyadic_lists(rng, L, B, k, prior=None, weights=None):
+    """(values (B, k) float64, indices (B, k) int64): distinct random leaves, masses multiples of 2^-16 and a
+    missing mass m = c·U·2^-16 (U the unlisted leaves' weight, c an integer), so each unlisted leaf holds
+    c·w(l)·2^-16: a dyadic completion.  c ranges from 0 (missing = 0) to the largest that fits (rows where
+    the unlisted mass wins).  ``weights``: (B, L) masses to list the top k of (model-like rows), else random
+    leaves with Dirichlet masses, some rows with equal masses (ties)."""
+    w = np.ones(L, dtype=np.int64) if prior is None else prior.astype(np.int64)
+    if weights is None:
+        idx = np.stack([rng.permutation(L)[:k] for _ in range(B)])
+    else:
+        idx = np.argsort(-weights, axis=1, kind="stable")[:, :k]
+    unlisted = w.sum() - w[idx].sum(1)
+    out = np.zeros((B, k), dtype=np.int64)
+    for b in range(B):
+        cmax = UNITS // unlisted[b] if unlisted[b] > 0 else 0
+        c = int(rng.choice([0, 1, max(cmax // 8, 0), max(cmax // 2, 0), cmax]))
+        rest = UNITS - c * unlisted[b]
+        if weights is not None:
+            v = weights[b, idx[b]] / weights[b, idx[b]].sum()
+        elif rng.random() < 0.25:
+            v = np.ones(k) / k
+        else:
+            v = rng.dirichlet(np.full(k, rng.choice([0.2, 1.0, 5.0])))
+        units = np.floor(v * rest).astype(np.int64)
+        units[0] += rest - units.sum()
+        out[b] = units
+    return out / UNITS, idx
+
+
+def integer_prior(rng, L):
+    prior = rng.integers(0, 4, size=L)
+    prior[rng.integers(L)] = 3
+    return prior
+
+
+def _decoder(name, h, params):
+    return hd.get_decoder(name, h, **params)
+
+
+def _check_equal(h, name, params, vals, idx, prior, dtype, plan):
+    L = h.num_leaves
+    topk = hd.TopK(torch.tensor(vals, dtype=dtype), torch.tensor(idx),
+                   prior=None if prior is None else torch.tensor(prior, dtype=torch.float64))
+    d = _decoder(name, h, params)
+    with hd.plan_for(plan):
+        got = d.decode(topk)
+        want = d.decode(topk.completed(L))
+    assert torch.equal(got, want), (name, params, plan, dtype, torch.nonzero(got != want).flatten().tolist())
+    return got
+
+
+def _off_support(h, idx, pred):
+    support = torch.zeros(idx.shape[0], h.num_nodes + 1, dtype=torch.bool)
+    support.scatter_(1, h.ancestors[torch.tensor(idx)].reshape(idx.shape[0], -1), True)
+    return int((~support.gather(1, pred[:, None])).sum())
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+@pytest.mark.parametrize("plan", PLANS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("completion", ["uniform", "prior"])
+def test_equals_the_dense_heuristic_on_small_random_trees(case, plan, dtype, completion):
+    name, params = case
+    rng = np.random.default_rng(23)
+    off = 0
+    for h, _ in random_trees(7, 30, num_nodes_max=30, unary_prob=0.25):
+        L = h.num_leaves
+        for k in sorted({1, 2, max(1, L // 2), max(1, L - 1), L}):
+            prior = integer_prior(rng, L) if completion == "prior" else None
+            vals, idx = dyadic_lists(rng, L, 16, k, prior)
+            pred = _check_equal(h, name, params, vals, idx, prior, dtype, plan)
+            off += _off_support(h, idx, pred)
+    assert off > 0  # the completion's own nodes were chosen, not only listed leaves' ancestors
+
+
+@pytest.mark.parametrize("tree", ["tieredimagenet-h", "inat19"])
+@pytest.mark.parametrize("plan", PLANS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_equals_the_dense_heuristic_on_the_bundled_trees(tree, plan, dtype):
+    h, _ = bundled(tree)
+    rng = np.random.default_rng(5)
+    probs = np.concatenate([model_like(rng, h, 8, kind) for kind in ("peaked", "diffuse", "confused", "shallow")])
+    prior = integer_prior(rng, h.num_leaves)
+    for k in (1, 10, 100):
+        for p in (None, prior):
+            vals, idx = dyadic_lists(rng, h.num_leaves, probs.shape[0], k, p, weights=probs)
+            for name, params in CASES:
+                _check_equal(h, name, params, vals, idx, p, dtype, plan)
+
+
+@pytest.mark.parametrize("tree", ["tieredimagenet-h", "inat19"])
+@pytest.mark.parametrize("plan", PLANS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_k_equal_to_L_is_the_dense_answer_bit_for_bit(tree, plan, dtype):
+    h, _ = bundled(tree)
+    rng = np.random.default_rng(6)
+    probs = torch.tensor(np.concatenate([model_like(rng, h, 8, kind) for kind in ("peaked", "confused")]),
+                         dtype=dtype)
+    t = probs.topk(h.num_leaves)
+    for name, params in CASES:
+        d = _decoder(name, h, params)
+        with hd.plan_for(plan):
+            dense = d.decode(probs)
+            assert torch.equal(d.decode(t), dense)
+            assert torch.equal(d.decode(hd.TopK(t.values, t.indices)), dense)
+
+
+# ------------------------------------------------------------------------------------------ entry points
+def _lists(h, seed=0, k=10):
+    rng = np.random.default_rng(seed)
+    probs = np.concatenate([model_like(rng, h, 8, kind) for kind in ("peaked", "diffuse", "confused", "shallow")])
+    vals, idx = dyadic_lists(rng, h.num_leaves, probs.shape[0], k, weights=probs)
+    return hd.TopK(torch.tensor(vals, dtype=torch.float32), torch.tensor(idx))
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_every_entry_point_takes_the_list(case):
+    name, params = case
+    h, _ = bundled("inat19")
+    topk = _lists(h)
+    want = _decoder(name, h, params).decode(topk.completed(h.num_leaves))
+    assert torch.equal(_decoder(name, h, params).decode(topk), want)
+    assert torch.equal(getattr(F, f"decode_{name}")(topk, h, **params), want)
+    assert torch.equal(hd.DecodingHead(h, "tree_distance", decoder=(name, params))(topk), want)
+    t = torch.return_types.topk((topk.values, topk.indices))
+    assert torch.equal(_decoder(name, h, params).decode(t), want)
+    one = _decoder(name, h, params).decode(hd.TopK(topk.values[3], topk.indices[3]))
+    assert one.shape == () and one == want[3]
+    assert torch.equal(_decoder(name, h, params).decode(topk, chunk_size=5), want)
+
+
+def test_hierarchical_metric_scores_a_heuristic_from_the_list():
+    h, _ = bundled("inat19")
+    topk = _lists(h, seed=1)
+    target = torch.arange(topk.values.shape[0]) % h.num_leaves
+    ours = hd.HierarchicalMetric(h, "tree_distance", decoder="top_down")
+    ours.update(topk, target)
+    dense = hd.HierarchicalMetric(h, "tree_distance", decoder="top_down")
+    dense.update(topk.completed(h.num_leaves), target)
+    assert torch.equal(ours.compute(), dense.compute())
+
+
+def test_cli_decodes_a_top_k_file_with_a_heuristic(tmp_path, capsys):
+    from hdecode_torch.cli.main import main
+
+    h, _ = bundled("inat19")
+    topk = _lists(h, seed=2)
+    path = tmp_path / "lists.npz"
+    np.savez(path, values=topk.values.numpy(), indices=topk.indices.numpy())
+    for name, flag in [("top_down", []), ("majority", []), ("argmax_leaf", []), ("confidence_threshold", ["--tau", 0.8])]:
+        out = tmp_path / "pred.npy"
+        try:
+            code = main([str(a) for a in ["decode", "--hierarchy", "inat19", "--probs", path, "--decoder", name,
+                                          *flag, "--batch-size", 7, "-o", out]])
+        except SystemExit as exc:
+            code = exc.code
+        err = capsys.readouterr().err
+        assert code == 0, err
+        params = {"tau": 0.8} if flag else {}
+        want = _decoder(name, h, params).decode(topk.completed(h.num_leaves))
+        assert torch.equal(torch.from_numpy(np.load(out)), want), name
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_rules_off_the_support_refuse_a_list(name):
+    h, _ = bundled("tieredimagenet-h")
+    t = torch.tensor([[0.5, 0.2]]).topk(2)
+    params = {"threshold": 1.0} if name == "information_threshold" else {}
+    with pytest.raises(ValueError, match=rf"the decoder `{name}` does not decode top-k inputs yet"):
+        hd.get_decoder(name, h, **params).decode(t)
+    with pytest.raises(ValueError, match=rf"decodes with `{name}`, which does not decode top-k inputs"):
+        hd.DecodingHead(h, "tree_distance", decoder=(name, params))(t)
+
+
+def test_confidence_threshold_below_one_half_says_why():
+    h, _ = bundled("tieredimagenet-h")
+    with pytest.raises(ValueError, match=r"`tau` to be at least 0.5 for a top-k input .* but got 0.3"):
+        hd.get_decoder("confidence_threshold", h, tau=0.3).decode(torch.tensor([[0.5, 0.2]]).topk(2))
+
+
+def test_a_list_is_checked_against_the_tree():
+    h, _ = bundled("tieredimagenet-h")
+    d = hd.get_decoder("top_down", h)
+    L = h.num_leaves
+    with pytest.raises(ValueError, match=rf"`indices` to be leaf ids in 0..{L - 1}, but got {L}"):
+        d.decode(hd.TopK(torch.tensor([[0.5, 0.2]]), torch.tensor([[3, L]])))
+    with pytest.raises(ValueError, match=r"from_logits and normalize do not apply"):
+        d.decode(torch.tensor([[0.5, 0.2]]).topk(2), from_logits=True)
+    with pytest.raises(ValueError, match=r"`within` is not supported with a top-k input"):
+        d.decode(torch.tensor([[0.5, 0.2]]).topk(2), within=0)
+
+
+# ------------------------------------------------------------------------------------------ memory
+def test_a_top_k_decode_never_grows_with_B_times_L():
+    # 100k leaves, B = 1,024, k = 100: the dense (B, L) float32 table alone would be 390 MiB
+    from test_memory_budget import MiB, peak_growths
+
+    got = peak_growths("""
+    from benchmarks.workloads import random_tree
+    h = hd.Hierarchy.from_parents(random_tree(100_000, 12, seed=1))
+    B, k, L = 1024, 100, h.num_leaves
+    g = torch.Generator().manual_seed(0)
+    rank = torch.empty_like(h.dfs_leaves)
+    rank[h.dfs_leaves] = torch.arange(L)
+    near = torch.rand(B, 5 * k, generator=g).topk(k).indices  # cousins of a random leaf, in depth-first order
+    indices = h.dfs_leaves[(rank[torch.randint(0, L, (B,), generator=g)][:, None] + near) % L]
+    values = torch.distributions.Dirichlet(torch.full((k,), 0.3)).sample((B,)) * torch.rand(B, 1)
+    topk = hd.TopK(values, indices)
+    for name in ("argmax_leaf", "top_down", "majority", "confidence_threshold"):
+        d = hd.get_decoder(name, h, **({"tau": 0.8} if name == "confidence_threshold" else {}))
+        for plan in ("cpu", "cuda"):
+            with hd.plan_for(plan):
+                d.decode(hd.TopK(values[:1], indices[:1]))  # the tree's tables
+                growth(lambda: d.decode(topk))
+    """, cap=3 * 2**30)
+    assert len(got) == 8 and max(got) < 256 * MiB, [g / MiB for g in got]
