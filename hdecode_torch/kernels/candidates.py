@@ -82,7 +82,7 @@ def pruning_statistics(h, cost: torch.Tensor, rtol: float = 1e-12) -> PruningSta
 #: Entries of the (rows, B) temporaries :func:`candidate_mask` computes at a time on a CPU: blocks of
 #: whole node rows small enough to stay in the cache between the pass that makes them and the one that
 #: reads them (eight (N, B) passes of main memory otherwise).
-CANDIDATE_BLOCK_ENTRIES = 1 << 15
+CANDIDATE_BLOCK_ENTRIES = 1 << 17
 
 
 def candidate_mask(h, p: torch.Tensor, stats: PruningStatistics) -> torch.Tensor:
