@@ -34,7 +34,8 @@ def gathered_prefix(x: torch.Tensor, src: torch.Tensor, weight: torch.Tensor | N
         out_dtype: torch.float32 or torch.float64.
     Returns:
         (B, K) ``out_dtype``.  Deterministic (same bits on every call).  O(B·(J + K)), any J and K.
-        The torch implementation holds a (B, 2J + 1) float64 table at once: callers bound B.
+        The torch implementation holds a (B, 2J + 1) float64 table at once (on a CPU, blocks of rows
+        of about 1 MiB): callers bound B.
     Raises:
         ValueError / TypeError naming the argument for a wrong shape, dtype, device or index.
     """
