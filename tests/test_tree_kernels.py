@@ -129,3 +129,38 @@ def test_float32_node_sums_on_a_very_wide_node():
     assert root.dtype == torch.float32
     assert float((root - 1).abs().max()) < 1e-6
     assert int(hd.get_metric("tree_distance", h).decode(p)[0]) == h.root
+
+
+def _candidate_mask_definition(h, p, stats):
+    """The candidate mask written out on whole (N, B) tables, parents dropped by a float count."""
+    dt = p.dtype
+    eps = 16 * torch.finfo(dt).eps
+    up = lambda t: (t + eps * t.abs()).to(dt)[:, None]  # noqa: E731
+    down = lambda t: (t - eps * t.abs()).to(dt)[:, None]  # noqa: E731
+    s = p[stats.top] if stats.root_form else torch.ones_like(p)
+    rest = (s - p).clamp(min=0)
+    drop_self = up(stats.M_in) * p + eps * eps < down(stats.m_out) * rest
+    beats = down(stats.m_in) * p > up(stats.M_out) * rest + eps * eps
+    child = torch.nonzero(h.parent >= 0)[:, 0]
+    dropped = torch.zeros_like(p).index_add_(0, h.parent[child], beats[child].to(dt)) > 0
+    return ~(drop_self | dropped)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("block", [1, 7, 1 << 15, 1 << 40])
+def test_candidate_mask_in_blocks_of_nodes_is_the_definition(monkeypatch, dtype, block):
+    # The CPU computes the mask a block of node rows at a time: every block size gives the mask of the
+    # whole-table formula, entry for entry (Wu-Palmer's exact statistics and the cost-bound ones).
+    from hdecode_torch.kernels import candidates
+
+    monkeypatch.setattr(candidates, "CANDIDATE_BLOCK_ENTRIES", block)
+    h = bundled("tieredimagenet-h")[0]
+    g = torch.Generator().manual_seed(3)
+    probs = torch.softmax(6 * torch.randn(37, h.num_leaves, generator=g, dtype=torch.float64), 1).to(dtype)
+    p = hd.node_probabilities(h, probs).t().contiguous()
+    m = hd.get_metric("wu_palmer", h)
+    for stats in (m.dense_pruning(h), m.pruning(h), hd.get_metric("zhao", h).pruning(h)):
+        got = candidates.candidate_mask(h, p, stats)
+        want = _candidate_mask_definition(h, p, stats)
+        assert torch.equal(got, want)
+        assert 0 < int(got.sum()) < got.numel()

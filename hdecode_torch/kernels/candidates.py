@@ -79,29 +79,48 @@ def pruning_statistics(h, cost: torch.Tensor, rtol: float = 1e-12) -> PruningSta
     return PruningStatistics(ok_in and ok_out, root_equal, fix(m_in), fix(M_in), fix(m_out), fix(M_out), a_n)
 
 
+#: Entries of the (rows, B) temporaries :func:`candidate_mask` computes at a time on a CPU: blocks of
+#: whole node rows small enough to stay in the cache between the pass that makes them and the one that
+#: reads them (eight (N, B) passes of main memory otherwise).
+CANDIDATE_BLOCK_ENTRIES = 1 << 17
+
+
 def candidate_mask(h, p: torch.Tensor, stats: PruningStatistics) -> torch.Tensor:
     """Nodes that may be optimal.  p: (N, B) node-major node probabilities.  Returns (N, B) bool.
 
     Comparisons carry a slack of a few ulps of the compared terms, so rounding in p can
-    only keep extra candidates, never drop the optimum.
+    only keep extra candidates, never drop the optimum.  O(N·B) work; on a CPU the elementwise terms
+    are formed a block of node rows at a time (the same operations on each entry, so the same bits).
     """
     dt = p.dtype
+    n, b = p.shape
     # a < b − ε(|a| + |b| + ε) with a = M_in p, b = m_out r (p, r ≥ 0) is
     # (M_in + ε|M_in|) p + ε² < (m_out − ε|m_out|) r: the slack folds into per-node factors (N,).
     eps = 16 * torch.finfo(dt).eps
     tiny = eps * eps
     up = lambda t: (t + eps * t.abs()).to(dt)[:, None]  # noqa: E731
     down = lambda t: (t - eps * t.abs()).to(dt)[:, None]  # noqa: E731
-    s = p.index_select(0, stats.top) if stats.root_form else torch.ones_like(p)
-    rest = (s - p).clamp_(min=0)
-    # n surely worse than its parent: M_in p < m_out (s − p).  The root's statistics are 0, so
-    # neither test ever fires there.
-    drop_self = (up(stats.M_in) * p).add_(tiny) < down(stats.m_out) * rest
-    # n surely better than its parent: m_in p > M_out (s − p); then the parent is dropped.
-    beats = down(stats.m_in) * p > (up(stats.M_out) * rest).add_(tiny)
+    up_in, down_out, down_in, up_out = up(stats.M_in), down(stats.m_out), down(stats.m_in), up(stats.M_out)
+    drop = torch.empty(n, b, dtype=torch.bool, device=p.device)
+    beats = torch.empty(n, b, dtype=torch.bool, device=p.device)
+    cpu = p.device.type == "cpu"
+    rows = max(1, CANDIDATE_BLOCK_ENTRIES // max(1, b)) if cpu else n
+    for a in range(0, n, rows):  # a loop over blocks of nodes (one block off the CPU)
+        e = min(n, a + rows)
+        pa = p[a:e]
+        s = p.index_select(0, stats.top[a:e]) if stats.root_form else torch.ones_like(pa)
+        rest = s.sub_(pa).clamp_(min=0)
+        # n surely worse than its parent: M_in p < m_out (s − p).  The root's statistics are 0, so
+        # neither test ever fires there.
+        torch.lt((up_in[a:e] * pa).add_(tiny), down_out[a:e] * rest, out=drop[a:e])
+        # n surely better than its parent: m_in p > M_out (s − p); then the parent is dropped.
+        torch.gt(down_in[a:e] * pa, (up_out[a:e] * rest).add_(tiny), out=beats[a:e])
     child, par = _nonroot_pairs(h)
-    parent_dropped = torch.zeros_like(p).index_add_(0, par, beats.index_select(0, child).to(dt)) > 0
-    return ~(drop_self | parent_dropped)
+    if cpu:  # a boolean accumulation is an OR; on a CPU it runs as one pass, index_add_ row by row
+        drop.index_put_((par,), beats.index_select(0, child), accumulate=True)
+    else:
+        drop |= torch.zeros_like(p).index_add_(0, par, beats.index_select(0, child).to(dt)) > 0
+    return drop.logical_not_()
 
 
 def _nonroot_pairs(h) -> tuple[torch.Tensor, torch.Tensor]:

@@ -34,7 +34,8 @@ def gathered_prefix(x: torch.Tensor, src: torch.Tensor, weight: torch.Tensor | N
         out_dtype: torch.float32 or torch.float64.
     Returns:
         (B, K) ``out_dtype``.  Deterministic (same bits on every call).  O(B·(J + K)), any J and K.
-        The torch implementation holds a (B, 2J + 1) float64 table at once: callers bound B.
+        The torch implementation holds a (B, 2J + 1) float64 table at once (on a CPU, blocks of rows
+        of about 1 MiB): callers bound B.
     Raises:
         ValueError / TypeError naming the argument for a wrong shape, dtype, device or index.
     """
@@ -75,7 +76,8 @@ def _endpoints(hi: torch.Tensor, lo: torch.Tensor | None, j: int):
 
 def range_sums(x: torch.Tensor, src: torch.Tensor, weight: torch.Tensor | None, hi: torch.Tensor,
                lo: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """(B, K) float64 range sums of :func:`gathered_prefix` (in ``out`` if given); arguments unchecked.
+    """(B, K) float64 range sums of :func:`gathered_prefix` (in ``out`` if given, float32 or float64: the
+    float64 sums cast); arguments unchecked.
 
     All rows at once: the gathered values ``g`` (B, J) and their exclusive prefix ``C`` (B, J + 1)
     side by side in one float64 table, so that every range, one-entry ranges included, is one
@@ -98,23 +100,40 @@ def range_sums(x: torch.Tensor, src: torch.Tensor, weight: torch.Tensor | None, 
         g.cumsum_(dim=1)
     hi, lo = _endpoints(hi, lo, j)
     # gather with stride-0 indices: faster on the CPU than index_select along dim 1, and no (B, K) index table
+    if out is not None and out.dtype != torch.float64:
+        # the float64 difference rounded once on its way into ``out``: the bits of a cast after it
+        v = torch.gather(table, 1, hi.expand(b, -1))
+        if lo is None:
+            return out.copy_(v)
+        return torch.sub(v, torch.gather(table, 1, lo.expand(b, -1)), out=out)
     v = torch.gather(table, 1, hi.expand(b, -1), out=out)
     if lo is not None:
         v.sub_(torch.gather(table, 1, lo.expand(b, -1)))
     return v
 
 
+#: Bytes of the float64 table of :func:`range_sums` per block of rows on a CPU.  A table of a whole
+#: large batch is fresh memory on every call, and its first touch (page faults) cost more than the
+#: sums themselves (benchmarks/README.md, "At batch"); blocks this size are reused from the heap.
+CPU_BLOCK_BYTES = 1 << 20
+
+
 def gathered_prefix_torch(x: torch.Tensor, src: torch.Tensor, weight: torch.Tensor | None, hi: torch.Tensor,
                           lo: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
-    """The torch implementation of :func:`gathered_prefix` (every device): all rows at once."""
+    """The torch implementation of :func:`gathered_prefix` (every device): all rows at once, except
+    on a CPU, where blocks of rows whose table is about ``CPU_BLOCK_BYTES`` (rows are independent: the
+    same bits)."""
     check(x, src, weight, hi, lo, out_dtype)
     b, k = x.shape[0], hi.shape[0]
     out = x.new_empty((b, k), dtype=out_dtype)
     if b == 0 or k == 0:
         return out
-    if out_dtype == torch.float64:
-        return range_sums(x, src, weight, hi, lo, out=out)
-    return out.copy_(range_sums(x, src, weight, hi, lo))
+    rows = b
+    if x.device.type == "cpu":
+        rows = max(1, CPU_BLOCK_BYTES // (8 * (2 * src.shape[0] + 1)))
+    for a in range(0, b, rows):  # one block off the CPU
+        range_sums(x[a:a + rows], src, weight, hi, lo, out=out[a:a + rows])
+    return out
 
 
 def _fake(x, src, weight, hi, lo, out_dtype):
