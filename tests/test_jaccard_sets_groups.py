@@ -43,3 +43,33 @@ def test_groups_and_width_classes_are_the_whole_table(tree, monkeypatch):
     with hd.plan_for("cuda"):
         gpu = hd.get_metric("jaccard", h).decode(torch.as_tensor(P))
     assert torch.equal(cpu, gpu)
+
+
+def _pair_chunks_by_definition(counts, ks, es, budget):
+    """The chunks as first written: each b tried by taking the maxima over a..b anew (quadratic)."""
+    from hdecode_torch.kernels.fused.jaccard_sets import _table_cost
+
+    def cost(a, b):
+        band = max(x - y for x, y in zip(counts[a:b], ks[a:b]))
+        return _table_cost(counts[a], max(ks[a:b]), band, b - a, es)
+
+    chunks, a = [], 0
+    while a < len(counts):
+        b = a + 1
+        while b < len(counts) and cost(a, b + 1)[0] * es + cost(a, b + 1)[1] <= budget:
+            b += 1
+        chunks.append((a, b, cost(a, b)))
+        a = b
+    return chunks
+
+
+def test_pair_chunks_equal_their_definition():
+    from hdecode_torch.kernels.fused.jaccard_sets import pair_chunks
+
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        n = int(rng.integers(1, 60))
+        counts = sorted(rng.integers(2, 400, n).tolist(), reverse=True)
+        ks = [int(rng.integers(0, c)) for c in counts]  # each pair has room: count > k
+        es, budget = int(rng.choice([4, 8])), int(rng.choice([1, 1 << 10, 1 << 16, 1 << 20, 1 << 24]))
+        assert pair_chunks(counts, ks, es, budget) == _pair_chunks_by_definition(counts, ks, es, budget)

@@ -284,32 +284,18 @@ def _solve_pairs(gp, nx, kidx, budget: int):
     counts, ks = counts[:live], ks[:live]
     es = gp.element_size()
 
-    def cost(a, b):
-        """(floats, bools, banded) of the tables of pairs a..b − 1 in the narrower of the two layouts."""
-        top, kmax = counts[a], max(ks[a:b])
-        band = max(x - y for x, y in zip(counts[a:b], ks[a:b]))
-        nodes = ((top + 1) * (kmax + 1) * (b - a), top * (kmax + 1) * (b - a), False)
-        skips = ((top + 1) * 2 * band * (b - a), top * band * (b - a), True)
-        return min(nodes, skips, key=lambda t: t[0] * es + t[1])
-
-    def size(t):
-        return t[0] * es + t[1]
-
-    chunks = []
-    a = 0
-    while a < live:
-        b = a + 1
-        while b < live and size(cost(a, b + 1)) <= budget:
-            b += 1
-        chunks.append((a, b, cost(a, b)))
-        a = b
+    chunks = pair_chunks(counts, ks, es, budget)
     space = (torch.empty(max(t[0] for _, _, t in chunks), dtype=gp.dtype, device=dev),
              torch.empty(max(t[1] for _, _, t in chunks), dtype=torch.bool, device=dev))
     vals = []
     got = torch.zeros(live, c + 1, dtype=torch.bool, device=dev)
     for a, b, (_, _, banded) in chunks:
         top = counts[a]
-        part = [sum(1 for x in counts[a:b] if x > i) for i in range(top)]
+        part, j = [], b - a  # part[i]: the pairs with more than i candidates (counts descend)
+        for i in range(top):
+            while j and counts[a + j - 1] <= i:
+                j -= 1
+            part.append(j)
         kr = kidx.new_tensor(ks[a:b])
         g, x = cg[a:b, :top], cnx[a:b, :top].clamp(max=top)
         if banded:
@@ -324,6 +310,39 @@ def _solve_pairs(gp, nx, kidx, budget: int):
     val[sel] = torch.cat(vals)
     members[sel] = got[:, :c]
     return val, members
+
+
+def _table_cost(top: int, kmax: int, band: int, n: int, es: int) -> tuple[int, int, bool]:
+    """(floats, bools, banded) of the knapsack tables of n pairs with at most top candidates, kmax sizes and
+    band skips, in the narrower of the two layouts (states by nodes left, or by candidates skipped)."""
+    nodes = ((top + 1) * (kmax + 1) * n, top * (kmax + 1) * n, False)
+    skips = ((top + 1) * 2 * band * n, top * band * n, True)
+    return min(nodes, skips, key=lambda t: t[0] * es + t[1])
+
+
+def pair_chunks(counts: list[int], ks: list[int], es: int, budget: int) -> list[tuple[int, int, tuple]]:
+    """``[(a, b, (floats, bools, banded))]``: consecutive pairs a..b − 1 solved together while their tables
+    take at most ``budget`` bytes (``es`` bytes a float), each chunk at least one pair.
+
+    counts: the pairs' candidate counts, descending (the first of a chunk is its widest); ks: their sizes.
+    The chunk's maxima grow with b and are kept as they go: O(pairs), where taking them over a..b at each
+    b was quadratic (seconds at B = 4,096).
+    """
+    def size(t):
+        return t[0] * es + t[1]
+
+    chunks, a, live = [], 0, len(counts)
+    while a < live:
+        kmax, band = ks[a], counts[a] - ks[a]
+        b = a + 1
+        while b < live:
+            k2, band2 = max(kmax, ks[b]), max(band, counts[b] - ks[b])
+            if size(_table_cost(counts[a], k2, band2, b + 1 - a, es)) > budget:
+                break
+            kmax, band, b = k2, band2, b + 1
+        chunks.append((a, b, _table_cost(counts[a], kmax, band, b - a, es)))
+        a = b
+    return chunks
 
 
 def knapsack_band(gp, nx, kidx, count, band: int, active, space):
