@@ -116,7 +116,9 @@ def candidate_mask(h, p: torch.Tensor, stats: PruningStatistics) -> torch.Tensor
         # n surely better than its parent: m_in p > M_out (s − p); then the parent is dropped.
         torch.gt(down_in[a:e] * pa, (up_out[a:e] * rest).add_(tiny), out=beats[a:e])
     child, par = _nonroot_pairs(h)
-    if cpu:  # a boolean accumulation is an OR; on a CPU it runs as one pass, index_add_ row by row
+    # A boolean accumulation is an OR; on a CPU it runs as one pass, index_add_ row by row.  Not under
+    # torch.compile: torch 2.15's inductor emits C++ for it that does not compile (a VecMask plus a bool vector).
+    if cpu and not torch.compiler.is_compiling():
         drop.index_put_((par,), beats.index_select(0, child), accumulate=True)
     else:
         drop |= torch.zeros_like(p).index_add_(0, par, beats.index_select(0, child).to(dt)) > 0
