@@ -20,6 +20,8 @@ from ..core.posterior import Posterior
 from ..core.topk import CompletedTopK, TopK, no_top_k_decoder
 from ..core.conversion import as_tensor
 from ..core.index_checks import RangeCheck, as_node_ids, as_targets, check_node_sets, check_ranges
+from ..core.node_sets import (as_sparse_sets, batched_sparse, check_sparse_sets, is_sparse_sets, sparse_closure,
+                              sparse_node_sets, sparse_path_counts, unbatched_sparse)
 from ..kernels.ancestry import ancestor_closure, ancestor_mask, path_counts
 from ..kernels.selection import argbest
 
@@ -144,13 +146,19 @@ class BaseMetric(HierarchyComponent):
         chunks = ct.chunks(chunk_size)
         if ct.k == ct.h.num_leaves:
             out = self.decode(topk.completed(ct.h.num_leaves), validate=False, chunk_size=chunk_size)
+            if self.kind == "set":  # a top-k input's sets are sparse, whatever k
+                out = out.to_sparse().coalesce()
             if not certify:
                 return out
             out = out.reshape(-1)
             parts = [(out[a:b], *self._certify_topk(ct.chunk(a, b), out[a:b])) for a, b in chunks]
         elif not certify:
             out = torch.cat([self._decode_topk(ct.chunk(a, b)) for a, b in chunks])
-            return out[0] if ct.unbatched else out
+            if out.layout == torch.sparse_coo:
+                out = out.coalesce()
+            if ct.unbatched:
+                return unbatched_sparse(out) if out.layout == torch.sparse_coo else out[0]
+            return out
         else:
             parts = [self._decode_certified_topk(ct.chunk(a, b)) for a, b in chunks]
         out, certified, bound = (torch.cat(t) for t in zip(*parts))
@@ -287,8 +295,11 @@ class SetMetric(BaseMetric):
     higher_is_better = True
 
     def _sets_or_ids(self, pred, device=None):
-        """pred as (B, N)/(N,) bool sets or (B,)/() int64 node ids on ``device``, and its range check."""
+        """pred as (B, N)/(N,) bool sets (dense or sparse COO) or (B,)/() int64 node ids on ``device``, and its
+        range check."""
         n = self.hierarchy.num_nodes
+        if is_sparse_sets(pred):
+            return check_sparse_sets(pred, n, device=device), None
         t = as_tensor(pred, "pred")
         if t.dtype == torch.bool:
             return check_node_sets(t, n, device=device), None
@@ -321,6 +332,8 @@ class SetMetric(BaseMetric):
         batch = None if unbatched else t.shape[0]
         target = as_targets(target, h.num_leaves, batch, device=t.device)
         check_ranges([check, RangeCheck(target, h.num_leaves, "target", "leaf ids")], validate)
+        if is_sparse_sets(t):
+            return self._sparse_values(h, t, target, unbatched).to(dtype)
         sets = self._closed(t)
         sets2 = sets[None] if unbatched else sets
         if unbatched and target.dim() == 1:
@@ -332,16 +345,35 @@ class SetMetric(BaseMetric):
         out = self._from_counts(inter, size, ydepth + 1).to(dtype)
         return out[0] if unbatched and target.dim() == 0 else out
 
+    def _sparse_values(self, h, sets, target, unbatched):
+        """Values of sparse COO sets (checked, coalesced) against (B,) or () targets, in float64."""
+        sets2 = batched_sparse(sets, h.num_nodes)
+        if unbatched and target.dim() == 1:
+            idx = sets2.indices()
+            b = target.shape[0]
+            rows = torch.arange(b, device=idx.device).repeat_interleave(idx.shape[1])
+            sets2 = sparse_node_sets(rows, idx[1].repeat(b), b, h.num_nodes)
+        elif not unbatched and target.dim() == 0:
+            target = target.expand(sets2.shape[0])
+        tgt = target.reshape(-1)
+        inter, size = sparse_path_counts(h, sparse_closure(h, sets2), tgt)
+        out = self._from_counts(inter.to(torch.float64), size.to(torch.float64),
+                                h.depth[tgt].to(torch.float64) + 1)
+        return out[0] if unbatched and target.dim() == 0 else out
+
     def expected(self, leaf_probs, pred, *, from_logits: bool | str = False, normalize: bool = False,
                  validate: bool | None = None, chunk_size: int | None = None) -> torch.Tensor:
         """Expected value; leaf_probs (B, L) or (L,) float (or a Posterior; ``from_logits`` and
-        ``normalize`` as in ``decode``); pred (B, N) bool sets or (B,) int64 nodes ((N,) or () for a
-        single distribution).  Returns (B,) (or ()) in the compute dtype (float64 kept, float32 for every
-        other floating dtype)."""
+        ``normalize`` as in ``decode``), or a top-k list (``probs.topk(k)`` or a TopK: the value under its
+        completion, for the metrics whose decoder takes one); pred (B, N) bool sets, dense or sparse COO, or
+        (B,) int64 nodes ((N,) or () for a single distribution).  Returns (B,) (or ()) in the compute dtype
+        (float64 kept, float32 for every other floating dtype)."""
         validate = self._validate(validate)
         topk = TopK.of(leaf_probs)
         if topk is not None:
-            self._complete_top_k(topk, from_logits, normalize, validate)  # no set metric takes one yet: raises
+            return self._expected_top_k(topk, pred, from_logits, normalize, validate)
+        if is_sparse_sets(pred):  # a dense input's table is B × N already
+            pred = check_sparse_sets(pred, self.hierarchy.num_nodes).to_dense()
         post, t = self._posterior_with(leaf_probs, pred, self._sets_or_ids, validate, from_logits, normalize)
         unbatched = t.dim() == (1 if t.dtype == torch.bool else 0)
         if unbatched != post.unbatched or (not unbatched and t.shape[0] != post.batch_size):
@@ -354,6 +386,28 @@ class SetMetric(BaseMetric):
         out = torch.cat([self._expected_sets(post.chunk(a, b), sets2[a:b])
                          for a, b in self._chunks(post, chunk_size)]).to(post.dtype)  # a user's values may differ
         return out[0] if post.unbatched else out
+
+    def _expected_top_k(self, topk, pred, from_logits, normalize, validate):
+        """expected() on a top-k list: Σ_l q(l) m(pred, l) for the completed q, in the values' compute dtype;
+        the metric's ``_expected_topk(ct, sets)`` reads closed coalesced sparse (B, N) sets."""
+        ct = self._complete_top_k(topk, from_logits, normalize, validate)
+        t, check = self._sets_or_ids(pred, ct.values.device)
+        unbatched = t.dim() == (1 if t.dtype == torch.bool else 0)
+        if unbatched != ct.unbatched or (not unbatched and t.shape[0] != ct.batch_size):
+            want = (f"({self.hierarchy.num_nodes},) or ()" if ct.unbatched
+                    else f"({ct.batch_size}, {self.hierarchy.num_nodes}) or ({ct.batch_size},)")
+            raise ValueError(f"Expected `pred` to have shape {want} (one prediction per sample), but got "
+                             f"{tuple(t.shape)}")
+        if check is not None:
+            check_ranges([check], validate)
+        if ct.k == ct.h.num_leaves:
+            dense = t.to_dense() if is_sparse_sets(t) else t
+            return self.expected(topk.completed(ct.h.num_leaves), dense, validate=False)
+        if unbatched and not is_sparse_sets(t):
+            t = t[None]
+        sets = sparse_closure(ct.h, as_sparse_sets(ct.h, t))
+        out = self._expected_topk(ct, sets).to(ct.dtype)
+        return out[0] if ct.unbatched else out
 
     def _from_counts(self, inter, size, ysize):
         raise NotImplementedError
