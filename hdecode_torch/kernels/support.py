@@ -311,11 +311,12 @@ def _off_support_child(h, rows, nodes, children, rank, at):
     return torch.where(ok, _at(children, (_at(h.children_ptr, a) + j).clamp_max(children.shape[0] - 1)), -1)
 
 
-def support_deepest_above(h, listed: Listed, weights: torch.Tensor, indices: torch.Tensor, threshold: float,
-                          heavy_name: str | None) -> torch.Tensor:
+def support_deepest_above(h, listed: Listed, weights: torch.Tensor, indices: torch.Tensor,
+                          threshold: float | torch.Tensor, heavy_name: str | None) -> torch.Tensor:
     """(B,) int64 the deepest node with p̃(n) > threshold (≥ 1/2), the root if none.
 
-    indices: (B, k) int64 listed leaves.  Why the candidates contain the answer: the nodes with
+    indices: (B, k) int64 listed leaves; threshold: a float or (B,) float64 per row, at least half the
+    row's p̃(root) (what the argument below needs).  Why the candidates contain the answer: the nodes with
     p̃ > 1/2 form one root path (two disjoint subtrees cannot both hold more than half the mass).  Let a
     be its deepest support node.  A deeper node of the path is off the support, under an off-support
     child x of a, where p̃ = r·W: among those children only the one of largest W can pass (they share
@@ -326,7 +327,8 @@ def support_deepest_above(h, listed: Listed, weights: torch.Tensor, indices: tor
     bsz, k = indices.shape
     d = h.max_depth
     sup = support_table(h, listed, weights)
-    key = torch.where(sup.p > threshold, _at(tie_rank(h), sup.nodes), -1)
+    above = sup.p > (_at(threshold, sup.rows) if isinstance(threshold, torch.Tensor) else threshold)
+    key = torch.where(above, _at(tie_rank(h), sup.nodes), -1)
     top = torch.full((bsz,), -1, dtype=torch.long, device=indices.device).scatter_reduce(0, sup.rows, key, "amax")
     n = h.num_nodes
     a = torch.where(top >= 0, n - 1 - top % n, h.root)

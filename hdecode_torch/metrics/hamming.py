@@ -4,12 +4,23 @@ With W(n) = Σ_{l ∈ L(n)} p(l)/(d(l)+1), the expected loss of a closed set S i
 |S|·W(root) + 1 − 2 Σ_{n ∈ S} W(n): each node adds W(root) − 2 W(n).  The optimal set holds exactly
 the nodes with W(n) > W(root)/2; it is ancestor-closed because W decreases down the tree, and holds
 the root whenever W(root) > 0 (always, for a distribution).  O(B·N).
+
+On a top-k input (:class:`~hdecode_torch.TopK`) the same rule is applied to the completed distribution
+on its support (:mod:`hdecode_torch.kernels.support_hamming`): the nodes with W(n) > W(root)/2 form one
+root path (W is additive over disjoint subtrees), the ancestor closure of its deepest node, found on the
+support and below it in closed form; O(B·k·D), the decision a coalesced sparse COO bool (B, N) set.  Its
+expected value reads W on the set's nodes only, O(nnz·log(B·k)).  No certificate: the decision compares
+W(n) with W(root)/2, both moving with the completion, and no interval bound for that pair is derived.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..core.node_sets import sparse_node_sets
+from ..kernels.support import walk_up
+from ..kernels.support_hamming import (flat_node_mass, inverse_depth_listed, inverse_depth_weights, root_mass,
+                                       support_hamming_path)
 from .base import SetMetric
 
 __all__ = ["Hamming", "hamming_from_counts", "inverse_depth_mass", "hamming_expected", "hamming_decode"]
@@ -58,3 +69,31 @@ class Hamming(SetMetric):
 
     def _expected_sets(self, post, sets):
         return hamming_expected(post, sets)
+
+    accepts_topk = True
+
+    def _scaled(self, ct):
+        """(scaled list, W') of a CompletedTopK: W(n) = Σ_{l ∈ L(n)} q(l)/(d(l)+1) as a node mass."""
+        weights = inverse_depth_weights(ct.h, ct.prior)
+        return inverse_depth_listed(ct.h, ct.listed, ct.values, ct.indices, ct.prior), weights
+
+    def _decode_topk(self, ct):
+        h = ct.h
+        listed, weights = self._scaled(ct)
+        deepest, some = support_hamming_path(h, listed, weights, ct.indices,
+                                             "topk_hamming_heavy" if ct.prior is None else None)
+        paths = walk_up(h, deepest, h.max_depth)  # (B, D+1), the root repeated past the top
+        keep = some[:, None].expand_as(paths)  # W(root) = 0: no node passes, the empty set (as dense)
+        rows = torch.arange(paths.shape[0], device=paths.device)[:, None].expand_as(paths)
+        return sparse_node_sets(rows[keep], paths[keep], paths.shape[0], h.num_nodes)
+
+    def _expected_topk(self, ct, sets):
+        # |S|·W(root) + 1 − 2 Σ_{n ∈ S} W(n) over the closed sparse sets' entries, O(nnz·log(B·k))
+        listed, weights = self._scaled(ct)
+        rows, nodes = sets.indices()
+        b = ct.batch_size
+        size = torch.zeros(b, dtype=torch.float64, device=rows.device).index_add_(
+            0, rows, torch.ones_like(rows, dtype=torch.float64))
+        total = torch.zeros(b, dtype=torch.float64, device=rows.device).index_add_(
+            0, rows, flat_node_mass(ct.h, listed, weights, rows, nodes))
+        return size * root_mass(ct.h, listed, weights) + 1 - 2 * total

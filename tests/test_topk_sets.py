@@ -1,0 +1,218 @@
+"""Set predictions on top-k inputs (Hamming): the decision is the coalesced sparse COO bool (B, N) set of the
+completed distribution's optimum, equal by expected score (float64, 1e-12 relative) to the dense decoder on
+the completed (B, L) table and to the exhaustive oracle on small random trees, on both bundled trees, under
+both plans, in float32 and float64; k = L gives the dense decision bit for bit (as sparse); the expected value
+reads only the set's entries; a decode on the 100k-leaf tree never grows with B × N."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import hdecode_torch as hd
+import reference as ref
+from harness import FLOAT_DTYPES, bundled, model_like, random_trees
+from hdecode_torch.core.topk import CompletedTopK
+
+PLANS = ["cpu", "cuda"]
+
+
+def lists(rng, L, B, k, kind):
+    """(values (B, k) float64, indices (B, k) int64, missing or None): distinct leaves per row.
+
+    kind: "dirichlet" (totals in [0, 1], often far below 1: the unlisted mass wins), "peaked" (one listed
+    leaf holds most), "dyadic" (multiples of 1/16), "complete" (total 1 and ``missing = 0``)."""
+    idx = np.stack([rng.permutation(L)[:k] for _ in range(B)])
+    if kind == "dyadic":
+        bins = k + (k < L)  # a bin for the missing mass where a leaf is unlisted
+        counts = np.stack([rng.multinomial(16, np.ones(bins) / bins) for _ in range(B)])
+        vals = counts[:, :k] / 16.0
+        return vals, idx, None
+    vals = rng.dirichlet(np.full(k, 0.3 if kind == "peaked" else 1.0), size=B)
+    if kind == "complete" or k == L:
+        return vals / vals.sum(1, keepdims=True), idx, (0.0 if kind == "complete" else None)
+    total = rng.choice([1.0, 0.9, 0.5, 0.1, 0.0], size=B)
+    total = np.where(rng.random(B) < 0.3, rng.uniform(0, 1, B), total)
+    return vals * total[:, None], idx, None
+
+
+def _prior(rng, L):
+    prior = rng.dirichlet(np.ones(L))
+    prior[rng.random(L) < 0.3] = 0
+    prior[rng.integers(L)] += 0.1
+    return torch.tensor(prior)
+
+
+def _check_sparse(sets, shape):
+    assert sets.layout == torch.sparse_coo and sets.dtype == torch.bool and tuple(sets.shape) == shape
+    assert sets.is_coalesced() and bool(sets.values().all())
+
+
+def _fsum_expected(info, q, sets):
+    """(B,) the oracle's expected Hamming loss (math.fsum) of dense (B, N) bool sets under (B, L) q."""
+    return np.array([ref.expected(info, "hamming", q[b], frozenset(np.flatnonzero(sets[b]).tolist()))
+                     for b in range(q.shape[0])])
+
+
+@pytest.mark.parametrize("plan", PLANS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("completion", ["uniform", "prior"])
+def test_optimal_on_random_trees(plan, dtype, completion):
+    rng = np.random.default_rng(31)
+    off_support = exhaustive = 0
+    for h, info in random_trees(7, 32, num_nodes_max=24, unary_prob=0.25):
+        m = hd.get_metric("hamming", h)
+        L = h.num_leaves
+        for k in sorted({1, 2, max(1, L // 2), max(1, L - 1)}):
+            for kind in ("dirichlet", "peaked", "dyadic", "complete"):
+                vals, idx, missing = lists(rng, L, 6, k, kind)
+                prior = _prior(rng, L) if completion == "prior" else None
+                if prior is not None:  # a row whose unlisted leaves all weigh 0 holds no missing mass
+                    empty = ((prior.numpy() > 0).sum() - (prior.numpy()[idx] > 0).sum(1)) == 0
+                    vals[empty] = rng.dirichlet(np.ones(k), size=int(empty.sum()))
+                topk = hd.TopK(torch.tensor(vals, dtype=dtype), torch.tensor(idx), missing=missing, prior=prior)
+                with hd.plan_for(plan):
+                    sets = m.decode(topk)
+                    dense = m.decode(topk.completed(L, torch.float64))
+                    got = m.expected(topk, sets)
+                _check_sparse(sets, (6, h.num_nodes))
+                full = topk.completed(L, torch.float64)
+                ours, theirs = m.expected(full, sets), m.expected(full, dense)
+                torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+                torch.testing.assert_close(got, ours.to(got.dtype), rtol=1e-12 if dtype == torch.float64 else 1e-6,
+                                           atol=1e-12 if dtype == torch.float64 else 1e-6)
+                q = full.numpy()
+                pred = sets.to_dense().numpy()
+                assert ref.is_closed(info, np.flatnonzero(pred[0]).tolist())
+                best = _fsum_expected(info, q, np.stack([ref.set_to_mask(info, ref.hamming_closed_form(info, q[b]))
+                                                         for b in range(6)]))
+                np.testing.assert_allclose(_fsum_expected(info, q, pred), best, rtol=1e-12, atol=1e-12)
+                if h.num_nodes <= 9:  # every closed set
+                    exhaustive += 1
+                    for b in range(6):
+                        assert ref.is_optimal(info, "hamming", q[b], frozenset(np.flatnonzero(pred[b]).tolist()),
+                                              rtol=1e-12, atol=1e-12)
+                listed = torch.zeros(6, h.num_nodes + 1, dtype=torch.bool)
+                listed.scatter_(1, h.ancestors[torch.tensor(idx)].reshape(6, -1), True)
+                off_support += int((sets.to_dense() & ~listed[:, : h.num_nodes]).any(1).sum())
+    assert off_support > 0 and exhaustive > 0  # the completion's own nodes, and the exhaustive oracle, exercised
+
+
+@pytest.mark.parametrize("tree", ["tieredimagenet-h", "inat19"])
+@pytest.mark.parametrize("plan", PLANS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_bundled_trees_match_the_dense_decoder(tree, plan, dtype):
+    h, _ = bundled(tree)
+    rng = np.random.default_rng(8)
+    probs = np.concatenate([model_like(rng, h, 12, kind) for kind in ("peaked", "diffuse", "confused", "shallow")])
+    probs = torch.tensor(probs, dtype=dtype)
+    prior = _prior(rng, h.num_leaves)
+    m = hd.get_metric("hamming", h)
+    for k in (1, 10, 100):
+        t = probs.topk(k)
+        scale = torch.tensor(rng.choice([1.0, 0.5, 0.1], size=probs.shape[0]), dtype=dtype)[:, None]
+        for topk in (hd.TopK(t.values, t.indices), hd.TopK(t.values * scale, t.indices, prior=prior)):
+            full = topk.completed(h.num_leaves, torch.float64)
+            with hd.plan_for(plan):
+                sets = m.decode(topk)
+                dense = m.decode(full)
+            _check_sparse(sets, (probs.shape[0], h.num_nodes))
+            ours, theirs = m.expected(full, sets), m.expected(full, dense)
+            torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+            torch.testing.assert_close(m.expected(topk, sets).double(), ours, rtol=1e-5, atol=1e-6)
+            if dtype == torch.float64:
+                torch.testing.assert_close(m.expected(topk, sets), ours, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("tree", ["tieredimagenet-h", "inat19"])
+@pytest.mark.parametrize("plan", PLANS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_k_equal_to_L_is_the_dense_decision_bit_for_bit(tree, plan, dtype):
+    h, _ = bundled(tree)
+    rng = np.random.default_rng(9)
+    probs = torch.tensor(np.concatenate([model_like(rng, h, 8, kind) for kind in ("peaked", "confused")]),
+                         dtype=dtype)
+    t = probs.topk(h.num_leaves)
+    m = hd.get_metric("hamming", h)
+    with hd.plan_for(plan):
+        dense = m.decode(probs)
+        for top in (t, hd.TopK(t.values, t.indices)):
+            sets = m.decode(top)
+            _check_sparse(sets, (16, h.num_nodes))
+            assert torch.equal(sets.to_dense(), dense)
+        assert torch.equal(m.expected(t, sets), m.expected(probs, dense))
+        assert torch.equal(m.expected(t, dense), m.expected(probs, dense))
+
+
+def test_support_path_with_every_leaf_listed():
+    # k = L is decoded as the dense table; the support kernels themselves, with nothing unlisted (r = 0), still
+    # give an optimal set and its expected value
+    h, _ = bundled("tieredimagenet-h")
+    probs = torch.tensor(model_like(np.random.default_rng(5), h, 16, "confused"))
+    m = hd.get_metric("hamming", h)
+    ct = CompletedTopK(h, hd.TopK(*probs.topk(h.num_leaves)))
+    sets = m._decode_topk(ct)
+    ours, theirs = m.expected(probs, sets.to_dense()), m.expected(probs, m.decode(probs))
+    torch.testing.assert_close(ours, theirs, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(m._expected_topk(ct, sets), ours, rtol=1e-12, atol=1e-12)
+
+
+def test_unbatched_rows_and_every_kind_of_prediction():
+    h, _ = bundled("inat19")
+    probs = torch.tensor(model_like(np.random.default_rng(6), h, 4, "diffuse"))
+    m = hd.get_metric("hamming", h)
+    t = probs.topk(20)
+    batched = m.decode(t)
+    _check_sparse(batched, (4, h.num_nodes))
+    one = m.decode(probs[1].topk(20))
+    _check_sparse(one, (h.num_nodes,))
+    assert torch.equal(one.to_dense(), batched.to_dense()[1])
+    e = m.expected(t, batched)
+    assert m.expected(probs[1].topk(20), one) == e[1]
+    dense = batched.to_dense()
+    assert torch.equal(m.expected(t, dense), e)  # dense bool sets, sparse sets and node ids: the same values
+    deepest = (dense.long() * (h.depth + 1)[None]).argmax(1)
+    torch.testing.assert_close(m.expected(t, deepest), e, rtol=1e-12, atol=1e-12)
+    target = torch.tensor([0, 5, 9, 100])
+    assert torch.equal(m(batched, target), m(dense, target))
+
+
+def test_rows_without_mass_give_the_empty_set_as_dense():
+    # W(root) = 0: no node passes W(root)/2, the dense decoder's empty set
+    h = hd.Hierarchy.from_parents([4, 4, 5, 5, 5, -1])
+    m = hd.get_metric("hamming", h)
+    topk = hd.TopK(torch.tensor([[0.0, 0.0], [0.5, 0.5]]), torch.tensor([[0, 1], [0, 2]]), missing=0.0)
+    sets = m.decode(topk, validate=False)
+    dense = m.decode(topk.completed(4), validate=False)
+    assert torch.equal(sets.to_dense(), dense)
+    assert not dense[0].any()
+
+
+# ------------------------------------------------------------------------------------------ memory
+def test_a_top_k_set_decode_never_grows_with_B_times_N():
+    # 100k leaves, B = 1,024, k = 100: a dense (B, N) bool decision alone would be about 130 MiB, the (B, L)
+    # float32 table 390 MiB; the support tables are B·k·(D+1) entries, the sets B·(D+1)
+    from test_memory_budget import MiB, peak_growths
+
+    got = peak_growths("""
+    from benchmarks.workloads import random_tree
+    h = hd.Hierarchy.from_parents(random_tree(100_000, 12, seed=1))
+    B, k, L = 1024, 100, h.num_leaves
+    g = torch.Generator().manual_seed(0)
+    rank = torch.empty_like(h.dfs_leaves)
+    rank[h.dfs_leaves] = torch.arange(L)
+    near = torch.rand(B, 5 * k, generator=g).topk(k).indices  # cousins of a random leaf, in depth-first order
+    indices = h.dfs_leaves[(rank[torch.randint(0, L, (B,), generator=g)][:, None] + near) % L]
+    values = torch.distributions.Dirichlet(torch.full((k,), 0.3)).sample((B,)) * torch.rand(B, 1)
+    topk = hd.TopK(values, indices)
+    m = hd.get_metric("hamming", h)
+    for plan in ("cpu", "cuda"):
+        with hd.plan_for(plan):
+            sets = m.decode(hd.TopK(values[:1], indices[:1]))  # the tree's tables
+            m.expected(hd.TopK(values[:1], indices[:1]), sets)
+            growth(lambda: m.decode(topk))
+            sets = m.decode(topk)
+            growth(lambda: m.expected(topk, sets))
+    """, cap=3 * 2**30)
+    assert len(got) == 4 and max(got) < 128 * MiB, [g / MiB for g in got]
