@@ -37,7 +37,7 @@ import torch  # noqa: E402
 import hdecode_torch as hd  # noqa: E402
 from benchmarks.workloads import load_tree, model_like_probs  # noqa: E402
 
-METRICS = ["accuracy", "tree_distance", "tree_distance_c", "lca_height"]
+METRICS = ["accuracy", "tree_distance", "tree_distance_c", "lca_height", "hamming"]
 #: The heuristic decoders that take a top-k list, at the command line's parameters.
 HEURISTICS = [("argmax_leaf", {}), ("top_down", {}), ("majority", {}), ("confidence_threshold", {"tau": 0.8})]
 #: Largest dense (B, L) table built, in entries (1 GiB of float32).
@@ -60,7 +60,9 @@ def drawn_lists(h, rows: int, k: int, seed: int = 0) -> hd.TopK:
 
 def agrees(m, values, indices, num_leaves: int) -> bool:
     """Whether the top-k decision of these rows has the dense decoder's expected score on the completed table
-    (a heuristic: the dense heuristic's node on it)."""
+    (a heuristic: the dense heuristic's node on it).  A set metric's top-k sets are sparse: scored as they are
+    against the dense decoder's (B, N) sets (equal sets can differ only at exact ties, equal expected scores
+    cannot)."""
     lists = hd.TopK(values, indices)
     full = lists.completed(num_leaves, torch.float64)
     if isinstance(m, hd.decoders.Decoder):

@@ -216,3 +216,246 @@ def test_a_top_k_set_decode_never_grows_with_B_times_N():
             growth(lambda: m.expected(topk, sets))
     """, cap=3 * 2**30)
     assert len(got) == 4 and max(got) < 128 * MiB, [g / MiB for g in got]
+
+
+# ------------------------------------------------------------------------------------------ entry points
+#: The set metrics whose optimal decoder takes a top-k list (their entry points are checked alike).
+SET_CASES = [("hamming", {})]
+
+
+def _model_rows(h, seed=0, dtype=torch.float64):
+    rng = np.random.default_rng(seed)
+    rows = np.concatenate([model_like(rng, h, 8, kind) for kind in ("peaked", "diffuse", "confused", "shallow")])
+    return torch.tensor(rows, dtype=dtype)
+
+
+def _same_sets(a, b):
+    _check_sparse(a, tuple(b.shape))
+    assert torch.equal(a.indices(), b.coalesce().indices())
+
+
+@pytest.mark.parametrize("name,params", SET_CASES)
+def test_functional_and_decoding_head_give_the_sparse_sets(name, params):
+    h, _ = bundled("inat19")
+    probs = _model_rows(h)
+    m = hd.get_metric(name, h, **params)
+    F = hd.functional
+    head = hd.DecodingHead(h, name, **params)
+    y = torch.randint(0, h.num_leaves, (probs.shape[0],), generator=torch.Generator().manual_seed(0))
+    for k in (1, 10, 100):
+        t = probs.topk(k)
+        want = m.decode(hd.TopK(t.values, t.indices))
+        _same_sets(getattr(F, f"decode_{name}")(t, h, **params), want)
+        _same_sets(F.decode(name, t, h, **params), want)
+        _same_sets(head(t), want)
+        _same_sets(hd.DecodingHead(h, name, from_logits="auto", **params)(t), want)
+        _same_sets(hd.DecodingHead(h, name, cuda_graph=True, **params)(t), want)  # top-k lists decode eagerly
+        assert head.returns_sets
+        torch.testing.assert_close(getattr(F, f"expected_{name}")(t, want, h, **params), m.expected(t, want),
+                                   rtol=0, atol=0)
+        assert torch.equal(getattr(F, name)(want, y, h, **params), getattr(F, name)(want.to_dense(), y, h, **params))
+    full = probs.topk(h.num_leaves)  # k = L: the dense answer bit for bit
+    assert torch.equal(head(full).to_dense(), head(probs))
+    assert torch.equal(getattr(F, f"decode_{name}")(full, h, **params).to_dense(),
+                       getattr(F, f"decode_{name}")(probs, h, **params))
+    one = head(probs[0].topk(10))
+    _check_sparse(one, (h.num_nodes,))
+    assert torch.equal(one.to_dense(), head(probs.topk(10)).to_dense()[0])
+    with pytest.raises(TypeError, match=r"`example` to be a torch.Tensor"):
+        head.export(probs.topk(10))
+    with pytest.raises(ValueError, match=rf"`certify` to be False for `{name}`"):
+        hd.DecodingHead(h, name, certify=True, **params)
+
+
+@pytest.mark.parametrize("name,params", SET_CASES)
+def test_hierarchical_metric_scores_sparse_sets_of_top_k_lists(name, params):
+    h, _ = bundled("inat19")
+    probs = _model_rows(h, seed=1)
+    target = torch.randint(0, h.num_leaves, (probs.shape[0],), generator=torch.Generator().manual_seed(0))
+    m = hd.get_metric(name, h, **params)
+    for k in (10, h.num_leaves):
+        t = probs.topk(k)
+        ours = hd.HierarchicalMetric(h, name, **params)
+        ours.update(t, target)
+        ours.update(hd.TopK(t.values[:5], t.indices[:5]), target[:5])
+        sets = m.decode(hd.TopK(t.values, t.indices))
+        values = torch.cat([m(sets, target, dtype=torch.float64), m(sets.to_dense()[:5], target[:5],
+                                                                      dtype=torch.float64)])
+        assert ours.compute().dtype == torch.float64
+        torch.testing.assert_close(ours.compute(), values.mean(), rtol=1e-12, atol=0)
+        decoded = hd.HierarchicalMetric(h, name, **params)  # the sparse sets themselves, already decoded
+        decoded.update(sets, target)
+        dense_sets = hd.HierarchicalMetric(h, name, **params)
+        dense_sets.update(sets.to_dense(), target)
+        assert torch.equal(decoded.compute(), dense_sets.compute())
+        if k == h.num_leaves:  # the dense path's value bit for bit
+            dense = hd.HierarchicalMetric(h, name, **params)
+            dense.update(probs, target)
+            dense.update(probs[:5], target[:5])
+            assert torch.equal(ours.compute(), dense.compute())
+
+
+def _set_ddp_worker(rank, init_file, out_dir, world):
+    import os
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        h, _ = bundled("inat19")
+        probs = _model_rows(h, seed=6)
+        target = torch.randint(0, h.num_leaves, (32,), generator=torch.Generator().manual_seed(2))
+        mine = torch.arange(rank, 32, world)  # DistributedSampler's split
+        results = {}
+        for k in (10, h.num_leaves):
+            for name, params in SET_CASES:
+                m = hd.HierarchicalMetric(h, name, **params)
+                for chunk in mine.split(7):
+                    m.update(probs[chunk].topk(k), target[chunk])
+                results[(name, k)] = m.compute()
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_hierarchical_metric_on_top_k_sets_under_gloo_equals_one_process(tmp_path):
+    import torch.multiprocessing as mp
+
+    world = 2
+    mp.spawn(_set_ddp_worker, args=(str(tmp_path / "init"), str(tmp_path), world), nprocs=world, join=True)
+    h, _ = bundled("inat19")
+    probs = _model_rows(h, seed=6)
+    target = torch.randint(0, h.num_leaves, (32,), generator=torch.Generator().manual_seed(2))
+    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    for k in (10, h.num_leaves):
+        for name, params in SET_CASES:
+            one = hd.HierarchicalMetric(h, name, **params)
+            for a in range(0, 32, 16):
+                one.update(probs[a:a + 16].topk(k), target[a:a + 16])
+            for r in range(world):
+                assert torch.equal(results[r][(name, k)], one.compute()), (name, k, r)
+            if k == h.num_leaves:
+                dense = hd.HierarchicalMetric(h, name, **params)
+                dense.update(probs, target)
+                assert torch.equal(results[0][(name, k)], dense.compute()), name
+
+
+def test_lightning_callback_scores_top_k_sets(tmp_path):
+    pl = pytest.importorskip("pytorch_lightning")
+    from torch import nn
+
+    from hdecode_torch.integrations import HierarchicalMetricsCallback
+
+    h, _ = bundled("inat19")
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(40, 8, generator=g), torch.randint(0, h.num_leaves, (40,), generator=g)
+
+    class Module(pl.LightningModule):
+        def __init__(self, k):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net, self.k = nn.Linear(8, h.num_leaves), k
+            with torch.no_grad():
+                self.net.weight.mul_(8)
+
+        def probs(self, x):
+            return torch.softmax(self.net(x).double(), 1)
+
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            return {"probs": self.probs(x).topk(self.k), "target": y}
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
+    for k in (10, h.num_leaves):
+        module = Module(k)
+        cb = HierarchicalMetricsCallback(h, metrics=[name for name, _ in SET_CASES] + ["tree_distance"],
+                                         output_key="probs")
+        trainer = pl.Trainer(accelerator="cpu", devices=1, callbacks=[cb], logger=False, enable_progress_bar=False,
+                             enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=1)
+        trainer.validate(module, loader, verbose=False)
+        with torch.no_grad():
+            probs = module.probs(x)
+        for name, params in SET_CASES:
+            want = hd.HierarchicalMetric(h, name, **params)
+            for a in range(0, 40, 16):
+                want.update(probs[a:a + 16].topk(k), y[a:a + 16])
+            m = hd.get_metric(name, h, **params)
+            assert cb.results[(m.key, "optimal")] == float(want.compute()), (name, k)
+            if k == h.num_leaves:
+                dense = hd.HierarchicalMetric(h, name, **params)
+                dense.update(probs, y)
+                assert cb.results[(m.key, "optimal")] == float(dense.compute()), name
+
+
+def _run(argv, capsys):
+    from hdecode_torch.cli.main import main
+
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _read_sets(path, fmt, shape):
+    import json
+
+    if fmt == "npz":
+        z = np.load(path)
+        assert sorted(z.files) == ["pred_indices", "pred_shape"] and tuple(z["pred_shape"]) == shape
+        idx = torch.from_numpy(z["pred_indices"])
+    elif fmt == "pt":
+        t = torch.load(path)
+        assert t.layout == torch.sparse_coo and tuple(t.shape) == shape
+        idx = t.coalesce().indices()
+    else:
+        if fmt == "csv":
+            lines = path.read_text().splitlines()
+            assert lines[0] == "nodes"
+            lines = lines[1:]
+        elif fmt == "jsonl":
+            lines = [";".join(map(str, json.loads(line)["nodes"])) for line in path.read_text().splitlines()]
+        else:
+            lines = path.splitlines()
+        assert len(lines) == shape[0]
+        pairs = [(r, int(n)) for r, line in enumerate(lines) for n in line.split(";")]
+        idx = torch.tensor(pairs).t()
+    return torch.sparse_coo_tensor(idx, torch.ones(idx.shape[1], dtype=torch.bool), shape,
+                                   check_invariants=True).coalesce()
+
+
+@pytest.mark.parametrize("fmt", ["npz", "pt", "csv", "jsonl", "stdout"])
+def test_cli_decodes_a_top_k_file_into_sparse_sets(tmp_path, capsys, fmt):
+    h, _ = bundled("inat19")
+    probs = _model_rows(h, seed=2, dtype=torch.float32)
+    for k in (10, h.num_leaves):
+        t = probs.topk(k)
+        path = tmp_path / f"topk{k}.npz"
+        np.savez(path, values=t.values.numpy(), indices=t.indices.numpy())
+        for name, params in SET_CASES:
+            out = tmp_path / f"pred.{fmt}"
+            where = [] if fmt == "stdout" else ["-o", out]
+            code, stdout, err = _run(["decode", "--hierarchy", "inat19", "--probs", path, "--metric", name,
+                                      "--batch-size", 10, *where], capsys)
+            assert code == 0, err
+            want = hd.get_metric(name, h, **params).decode(hd.TopK(t.values, t.indices))
+            got = _read_sets(stdout if fmt == "stdout" else out, fmt, (probs.shape[0], h.num_nodes))
+            assert torch.equal(got.indices(), want.indices()), (name, k, fmt)
+            if k == h.num_leaves:
+                assert torch.equal(got.to_dense(), hd.get_metric(name, h, **params).decode(probs))
+
+
+def test_cli_refuses_a_npy_output_for_sparse_sets(tmp_path, capsys):
+    h, _ = bundled("inat19")
+    t = _model_rows(h).topk(10)
+    path = tmp_path / "topk.npz"
+    np.savez(path, values=t.values.numpy(), indices=t.indices.numpy())
+    code, _, err = _run(["decode", "--hierarchy", "inat19", "--probs", path, "--metric", "hamming",
+                         "-o", tmp_path / "p.npy"], capsys)
+    assert code == 2 and "--output: a set metric's decisions on top-k lists are sparse node sets" in err, err
+    assert not (tmp_path / "p.npy").exists()

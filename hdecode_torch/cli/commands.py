@@ -159,7 +159,10 @@ def _add_decode(sub) -> None:
             "--metric M: the Bayes-optimal prediction for metric M (node ids; for the set metrics\n"
             "hf_beta, hamming and jaccard, ancestor-closed node sets).  --decoder D: a heuristic (node ids).\n\n"
             "Output (--output, by extension): .npy / .pt: (B,) int64 node ids, or (B, N) bool set masks;\n"
-            ".npz: the same as the array 'pred' (with --certify, also 'certified' and 'regret_bound');\n"
+            ".npz: the same as the array 'pred' (with --certify, also 'certified' and 'regret_bound').\n"
+            "A set metric's decisions on top-k lists are sparse, never a (B, N) mask: .pt holds a sparse\n"
+            "COO (B, N) bool tensor, .npz the arrays 'pred_indices' ((2, nnz) int64 row, node pairs) and\n"
+            "'pred_shape' ((B, N)); .npy is refused; the text formats are the same as for dense sets.\n"
             ".csv: one row per sample (column 'node', or 'nodes' with ';'-separated ids, root first);\n"
             ".jsonl: one JSON object per line ({\"node\": id} or {\"nodes\": [ids]}).  Without --output,\n"
             "or to a device or a pipe (-o /dev/null), one line per sample as on stdout.  --names writes\n"
@@ -182,7 +185,7 @@ def _add_decode(sub) -> None:
                      help="(B, L) probabilities (or logits with --from-logits): .npy, .pt, .csv, .tsv or .txt; "
                           "'-' reads standard input; or top-k lists of probabilities, a .npz (or a .pt dict) with "
                           "'values' and 'indices' (B, k), for --metric accuracy, lca_height, tree_distance, "
-                          "tree_distance_c")
+                          "tree_distance_c, hamming")
     add_input_kind_args(src)
     what = p.add_argument_group("what to decode (one of --metric, --decoder)")
     one = what.add_mutually_exclusive_group(required=True)

@@ -43,8 +43,11 @@ def _decoder(h, args):
 
 
 def set_members(h, sets: torch.Tensor) -> list[list[int]]:
-    """(B, N) bool -> per row, its node ids ordered root first (by depth, then id)."""
-    rows, cols = sets.nonzero(as_tuple=True)
+    """(B, N) bool, dense or sparse COO -> per row, its node ids ordered root first (by depth, then id)."""
+    if sets.layout == torch.sparse_coo:  # a top-k decision: its entries, never the (B, N) mask
+        rows, cols = sets.coalesce().indices()
+    else:
+        rows, cols = sets.nonzero(as_tuple=True)
     key = rows * (h.num_nodes * (h.max_depth + 1)) + h.depth.to(cols.device)[cols] * h.num_nodes + cols
     order = torch.argsort(key)
     counts = torch.bincount(rows, minlength=sets.shape[0]).tolist()
@@ -55,10 +58,20 @@ def write_predictions(h, pred: torch.Tensor, path: str | None, names: bool, cert
     """Write (B,) int64 node ids or (B, N) bool sets to ``path`` (by extension), or as lines to
     stdout (no ``path``) or to a device or a pipe.  ``certificate``: ``(certified (B,) bool,
     regret_bound (B,) float64)`` of top-k decisions, written next to each (a .csv's columns, a .jsonl's
-    fields, a .npz's or .pt's arrays, tab-separated on the lines of stdout)."""
+    fields, a .npz's or .pt's arrays, tab-separated on the lines of stdout).
+
+    Sparse COO (B, N) bool sets (a set metric's top-k decision) are written without the (B, N) mask: a .pt
+    holds the sparse tensor itself, a .npz the arrays 'pred_indices' (2, nnz) int64 (row, node) pairs and
+    'pred_shape' (2,) int64 (B, N); the text formats list each row's nodes as for dense sets; .npy (one
+    dense array) is refused."""
     pred = pred.cpu()
     is_set = pred.dtype == torch.bool
+    sparse = pred.layout == torch.sparse_coo
     ext = output_format(path, names)
+    if sparse:
+        if ext == ".npy":
+            raise CLIError(SPARSE_NPY)
+        pred = pred.coalesce()
     items = None if ext in (".npy", ".npz", ".pt") else (set_members(h, pred) if is_set else pred.tolist())
     label = h.label
     if certificate is not None:
@@ -89,7 +102,10 @@ def write_predictions(h, pred: torch.Tensor, path: str | None, names: bool, cert
         elif ext == ".npy":
             np.save(f, pred.numpy())
         elif ext == ".npz":
-            arrays = {"pred": pred.numpy()}
+            if sparse:
+                arrays = {"pred_indices": pred.indices().numpy(), "pred_shape": np.array(pred.shape, dtype=np.int64)}
+            else:
+                arrays = {"pred": pred.numpy()}
             if certificate is not None:
                 arrays.update(certified=certified.numpy(), regret_bound=bound.numpy())
             np.savez(f, **arrays)
@@ -121,6 +137,12 @@ def write_predictions(h, pred: torch.Tensor, path: str | None, names: bool, cert
 
     with StagedWrites() as staged:
         staged.write(path, "--output", fill, text=ext not in (".npy", ".npz", ".pt"))
+
+
+#: Why a set metric's top-k decisions are not written to .npy.
+SPARSE_NPY = ("--output: a set metric's decisions on top-k lists are sparse node sets, and a .npy file holds one "
+              "dense array; write .npz (arrays 'pred_indices' (2, nnz) and 'pred_shape'), .pt (a sparse COO "
+              "tensor), .csv or .jsonl")
 
 
 def certificate_summary(key: str, certified: torch.Tensor, bound: torch.Tensor) -> str:
@@ -162,10 +184,12 @@ def _decode_top_k(args, topk: TopK, obj, decode, device, progress: Progress):
         progress.update(stop - start)
     progress.close()
     if not parts:
+        if getattr(obj, "kind", None) == "set":
+            return torch.zeros(0, obj.hierarchy.num_nodes, dtype=torch.bool).to_sparse()
         empty = (torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.bool),
                  torch.zeros(0, dtype=torch.float64))
         return empty if args.certify else empty[0]
-    out = tuple(torch.cat(t) for t in zip(*parts))
+    out = tuple(torch.cat(t) for t in zip(*parts))  # sparse sets: row blocks in order, still one entry each
     return out if args.certify else out[0]
 
 
@@ -179,6 +203,8 @@ def run(args: argparse.Namespace, progress: Progress) -> int:
         progress.stage("decode: reading the model outputs")
         probs = load_probs(args.probs, h, top_k=True)
         if isinstance(probs, TopK):
+            if getattr(obj, "kind", None) == "set" and output_format(args.output, args.names) == ".npy":
+                raise CLIError(SPARSE_NPY)  # before the decode
             out = _decode_top_k(args, probs, obj, decode, device, progress)
             pred, certificate = (out[0], out[1:]) if args.certify else (out, None)
             write_predictions(h, pred, args.output, args.names, certificate)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..core.posterior import Posterior
+from ..core.node_sets import is_sparse_sets
 from ..core.topk import TopK
 from ..core.conversion import as_tensor
 from ..core.index_checks import RangeCheck, as_node_ids, as_targets, check_node_sets, check_ranges
@@ -37,6 +38,8 @@ def prediction_kind(preds, name: str = "preds"):
     """
     if isinstance(preds, Posterior):
         return "scores", preds
+    if is_sparse_sets(preds):  # a top-k decode's sets: scored from their entries, never densified
+        return "sets", preds
     t = as_tensor(preds, name)
     if t.is_complex():
         raise TypeError(f"Expected `{name}` to be float scores, int64 node ids or bool node sets, but got dtype "

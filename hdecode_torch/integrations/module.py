@@ -126,8 +126,9 @@ class DecodingHead(nn.Module):
 
     Input: ``scores`` (B, L) or (L,) float32/float64/float16/bfloat16 on the head's device, or a top-k
     list of probabilities (``probs.topk(k)`` or a :class:`~hdecode_torch.TopK`) for the optimal decoders
-    of accuracy, lca_height, tree_distance and tree_distance_c: the decision of its completed
-    distribution, as ``metric.decode(topk)`` gives it (O(B·k·D), never the (B, L) table).  A head built
+    of accuracy, lca_height, tree_distance, tree_distance_c and hamming: the decision of its completed
+    distribution, as ``metric.decode(topk)`` gives it (O(B·k·D), never the (B, L) table; a set metric's
+    sets as a coalesced sparse COO bool (B, N) tensor, never the (B, N) mask).  A head built
     with ``from_logits=True`` refuses one (a top-k of logits has no known missing mass); ``"auto"``
     takes it as probabilities.  Not in graphs (export, CUDA graphs): decoded eagerly.
 
@@ -259,8 +260,8 @@ class DecodingHead(nn.Module):
         """scores: (B, L) or (L,) float probabilities (or logits, see ``from_logits``), or a top-k list of
         probabilities (a :class:`~hdecode_torch.TopK` or ``probs.topk(k)``, see the class docstring).
 
-        Returns (B,) int64 node ids, or (B, N) bool node sets (:attr:`returns_sets`); () / (N,) for
-        a 1-D input.  With ``certify=True``: ``(pred, certified, regret_bound)`` of a top-k list.
+        Returns (B,) int64 node ids, or (B, N) bool node sets (:attr:`returns_sets`; sparse COO for a
+        top-k list); () / (N,) for a 1-D input.  With ``certify=True``: ``(pred, certified, regret_bound)`` of a top-k list.
         """
         mode = tracing()
         if self.certify and mode == "export":

@@ -9,6 +9,7 @@ import torch
 from torchmetrics import Metric
 
 from ..core.posterior import Posterior
+from ..core.node_sets import is_sparse_sets
 from ..core.topk import TopK
 from ..core.logits import input_kind
 from ..decoders import Decoder, OptimalDecoder
@@ -42,12 +43,12 @@ class HierarchicalMetric(Metric):
 
     - (B, L) float scores (probabilities or logits, see ``from_logits``; or a
       :class:`~hdecode_torch.Posterior`): the decoder turns them into predictions;
-    - (B,) integer node ids, or (B, N) bool node sets (set metrics): predictions already decoded,
-      scored as they are (the decoder is not used);
+    - (B,) integer node ids, or (B, N) bool node sets (set metrics; dense, or sparse COO as a top-k
+      decode returns them): predictions already decoded, scored as they are (the decoder is not used);
     - a top-k list of probabilities (:class:`~hdecode_torch.TopK` or ``probs.topk(k)``), with the
-      optimal decoder of accuracy, lca_height, tree_distance or tree_distance_c: decoded as
-      ``metric.decode(topk)`` does (the decision of its completed distribution, O(B·k·D)), then
-      scored; a ValueError for other decoders and for ``from_logits=True`` (``"auto"`` takes the
+      optimal decoder of accuracy, lca_height, tree_distance, tree_distance_c or hamming: decoded as
+      ``metric.decode(topk)`` does (the decision of its completed distribution, O(B·k·D); a set
+      metric's sparse COO sets scored from their entries, O(nnz·D)), then scored; a ValueError for other decoders and for ``from_logits=True`` (``"auto"`` takes the
       list as probabilities).  Not shared with other instances (each decodes it).
 
     ``metric(pred, target)`` scores each sample (in float64, as
@@ -168,6 +169,9 @@ class HierarchicalMetric(Metric):
                 topk, validate=self.validate)
             values = values_update(self.metric, pred, target, validate=self.validate)
             self._value_dtype = torch.float64 if topk.values.dtype == torch.float64 else torch.float32
+        elif is_sparse_sets(preds):  # decoded sparse sets (a top-k decision): scored from their entries
+            values = values_update(self.metric, preds, target, validate=self.validate)
+            self._value_dtype = None
         else:
             given, self._given_batch = getattr(self, "_given_batch", None), None
             batch = given if given is not None and _takes(given, self) else _shared_batch(self, preds, target)
