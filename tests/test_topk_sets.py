@@ -189,6 +189,49 @@ def test_rows_without_mass_give_the_empty_set_as_dense():
     assert not dense[0].any()
 
 
+# ------------------------------------------------------------------------------------------ certificate
+def _regrets(h, q, sets):
+    """(V,) the Hamming regret of the closed set ``sets`` (N,) bool at each completion q (V, L): its expected
+    loss 1 − Σ_{n ∈ S} D(n) minus the best, 1 − Σ_n max(0, D(n)), with D(n) = 2W(n) − W(root)."""
+    anc = h.ancestors.numpy()  # (N, D+1), padded with N
+    member = np.zeros((h.num_nodes, h.num_leaves))
+    for leaf in range(h.num_leaves):
+        for a in anc[leaf]:
+            if a < h.num_nodes:
+                member[a, leaf] = 1
+    w = (q / (h.leaf_depth.numpy() + 1.0)) @ member.T  # (V, N)
+    gap = 2 * w - w[:, [h.root]]
+    return np.clip(gap, 0, None).sum(1) - gap[:, sets].sum(1)
+
+
+@pytest.mark.parametrize("plan", PLANS)
+def test_certificate_never_beaten(plan):
+    from test_topk_certificate import rows, vertices
+
+    rng = np.random.default_rng(36)
+    certified_rows = total = 0
+    for h, info in random_trees(351, 25, num_nodes_max=13):
+        m = hd.get_metric("hamming", h)
+        for prior in (None, "prior"):
+            vals, idx, missing = rows(rng, h.num_leaves, 6)
+            w = torch.from_numpy(rng.dirichlet(np.ones(h.num_leaves)) + 0.01) if prior else None
+            topk = hd.TopK(vals, idx, missing, prior=w)
+            with hd.plan_for(plan):
+                sets, certified, bound = m.decode(topk, certify=True)
+                assert torch.equal(sets.to_dense(), m.decode(topk).to_dense())
+            dense = sets.to_dense().numpy()
+            mass = topk.missing_mass().numpy()
+            for b in range(dense.shape[0]):
+                q = vertices(h.num_leaves, topk.indices[b].numpy(), topk.values[b].numpy(), mass[b])
+                r = _regrets(h, q, dense[b])
+                if certified[b]:
+                    assert r.max() <= 1e-9 and float(bound[b]) == 0
+                assert float(bound[b]) >= r.max() - 1e-9, (b, float(bound[b]), r.max())
+                certified_rows += int(certified[b])
+                total += 1
+    assert 0 < certified_rows < total  # both kinds of rows seen
+
+
 # ------------------------------------------------------------------------------------------ memory
 def test_a_top_k_set_decode_never_grows_with_B_times_N():
     # 100k leaves, B = 1,024, k = 100: a dense (B, N) bool decision alone would be about 130 MiB, the (B, L)
@@ -263,8 +306,18 @@ def test_functional_and_decoding_head_give_the_sparse_sets(name, params):
     assert torch.equal(one.to_dense(), head(probs.topk(10)).to_dense()[0])
     with pytest.raises(TypeError, match=r"`example` to be a torch.Tensor"):
         head.export(probs.topk(10))
-    with pytest.raises(ValueError, match=rf"`certify` to be False for `{name}`"):
-        hd.DecodingHead(h, name, certify=True, **params)
+    for k in (10, h.num_leaves):  # certificates through every entry point, k = L included (all certified)
+        want = m.decode(probs.topk(k), certify=True)
+        for got in (hd.DecodingHead(h, name, certify=True, **params)(probs.topk(k)),
+                    getattr(F, f"decode_{name}")(probs.topk(k), h, certify=True, **params)):
+            _same_sets(got[0], want[0])
+            assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
+        if k == h.num_leaves:
+            assert bool(want[1].all()) and not bool(want[2].any())
+            assert torch.equal(want[0].to_dense(), m.decode(probs))
+    one = m.decode(probs[3].topk(10), certify=True)
+    _check_sparse(one[0], (h.num_nodes,))
+    assert one[1].shape == () and one[2].shape == ()
 
 
 @pytest.mark.parametrize("name,params", SET_CASES)
@@ -448,6 +501,24 @@ def test_cli_decodes_a_top_k_file_into_sparse_sets(tmp_path, capsys, fmt):
             assert torch.equal(got.indices(), want.indices()), (name, k, fmt)
             if k == h.num_leaves:
                 assert torch.equal(got.to_dense(), hd.get_metric(name, h, **params).decode(probs))
+
+
+def test_cli_writes_the_certificate_next_to_each_set(tmp_path, capsys):
+    h, _ = bundled("inat19")
+    t = _model_rows(h, seed=4).topk(20)
+    path = tmp_path / "topk.npz"
+    np.savez(path, values=t.values.numpy(), indices=t.indices.numpy())
+    want = hd.get_metric("hamming", h).decode(hd.TopK(t.values, t.indices), certify=True)
+    out = tmp_path / "pred.npz"
+    code, _, err = _run(["decode", "--hierarchy", "inat19", "--probs", path, "--metric", "hamming",
+                         "--batch-size", 7, "--certify", "-o", out], capsys)
+    assert code == 0, err
+    z = np.load(out)
+    assert torch.equal(torch.from_numpy(z["pred_indices"]), want[0].indices())
+    assert torch.equal(torch.from_numpy(z["certified"]), want[1])
+    assert torch.equal(torch.from_numpy(z["regret_bound"]), want[2])
+    done = int(want[1].sum())
+    assert f"hamming/optimal: {done} of 32 rows certified" in err, err
 
 
 def test_cli_refuses_a_npy_output_for_sparse_sets(tmp_path, capsys):

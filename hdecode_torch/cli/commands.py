@@ -210,7 +210,7 @@ def _add_decode(sub) -> None:
                           "every completion of the list) and 'regret_bound' (a bound on its expected-score regret "
                           "otherwise), as .csv columns, .jsonl fields, .npz/.pt arrays or tab-separated on stdout, "
                           "and print the fraction certified and the mean bound (--metric accuracy, lca_height, "
-                          "tree_distance, tree_distance_c)")
+                          "tree_distance, tree_distance_c, hamming)")
     add_run_args(p.add_argument_group("run"))
 
 

@@ -92,13 +92,14 @@ def decode_hamming(leaf_probs: torch.Tensor | Posterior, hierarchy: Hierarchy, *
                    certify: bool = False) -> torch.Tensor:
     """The Bayes-optimal prediction for hamming (of best expected value under each row's distribution).
     The set of the nodes with W(n) > W(root)/2 (ancestor-closed, as W decreases down the tree).
-    O(B·N).
+    O(B·N); from a top-k list, O(B·k·D) on its support.
 
     Equals ``get_metric("hamming", hierarchy).decode(leaf_probs)``
     (:class:`~hdecode_torch.metrics.hamming.Hamming`).
 
     Args:
-        leaf_probs: (B, L) or (L,) float probabilities (or a Posterior).
+        leaf_probs: (B, L) or (L,) float probabilities (or a Posterior), or a top-k list
+            (``probs.topk(k)`` or :class:`~hdecode_torch.TopK`: the decision of its completed distribution).
         hierarchy: the Hierarchy.
         from_logits, normalize, validate, chunk_size: as for :func:`~hdecode_torch.functional.expected`.
         within: (B,) int64 node ids (or one for all rows) the answers must lie under, as for
@@ -108,7 +109,8 @@ def decode_hamming(leaf_probs: torch.Tensor | Posterior, hierarchy: Hierarchy, *
 
     Returns:
         (B, N) bool ancestor-closed node sets holding the root (unbatched for a (L,) input), on the
-        probabilities' device.
+        probabilities' device; from a top-k list a coalesced sparse COO bool (B, N) tensor (never the
+        (B, N) mask), with ``certify`` the tuple ``(sets, certified (B,) bool, regret_bound (B,) float64)``.
 
     Example:
         >>> import torch

@@ -117,10 +117,10 @@ class DecodingHead(nn.Module):
             required for a head traced into a graph (see below).
         cuda_graph: capture the decoding of CUDA inputs as a CUDA graph (see below).
         certify: return, with each top-k input's decisions, their certificate: ``forward`` gives
-            ``(pred, certified, regret_bound)`` as ``metric.decode(topk, certify=True)`` does ((B,) int64,
-            (B,) bool, (B,) float64): whether each decision is optimal under every completion the list is
+            ``(pred, certified, regret_bound)`` as ``metric.decode(topk, certify=True)`` does ((B,) int64 or
+            sparse (B, N) sets, (B,) bool, (B,) float64): whether each decision is optimal under every completion the list is
             consistent with, and a bound on its expected-score regret otherwise.  For the optimal decoders
-            of the metrics with a certificate (accuracy, lca_height, tree_distance, tree_distance_c); such
+            of the metrics with a certificate (accuracy, lca_height, tree_distance, tree_distance_c, hamming); such
             a head takes top-k lists only (a dense row's decision is exact: a ``ValueError`` naming
             ``certify``), so it is not exported nor captured in a CUDA graph.
 

@@ -150,6 +150,12 @@ class BaseMetric(HierarchyComponent):
                 out = out.to_sparse().coalesce()
             if not certify:
                 return out
+            if self.kind == "set":  # sparse sets have no slices: each chunk's rows selected
+                sets = batched_sparse(out, ct.h.num_nodes)
+                parts = [self._certify_topk(ct.chunk(a, b), sets.index_select(0, torch.arange(a, b, device=sets.device))
+                                            .coalesce()) for a, b in chunks]
+                certified, bound = (torch.cat(t) for t in zip(*parts))
+                return (out, certified[0], bound[0]) if ct.unbatched else (out, certified, bound)
             out = out.reshape(-1)
             parts = [(out[a:b], *self._certify_topk(ct.chunk(a, b), out[a:b])) for a, b in chunks]
         elif not certify:
@@ -162,6 +168,9 @@ class BaseMetric(HierarchyComponent):
         else:
             parts = [self._decode_certified_topk(ct.chunk(a, b)) for a, b in chunks]
         out, certified, bound = (torch.cat(t) for t in zip(*parts))
+        if out.layout == torch.sparse_coo:
+            out = out.coalesce()
+            return (unbatched_sparse(out), certified[0], bound[0]) if ct.unbatched else (out, certified, bound)
         return (out[0], certified[0], bound[0]) if ct.unbatched else (out, certified, bound)
 
     def _decode_certified_topk(self, ct: CompletedTopK):
@@ -170,7 +179,8 @@ class BaseMetric(HierarchyComponent):
         return (pred, *self._certify_topk(ct, pred))
 
     def _certify_topk(self, ct: CompletedTopK, pred: torch.Tensor):
-        """``(certified (B,) bool, regret_bound (B,) float64)`` of the top-k decision pred (B,) int64."""
+        """``(certified (B,) bool, regret_bound (B,) float64)`` of the top-k decision pred: (B,) int64 node ids,
+        or a set metric's coalesced sparse COO bool (B, N) sets."""
         raise ValueError(f"`{self.name}` gives no certificate of a top-k decision (`certify=True`)")
 
     def _decode_topk(self, ct: CompletedTopK) -> torch.Tensor:

@@ -9,8 +9,10 @@ On a top-k input (:class:`~hdecode_torch.TopK`) the same rule is applied to the 
 on its support (:mod:`hdecode_torch.kernels.support_hamming`): the nodes with W(n) > W(root)/2 form one
 root path (W is additive over disjoint subtrees), the ancestor closure of its deepest node, found on the
 support and below it in closed form; O(B·k·D), the decision a coalesced sparse COO bool (B, N) set.  Its
-expected value reads W on the set's nodes only, O(nnz·log(B·k)).  No certificate: the decision compares
-W(n) with W(root)/2, both moving with the completion, and no interval bound for that pair is derived.
+expected value reads W on the set's nodes only, O(nnz·log(B·k)).  Its certificate (``certify=True``)
+bounds D(n) = 2W(n) − W(root) over the completions the list is consistent with, node by node, W(root)
+moving too (:func:`~hdecode_torch.kernels.support_hamming.hamming_certificate`: sound; conservative
+where the leaf-depth ranges are wide).
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ import torch
 
 from ..core.node_sets import sparse_node_sets
 from ..kernels.support import walk_up
-from ..kernels.support_hamming import (flat_node_mass, inverse_depth_listed, inverse_depth_weights, root_mass,
-                                       support_hamming_path)
+from ..kernels.support_hamming import (flat_node_mass, hamming_certificate, inverse_depth_listed,
+                                       inverse_depth_weights, root_mass, support_hamming_path)
 from .base import SetMetric
 
 __all__ = ["Hamming", "hamming_from_counts", "inverse_depth_mass", "hamming_expected", "hamming_decode"]
@@ -86,6 +88,10 @@ class Hamming(SetMetric):
         keep = some[:, None].expand_as(paths)  # W(root) = 0: no node passes, the empty set (as dense)
         rows = torch.arange(paths.shape[0], device=paths.device)[:, None].expand_as(paths)
         return sparse_node_sets(rows[keep], paths[keep], paths.shape[0], h.num_nodes)
+
+    def _certify_topk(self, ct, sets):
+        listed, weights = self._scaled(ct)
+        return hamming_certificate(ct.h, listed, weights, ct.polytope(), sets)
 
     def _expected_topk(self, ct, sets):
         # |S|·W(root) + 1 − 2 Σ_{n ∈ S} W(n) over the closed sparse sets' entries, O(nnz·log(B·k))
