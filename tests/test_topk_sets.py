@@ -187,6 +187,9 @@ def test_rows_without_mass_give_the_empty_set_as_dense():
     dense = m.decode(topk.completed(4), validate=False)
     assert torch.equal(sets.to_dense(), dense)
     assert not dense[0].any()
+    same, certified, bound = m.decode(topk, certify=True, validate=False)
+    assert torch.equal(same.to_dense(), dense)
+    assert certified.tolist() == [True, True] and not bound.any()  # missing = 0: no completion but this one
 
 
 # ------------------------------------------------------------------------------------------ certificate
@@ -257,8 +260,9 @@ def test_a_top_k_set_decode_never_grows_with_B_times_N():
             growth(lambda: m.decode(topk))
             sets = m.decode(topk)
             growth(lambda: m.expected(topk, sets))
+            growth(lambda: m.decode(topk, certify=True))
     """, cap=3 * 2**30)
-    assert len(got) == 4 and max(got) < 128 * MiB, [g / MiB for g in got]
+    assert len(got) == 6 and max(got) < 128 * MiB, [g / MiB for g in got]
 
 
 # ------------------------------------------------------------------------------------------ entry points
