@@ -43,6 +43,10 @@ length-k prefix is itself a top-k set of Δ_k (its smallest Δ_k is at least the
 it), then V(k) = PV(k) is already counted.  Only the remaining (sample, k) pairs, rare because
 the order barely moves with k, are solved by a sort.  When all leaves share one depth the order
 does not depend on k and every pair passes.  Host syncs: the two stages' C, the pairs to check.
+
+Top-k inputs (:func:`hf_beta_decode_topk`): the same stages and solver on the completed distribution,
+their candidates and per-depth masses read from the listed leaves and tree tables
+(:mod:`hdecode_torch.kernels.support_hf_beta`), never a B × L or B × N table; sparse sets out.
 """
 
 from __future__ import annotations
