@@ -30,7 +30,7 @@ def lists(rng, L, B, k, kind):
     """(values (B, k) float64, indices (B, k) int64, missing or None) of one kind of row.
 
     dirichlet: masses of total 1, 0.5, 0.1 or 0; peaked: one leaf near 0.9; dyadic: 1/2, 1/4, ... (ties in
-    the node masses); missing0: the values scaled down and ``missing = 0`` given (nothing spread);
+    the node masses); missing0: values of total 1 and ``missing = 0`` given (nothing spread);
     unlisted_wins: a tiny listed mass, the completion decides."""
     idx = np.stack([rng.permutation(L)[:k] for _ in range(B)])
     missing = None

@@ -30,7 +30,7 @@ import torch
 from .depth_ranges import depth_range_ends, depth_ranges
 from .support import Listed, leaf_ranks
 
-__all__ = ["DepthListed", "depth_listed", "depth_masses_topk", "heavy_order", "heavy_nodes"]
+__all__ = ["DepthListed", "leaf_depth_groups", "depth_listed", "depth_masses_topk", "heavy_order", "heavy_nodes"]
 
 
 def _at(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:

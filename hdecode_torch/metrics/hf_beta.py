@@ -488,7 +488,7 @@ def hf_beta_decode_topk(ct, beta: float) -> torch.Tensor:
     nodes = torch.cat([sup.nodes.index_select(0, on), hn.index_select(0, off)])
     p = torch.cat([sup.p.index_select(0, on), hp.index_select(0, off)])
     # sample-major, (depth, id) within a sample: the root first, ancestors before descendants
-    pos = (n - 1) - depth_rank(h).to(torch.int64)
+    pos = h.cached("hf_beta_topk_depth_position", lambda: (n - 1) - depth_rank(h).to(torch.int64))
     order = torch.sort(rows * n + pos.index_select(0, nodes)).indices
     rows, nodes, p = rows.index_select(0, order), nodes.index_select(0, order), p.index_select(0, order)
     q = depth_masses_topk(h, depth_listed(h, ct.values, ct.indices, ct.listed, ct.prior), rows, nodes)
