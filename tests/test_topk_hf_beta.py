@@ -61,7 +61,7 @@ def random_prior(rng, L):
 def _dense_check(m, topk, pred, dtype, plan):
     """pred (sparse) scores as well as the dense decoder on the completed table; expected(topk, pred) is the
     dense expected value of pred.  Returns the number of (row, node) entries of pred with no listed leaf
-    under the node."""
+    under the node, and the number of rows whose set is the dense decoder's."""
     h = m.hierarchy
     L = h.num_leaves
     assert pred.layout == torch.sparse_coo and pred.is_coalesced() and pred.shape == (topk.values.shape[0], h.num_nodes)
@@ -80,7 +80,7 @@ def _dense_check(m, topk, pred, dtype, plan):
     indices = topk.indices.reshape(full.shape[0], -1)
     for j in range(indices.shape[1]):
         support.scatter_(1, h.ancestors[indices[:, j]], True)  # (B, D+1) root paths, N past the root
-    return int((dense_sets & ~support[:, : h.num_nodes]).sum())
+    return int((dense_sets & ~support[:, : h.num_nodes]).sum()), int((dense_sets == dense_pred).all(1).sum())
 
 
 @pytest.mark.parametrize("plan", PLANS)
@@ -109,7 +109,7 @@ def test_optimal_on_random_trees(plan, dtype, completion):
                 topk = hd.TopK(torch.tensor(vals, dtype=dtype), torch.tensor(idx), missing=missing, prior=prior)
                 with hd.plan_for(plan):
                     pred = m.decode(topk)
-                off_support += _dense_check(m, topk, pred, dtype, plan)
+                off_support += _dense_check(m, topk, pred, dtype, plan)[0]
     assert trees == 32
     assert off_support > 0  # sets holding nodes with no listed leaf were exercised
 
@@ -146,6 +146,7 @@ def test_bundled_trees_match_the_dense_decoder(tree, plan, dtype):
     probs = np.concatenate([model_like(rng, h, 8, kind) for kind in ("peaked", "diffuse", "confused", "shallow")])
     probs = torch.tensor(probs, dtype=dtype)
     prior = torch.tensor(random_prior(rng, h.num_leaves))
+    same = rows = 0
     for beta in BETAS:
         m = hd.get_metric("hf_beta", h, beta=beta)
         for k in (1, 10, 100):
@@ -154,7 +155,10 @@ def test_bundled_trees_match_the_dense_decoder(tree, plan, dtype):
             for topk in (hd.TopK(t.values, t.indices), hd.TopK(t.values * scale, t.indices, prior=prior)):
                 with hd.plan_for(plan):
                     pred = m.decode(topk)
-                _dense_check(m, topk, pred, dtype, plan)
+                same += _dense_check(m, topk, pred, dtype, plan)[1]
+                rows += probs.shape[0]
+    if dtype == torch.float64:  # the same candidates, solver and ties: the same sets but at rounding-level ties
+        assert same >= 0.95 * rows, (same, rows)
 
 
 @pytest.mark.parametrize("tree", ["tieredimagenet-h", "inat19"])
