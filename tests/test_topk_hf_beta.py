@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 import hdecode_torch as hd
 import hdecode_torch.functional as F
@@ -312,3 +313,44 @@ def test_a_top_k_decode_never_grows_with_B_times_L():
     growth(lambda: m.expected(topk, sets))
     """, cap=3 * 2**30)
     assert len(got) == 5 and max(got) < 128 * MiB, [g / MiB for g in got]
+
+
+@pytest.mark.parametrize("plan", PLANS)
+def test_deep_trees_with_many_leaf_depths(plan):
+    # a caterpillar of depth 40 (40 leaf depths: the runs are found by sorted search, no table of ends)
+    depth = 40
+    parents = [-1]
+    for d in range(depth):
+        parents += [2 * d, 2 * d]  # a leaf and the next spine node under each spine node
+    h = hd.Hierarchy.from_parents(parents)
+    assert h.num_leaf_depths > 16
+    rng = np.random.default_rng(12)
+    L = h.num_leaves
+    for beta in BETAS:
+        m = hd.get_metric("hf_beta", h, beta=beta)
+        for k, kind in ((1, "unlisted_wins"), (5, "dirichlet"), (20, "peaked"), (L - 1, "dyadic")):
+            vals, idx, missing = lists(rng, L, 8, k, kind)
+            topk = hd.TopK(torch.tensor(vals), torch.tensor(idx), missing=missing)
+            with hd.plan_for(plan):
+                pred = m.decode(topk)
+            _dense_check(m, topk, pred, torch.float64, plan)
+
+
+@given(seed=st.integers(0, 2**31 - 1), k_frac=st.floats(0, 1), scale=st.sampled_from([1.0, 0.6, 0.05, 0.0]),
+       beta=st.sampled_from(BETAS))
+@settings(max_examples=60, deadline=None)
+def test_hypothesis_trees_and_lists_against_the_oracle(seed, k_frac, scale, beta):
+    rng = np.random.default_rng(seed)
+    par = ref.random_tree(rng, num_nodes_max=int(rng.integers(3, 11)), unary_prob=0.3, min_leaves=2)
+    h, info = hd.Hierarchy.from_parents(par), ref.TreeInfo(par)
+    L = h.num_leaves
+    k = 1 + int(k_frac * (L - 2))
+    idx = np.stack([rng.permutation(L)[:k] for _ in range(3)])
+    vals = rng.dirichlet(np.ones(k), size=3) * scale
+    topk = hd.TopK(torch.tensor(vals), torch.tensor(idx))
+    pred = hd.get_metric("hf_beta", h, beta=beta).decode(topk).to_dense()
+    full = topk.completed(L, torch.float64).numpy()
+    for b in range(3):
+        best, _ = ref.optimal(info, "hf_beta", full[b], beta=beta)
+        got = ref.expected(info, "hf_beta", full[b], frozenset(pred[b].nonzero()[:, 0].tolist()), beta=beta)
+        assert got >= best - 1e-12 * best
