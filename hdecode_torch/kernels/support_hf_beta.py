@@ -9,8 +9,8 @@ W_e(n) the weight of n's leaves at depth e (a tree quantity: the ends of n's run
 depth-first position) order of :mod:`hdecode_torch.kernels.depth_ranges`, and prefix sums of a prior in
 that order), S_e and C_e the sums of v and of w over the row's listed leaves under n at depth e.  Sorting
 each row's listed leaves by the same key, (depth group)·L + depth-first position, makes those leaves one
-run of the sorted list too: two binary searches per (node, depth) (:func:`depth_masses_topk`, O(E·log k)
-per node, E the number of distinct leaf depths).
+run of the sorted list too: two binary searches per (node, depth) in the batch's B·k sorted keys
+(:func:`depth_masses_topk`, O(E·log(B·k)) per node, E the number of distinct leaf depths).
 
 Which nodes are candidates.  The decoder keeps the nodes whose mass p̃(n) reaches a tree bound b(n)
 (the safe pruning bound of hF_β).  On the support (the ancestors of the listed leaves) p̃ comes from the
@@ -18,7 +18,7 @@ support table.  Off it p̃(n) = r·W(n), so the off-support nodes that pass are 
 W(n)/b(n) ≥ 1/r: a prefix of the nodes sorted by W/b descending (a tree table), whose length per row
 is read by one binary search (:func:`heavy_nodes`).  At most 1/min b nodes of one depth can pass
 (disjoint subtrees share a mass of at most 1), so a row's candidates number at most (D+1)/min b,
-independent of L.  O(B·k·D) for the support, O(B·C·E·log k) for the masses of C candidates a row.
+independent of L.  O(B·k·D) for the support, O(B·C·E·log(B·k)) for the masses of C candidates a row.
 """
 
 from __future__ import annotations

@@ -460,13 +460,14 @@ def hf_beta_decode_topk(ct, beta: float) -> torch.Tensor:
     optimal set: on the support (the ancestors of the listed leaves) q̃ comes from the support table, off
     it q̃(n) = r·W(n), and the nodes passing are a prefix of the nodes sorted by W/bound, read per row by a
     binary search (:mod:`hdecode_torch.kernels.support_hf_beta`).  At most 1/bound nodes of a depth pass
-    (disjoint subtrees share a mass of at most 1), so C ≤ (D+1)²(1+β²(D+1)) candidates a row whatever L.
-    Their masses per leaf depth, Q_e(n) = S_e(n) + r·(W_e(n) − C_e(n)), are read from the row's listed leaves
-    sorted by (depth, depth-first position) and the tree's (depth, position) runs.  Every quantity is in
-    float64 whatever the values' dtype.  Ties as in :func:`hf_beta_decode` (smallest k, then shallowest
-    nodes, then smallest ids).  O(B·k·D) for the support, O(B·C·E·log(B·k)) for the masses, the solver's
-    O(B·C·(E + log C)) (rarely a sort per k left unproven).  Host reads: the candidate counts of both
-    stages, the (row, k) pairs to check, the length of the heavy prefixes.
+    (disjoint subtrees share a mass of at most 1), so about C ≤ (D+1)²(1+β²(D+1)) candidates a row (the
+    rounding slack aside) whatever L.  Their masses per leaf depth, Q_e(n) = S_e(n) + r·(W_e(n) − C_e(n)),
+    are read from the row's listed leaves sorted by (depth, depth-first position) and the tree's (depth,
+    position) runs.  Every quantity is in float64 whatever the values' dtype.  Ties as in
+    :func:`hf_beta_decode` (smallest k, then shallowest nodes, then smallest ids).  O(B·k·D) for the
+    support, O(B·C·E·log(B·k)) for the masses, the solver's O(B·C·(E + log C)) (rarely a sort per k left
+    unproven).  Host syncs: the support table's, the heavy prefixes' lengths, each stage's candidate
+    count, the (row, k) pairs to check.
     """
     h = ct.h
     bsz, n = ct.batch_size, h.num_nodes
