@@ -466,7 +466,8 @@ def hf_beta_decode_topk(ct, beta: float) -> torch.Tensor:
     position) runs.  Every quantity is in float64 whatever the values' dtype.  Ties as in
     :func:`hf_beta_decode` (smallest k, then shallowest nodes, then smallest ids).  O(B·k·D) for the
     support, O(B·C·E·log(B·k)) for the masses, the solver's O(B·C·(E + log C)) (rarely a sort per k left
-    unproven).  Host syncs: the support table's, the heavy prefixes' lengths, each stage's candidate
+    unproven), plus O(N log N) per call with a prior (the W/bound order; cached for the uniform completion,
+    as it is a tree table).  Host syncs: the support table's, the heavy prefixes' lengths, each stage's candidate
     count, the (row, k) pairs to check.
     """
     h = ct.h
