@@ -87,8 +87,9 @@ def test_hierarchical_metric_refuses_what_it_cannot_decode_from_a_top_k_list():
     t, target = _probs(h).topk(10), torch.zeros(32, dtype=torch.long)
     with pytest.raises(ValueError, match=r"decodes with `plurality`, which does not decode top-k inputs"):
         hd.HierarchicalMetric(h, "tree_distance", decoder="plurality").update(t, target)
-    with pytest.raises(ValueError, match=r"`hf_beta` does not decode top-k inputs yet"):
-        hd.HierarchicalMetric(h, "hf_beta").update(t, target)
+    cost = torch.rand(h.num_nodes, h.num_leaves, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"`cost_matrix` does not decode top-k inputs yet"):
+        hd.HierarchicalMetric(h, "cost_matrix", cost=cost).update(t, target)
     with pytest.raises(ValueError, match=r"from_logits=True"):
         hd.HierarchicalMetric(h, "lca_height", from_logits=True).update(t, target)
     with pytest.raises(ValueError, match=r"`target`"):
@@ -134,7 +135,7 @@ def test_cli_refuses_what_it_cannot_decode_from_a_top_k_file(tmp_path, capsys):
     path = tmp_path / "topk.npz"
     np.savez(path, values=t.values.numpy(), indices=t.indices.numpy())
     base = ["decode", "--hierarchy", "inat19", "--probs", path]
-    for extra, match in [(["--metric", "hf_beta"], "--metric hf_beta: `hf_beta` does not decode top-k inputs"),
+    for extra, match in [(["--metric", "wu_palmer"], "--metric wu_palmer: `wu_palmer` does not decode top-k inputs"),
                          (["--decoder", "darts"], "--decoder darts: the decoder `darts` does not decode top-k inputs"),
                          (["--metric", "tree_distance", "--from-logits"], "--from-logits: --probs holds a top-k list"),
                          (["--metric", "tree_distance", "--normalize"], "--normalize: --probs holds a top-k list")]:

@@ -65,8 +65,10 @@ def expected_hf_beta(leaf_probs: torch.Tensor | Posterior, preds: torch.Tensor, 
     (:class:`~hdecode_torch.metrics.hf_beta.HFBeta`).
 
     Args:
-        leaf_probs: (B, L) or (L,) float probabilities (or a Posterior).
-        preds: (B, N) or (N,) bool node sets closed under ancestors, or (B,) or () int64 node ids.
+        leaf_probs: (B, L) or (L,) float probabilities (or a Posterior), or a top-k list (``probs.topk(k)``
+            or a TopK): the value under its completed distribution, O(nnz·E) for sparse sets.
+        preds: (B, N) or (N,) bool node sets closed under ancestors (dense or sparse COO), or (B,) or () int64
+            node ids.
         hierarchy: the Hierarchy.
         beta: weight of recall over precision, > 0 (default 1.0).
         from_logits, normalize, validate, chunk_size: as for :func:`~hdecode_torch.functional.expected`.
@@ -96,11 +98,15 @@ def decode_hf_beta(leaf_probs: torch.Tensor | Posterior, hierarchy: Hierarchy, *
     The best ancestor-closed set over every set size k (Plaud et al. 2025, §4.2), with provably
     safe pruning.
 
+    A top-k list (``probs.topk(k)`` or a :class:`~hdecode_torch.TopK`) is decoded exactly for its completed
+    distribution without a (B, L) or (B, N) table (:func:`~hdecode_torch.metrics.hf_beta.hf_beta_decode_topk`):
+    the sets come back as a coalesced sparse COO bool (B, N) tensor; k = L gives the dense answer.
+
     Equals ``get_metric("hf_beta", hierarchy, beta=beta).decode(leaf_probs)``
     (:class:`~hdecode_torch.metrics.hf_beta.HFBeta`).
 
     Args:
-        leaf_probs: (B, L) or (L,) float probabilities (or a Posterior).
+        leaf_probs: (B, L) or (L,) float probabilities (or a Posterior), or a top-k list of them.
         hierarchy: the Hierarchy.
         beta: weight of recall over precision, > 0 (default 1.0).
         from_logits, normalize, validate, chunk_size: as for :func:`~hdecode_torch.functional.expected`.
@@ -111,7 +117,7 @@ def decode_hf_beta(leaf_probs: torch.Tensor | Posterior, hierarchy: Hierarchy, *
 
     Returns:
         (B, N) bool ancestor-closed node sets holding the root (unbatched for a (L,) input), on the
-        probabilities' device.
+        probabilities' device; sparse COO for a top-k input.
 
     Example:
         >>> import torch

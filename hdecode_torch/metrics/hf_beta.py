@@ -43,6 +43,10 @@ length-k prefix is itself a top-k set of Δ_k (its smallest Δ_k is at least the
 it), then V(k) = PV(k) is already counted.  Only the remaining (sample, k) pairs, rare because
 the order barely moves with k, are solved by a sort.  When all leaves share one depth the order
 does not depend on k and every pair passes.  Host syncs: the two stages' C, the pairs to check.
+
+Top-k inputs (:func:`hf_beta_decode_topk`): the same stages and solver on the completed distribution,
+their candidates and per-depth masses read from the listed leaves and tree tables
+(:mod:`hdecode_torch.kernels.support_hf_beta`), never a B × L or B × N table; sparse sets out.
 """
 
 from __future__ import annotations
@@ -51,15 +55,19 @@ from typing import NamedTuple
 
 import torch
 
+from ..core.node_sets import sparse_node_sets
 from ..core.params import Flag, Param
+from ..core.plan import resolve_plan
 from ..core.scalar_checks import check_positive
 from ..kernels.candidates import candidate_pairs, depth_rank, pack_candidates, pack_rows
 from ..kernels.depth_ranges import depth_masses, depth_masses_packed, depth_ranges
 from ..kernels.fused import hf_beta_best_k, trust_indices
+from ..kernels.support import support_table
+from ..kernels.support_hf_beta import depth_listed, depth_masses_topk, heavy_nodes, heavy_order
 from .base import SetMetric
 
 __all__ = ["HFBeta", "hf_beta_from_counts", "hf_beta_expected", "hf_beta_decode", "hf_beta_decode_exact", "hf_beta_bound",
-           "hf_beta_value_bound"]
+           "hf_beta_value_bound", "hf_beta_decode_topk", "hf_beta_expected_topk"]
 
 
 def _recall_share(beta: float) -> float:
@@ -297,6 +305,15 @@ class _PrefixSolver:
         self.prefix = _depth_prefix(post) if h.num_leaf_depths > 1 else None
         self.depths, self.a, self._w = _solver_tables(h, r, self.dt)
 
+    @classmethod
+    def on_candidates(cls, h, r: float, dt: torch.dtype, budget: int) -> "_PrefixSolver":
+        """A solver for candidates whose masses the caller packs itself (top-k inputs): :meth:`solve` and
+        :meth:`certified_sets` only, not :meth:`from_pairs`."""
+        self = cls.__new__(cls)
+        self.h, self.r, self.dt, self.p, self.budget, self.prefix = h, r, dt, None, budget, None
+        self.depths, self.a, self._w = _solver_tables(h, r, dt)
+        return self
+
     def weights(self, k: torch.Tensor) -> torch.Tensor:
         """(*k.shape, E) w_e(k) = 1/(rk + a(d_e)) = (1+β²)/(k + β²(d_e+1))."""
         # In place: the bits of ``1 / x`` (which torch computes as ``x.reciprocal() * 1``) without a
@@ -420,6 +437,110 @@ class _PrefixSolver:
         return torch.where(better, top, value), torch.where(better, first_k, best_k)
 
 
+# ------------------------------------------------------------------------------------------ top-k inputs
+def _heavy_order(ct, beta: float):
+    """:func:`~hdecode_torch.kernels.support_hf_beta.heavy_order` of the completion's weights against the
+    fixed bound: a tree table, cached for the uniform completion (a prior's weights change per call)."""
+    h = ct.h
+    bound = _prefix_bounds(h, beta, torch.float64).bound_slack[:, 0]
+    if ct.prior is not None:
+        return heavy_order(h, ct.weights, bound)
+    return h.cached(("hf_beta_topk_heavy", beta), lambda: heavy_order(h, ct.weights, bound))
+
+
+def hf_beta_decode_topk(ct, beta: float) -> torch.Tensor:
+    """Optimal hF_β sets of a completed top-k batch (:class:`~hdecode_torch.core.topk.CompletedTopK`), exact
+    for the completed distribution q (listed leaves their values, unlisted ones r·w(l)) and never B × L or B × N.
+
+    Returns a coalesced sparse COO bool (B, N) tensor of ancestor-closed sets holding the root.
+
+    Why it is exact: it is :func:`hf_beta_decode` on q, with the same two pruning stages, the same solver
+    and the same certificate per set size k (module docstring), fed the same candidates.  Those are the
+    nodes with q̃(n) ≥ (d_min(n)+1)/((D+1)(1+β²(D+1))) (times the rounding slack), a closed set holding every
+    optimal set: on the support (the ancestors of the listed leaves) q̃ comes from the support table, off
+    it q̃(n) = r·W(n), and the nodes passing are a prefix of the nodes sorted by W/bound, read per row by a
+    binary search (:mod:`hdecode_torch.kernels.support_hf_beta`).  At most 1/bound nodes of a depth pass
+    (disjoint subtrees share a mass of at most 1), so about C ≤ (D+1)²(1+β²(D+1)) candidates a row (the
+    rounding slack aside) whatever L.  Their masses per leaf depth, Q_e(n) = S_e(n) + r·(W_e(n) − C_e(n)),
+    are read from the row's listed leaves sorted by (depth, depth-first position) and the tree's (depth,
+    position) runs.  Every quantity is in float64 whatever the values' dtype.  Ties as in
+    :func:`hf_beta_decode` (smallest k, then shallowest nodes, then smallest ids).  O(B·k·D) for the
+    support, O(B·C·E·log(B·k)) for the masses, the solver's O(B·C·(E + log C)) (rarely a sort per k left
+    unproven), plus O(N log N) per call with a prior (the W/bound order; cached for the uniform completion,
+    as it is a tree table).  Host syncs: the support table's, the heavy prefixes' lengths, each stage's candidate
+    count, the (row, k) pairs to check.
+    """
+    h = ct.h
+    bsz, n = ct.batch_size, h.num_nodes
+    dt = torch.float64
+    r = _recall_share(beta)
+    bounds = _prefix_bounds(h, beta, dt)
+    bound = bounds.bound_slack[:, 0]
+    sup = support_table(h, ct.listed, ct.weights)
+    on = ((sup.p >= bound.index_select(0, sup.nodes)) | (sup.nodes == h.root)).nonzero().squeeze(1)
+    hr, hn = heavy_nodes(_heavy_order(ct, beta), ct.listed.rate)
+    # a heavy node with a listed leaf under it is on the support, already counted
+    nl = h.num_leaves
+    keys = (ct.listed.keys + torch.arange(bsz, device=hr.device)[:, None] * nl).reshape(-1)
+    first = hr * nl + h.leaf_start.index_select(0, hn)
+    free = torch.searchsorted(keys, first) == torch.searchsorted(keys, first + h.leaf_count.index_select(0, hn))
+    hp = ct.listed.rate.index_select(0, hr) * ct.weights.index_select(0, hn)
+    off = (free & (hp >= bound.index_select(0, hn))).nonzero().squeeze(1)
+    rows = torch.cat([sup.rows.index_select(0, on), hr.index_select(0, off)])
+    nodes = torch.cat([sup.nodes.index_select(0, on), hn.index_select(0, off)])
+    p = torch.cat([sup.p.index_select(0, on), hp.index_select(0, off)])
+    # sample-major, (depth, id) within a sample: the root first, ancestors before descendants
+    pos = h.cached("hf_beta_topk_depth_position", lambda: (n - 1) - depth_rank(h).to(torch.int64))
+    order = torch.sort(rows * n + pos.index_select(0, nodes)).indices
+    rows, nodes, p = rows.index_select(0, order), nodes.index_select(0, order), p.index_select(0, order)
+    q = depth_masses_topk(h, depth_listed(h, ct.values, ct.indices, ct.listed, ct.prior), rows, nodes)
+    solver = _PrefixSolver.on_candidates(h, r, dt, resolve_plan(h, rows.device).budget)
+
+    def packed(mask):
+        at = mask.nonzero().squeeze(1)
+        sample, node = rows.index_select(0, at), nodes.index_select(0, at)
+        ids, count, slot = pack_candidates(h, sample, node, bsz)
+        table = torch.zeros(bsz, ids.shape[1], q.shape[1], dtype=dt, device=q.device)
+        table[sample, slot] = q.index_select(0, at)
+        return _Candidates(ids, count, table)
+
+    tau = bounds.tau.index_select(0, nodes)
+    is_root = nodes == h.root
+    k_ref = (ct.expected_leaf_depth() + 1).round().long()
+    lower, k_ref = solver.solve(packed((p >= tau * _bound_slack(dt)) | is_root), k_ref)[:2]
+    wide = 1 - _VALUE_SLACK * torch.finfo(dt).eps
+    ids, count, best_k, delta = solver.certified_sets(packed((p >= tau * lower.index_select(0, rows) * wide)
+                                                             | is_root), k_ref)
+    return _best_sparse_sets(h, ids, count, best_k, delta)
+
+
+def _best_sparse_sets(h, ids: torch.Tensor, count: torch.Tensor, best_k: torch.Tensor,
+                      delta: torch.Tensor) -> torch.Tensor:
+    """:func:`_best_sets` as a coalesced sparse COO bool (B, N) tensor."""
+    bsz, c = ids.shape
+    cols = torch.arange(c, device=ids.device)
+    delta = delta.masked_fill(cols >= count[:, None], float("-inf"))
+    rank = torch.sort(delta, dim=1, descending=True, stable=True).indices
+    row, col = (cols < best_k[:, None]).nonzero(as_tuple=True)
+    return sparse_node_sets(row, ids.gather(1, rank)[row, col], bsz, h.num_nodes)
+
+
+def hf_beta_expected_topk(ct, sets: torch.Tensor, beta: float) -> torch.Tensor:
+    """(B,) float64 expected hF_β under a completed top-k batch of closed sets ``sets``, a coalesced sparse
+    COO bool (B, N) tensor: Σ_{n ∈ S} Σ_e Q_e(n)·(1+β²)/(|S| + β²(d_e+1)) (the module docstring's U(S)),
+    Q_e the completed masses per leaf depth.  O(nnz·E·log(B·k)) time, O(nnz·E) memory."""
+    h = ct.h
+    rows, nodes = sets.indices()
+    q = depth_masses_topk(h, depth_listed(h, ct.values, ct.indices, ct.listed, ct.prior), rows, nodes)
+    bsz = ct.batch_size
+    size = torch.bincount(rows, minlength=bsz).to(torch.float64)
+    r = _recall_share(beta)
+    depths = depth_ranges(h).depths.to(torch.float64)
+    w = 1 / (r * size[:, None] + (1 - r) * (depths + 1))  # (B, E)
+    per = (q * w.index_select(0, rows)).sum(1)
+    return torch.zeros(bsz, dtype=torch.float64, device=per.device).index_add_(0, rows, per)
+
+
 def hf_beta_from_counts(inter, size, ysize, beta: float):
     """hF_β from |h⁺∩y⁺|, |h⁺| and |y⁺| (float64 tensors)."""
     r = _recall_share(beta)  # (1+β²)x/(a+β²b) = x/(ra+(1−r)b): finite for any β
@@ -483,3 +604,11 @@ class HFBeta(SetMetric):
 
     def _expected_sets(self, post, sets):
         return hf_beta_expected(post, sets, self.beta)
+
+    accepts_topk = True
+
+    def _decode_topk(self, ct):
+        return hf_beta_decode_topk(ct, self.beta)
+
+    def _expected_topk(self, ct, sets):
+        return hf_beta_expected_topk(ct, sets, self.beta)
