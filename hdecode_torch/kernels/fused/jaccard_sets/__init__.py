@@ -461,7 +461,9 @@ def jaccard_sets_torch(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths,
     Large batches of CPU tensors are solved in groups of rows of at most 16, 32, 64, ... candidates,
     each group on its first columns; the rounding slacks are each row's own (:func:`row_slacks`), so a
     row's choice between sizes is the same formula alone, in any group and in any batch.  On CPU
-    tensors the knapsack and its walk step NumPy views of their tables (the same float64 operations).
+    tensors the knapsack and its walk step NumPy views of their tables (the same float64 operations),
+    and the tables take at most ``CPU_BUDGET`` bytes at a time whatever ``budget`` says (each pair's
+    knapsack is its own: the same sets in any chunks).
     """
     check_args(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget)
     bsz, c, _ = q.shape
