@@ -376,6 +376,27 @@ def numpy_row_check(x: torch.Tensor, lo: float, hi: float) -> np.ndarray:
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_row_check_in_blocks_of_rows_is_the_whole_table(dtype, monkeypatch):
+    """On a CPU the float64 sums of a narrower dtype run in blocks of rows (each block's float64 copy
+    reused memory): the same flags as the whole table at once, and the definition's, on every view
+    (special rows: NaN, negative, -0.0, infinities; rows that pass their own exact sum only)."""
+    import importlib
+
+    RC = importlib.import_module("hdecode_torch.kernels.fused.row_check")
+    rng = np.random.default_rng(8)
+    for m in [1, 2, 17, 300]:
+        y = torch.cat([dyadic_rows(rng, 9, m, dtype) for _ in range(5)])  # 45 rows
+        for lo, hi in row_check_bounds(y):
+            for vname, v in row_check_views(y)[:3]:
+                monkeypatch.setattr(RC, "BLOCK_BYTES", 1 << 40)
+                whole = row_check_torch(v, lo, hi)
+                for block in (1, 8 * m, 7 * 8 * m):  # 1 row, 1 row, 7 rows a block
+                    monkeypatch.setattr(RC, "BLOCK_BYTES", block)
+                    assert torch.equal(row_check_torch(v, lo, hi), whole), (m, lo, hi, vname, block)
+                assert np.array_equal(whole.numpy(), numpy_row_check(v, lo, hi)), (m, lo, hi, vname)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 def test_row_check_against_numpy(dtype):
     rng = np.random.default_rng(6)
     for m in [0, 1, 2, 17, 300]:

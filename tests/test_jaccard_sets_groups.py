@@ -73,3 +73,25 @@ def test_pair_chunks_equal_their_definition():
         ks = [int(rng.integers(0, c)) for c in counts]  # each pair has room: count > k
         es, budget = int(rng.choice([4, 8])), int(rng.choice([1, 1 << 10, 1 << 16, 1 << 20, 1 << 24]))
         assert pair_chunks(counts, ks, es, budget) == _pair_chunks_by_definition(counts, ks, es, budget)
+
+
+@pytest.mark.parametrize("tree", ["tieredimagenet-h", "inat19"])
+def test_cpu_table_budget_keeps_the_sets(tree, monkeypatch):
+    """On a CPU the knapsack tables are chunked within ``CPU_BUDGET`` whatever budget the caller passes
+    (the GPU plan passes 4 GiB): many small chunks, the default and no cap give the same sets."""
+    h, _ = bundled(tree)
+    rng = np.random.default_rng(43)
+    P = np.concatenate([model_like(rng, h, 120, kind) for kind in ("peaked", "diffuse", "confused")])
+    args = op_args(h, P)
+    capped = JS.jaccard_sets_torch(*args)
+    chunks = []
+    real = JS.pair_chunks
+    monkeypatch.setattr(JS, "pair_chunks", lambda *a: chunks.append(len(real(*a))) or real(*a))
+    solved = {}
+    for budget in (1 << 62, 1 << 12):
+        monkeypatch.setattr(JS, "CPU_BUDGET", budget)
+        chunks.clear()
+        assert torch.equal(JS.jaccard_sets_torch(*args), capped), budget
+        solved[budget] = sum(chunks)  # knapsack chunks over all groups of pairs
+    assert solved[1 << 12] > 10 * solved[1 << 62], solved
+    assert int(capped.sum()) > capped.shape[0]  # more than the roots: real sets

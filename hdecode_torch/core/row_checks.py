@@ -12,6 +12,7 @@ import math
 
 import torch
 
+from ..kernels.fused.row_check import POSITIVE_FINITE, row_check, unit_sum_bounds
 from .index_checks import raise_first_range_error, range_flags
 
 __all__ = ["ROW_SUM_TOLERANCE", "row_sum_tolerance", "row_sums", "row_sums_and_min", "CHECK_BLOCK_BYTES",
@@ -150,8 +151,6 @@ def checked_probs(x, checks, name, tol, normalize, in_dtype, validate, fused_che
     # finds out exactly what is wrong.
     stats = None
     if fused_check:
-        from ..kernels.fused.row_check import POSITIVE_FINITE, row_check, unit_sum_bounds
-
         # the bounds pass exactly the float64 sums the unfused test below passes
         ok = row_check(x, *(POSITIVE_FINITE if normalize else unit_sum_bounds(tol))).all()
         # float64 sums as the op takes them, only where the output needs them (or below, an error)

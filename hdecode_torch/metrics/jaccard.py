@@ -713,8 +713,10 @@ def jaccard_decode_packed(post) -> torch.Tensor:
         prefix = post.depth_prefix().t()  # (B, L + 1) float64
         masses = lambda ids: _masses_packed(h, prefix, ids, _chunk_bytes(post))  # noqa: E731
     else:
-        p_pad = torch.cat([p.t(), p.new_zeros(bsz, 1)], 1).double()  # (B, N + 1), column N: padding
-        masses = lambda ids: p_pad.gather(1, ids)[:, :, None]  # noqa: E731
+        # (B, N + 1), column N: padding; only the gathered (B, C) entries made float64 (exact), not the
+        # whole table (on a CPU its fresh pages cost more than the knapsack at B = 4,096).
+        p_pad = torch.cat([p.t(), p.new_zeros(bsz, 1)], 1)
+        masses = lambda ids: p_pad.gather(1, ids).double()[:, :, None]  # noqa: E731
     # (i) LB₀, a value certainly at most that of an achieved set: the root-path prefixes A(a) of the
     # most probable leaf, every size on shallow trees, the sizes around E[d(y)] + 1 and the leaf's own
     # on deep ones; {root} where even the ancestors-by-depth table is too large.
@@ -744,7 +746,8 @@ def jaccard_decode_packed(post) -> torch.Tensor:
     # (ii) p's own summation error, as in the CPU path, folded into the threshold.
     thr = lb0 * (1 - (T.sum_fan + 8) * u) - 4 * h.num_leaves * 2 * u64 / T.tau_min
     keep = p.t() >= torch.outer(thr.to(p.dtype), _tau_as(h, T, p.dtype))  # (B, N); τ(root) = 0: always kept
-    count = keep.sum(1)
+    # counted in int32 (exact below 2^31 nodes): a bool sum to int64 converts the whole (B, N) mask first
+    count = keep.sum(1, dtype=torch.int32).long()
     (width,) = post.read(count.max())
     ids = pack_rows(keep, _preorder_rank(h, T), width)  # (B, C), root first, preorder
     trust_indices(count, width)

@@ -325,22 +325,29 @@ def pair_chunks(counts: list[int], ks: list[int], es: int, budget: int) -> list[
     take at most ``budget`` bytes (``es`` bytes a float), each chunk at least one pair.
 
     counts: the pairs' candidate counts, descending (the first of a chunk is its widest); ks: their sizes.
-    The chunk's maxima grow with b and are kept as they go: O(pairs), where taking them over a..b at each
-    b was quadratic (seconds at B = 4,096).
+    A chunk's table size only grows with b (the running maxima of k and of the band, and the pair
+    count), so its end is the first b whose size is over ``budget``: found on NumPy running maxima over
+    windows from a that grow 4× until one holds it, O(pairs) in all and no Python step per pair (one
+    per pair took 20-50 ms at B = 4,096; taking the maxima over a..b anew at each b, seconds).
     """
-    def size(t):
-        return t[0] * es + t[1]
-
+    cnt, kk = np.asarray(counts, dtype=np.int64), np.asarray(ks, dtype=np.int64)
+    bands = cnt - kk
     chunks, a, live = [], 0, len(counts)
     while a < live:
-        kmax, band = ks[a], counts[a] - ks[a]
-        b = a + 1
-        while b < live:
-            k2, band2 = max(kmax, ks[b]), max(band, counts[b] - ks[b])
-            if size(_table_cost(counts[a], k2, band2, b + 1 - a, es)) > budget:
+        top, w = int(cnt[a]), 64
+        while True:
+            e = min(live, a + w)
+            kmax, band = np.maximum.accumulate(kk[a:e]), np.maximum.accumulate(bands[a:e])
+            n = np.arange(1, e - a + 1, dtype=np.int64)
+            # _table_cost's two layouts, in bytes, for the pairs a..a + j (n = j + 1 of them)
+            nodes, skips = (kmax + 1) * n, band * n
+            size = np.minimum((top + 1) * nodes * es + top * nodes, (top + 1) * 2 * skips * es + top * skips)
+            over = np.flatnonzero(size[1:] > budget)  # pair a + j + 1 would take the chunk over budget
+            if over.size or e == live:
+                b = a + 1 + int(over[0]) if over.size else live
                 break
-            kmax, band, b = k2, band2, b + 1
-        chunks.append((a, b, _table_cost(counts[a], kmax, band, b - a, es)))
+            w *= 4
+        chunks.append((a, b, _table_cost(top, int(kmax[b - a - 1]), int(band[b - a - 1]), b - a, es)))
         a = b
     return chunks
 
@@ -433,6 +440,12 @@ def walk(dec, nx, kidx):
 GROUP_CELLS = 1 << 16
 
 
+#: The knapsack tables' budget on a CPU, below glibc's largest mmap threshold (32 MiB): tables that size
+#: are reused heap memory from one chunk and call to the next, where larger ones are fresh pages each
+#: time, whose faults cost more than filling and stepping them (the GPU plan on a CPU passes its 4 GiB).
+CPU_BUDGET = 1 << 24
+
+
 def _walk_steps_numpy(flat, nxt, at, pos, members) -> None:
     """The position loop of :func:`walk` on NumPy views of its CPU tensors (in place)."""
     for i in range(1, flat.shape[0]):
@@ -448,10 +461,14 @@ def jaccard_sets_torch(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths,
     Large batches of CPU tensors are solved in groups of rows of at most 16, 32, 64, ... candidates,
     each group on its first columns; the rounding slacks are each row's own (:func:`row_slacks`), so a
     row's choice between sizes is the same formula alone, in any group and in any batch.  On CPU
-    tensors the knapsack and its walk step NumPy views of their tables (the same float64 operations).
+    tensors the knapsack and its walk step NumPy views of their tables (the same float64 operations),
+    and the tables take at most ``CPU_BUDGET`` bytes at a time whatever ``budget`` says (each pair's
+    knapsack is its own: the same sets in any chunks).
     """
     check_args(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget)
     bsz, c, _ = q.shape
+    if q.device.type == "cpu":  # the same sets in any chunks (each pair's knapsack is its own)
+        budget = min(budget, CPU_BUDGET)
     tables = (pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget)
     if q.device.type != "cpu" or bsz * c * c < GROUP_CELLS or c <= 16:
         return _solve(q, ids, count, lb, k_ref, *tables)
