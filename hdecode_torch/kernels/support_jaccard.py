@@ -115,24 +115,29 @@ def depth_masses_topk(h, dl: DepthListed, wprefix: torch.Tensor | None, rows: to
     return out
 
 
-def heavy_order(h, weights: torch.Tensor, tau: torch.Tensor, name: str | None):
+def heavy_order(h, weights: torch.Tensor, tau: torch.Tensor, name: str | None, floor: float | None = None):
     """The non-root nodes by decreasing W(n)/τ(n) (ties: preorder), for :func:`heavy_nodes`.
 
-    weights: (N,) float64 W; tau: (N,) float64 τ, positive below the root and non-decreasing down the tree.
-    Returns ``(nodes, neg_key)``: (N − 1,) int64 and (N − 1,) float64 −W/τ ascending.  W never grows and τ
-    never falls from a parent to a child, and a correctly rounded quotient is monotone in each argument,
-    so the key never grows either: every prefix is ancestor-closed.  O(N log N), cached as ``name`` unless None.
+    weights: (N,) float64 W; tau: (N,) float64 τ, positive below the root and non-decreasing down the tree;
+    floor: None (every node) or only the nodes whose key is at least ``floor`` (the smallest limit of a
+    batch: an O(N) pass, then a sort of those alone).  Returns ``(nodes, neg_key)``: int64 and float64
+    −W/τ ascending.  W never grows and τ never falls from a parent to a child, and a correctly rounded
+    quotient is monotone in each argument, so the key never grows either: every prefix is ancestor-closed.
+    O(N log N) (O(N) plus the sort of the nodes kept, with ``floor``), cached as ``name`` unless None.
     """
     def build():
-        pre = h.pos
         below = torch.ones(h.num_nodes, dtype=torch.bool, device=weights.device)
         below[h.root] = False
+        key = weights / torch.where(below, tau, 1.0)
+        if floor is not None:
+            below &= key >= floor
         ids = below.nonzero().squeeze(1)
-        key = -(weights[ids] / tau[ids])
-        by_pre = torch.sort(pre[ids]).indices
-        ids, key = ids[by_pre], key[by_pre]
-        by_key = torch.sort(key, stable=True).indices  # stable: preorder among ties
-        return ids[by_key], key[by_key]
+        pre = h.pos.index_select(0, ids)
+        by_pre = torch.sort(pre).indices
+        ids = ids.index_select(0, by_pre)
+        neg = -key.index_select(0, ids)
+        by_key = torch.sort(neg, stable=True).indices  # stable: preorder among ties
+        return ids.index_select(0, by_key), neg.index_select(0, by_key)
     return build() if name is None else h.cached(name, build)
 
 

@@ -811,10 +811,22 @@ def jaccard_expected_topk(ct, sets: torch.Tensor) -> torch.Tensor:
     return torch.zeros(bsz, dtype=torch.float64, device=rows.device).index_add_(0, rows, g)
 
 
-def _topk_tau_order(ct, T):
-    """:func:`~hdecode_torch.kernels.support_jaccard.heavy_order` for τ, cached for the uniform completion."""
-    name = "jaccard_topk_heavy" if ct.prior is None else None
-    return heavy_order(ct.h, ct.weights, T.tau, name)
+def _closed_candidates(h, T, rows, nodes):
+    """The (row, node) pairs with every ancestor of their nodes, each once, by row then preorder (a guard
+    against rounding between tests that are closed in exact arithmetic).  O(M·D log(M·D))."""
+    n = h.num_nodes
+    up = walk_up(h, nodes, T.max_depth)  # (M, D + 1), the root repeated above
+    key = torch.unique((rows[:, None] * n + T.pre.index_select(0, up.reshape(-1)).view(up.shape)).reshape(-1))
+    rows = key // n
+    return rows, T.order.index_select(0, key - rows * n)
+
+
+def _topk_tau_order(ct, T, limit):
+    """:func:`~hdecode_torch.kernels.support_jaccard.heavy_order` for τ: the whole order, cached, for the
+    uniform completion; with a prior, the nodes at or above the batch's smallest ``limit`` (B,), per call."""
+    if ct.prior is None:
+        return heavy_order(ct.h, ct.weights, T.tau, "jaccard_topk_heavy")
+    return heavy_order(ct.h, ct.weights, T.tau, None, float(limit.min()))
 
 
 def jaccard_decode_topk(ct) -> torch.Tensor:
@@ -888,18 +900,29 @@ def jaccard_decode_topk(ct) -> torch.Tensor:
     rate = ct.listed.rate
     limit = torch.where(rate > 0, (thr - slack / T.tau_min) * (1 - 8 * u64) / rate.clamp_min(1e-300),
                         float("inf"))
-    hrows, hnodes, _ = heavy_nodes(_topk_tau_order(ct, T), limit)
+    hrows, hnodes, _ = heavy_nodes(_topk_tau_order(ct, T, limit), limit)
     cand_rows = torch.cat([sup.rows.index_select(0, on), hrows])
     cand_nodes = torch.cat([sup.nodes.index_select(0, on), hnodes])
-    # Closed under ancestors (a guard against rounding between the two tests), sorted by row then preorder.
-    up = walk_up(h, cand_nodes, T.max_depth)  # (M, D + 1)
-    key = torch.unique((cand_rows[:, None] * n + T.pre.index_select(0, up.reshape(-1)).view(up.shape)).reshape(-1))
-    cand_rows = key // n
-    cand_nodes = T.order.index_select(0, key - cand_rows * n)
+    cand_rows, cand_nodes = _closed_candidates(h, T, cand_rows, cand_nodes)
+    qc = masses(cand_rows, cand_nodes)  # (M, E)
+    count = torch.zeros(bsz, dtype=torch.long, device=dev).index_add_(0, cand_rows, torch.ones_like(cand_rows))
+    # (iii) LB from the closed prefixes of the candidates at sizes around E[d(y)] + 1 (the dense decoder's
+    # step: on rows whose most probable leaf is an unlisted one its root path is a weak bound), and the
+    # candidates it leaves.
+    wide = _Cands(T, bsz, cand_rows, cand_nodes, qc, torch.float64, count, int(count.max()))
+    ks = (k_ref[:, None] + torch.arange(-3, 4, device=dev)).clamp(min=1, max=wide.c)
+    g = _gains_at(T, wide.q, wide.depth, ks[wide.sample], wide.c, budget // 4)
+    prefix = _prefix_lower_bound(T, wide, g, ks, 3).double()
+    del g
+    lb = torch.maximum(lb0, prefix * (1 - (num_e + wide.c + 16) * u64 - mass_rel) - 2 * wide.c * mass_abs)
+    keep = (wide.pv + slack >= T.tau.index_select(0, cand_nodes) * (lb * (1 - 16 * u64 - mass_rel))[cand_rows])
+    keep = keep.nonzero().squeeze(1)
+    cand_rows, cand_nodes = _closed_candidates(h, T, cand_rows.index_select(0, keep), cand_nodes.index_select(0, keep))
+    qc = masses(cand_rows, cand_nodes)
+    del wide
     count = torch.zeros(bsz, dtype=torch.long, device=dev).index_add_(0, cand_rows, torch.ones_like(cand_rows))
     start = torch.cumsum(count, 0) - count
     slot = torch.arange(cand_rows.shape[0], device=dev) - start.index_select(0, cand_rows)
-    qc = masses(cand_rows, cand_nodes)  # (M, E)
     # (iii) the knapsacks on the packed candidates, rows in chunks whose (rows, C, C) gains fit the budget.
     width_all = int(count.max())
     step = max(1, budget // (48 * width_all * (width_all + num_e)))
@@ -915,7 +938,7 @@ def jaccard_decode_topk(ct) -> torch.Tensor:
         qp = torch.zeros(b - a, width, num_e, dtype=torch.float64, device=dev)
         qp[r, s] = qc.index_select(0, at)
         trust_indices(count[a:b], width)
-        members = jaccard_sets(qp, ids, count[a:b], lb0[a:b], k_ref[a:b], T.pre, T.end, T.depth, T.dmin1,
+        members = jaccard_sets(qp, ids, count[a:b], lb[a:b], k_ref[a:b], T.pre, T.end, T.depth, T.dmin1,
                                T.depths, T.max_depth, mass_rel, mass_abs, budget)
         mr, mc = members.nonzero().unbind(1)
         out_rows.append(mr + a)
