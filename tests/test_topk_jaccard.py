@@ -138,6 +138,23 @@ def test_the_unlisted_mass_wins():
     assert dense[0, big] and _off_support(h, [[lonely]], dense) == 1
 
 
+@pytest.mark.parametrize("plan", PLANS)
+def test_deep_caterpillars_match_the_dense_decoder(plan):
+    # depth 200: the first bound scores the root path at the sizes around E[d(y)] + 1 only (its (D+1)²·E table
+    # of every size would be too large), and sets reach down long single-leaf levels
+    from test_decoders import caterpillar
+
+    rng = np.random.default_rng(10)
+    for depth in (40, 200):
+        h = caterpillar(depth)
+        m = hd.get_metric("jaccard", h)
+        L = h.num_leaves
+        for k in (1, 5, L // 2):
+            vals, idx = random_lists(rng, L, 6, k)
+            topk = hd.TopK(torch.tensor(vals), torch.tensor(idx))
+            _check_optimal(m, topk, _decode(m, topk, plan), torch.float64)
+
+
 @pytest.mark.parametrize("tree", ["tieredimagenet-h", "inat19"])
 @pytest.mark.parametrize("plan", PLANS)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

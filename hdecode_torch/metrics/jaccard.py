@@ -124,6 +124,11 @@ each of the two node screens; the pairs (sample, size) with the knapsack's per-p
 counts; the pairs' allowed counts, once per group of pairs).  The CPU plan, where a read costs
 nothing, lists the first screen's pairs with ``nonzero`` (one more read) and, for float32 inputs,
 the pairs re-scored in float64 (§6; one more, where the GPU plan re-scores every pair): six.
+
+9. Top-k inputs.  The masses enter only through the per-leaf-depth masses Q_e(n) of the candidates, so a
+completed top-k distribution is decoded from the ancestors of its listed leaves and the nodes the
+completion alone makes heavy enough for §2's bound, never B × L or B × N (:func:`jaccard_decode_topk`,
+exactness argument there; :func:`jaccard_expected_topk` for the value of a set).
 """
 
 from __future__ import annotations
@@ -836,8 +841,8 @@ def jaccard_decode_topk(ct) -> torch.Tensor:
     Returns a coalesced sparse COO bool (B, N) tensor: each row's set, root included.
 
     Exactness.  The decoder of the module docstring needs, per row, a lower bound LB ≤ U* (the value of
-    an achieved set) and every node with p(n) ≥ τ(n)·LB (§2: the nodes of every optimal set are among them,
-    a closed set), with their per-leaf-depth masses; :func:`~hdecode_torch.kernels.fused.jaccard_sets` then
+    an achieved set) and every node with p(n) ≥ τ(n)·LB, τ(n) = (d_min(n) + 1)/(2 d_min(n) + D + 1) (§2: a
+    non-root node of an optimal set S has p(n) ≥ τ(n)·E[J(S)], so every optimal set is among them, a closed set), with their per-leaf-depth masses; :func:`~hdecode_torch.kernels.fused.jaccard_sets` then
     solves the knapsacks on those candidates alone.  Under the completion:
 
     - LB₀ is the best value of the root-path prefixes A(a) of the most probable leaf of q (listed, or the
@@ -848,15 +853,19 @@ def jaccard_decode_topk(ct) -> torch.Tensor:
       tree-wide order by decreasing W/τ, each prefix closed, of at most Σ_d (2d + D + 1)·m / ((d + 1)·LB₀)
       nodes (the nodes of one depth are disjoint and share the missing mass m), whatever L; none where r = 0.
 
-    Every test allows the masses' rounding (it may only keep more), and the candidates are closed under
-    ancestors before they are solved, so the candidates hold every optimal set, as the dense decoder's do,
-    and the knapsacks return an optimal set of the completed distribution: its expected score is the dense
-    decoder's on :meth:`~hdecode_torch.core.topk.TopK.completed` (its set may differ between sets of equal
-    value).  All in float64, on both plans.
+    Then, as the dense decoder's step (iii) (§4), LB = max(LB₀, the best closed prefix of those candidates at
+    the sizes k̂ − 3..k̂ + 3), an achieved value again (rows whose most probable leaf is an unlisted one have a
+    weak LB₀), and the candidates p̃(n) ≥ τ(n)·LB, a subset.  Every test allows the masses' rounding (it may
+    only keep more), and the candidates are closed under ancestors each time, so they hold every optimal
+    set, as the dense decoder's do, and the knapsacks return an optimal set of the completed distribution:
+    its expected score is the dense decoder's on :meth:`~hdecode_torch.core.topk.TopK.completed` (its set
+    may differ between sets of equal value).  All in float64, on both plans.
 
-    Cost: O(B·k·D) for the support, O(C·E·log(B·k)) for the masses of the C candidates, the knapsacks of
-    :func:`~hdecode_torch.kernels.fused.jaccard_sets` on the packed (B, max C) candidates (rows in chunks of the
-    memory budget), O(N log N) tree tables once (per call with a prior).  Three host reads and one per chunk.
+    Cost: O(B·k·D) for the support, O(C·D·log(C·D)) to close the C candidates, O(C·E·log(B·k)) for their
+    masses, the knapsacks of :func:`~hdecode_torch.kernels.fused.jaccard_sets` on the packed (B, max C)
+    candidates (rows in chunks of the memory budget); tree tables once, O(N log N) (with a prior, per call:
+    an O(N) pass and the sort of the nodes it keeps, and the best leaf's O(L log L) order).  A few host
+    reads (the heavy nodes' count, the candidates' widths, one per chunk of rows).
     """
     h = ct.h
     bsz = ct.batch_size
