@@ -29,6 +29,7 @@ from typing import NamedTuple
 import torch
 
 from .depth_ranges import depth_range_ends, depth_ranges
+
 __all__ = ["DepthListed", "depth_listed", "completion_prefix", "depth_masses_topk", "heavy_order", "heavy_nodes"]
 
 
@@ -58,19 +59,21 @@ def _order_rank(h) -> torch.Tensor:
 
 
 def _prefix(x: torch.Tensor) -> torch.Tensor:
+    """(B, k + 1) float64 prefix sums of the rows of x (B, k), 0 first."""
     zero = torch.zeros(x.shape[0], 1, dtype=torch.float64, device=x.device)
     return torch.cat([zero, x.cumsum(1)], 1)
 
 
 def depth_listed(h, values: torch.Tensor, indices: torch.Tensor, rate: torch.Tensor,
-                    prior: torch.Tensor | None) -> DepthListed:
+                 prior: torch.Tensor | None) -> DepthListed:
     """The :class:`DepthListed` of a batch: values (B, k) float64, indices (B, k) int64 leaf ids, rate (B,)
     float64 r, prior None or (L,) float64.  O(B·k·log k)."""
     bsz, k = indices.shape
     pos = _order_rank(h).index_select(0, indices.reshape(-1)).view(bsz, k)
     pos, order = pos.sort(1)
     v = values.to(torch.float64).gather(1, order)
-    w = torch.ones_like(v) if prior is None else prior.to(torch.float64)[indices.gather(1, order)]
+    w = torch.ones_like(v) if prior is None else prior.to(torch.float64).index_select(
+        0, indices.gather(1, order).reshape(-1)).view(bsz, k)
     rows = torch.arange(bsz, device=pos.device)[:, None]
     keys = (rows * h.num_leaves + pos).reshape(-1)
     return DepthListed(keys, _prefix(v).reshape(-1), _prefix(w).reshape(-1), rate)

@@ -842,8 +842,9 @@ def jaccard_decode_topk(ct) -> torch.Tensor:
 
     Exactness.  The decoder of the module docstring needs, per row, a lower bound LB ≤ U* (the value of
     an achieved set) and every node with p(n) ≥ τ(n)·LB, τ(n) = (d_min(n) + 1)/(2 d_min(n) + D + 1) (§2: a
-    non-root node of an optimal set S has p(n) ≥ τ(n)·E[J(S)], so every optimal set is among them, a closed set), with their per-leaf-depth masses; :func:`~hdecode_torch.kernels.fused.jaccard_sets` then
-    solves the knapsacks on those candidates alone.  Under the completion:
+    non-root node of an optimal set S has p(n) ≥ τ(n)·E[J(S)], so every optimal set is among them, a closed
+    set), with their per-leaf-depth masses; :func:`~hdecode_torch.kernels.fused.jaccard_sets` then solves the
+    knapsacks on those candidates alone.  Under the completion:
 
     - LB₀ is the best value of the root-path prefixes A(a) of the most probable leaf of q (listed, or the
       unlisted leaf of largest weight), from their masses, lowered by its rounding bound (§7);
