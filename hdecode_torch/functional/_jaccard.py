@@ -96,18 +96,24 @@ def decode_jaccard(leaf_probs: torch.Tensor | Posterior, hierarchy: Hierarchy, *
     Equals ``get_metric("jaccard", hierarchy).decode(leaf_probs)``
     (:class:`~hdecode_torch.metrics.jaccard.Jaccard`).
 
+    A top-k list (``probs.topk(k)`` or :class:`~hdecode_torch.TopK`) is decoded exactly for its completed
+    distribution (the missing mass spread over the unlisted leaves, uniformly or by a prior), on the ancestors
+    of the listed leaves and the nodes heavy enough under the completion alone to be in an optimal set, never
+    B × L or B × N: the same expected score as the dense decoder on the completed table.
+
     Args:
-        leaf_probs: (B, L) or (L,) float probabilities (or a Posterior).
+        leaf_probs: (B, L) or (L,) float probabilities (or a Posterior), or a top-k list of (B, k) or (k,)
+            values and leaf ids.
         hierarchy: the Hierarchy.
         from_logits, normalize, validate, chunk_size: as for :func:`~hdecode_torch.functional.expected`.
         within: (B,) int64 node ids (or one for all rows) the answers must lie under, as for
-            :func:`~hdecode_torch.functional.decode`.
-        certify: with a top-k input, also each row's certificate: ``(pred, certified, regret_bound)``,
-            as for :func:`~hdecode_torch.functional.decode`.
+            :func:`~hdecode_torch.functional.decode` (dense inputs only).
+        certify: jaccard gives no certificate of a top-k decision: True is refused.
 
     Returns:
         (B, N) bool ancestor-closed node sets holding the root (unbatched for a (L,) input), on the
-        probabilities' device.
+        probabilities' device; for a top-k list, the same sets as a coalesced sparse COO bool (B, N) tensor
+        ((N,) for one row; ``.to_dense()`` gives the table).
 
     Example:
         >>> import torch

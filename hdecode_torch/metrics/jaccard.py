@@ -124,6 +124,11 @@ each of the two node screens; the pairs (sample, size) with the knapsack's per-p
 counts; the pairs' allowed counts, once per group of pairs).  The CPU plan, where a read costs
 nothing, lists the first screen's pairs with ``nonzero`` (one more read) and, for float32 inputs,
 the pairs re-scored in float64 (§6; one more, where the GPU plan re-scores every pair): six.
+
+9. Top-k inputs.  The masses enter only through the per-leaf-depth masses Q_e(n) of the candidates, so a
+completed top-k distribution is decoded from the ancestors of its listed leaves and the nodes the
+completion alone makes heavy enough for §2's bound, never B × L or B × N (:func:`jaccard_decode_topk`,
+exactness argument there; :func:`jaccard_expected_topk` for the value of a set).
 """
 
 from __future__ import annotations
@@ -138,10 +143,14 @@ from ..kernels.depth_ranges import depth_masses, depth_masses_packed, depth_rang
 from ..kernels.fused import jaccard_sets, trust_indices
 from ..kernels.fused.jaccard_sets import PAD_DEPTH as _PAD_DEPTH
 from ..kernels.fused.jaccard_sets import GAIN_CELLS, GAIN_ROWS, gains, knapsack_sets, row_slacks, size_bound
+from ..core.node_sets import sparse_node_sets
+from ..core.plan import resolve_plan
+from ..kernels.support import support_best_leaf, support_table, walk_up
+from ..kernels.support_jaccard import completion_prefix, depth_listed, depth_masses_topk, heavy_nodes, heavy_order
 from .base import SetMetric
 
 __all__ = ["Jaccard", "jaccard_from_counts", "jaccard_expected", "jaccard_decode", "jaccard_decode_packed",
-           "jaccard_trace", "JaccardTrace",
+           "jaccard_trace", "JaccardTrace", "jaccard_decode_topk", "jaccard_expected_topk",
            "jaccard_value_bound", "jaccard_size_bound"]
 
 
@@ -771,6 +780,185 @@ def _masses_packed(h, prefix: torch.Tensor, ids: torch.Tensor, budget: int) -> t
     return depth_masses_packed(h, prefix, ids, budget)
 
 
+# --------------------------------------------------------------------------- top-k inputs
+def _topk_masses(ct):
+    """``(masses(rows, nodes) -> (M, E) float64, mass_rel, mass_abs)`` of a completed top-k batch ``ct``:
+    Q_e(n) = S_e(n) + r·(W_e(n) − C_e(n)) (:mod:`~hdecode_torch.kernels.support_jaccard`) and the bounds on
+    an entry's rounding error.  S_e and C_e are differences of prefix sums of ≤ k listed terms (absolute
+    error ≤ 2(k + 1)·u₆₄ for masses summing to 1); W_e − C_e is exact for the uniform completion (counts),
+    and r·(W_e − C_e) one more rounding (relative u₆₄); a prior's prefix sums over L + k terms add
+    (L + k)·u₆₄·r·Σπ at most."""
+    h = ct.h
+    dl = depth_listed(h, ct.values, ct.indices, ct.listed.rate, ct.prior)
+    wprefix = completion_prefix(h, ct.prior)
+    eps = torch.finfo(torch.float64).eps
+    mass_abs = 4 * eps * (ct.k + 2)
+    if ct.prior is not None and ct.batch_size:
+        mass_abs += 4 * eps * (h.num_leaves + ct.k) * float(ct.listed.rate.max()) * float(ct.weights[h.root])
+    return (lambda rows, nodes: depth_masses_topk(h, dl, wprefix, rows, nodes)), 4 * eps, mass_abs
+
+
+def jaccard_expected_topk(ct, sets: torch.Tensor) -> torch.Tensor:
+    """(B,) float64 expected Jaccard index of closed sets under a completed top-k distribution.
+
+    ct: a :class:`~hdecode_torch.core.topk.CompletedTopK`; sets: coalesced sparse COO bool (B, N), ancestor-
+    closed.  E[J(S)] = Σ_{a ∈ S} g_{|S|}(a) (module docstring, §1), each g from a's per-leaf-depth masses
+    under the completion: O(nnz·E·log(B·k)) time, O(nnz·E) memory, nothing B × L or B × N.
+    """
+    h = ct.h
+    idx = sets.indices()
+    rows, nodes = idx[0], idx[1]
+    bsz = sets.shape[0]
+    size = torch.zeros(bsz, dtype=torch.float64, device=rows.device).index_add_(
+        0, rows, torch.ones_like(rows, dtype=torch.float64))
+    masses, _, _ = _topk_masses(ct)
+    q = masses(rows, nodes)  # (nnz, E)
+    d = h.depth.index_select(0, nodes).to(torch.float64)[:, None]
+    x = (size.index_select(0, rows)[:, None] - d) + _tables(h).depths  # m + d_e, m = |S| − d(a) ≥ 1
+    g = (q * (x + 1 + d) / (x * (x + 1))).sum(1)
+    return torch.zeros(bsz, dtype=torch.float64, device=rows.device).index_add_(0, rows, g)
+
+
+def _closed_candidates(h, T, rows, nodes):
+    """The (row, node) pairs with every ancestor of their nodes, each once, by row then preorder (a guard
+    against rounding between tests that are closed in exact arithmetic).  O(M·D log(M·D))."""
+    n = h.num_nodes
+    up = walk_up(h, nodes, T.max_depth)  # (M, D + 1), the root repeated above
+    key = torch.unique((rows[:, None] * n + T.pre.index_select(0, up.reshape(-1)).view(up.shape)).reshape(-1))
+    rows = key // n
+    return rows, T.order.index_select(0, key - rows * n)
+
+
+def _topk_tau_order(ct, T, limit):
+    """:func:`~hdecode_torch.kernels.support_jaccard.heavy_order` for τ: the whole order, cached, for the
+    uniform completion; with a prior, the nodes at or above the batch's smallest ``limit`` (B,), per call."""
+    if ct.prior is None:
+        return heavy_order(ct.h, ct.weights, T.tau, "jaccard_topk_heavy")
+    return heavy_order(ct.h, ct.weights, T.tau, None, float(limit.min()))
+
+
+def jaccard_decode_topk(ct) -> torch.Tensor:
+    """Bayes-optimal ancestor-closed Jaccard sets of a completed top-k distribution, on the support.
+
+    ct: a :class:`~hdecode_torch.core.topk.CompletedTopK` (B rows of k listed leaves, completion q).
+    Returns a coalesced sparse COO bool (B, N) tensor: each row's set, root included.
+
+    Exactness.  The decoder of the module docstring needs, per row, a lower bound LB ≤ U* (the value of
+    an achieved set) and every node with p(n) ≥ τ(n)·LB, τ(n) = (d_min(n) + 1)/(2 d_min(n) + D + 1) (§2: a
+    non-root node of an optimal set S has p(n) ≥ τ(n)·E[J(S)], so every optimal set is among them, a closed
+    set), with their per-leaf-depth masses; :func:`~hdecode_torch.kernels.fused.jaccard_sets` then solves the
+    knapsacks on those candidates alone.  Under the completion:
+
+    - LB₀ is the best value of the root-path prefixes A(a) of the most probable leaf of q (listed, or the
+      unlisted leaf of largest weight), from their masses, lowered by its rounding bound (§7);
+    - on the support (the ancestors of the listed leaves, k·(D+1) per row at most) p̃(n) is read from the
+      support table and compared with τ(n)·LB₀;
+    - off the support p̃(n) = r·W(n), so the nodes passing are those with W(n)/τ(n) ≥ LB₀/r: a prefix of one
+      tree-wide order by decreasing W/τ, each prefix closed, of at most Σ_d (2d + D + 1)·m / ((d + 1)·LB₀)
+      nodes (the nodes of one depth are disjoint and share the missing mass m), whatever L; none where r = 0.
+
+    Then, as the dense decoder's step (iii) (§4), LB = max(LB₀, the best closed prefix of those candidates at
+    the sizes k̂ − 3..k̂ + 3), an achieved value again (rows whose most probable leaf is an unlisted one have a
+    weak LB₀), and the candidates p̃(n) ≥ τ(n)·LB, a subset.  Every test allows the masses' rounding (it may
+    only keep more), and the candidates are closed under ancestors each time, so they hold every optimal
+    set, as the dense decoder's do, and the knapsacks return an optimal set of the completed distribution:
+    its expected score is the dense decoder's on :meth:`~hdecode_torch.core.topk.TopK.completed` (its set
+    may differ between sets of equal value).  All in float64, on both plans.
+
+    Cost: O(B·k·D) for the support, O(C·D·log(C·D)) to close the C candidates, O(C·E·log(B·k)) for their
+    masses, the knapsacks of :func:`~hdecode_torch.kernels.fused.jaccard_sets` on the packed (B, max C)
+    candidates (rows in chunks of the memory budget); tree tables once, O(N log N) (with a prior, per call:
+    an O(N) pass and the sort of the nodes it keeps, and the best leaf's O(L log L) order).  A few host
+    reads (the heavy nodes' count, the candidates' widths, one per chunk of rows).
+    """
+    h = ct.h
+    bsz = ct.batch_size
+    n = h.num_nodes
+    dev = ct.values.device
+    if bsz == 0:
+        return sparse_node_sets(torch.zeros(0, dtype=torch.long, device=dev),
+                                torch.zeros(0, dtype=torch.long, device=dev), 0, n)
+    T = _tables(h)
+    num_e = T.depths.numel()
+    u64 = torch.finfo(torch.float64).eps / 2
+    masses, mass_rel, mass_abs = _topk_masses(ct)
+    budget = resolve_plan(h, dev).budget
+    # (i) LB₀: the root-path prefixes of the most probable leaf of q.
+    k_ref = (ct.expected_leaf_depth() + 1).round().long()
+    top = support_best_leaf(h, ct.listed, ct.values, ct.indices, ct.prior)
+    chain = _root_paths(h, T, top)  # (B, D + 1), N past the leaf
+    kk = T.max_depth + 1
+    rows = torch.arange(bsz, device=dev)
+    q = masses(rows.repeat_interleave(kk), chain.reshape(-1)).view(bsz, kk, num_e)
+    if kk ** 2 * num_e <= _CHAIN_TABLE_MAX:
+        # Past the leaf the masses are 0 and the other gains only fall with k: never the maximum.
+        values = torch.tensordot(q, _chain_weights(h, T), dims=([1, 2], [0, 1])).amax(1)
+    else:
+        ks = torch.cat([k_ref[:, None] + torch.arange(-3, 4, device=dev), (T.depth[top] + 1)[:, None]], 1)
+        ks = ks.clamp(min=1, max=kk)
+        g = _gains_at(T, q.view(-1, num_e), T.depth[chain.view(-1)], ks.repeat_interleave(kk, 0), kk, budget // 4)
+        inside = torch.arange(kk, device=dev)[None, :, None] < ks[:, None, :]
+        values = g.view(bsz, kk, -1).masked_fill(~inside, 0).sum(1).nan_to_num(nan=float("-inf")).amax(1)
+    lb0 = values * (1 - (num_e + kk + 16) * u64 - mass_rel) - 2 * kk * mass_abs
+    # A row without mass scores 0 with every set: 2 (above any value) keeps only its root.
+    lb0 = torch.where(q[:, 0].sum(1) > 0, lb0, 2.0)
+    del q, chain
+    # (ii) the candidates p̃(n) ≥ τ(n)·LB₀, allowing the masses' rounding: on the support from its table ...
+    thr = lb0 * (1 - 16 * u64 - mass_rel)
+    slack = (num_e + 2) * mass_abs
+    sup = support_table(h, ct.listed, ct.weights)
+    tau = T.tau
+    on = (sup.p + slack >= tau.index_select(0, sup.nodes) * thr.index_select(0, sup.rows)).nonzero().squeeze(1)
+    # ... and off it, W(n)/τ(n) ≥ thr/r: a prefix of the heavy order (none where r = 0).
+    rate = ct.listed.rate
+    limit = torch.where(rate > 0, (thr - slack / T.tau_min) * (1 - 8 * u64) / rate.clamp_min(1e-300),
+                        float("inf"))
+    hrows, hnodes, _ = heavy_nodes(_topk_tau_order(ct, T, limit), limit)
+    cand_rows = torch.cat([sup.rows.index_select(0, on), hrows])
+    cand_nodes = torch.cat([sup.nodes.index_select(0, on), hnodes])
+    cand_rows, cand_nodes = _closed_candidates(h, T, cand_rows, cand_nodes)
+    qc = masses(cand_rows, cand_nodes)  # (M, E)
+    count = torch.zeros(bsz, dtype=torch.long, device=dev).index_add_(0, cand_rows, torch.ones_like(cand_rows))
+    # (iii) LB from the closed prefixes of the candidates at sizes around E[d(y)] + 1 (the dense decoder's
+    # step: on rows whose most probable leaf is an unlisted one its root path is a weak bound), and the
+    # candidates it leaves.
+    wide = _Cands(T, bsz, cand_rows, cand_nodes, qc, torch.float64, count, int(count.max()))
+    ks = (k_ref[:, None] + torch.arange(-3, 4, device=dev)).clamp(min=1, max=wide.c)
+    g = _gains_at(T, wide.q, wide.depth, ks[wide.sample], wide.c, budget // 4)
+    prefix = _prefix_lower_bound(T, wide, g, ks, 3).double()
+    del g
+    lb = torch.maximum(lb0, prefix * (1 - (num_e + wide.c + 16) * u64 - mass_rel) - 2 * wide.c * mass_abs)
+    keep = (wide.pv + slack >= T.tau.index_select(0, cand_nodes) * (lb * (1 - 16 * u64 - mass_rel))[cand_rows])
+    keep = keep.nonzero().squeeze(1)
+    cand_rows, cand_nodes = _closed_candidates(h, T, cand_rows.index_select(0, keep), cand_nodes.index_select(0, keep))
+    qc = masses(cand_rows, cand_nodes)
+    del wide
+    count = torch.zeros(bsz, dtype=torch.long, device=dev).index_add_(0, cand_rows, torch.ones_like(cand_rows))
+    start = torch.cumsum(count, 0) - count
+    slot = torch.arange(cand_rows.shape[0], device=dev) - start.index_select(0, cand_rows)
+    # (iii) the knapsacks on the packed candidates, rows in chunks whose (rows, C, C) gains fit the budget.
+    width_all = int(count.max())
+    step = max(1, budget // (48 * width_all * (width_all + num_e)))
+    out_rows, out_nodes = [rows], [torch.full((bsz,), h.root, dtype=torch.long, device=dev)]
+    for a in range(0, bsz, step):
+        b = min(bsz, a + step)
+        width = int(count[a:b].max())
+        sel = (cand_rows >= a) & (cand_rows < b)
+        at = sel.nonzero().squeeze(1)
+        r, s = cand_rows.index_select(0, at) - a, slot.index_select(0, at)
+        ids = torch.full((b - a, width), n, dtype=torch.long, device=dev)
+        ids[r, s] = cand_nodes.index_select(0, at)
+        qp = torch.zeros(b - a, width, num_e, dtype=torch.float64, device=dev)
+        qp[r, s] = qc.index_select(0, at)
+        trust_indices(count[a:b], width)
+        members = jaccard_sets(qp, ids, count[a:b], lb[a:b], k_ref[a:b], T.pre, T.end, T.depth, T.dmin1,
+                               T.depths, T.max_depth, mass_rel, mass_abs, budget)
+        mr, mc = members.nonzero().unbind(1)
+        out_rows.append(mr + a)
+        out_nodes.append(ids[mr, mc])
+    return sparse_node_sets(torch.cat(out_rows), torch.cat(out_nodes), bsz, n)
+
+
 class Jaccard(SetMetric):
     """Jaccard index |h⁺ ∩ y⁺| / |h⁺ ∪ y⁺|; its exact decoder is :func:`jaccard_decode`."""
 
@@ -799,3 +987,11 @@ class Jaccard(SetMetric):
 
     def _expected_sets(self, post, sets):
         return jaccard_expected(post, sets)
+
+    accepts_topk = True
+
+    def _decode_topk(self, ct):
+        return jaccard_decode_topk(ct)
+
+    def _expected_topk(self, ct, sets):
+        return jaccard_expected_topk(ct, sets)
