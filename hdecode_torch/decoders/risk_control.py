@@ -106,6 +106,7 @@ from ..core.posterior import Posterior
 from ..core.subtree import as_within, split_within
 from ..core.index_checks import RangeCheck, as_targets
 from ..core.scalar_checks import check_nonnegative
+from ..kernels.support import support_top_down
 from ..kernels.top_down_path import best_child, child_slots, descend, leaf_prefix, miss_chains, miss_critical_values
 from .base import Decoder
 
@@ -130,6 +131,11 @@ class ThresholdDescent(Decoder):
     ``lam`` ≥ 0.  For ``lam`` ≥ 1/2 it is the deepest node with p(n) > ``lam``; a larger ``lam`` always
     gives the same node or an ancestor (see the module docstring for both proofs).  Ties between
     equally probable children: the smallest id.  O(B·(L + Σ_d K_d)) for K_d the widest node at depth d.
+
+    A top-k list (:class:`~hdecode_torch.TopK`) is decoded on its support: the same path on the completed
+    distribution, its p̃ in float64 (:func:`~hdecode_torch.kernels.support.support_top_down` with the stop at
+    ``lam``), O(B·k·D·log(B·k)), equal to the dense node wherever the node sums are exact.  Fitting
+    (``fit``, ``loss_steps``, ``risk_coverage``) takes the dense (B, L) probabilities.
     """
 
     name = "threshold_descent"
@@ -154,6 +160,13 @@ class ThresholdDescent(Decoder):
 
     def _decode_default(self, post) -> torch.Tensor:
         return descend(post.h, post.probs, self._threshold())
+
+    accepts_topk = True
+
+    def _decode_topk(self, ct) -> torch.Tensor:
+        # the top-down path on the list's support, stopped where the next node's p̃ is at most λ
+        return support_top_down(ct.h, ct.listed, ct.weights, ct.indices, "topk_heaviest" if ct.prior is None else None,
+                                lam=self._threshold())
 
 
 # --------------------------------------------------------------------------- per-row loss steps
