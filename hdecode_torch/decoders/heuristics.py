@@ -18,8 +18,8 @@ same node, in any batch and any chunking):
 
 Top-k inputs (:class:`~hdecode_torch.TopK`): every rule here decodes the list on its support
 (:mod:`hdecode_torch.kernels.support`, :mod:`hdecode_torch.kernels.support_heuristics`), the node it picks on
-the completed table with the tie rules above, in O(B·k·D·log(B·k·D)) (masses in float64, keys rounded to the
-input's compute dtype as the dense table's; equal to the dense rule's node wherever the node sums are exact),
+the completed table with the tie rules above, in O(B·k·D·log(B·k·D)) (masses and keys in float64: equal to the
+dense rule's node on the float64 completed table wherever its node sums are exact),
 except ``confidence_threshold`` below 1/2: the nodes above tau then need not lie on one root path, and the
 most informative of them may be any off-support node whose r·W(n) passes tau (a search by leaf counts
 within a mass band, not written).  ``crm`` is ``lca_height``'s support decoder.  Off the support
@@ -261,7 +261,7 @@ class Plurality(Decoder):
     accepts_topk = True
 
     def _decode_topk(self, ct) -> torch.Tensor:
-        return support_plurality(ct.h, ct.listed, ct.weights, ct.dtype, "topk_heaviest" if ct.prior is None else None)
+        return support_plurality(ct.h, ct.listed, ct.weights, "topk_heaviest" if ct.prior is None else None)
 
 
 class Darts(Decoder):
@@ -294,8 +294,7 @@ class Darts(Decoder):
     accepts_topk = True
 
     def _decode_topk(self, ct) -> torch.Tensor:
-        return support_darts(ct.h, ct.listed, ct.weights, self.lam, ct.dtype,
-                             "topk_darts_order" if ct.prior is None else None)
+        return support_darts(ct.h, ct.listed, ct.weights, self.lam, "topk_darts_order" if ct.prior is None else None)
 
 
 class ExpectedInformation(Darts):
@@ -358,7 +357,7 @@ class InformationThreshold(Decoder):
 
     def _decode_topk(self, ct) -> torch.Tensor:
         return support_information_threshold(ct.h, ct.listed, ct.weights, self._allowed(ct.h)[:, 0], self.threshold,
-                                             ct.dtype, "topk_info_threshold_order" if ct.prior is None else None)
+                                             "topk_info_threshold_order" if ct.prior is None else None)
 
 
 class HiE(Decoder):
@@ -397,7 +396,7 @@ class HiE(Decoder):
     accepts_topk = True
 
     def _decode_topk(self, ct) -> torch.Tensor:
-        return support_hie(ct.h, ct.listed, ct.weights, ct.values, ct.indices, ct.prior, ct.dtype,
+        return support_hie(ct.h, ct.listed, ct.weights, ct.values, ct.indices, ct.prior,
                            "topk_hie_tables" if ct.prior is None else None)
 
 

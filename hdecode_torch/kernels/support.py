@@ -42,7 +42,7 @@ from .selection import argbest_pairs, tie_rank
 
 __all__ = ["Listed", "Support", "leaf_ranks", "subtree_weights", "listed_sums", "unlisted_support", "node_mass",
            "support_table", "support_entry_of", "walk_up", "child_order",
-           "first_free_rank", "cheapest_descent", "deepest_leaf", "support_deepest_above", "support_best_leaf",
+           "first_free_rank", "cheapest_descent", "deepest_leaf", "num_children", "support_deepest_above", "support_best_leaf",
            "support_least_lca_height", "support_top_down", "LCACandidates", "lca_height_candidates", "least_lca_height_of"]
 
 
@@ -311,6 +311,12 @@ def deepest_leaf(h):
     return h.cached("topk_deepest_leaf", build)
 
 
+def num_children(h) -> torch.Tensor:
+    """(N,) int64 ``h.num_children``, cached: the property takes a difference over the tree at every read, O(N),
+    and the walks here read it once per level."""
+    return h.cached("topk_num_children", lambda: h.num_children)
+
+
 def _off_support_child(h, rows, nodes, children, rank, at):
     """(M,) int64 per (row, support node at ``at``) the first child, in the order (children, rank), that
     holds no listed leaf of the row; -1 where every child does (or the node is a leaf).
@@ -322,7 +328,7 @@ def _off_support_child(h, rows, nodes, children, rank, at):
     taken_group = _at(rows, child) * n + _at(h.parent, child_nodes)
     a = _at(nodes, at)
     j = first_free_rank(taken_group, _at(rank, child_nodes), _at(rows, at) * n + a)
-    ok = j < _at(h.num_children, a)
+    ok = j < _at(num_children(h), a)
     return torch.where(ok, _at(children, (_at(h.children_ptr, a) + j).clamp_max(children.shape[0] - 1)), -1)
 
 

@@ -23,9 +23,9 @@ nodes in the order (:func:`~hdecode_torch.kernels.support.first_free_rank`):
 
 Ties are the dense rules': the deeper node, then the smaller id (``argbest``) for the node rules, the
 smaller leaf id for HiE.  The orders break equal K the same way, so the first free node is the one the
-dense rule prefers among the off-support nodes of equal key.  Keys are computed in the input's compute
-dtype from the float64 p̃ rounded to it, as the dense decoders compute them from the node table: where p̃
-is exact in that dtype (dyadic rows), the same keys, the same ties, the same node.
+dense rule prefers among the off-support nodes of equal key.  Keys are computed in float64: the rule's node on the
+completed distribution in float64 (the dense decoder's on ``TopK.completed(L, torch.float64)``; on a float32
+table the dense keys are rounded to float32, which can tie keys that differ in float64).
 
 Cost: the support table (O(B·k·D)) and one sort of the support's ranks (O(B·k·D·log(B·k·D))); the
 orders are O(N log N) tree tables, cached per hierarchy for the uniform completion, built per call
@@ -37,7 +37,8 @@ from __future__ import annotations
 import torch
 
 from .selection import argbest_pairs, tie_rank
-from .support import Listed, _at, _off_support_child, _where, child_order, first_free_rank, node_mass, support_table
+from .support import (Listed, _at, _off_support_child, _where, child_order, first_free_rank, node_mass, num_children,
+                      support_table)
 
 __all__ = ["node_order", "first_off_support", "support_best_key", "support_darts",
            "support_information_threshold", "support_hie", "support_plurality"]
@@ -105,34 +106,32 @@ def support_best_key(h, listed: Listed, weights: torch.Tensor, batch_size: int, 
     return argbest_pairs(h, key_of(all_nodes, all_p), all_rows, all_nodes, batch_size, higher_is_better=True)
 
 
-def support_darts(h, listed: Listed, weights: torch.Tensor, lam: float, dtype: torch.dtype,
-                  cache_name: str | None) -> torch.Tensor:
-    """(B,) int64 argmax_n (I(n) + lam)·p̃(n) (ties: deeper, then smaller id), keys in ``dtype`` as the dense
-    ``darts_predict``.  ``cache_name``: caches the order by (I + lam)·W (None: built here, with a prior)."""
+def support_darts(h, listed: Listed, weights: torch.Tensor, lam: float, cache_name: str | None) -> torch.Tensor:
+    """(B,) int64 argmax_n (I(n) + lam)·p̃(n) (ties: deeper, then smaller id), float64.  ``cache_name``: caches
+    the order by (I + lam)·W (None: built here, with a prior)."""
     info = h.information
 
     def by_key():
         return node_order(h, (info + lam) * weights)
     order_pos = by_key() if cache_name is None else h.cached((cache_name, float(lam)), by_key)
     order_zero = h.cached("topk_node_order_by_tie", lambda: node_order(h, None))
-    info_d = info.to(dtype)
 
     def key_of(nodes, p):
-        return (_at(info_d, nodes) + lam) * p.to(dtype)
+        return (_at(info, nodes) + lam) * p
     return support_best_key(h, listed, weights, listed.rate.shape[0], key_of, order_pos, order_zero)
 
 
 def support_information_threshold(h, listed: Listed, weights: torch.Tensor, allowed: torch.Tensor,
-                                  threshold: float, dtype: torch.dtype, cache_name: str | None) -> torch.Tensor:
+                                  threshold: float, cache_name: str | None) -> torch.Tensor:
     """(B,) int64 the node of largest p̃ among ``allowed`` (N,) bool (I(n) ≥ ``threshold``), ties: deeper, then
-    smaller id; p̃ rounded to ``dtype`` as the dense table.  ``cache_name``: caches the order by W."""
+    smaller id.  ``cache_name``: caches the order by W."""
     def by_weight():
         return node_order(h, weights, allowed)
     order_pos = by_weight() if cache_name is None else h.cached((cache_name, float(threshold)), by_weight)
     order_zero = h.cached(("topk_node_order_info_at_least", float(threshold)), lambda: node_order(h, None, allowed))
 
     def key_of(nodes, p):
-        return p.to(dtype)
+        return p
     return support_best_key(h, listed, weights, listed.rate.shape[0], key_of, order_pos, order_zero, allowed)
 
 
@@ -155,9 +154,8 @@ def _hie_tables(h, weights_leaf: torch.Tensor, weights: torch.Tensor):
 
 
 def support_hie(h, listed: Listed, weights: torch.Tensor, values: torch.Tensor, indices: torch.Tensor,
-                weights_leaf: torch.Tensor | None, dtype: torch.dtype, cache_name: str | None) -> torch.Tensor:
-    """(B,) int64 the leaf of largest p̃(parent(l))·q(l), the smallest id among ties (the dense HiE), keys in
-    ``dtype`` from p̃ and q rounded to it.
+                weights_leaf: torch.Tensor | None, cache_name: str | None) -> torch.Tensor:
+    """(B,) int64 the leaf of largest p̃(parent(l))·q(l), the smallest id among ties (the dense HiE), float64.
 
     values, indices: (B, k) the list; weights_leaf: None (uniform) or (L,) float64 prior.  Candidates: the
     listed leaves; per support node its unlisted leaf child of largest w; the best leaf under the first
@@ -177,7 +175,7 @@ def support_hie(h, listed: Listed, weights: torch.Tensor, values: torch.Tensor, 
     p_par = node_mass(h, listed, weights, _at(h.parent_or_root, indices))
     cand_rows = [torch.arange(bsz, device=dev).repeat_interleave(k)]
     cand_leaves = [indices.reshape(-1)]
-    cand_keys = [(p_par.to(dtype) * values.to(dtype)).reshape(-1)]
+    cand_keys = [(p_par * values.to(torch.float64)).reshape(-1)]
     # unlisted leaf children of support nodes: the first free rank among each node's children
     every = torch.arange(sup.rows.shape[0], device=dev)
     x = _off_support_child(h, sup.rows, sup.nodes, children[0], children[1], every)
@@ -185,7 +183,7 @@ def support_hie(h, listed: Listed, weights: torch.Tensor, values: torch.Tensor, 
     xl = _at(x, ok)
     cand_rows.append(_at(sup.rows, ok))
     cand_leaves.append(xl)
-    cand_keys.append(_at(sup.p, ok).to(dtype) * (_at(rate, _at(sup.rows, ok)) * _at(wl, xl)).to(dtype))
+    cand_keys.append(_at(sup.p, ok) * (_at(rate, _at(sup.rows, ok)) * _at(wl, xl)))
     # an unlisted leaf under an off-support parent
     a = first_off_support(sup.rows, sup.nodes, order, bsz)
     has = _where(a >= 0)
@@ -194,15 +192,14 @@ def support_hie(h, listed: Listed, weights: torch.Tensor, values: torch.Tensor, 
     leaf = _at(best, pa)
     cand_rows.append(has)
     cand_leaves.append(leaf)
-    cand_keys.append((ra * _at(weights, pa)).to(dtype) * (ra * _at(wl, leaf)).to(dtype))
+    cand_keys.append((ra * _at(weights, pa)) * (ra * _at(wl, leaf)))
     rows, leaves, keys = torch.cat(cand_rows), torch.cat(cand_leaves), torch.cat(cand_keys)
     top = torch.full((bsz,), float("-inf"), dtype=keys.dtype, device=dev).scatter_reduce(0, rows, keys, "amax")
     tied = torch.where(keys == _at(top, rows), leaves, nl)
     return torch.full((bsz,), nl, dtype=torch.long, device=dev).scatter_reduce(0, rows, tied, "amin")
 
 
-def support_plurality(h, listed: Listed, weights: torch.Tensor, dtype: torch.dtype,
-                      order_name: str | None) -> torch.Tensor:
+def support_plurality(h, listed: Listed, weights: torch.Tensor, order_name: str | None) -> torch.Tensor:
     """(B,) int64 the most informative node n with p̃(n) > p̃(z) for every z ∉ A(n), the root if none (the
     dense ``plurality``: its walk down the strict top-down path, ties stop it).
 
@@ -210,7 +207,7 @@ def support_plurality(h, listed: Listed, weights: torch.Tensor, dtype: torch.dty
     support node the children are its support children (p̃ from the support table) and the off-support
     ones, p̃ = r·W: the best two of those are the first two free ranks among the children by decreasing W
     (ties: smaller id).  Off the support, p̃ = r·W all the way down: the heaviest and second heaviest
-    children (tree tables).  Values rounded to ``dtype`` before they are compared, as the dense table.
+    children (tree tables).  Masses in float64.
     One step per level, each O(B·k·log(B·k)): O(B·k·D·log(B·k)) in all; ``order_name`` caches the O(N)
     child order (None: built here).
     """
@@ -231,15 +228,17 @@ def support_plurality(h, listed: Listed, weights: torch.Tensor, dtype: torch.dty
                 torch.where(h.num_children > 1, _at(children, (at + 1).clamp_max(top)), -1))
     first, second = heaviest_two() if order_name is None else h.cached(order_name + "_two", heaviest_two)
     rate = listed.rate
+    kids = num_children(h)
+    dtype = torch.float64
     ninf = torch.tensor(float("-inf"), dtype=dtype, device=dev)
 
     def mass(x):  # p̃ = r·W of off-support nodes x (B,), -inf where x = -1
-        return torch.where(x >= 0, (rate * _at(weights, x.clamp_min(0))).to(dtype), ninf)
+        return torch.where(x >= 0, rate * _at(weights, x.clamp_min(0)), ninf)
     bounds = torch.searchsorted(sup.key, torch.arange(h.max_depth + 2, device=dev) * (bsz * k)).tolist()
     rows = torch.arange(bsz, device=dev)
     cur = torch.full((bsz,), h.root, dtype=torch.long, device=dev)
     out = cur.clone()
-    p_cur = node_mass(h, listed, weights, cur[:, None])[:, 0].to(dtype)
+    p_cur = node_mass(h, listed, weights, cur[:, None])[:, 0]
     off = torch.full((bsz,), float("-inf"), dtype=dtype, device=dev)
     on = torch.ones(bsz, dtype=torch.bool, device=dev)
     walking = torch.ones(bsz, dtype=torch.bool, device=dev)
@@ -250,7 +249,7 @@ def support_plurality(h, listed: Listed, weights: torch.Tensor, dtype: torch.dty
             a, b = bounds[d + 1], bounds[d + 2]
             nodes, srows = sup.nodes[a:b], sup.rows[a:b]
             mine = _where((_at(h.parent, nodes) == _at(cur, srows)) & _at(on, srows))
-            nodes, srows, p = _at(nodes, mine), _at(srows, mine), _at(sup.p[a:b], mine).to(dtype)
+            nodes, srows, p = _at(nodes, mine), _at(srows, mine), _at(sup.p[a:b], mine)
             best_s = torch.full((bsz,), float("-inf"), dtype=dtype, device=dev).scatter_reduce(0, srows, p, "amax")
             tied = torch.where(p == _at(best_s, srows), nodes, n)
             best_node = torch.full((bsz,), n, dtype=torch.long, device=dev).scatter_reduce(0, srows, tied, "amin")
@@ -271,7 +270,7 @@ def support_plurality(h, listed: Listed, weights: torch.Tensor, dtype: torch.dty
             child = torch.where(on, torch.where(take_x, x1, best_node), child)
             on = on & ~(take_x & walking)
         out = torch.where(walking & (p_cur > torch.maximum(off, best)), cur, out)
-        walking = walking & (_at(h.num_children, cur) > 0) & (best > runner_up)
+        walking = walking & (_at(kids, cur) > 0) & (best > runner_up)
         off = torch.maximum(off, runner_up)
         cur = torch.where(walking, child, cur)
         p_cur = torch.where(walking, best, p_cur)
