@@ -119,3 +119,72 @@ def test_an_unfitted_decoder_says_so_on_a_list():
     h, _ = bundled("tieredimagenet-h")
     with pytest.raises(RuntimeError, match=r"RiskControl is not fitted yet"):
         hd.RiskControl(h).decode(torch.tensor([[0.5, 0.2]]).topk(2))
+
+
+# ------------------------------------------------------------------------------------------ fitting on lists
+KINDS = ["miss", "budget", "overshoot", "custom"]
+
+
+def _make(h, kind, **kw):
+    if kind == "miss":
+        return hd.RiskControl(h, **kw)
+    if kind == "budget":
+        return hd.RiskControl(h, budget=1, **kw)
+    if kind == "overshoot":
+        return hd.RiskControl(h, loss="overshoot", **kw)
+    table = (h.depth[:, None] - h.depth[hd.kernels.lca(h, torch.arange(h.num_nodes)[:, None].expand(-1, h.num_leaves),
+                                                       torch.arange(h.num_leaves).expand(h.num_nodes, -1))]).double()
+    return hd.RiskControl(h, loss=table.clamp_max(1.0) * 0.5 + (table > 1) * 0.5, **kw)  # monotone, in [0, 1]
+
+
+def _same_steps(a, b):
+    assert a.binary == b.binary and a.bound == b.bound
+    assert torch.equal(a.at, b.at) and torch.equal(a.jump, b.jump)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("completion", ["uniform", "prior"])
+def test_fit_on_lists_equals_the_fit_on_the_completed_table(kind, completion):
+    # the loss steps need only the path's masses and the target: from the support, the dense walk's values
+    rng = np.random.default_rng(37)
+    for h, _ in random_trees(5, 30, num_nodes_max=30, unary_prob=0.25):
+        L = h.num_leaves
+        for k in sorted({1, max(1, L // 2), max(1, L - 1)}):
+            prior = integer_prior(rng, L) if completion == "prior" else None
+            vals, idx = dyadic_lists(rng, L, 48, k, prior)
+            topk = _topk(vals, idx, prior, torch.float64)
+            full = topk.completed(L)
+            y = torch.multinomial(full, 1, generator=torch.Generator().manual_seed(k))[:, 0]
+            _same_steps(_make(h, kind).loss_steps(topk, y), _make(h, kind).loss_steps(full, y))
+            a, b = _make(h, kind, alpha=0.3).fit(topk, y), _make(h, kind, alpha=0.3).fit(full, y)
+            assert a.lam == b.lam and a.calibration_risk == b.calibration_risk
+            ra, rb = a.risk_coverage(topk, y), b.risk_coverage(full, y)
+            for f in ("lam", "risk", "mean_depth"):
+                assert torch.equal(getattr(ra, f), getattr(rb, f)), f
+
+
+@pytest.mark.parametrize("tree", ["tieredimagenet-h", "inat19"])
+def test_fit_on_model_like_lists_of_the_bundled_trees(tree):
+    h, _ = bundled(tree)
+    rng = np.random.default_rng(11)
+    probs = np.concatenate([model_like(rng, h, 100, kind) for kind in ("peaked", "diffuse", "confused", "shallow")])
+    for k in (10, 100):
+        vals, idx = dyadic_lists(rng, h.num_leaves, probs.shape[0], k, weights=probs)
+        topk = _topk(vals, idx, None, torch.float32)
+        full = topk.completed(h.num_leaves)
+        y = torch.multinomial(full.double(), 1, generator=torch.Generator().manual_seed(1))[:, 0]
+        for kind in ("miss", "overshoot"):
+            a, b = _make(h, kind, alpha=0.2).fit(topk, y), _make(h, kind, alpha=0.2).fit(full, y)
+            assert a.lam == b.lam and a.calibration_risk == b.calibration_risk
+            assert torch.equal(a.decode(topk), b.decode(full))
+
+
+def test_fit_on_lists_refuses_what_does_not_apply():
+    h, _ = bundled("tieredimagenet-h")
+    t = torch.tensor([[0.5, 0.2]]).topk(2)
+    with pytest.raises(ValueError, match=r"from_logits does not apply"):
+        hd.RiskControl(h).loss_steps(t, torch.tensor([0]), from_logits=True)
+    with pytest.raises(ValueError, match=r"`within` is not supported with a top-k input"):
+        hd.RiskControl(h).loss_steps(t, torch.tensor([0]), within=torch.tensor([h.root]))
+    with pytest.raises(ValueError, match=r"one row per calibration example"):
+        hd.RiskControl(h).loss_steps(torch.tensor([0.5, 0.2]).topk(2), torch.tensor([0]))

@@ -509,10 +509,12 @@ def lca_height_candidates(h, listed: Listed, weights: torch.Tensor, cache_name: 
 
 
 def support_top_down(h, listed: Listed, weights: torch.Tensor, indices: torch.Tensor,
-                     order_name: str | None, lam: float | None = None) -> torch.Tensor:
+                     order_name: str | None, lam: float | None = None, trace: list | None = None) -> torch.Tensor:
     """(B,) int64 the leaf the greedy descent reaches: from the root, step to the child of largest p̃ (ties:
     the smallest id) until a leaf; with ``lam`` (≥ 0), only while that child's p̃ > ``lam`` (the node where
-    the descent stops).
+    the descent stops).  ``trace``: a list that receives, per level, ``(real, node, p)`` (B,) each: whether
+    the node had children, the node stepped to (itself at a leaf) and its p̃ (0 at a leaf), as
+    :func:`~hdecode_torch.kernels.top_down_path.best_child` returns them on the dense table.
 
     indices: (B, k) int64 listed leaves.  At a support node the children are its support children (p̃ from
     the support table) and the off-support ones, where p̃ = r·W: among those only the first in decreasing W
@@ -528,7 +530,7 @@ def support_top_down(h, listed: Listed, weights: torch.Tensor, indices: torch.Te
     by_weight = child_order(h, -weights, None if order_name is None else order_name + "_order")
     by_id = h.cached("topk_child_order_by_id", lambda: child_order(h, torch.zeros(n, dtype=torch.float64,
                                                                                   device=h.device), None))
-    has_kids = h.num_children > 0
+    has_kids = num_children(h) > 0
 
     def first_child(children):  # each node's first child in an order, -1 for a leaf
         if not children.numel():
@@ -565,10 +567,15 @@ def support_top_down(h, listed: Listed, weights: torch.Tensor, indices: torch.Te
         step = torch.where(take_x, x, best_node)
         step = torch.where(step < n, step, cur)  # a leaf stays
         nxt = torch.where(on, step, torch.where(down >= 0, down, cur))
-        if lam is not None:
+        if lam is not None or trace is not None:
             p_off = torch.where(down >= 0, rate * _at(weights, down.clamp_min(0)), -1.0)
-            walking = walking & (torch.where(on, torch.where(take_x, px, best), p_off) > lam)
+            p_next = torch.where(on, torch.where(take_x, px, best), p_off)
+        if lam is not None:
+            walking = walking & (p_next > lam)
             nxt = torch.where(walking, nxt, cur)
+        if trace is not None:
+            real = _at(has_kids, cur)
+            trace.append((real, nxt, torch.where(real, p_next, 0.0)))
         cur = nxt
         on = on & ~take_x
     return cur
