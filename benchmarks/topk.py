@@ -40,7 +40,9 @@ from benchmarks.workloads import load_tree, model_like_probs  # noqa: E402
 METRICS = ["accuracy", "tree_distance", "tree_distance_c", "lca_height", "hamming", "hf_beta", "hf_beta[beta=0.5]",
            "jaccard"]
 #: The heuristic decoders that take a top-k list, at the command line's parameters.
-HEURISTICS = [("argmax_leaf", {}), ("top_down", {}), ("majority", {}), ("confidence_threshold", {"tau": 0.8})]
+HEURISTICS = [("argmax_leaf", {}), ("top_down", {}), ("majority", {}), ("confidence_threshold", {"tau": 0.8}),
+              ("crm", {}), ("plurality", {}), ("hie", {}), ("darts", {"lam": 1.0}), ("expected_information", {}),
+              ("information_threshold", {"threshold": 2.0})]
 #: Largest dense (B, L) table built, in entries (1 GiB of float32).
 DENSE_MAX_ENTRIES = 2**28
 #: Rows whose decision is checked against the dense decoder on the completed table before the timings count.

@@ -52,8 +52,8 @@ def test_decoding_head_refuses_what_it_cannot_decode_from_a_top_k_list():
     t = _probs(h).topk(10)
     with pytest.raises(ValueError, match=r"from_logits=True.*top-k of the probabilities"):
         hd.DecodingHead(h, "tree_distance", from_logits=True)(t)
-    with pytest.raises(ValueError, match=r"decodes with `darts`, which does not decode top-k inputs"):
-        hd.DecodingHead(h, "tree_distance", decoder=("darts", {"lam": 0.5}))(t)
+    with pytest.raises(ValueError, match=r"`tau` to be at least 0.5 for a top-k input"):
+        hd.DecodingHead(h, "tree_distance", decoder=("confidence_threshold", {"tau": 0.3}))(t)
     with pytest.raises(ValueError, match=r"`wu_palmer` does not decode top-k inputs yet"):
         hd.DecodingHead(h, "wu_palmer")(t)
     with pytest.raises(ValueError, match=r"`values` to be non-negative"):
@@ -85,8 +85,8 @@ def test_hierarchical_metric_updates_with_top_k_lists(name, params):
 def test_hierarchical_metric_refuses_what_it_cannot_decode_from_a_top_k_list():
     h, _ = bundled("inat19")
     t, target = _probs(h).topk(10), torch.zeros(32, dtype=torch.long)
-    with pytest.raises(ValueError, match=r"decodes with `plurality`, which does not decode top-k inputs"):
-        hd.HierarchicalMetric(h, "tree_distance", decoder="plurality").update(t, target)
+    with pytest.raises(ValueError, match=r"`tau` to be at least 0.5 for a top-k input"):
+        hd.HierarchicalMetric(h, "tree_distance", decoder=("confidence_threshold", {"tau": 0.3})).update(t, target)
     cost = torch.rand(h.num_nodes, h.num_leaves, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match=r"`cost_matrix` does not decode top-k inputs yet"):
         hd.HierarchicalMetric(h, "cost_matrix", cost=cost).update(t, target)
@@ -136,7 +136,8 @@ def test_cli_refuses_what_it_cannot_decode_from_a_top_k_file(tmp_path, capsys):
     np.savez(path, values=t.values.numpy(), indices=t.indices.numpy())
     base = ["decode", "--hierarchy", "inat19", "--probs", path]
     for extra, match in [(["--metric", "wu_palmer"], "--metric wu_palmer: `wu_palmer` does not decode top-k inputs"),
-                         (["--decoder", "darts"], "--decoder darts: the decoder `darts` does not decode top-k inputs"),
+                         (["--decoder", "confidence_threshold", "--tau", "0.3"],
+                          "Expected --tau to be at least 0.5 for a top-k input"),
                          (["--metric", "tree_distance", "--from-logits"], "--from-logits: --probs holds a top-k list"),
                          (["--metric", "tree_distance", "--normalize"], "--normalize: --probs holds a top-k list")]:
         code, _, err = _run(base + extra, capsys)
@@ -340,7 +341,7 @@ def test_cli_compare_refuses_what_needs_every_leaf_on_top_k_lists(tmp_path, caps
     for extra, match in [(["--from-logits"], "--from-logits: --probs holds top-k lists"),
                          (["--normalize"], "--normalize: --probs holds top-k lists"),
                          (["--alpha", "0.1"], "--alpha: --probs holds top-k lists"),
-                         (["--metrics", "wu_palmer", "--decoders", "darts"],
+                         (["--metrics", "wu_palmer", "--decoders", "confidence_threshold", "--tau", "0.3"],
                           "--probs holds top-k lists, which none of the selected metrics' optimal decoders nor "
                           "heuristics decode")]:
         code, _, err = _run(base + extra, capsys)

@@ -16,16 +16,15 @@ same node, in any batch and any chunking):
 - ``argmax_leaf`` and ``hie``: the smallest leaf id (so ``argmax_leaf`` is ``probs.argmax(-1)``);
 - ``top_down``: at each step the child with the smallest id among the most probable ones.
 
-Top-k inputs (:class:`~hdecode_torch.TopK`): ``argmax_leaf``, ``top_down``, ``majority`` and
-``confidence_threshold`` (tau ≥ 1/2) decode the list on its support (:mod:`hdecode_torch.kernels.support`),
-the node their rule picks on the completed table with the tie rules above (the masses computed in float64;
-equal to the dense rule's node wherever both sums are exact).  The others refuse one: ``crm``'s support
-kernel (``lca_height``'s) breaks ties between off-support leaves of equal expected LCA height by the
-order of their subtrees, not by depth then id, and where the completion puts no mass (r = 0) it misses the
-deepest tied leaf; ``plurality`` needs the runner-up child at each step and ``hie`` the best unlisted leaf
-under an off-support parent, neither written yet; the information-based rules (``darts``,
-``expected_information``, ``information_threshold``) and ``confidence_threshold`` below 1/2 search every
-off-support node by its own key (I(n) and the leaf counts, not p̃), a search over the tree per row.
+Top-k inputs (:class:`~hdecode_torch.TopK`): every rule here decodes the list on its support
+(:mod:`hdecode_torch.kernels.support`, :mod:`hdecode_torch.kernels.support_heuristics`), the node it picks on
+the completed table with the tie rules above, in O(B·k·D·log(B·k·D)) (masses and keys in float64: equal to the
+dense rule's node on the float64 completed table wherever its node sums are exact),
+except ``confidence_threshold`` below 1/2: the nodes above tau then need not lie on one root path, and the
+most informative of them may be any off-support node whose r·W(n) passes tau (a search by leaf counts
+within a mass band, not written).  ``crm`` is ``lca_height``'s support decoder.  Off the support
+p̃(n) = r·W(n) and I(n) are tree tables, so each rule's best off-support node is the first node of a fixed
+order of the tree (by its key with p̃ = r·W, ties as above) missing from the row's support.
 
 What is the same on both plans (CPU and GPU, see :func:`~hdecode_torch.plan_for`).  The plans
 compute the node probabilities differently: the CPU plan adds children level by level in the
@@ -58,7 +57,8 @@ from ..core.scalar_checks import check_nonnegative, check_unit_interval
 from ..kernels.ancestry import is_ancestor
 from ..kernels.descent import children_probs
 from ..kernels.selection import argbest, most_informative_where
-from ..kernels.support import support_best_leaf, support_deepest_above, support_top_down
+from ..kernels.support import support_best_leaf, support_deepest_above, support_least_lca_height, support_top_down
+from ..kernels.support_heuristics import support_darts, support_hie, support_information_threshold, support_plurality
 from ..metrics.lca_height import lca_height_decode, lca_height_decode_fused
 from .base import Decoder
 
@@ -258,6 +258,11 @@ class Plurality(Decoder):
             cur = torch.where(walking, kids.gather(1, j[:, None])[:, 0], cur)
         return out
 
+    accepts_topk = True
+
+    def _decode_topk(self, ct) -> torch.Tensor:
+        return support_plurality(ct.h, ct.listed, ct.weights, "topk_heaviest" if ct.prior is None else None)
+
 
 class Darts(Decoder):
     """DARTS (Deng et al. 2012): argmax_n (I(n) + lam) p(n), lam ≥ 0.
@@ -285,6 +290,11 @@ class Darts(Decoder):
     def _decode_gpu(self, post) -> torch.Tensor:
         # a node whose mass lies in one child never beats it in exact arithmetic (same p, I at most the child's)
         return darts_predict(post.h, post.node, self.lam, mask=~mass_in_one_child(post))
+
+    accepts_topk = True
+
+    def _decode_topk(self, ct) -> torch.Tensor:
+        return support_darts(ct.h, ct.listed, ct.weights, self.lam, "topk_darts_order" if ct.prior is None else None)
 
 
 class ExpectedInformation(Darts):
@@ -343,6 +353,12 @@ class InformationThreshold(Decoder):
         allowed = self._allowed(post.h) & ~mass_in_one_child(post)
         return argbest(post.h, post.node, higher_is_better=True, mask=allowed)
 
+    accepts_topk = True
+
+    def _decode_topk(self, ct) -> torch.Tensor:
+        return support_information_threshold(ct.h, ct.listed, ct.weights, self._allowed(ct.h)[:, 0], self.threshold,
+                                             "topk_info_threshold_order" if ct.prior is None else None)
+
 
 class HiE(Decoder):
     """HiE (Jain et al. 2023): the leaf maximising p(parent(l)) · p(l).
@@ -377,6 +393,12 @@ class HiE(Decoder):
         parent_p = torch.where(alone, leaf_p, post.node.index_select(0, leaf_parent))
         return (parent_p * leaf_p).argmax(dim=0)
 
+    accepts_topk = True
+
+    def _decode_topk(self, ct) -> torch.Tensor:
+        return support_hie(ct.h, ct.listed, ct.weights, ct.values, ct.indices, ct.prior,
+                           "topk_hie_tables" if ct.prior is None else None)
+
 
 class CRM(Decoder):
     """CRM (Karthik et al. 2021): the leaf minimising the expected LCA height (Bayes-optimal ``lca_height``).
@@ -397,3 +419,9 @@ class CRM(Decoder):
 
     def _decode_gpu(self, post):
         return lca_height_decode_fused(post)
+
+    accepts_topk = True
+
+    def _decode_topk(self, ct) -> torch.Tensor:
+        return support_least_lca_height(ct.h, ct.listed, ct.weights, ct.indices,
+                                        "topk_lca" if ct.prior is None else None)

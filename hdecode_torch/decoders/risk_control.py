@@ -104,8 +104,10 @@ import torch
 from ..core.params import Param
 from ..core.posterior import Posterior
 from ..core.subtree import as_within, split_within
+from ..core.topk import CompletedTopK, TopK
 from ..core.index_checks import RangeCheck, as_targets
 from ..core.scalar_checks import check_nonnegative
+from ..kernels.support import support_top_down
 from ..kernels.top_down_path import best_child, child_slots, descend, leaf_prefix, miss_chains, miss_critical_values
 from .base import Decoder
 
@@ -130,6 +132,12 @@ class ThresholdDescent(Decoder):
     ``lam`` ≥ 0.  For ``lam`` ≥ 1/2 it is the deepest node with p(n) > ``lam``; a larger ``lam`` always
     gives the same node or an ancestor (see the module docstring for both proofs).  Ties between
     equally probable children: the smallest id.  O(B·(L + Σ_d K_d)) for K_d the widest node at depth d.
+
+    A top-k list (:class:`~hdecode_torch.TopK`) is decoded on its support: the same path on the completed
+    distribution, its p̃ in float64 (:func:`~hdecode_torch.kernels.support.support_top_down` with the stop at
+    ``lam``), O(B·k·D·log(B·k)), equal to the dense node wherever the node sums are exact.
+    :class:`RiskControl`'s ``fit``, ``loss_steps`` and ``risk_coverage`` take top-k lists too: a row's loss
+    steps need only its path's masses and its target, read from the same support walk (no ``within``).
     """
 
     name = "threshold_descent"
@@ -154,6 +162,13 @@ class ThresholdDescent(Decoder):
 
     def _decode_default(self, post) -> torch.Tensor:
         return descend(post.h, post.probs, self._threshold())
+
+    accepts_topk = True
+
+    def _decode_topk(self, ct) -> torch.Tensor:
+        # the top-down path on the list's support, stopped where the next node's p̃ is at most λ
+        return support_top_down(ct.h, ct.listed, ct.weights, ct.indices, "topk_heaviest" if ct.prior is None else None,
+                                lam=self._threshold())
 
 
 # --------------------------------------------------------------------------- per-row loss steps
@@ -468,6 +483,21 @@ class RiskControl(ThresholdDescent):
         return _first_true_from(lambda rows: rows == 1 or not passes(rows - 1), n, -1, last=1)
 
     # ------------------------------------------------------------------ fitting
+    @staticmethod
+    def _top_k_input(probs, from_logits, within) -> TopK | None:
+        """``probs`` as a :class:`~hdecode_torch.TopK` if it is a top-k list (then ``from_logits`` and
+        ``within`` must be off), else None."""
+        topk = TopK.of(probs)
+        if topk is not None:
+            if from_logits is not False:
+                raise ValueError("`probs` is a top-k list of probabilities: from_logits does not apply (take the "
+                                 "top-k of the softmax)")
+            if within is not None:
+                raise ValueError("`within` is not supported with a top-k input: pass the dense (B, L) probabilities")
+            # not differentiable, as the dense fit (λ is a selected candidate)
+            topk = TopK(topk.values.detach(), topk.indices, topk.missing, topk.prior)
+        return topk
+
     def _inputs(self, probs, targets, from_logits) -> tuple[Posterior, torch.Tensor]:
         h = self.hierarchy
         if isinstance(probs, Posterior):
@@ -621,6 +651,46 @@ class RiskControl(ThresholdDescent):
         q = torch.stack(qs, 1) if qs else probs.new_zeros((c, 0), dtype=torch.float64)
         return q, torch.stack(values, 1).to(torch.float64)
 
+    def _walk_topk(self, topk: TopK, targets) -> tuple[LossSteps, torch.Tensor, torch.Tensor]:
+        """``_walk`` of a top-k list: ``(steps, q, y)``, the path and its p̃ from the list's support (the same
+        (q, v) as ``_walk_chunk`` on the completed table wherever its node sums are exact), O(B·k·D·log(B·k))."""
+        if topk.unbatched:
+            raise ValueError("Expected `probs` to be a (B, k) top-k list with one row per calibration example, but "
+                             "got a single (k,) row")
+        ct = CompletedTopK(self.hierarchy, topk, self.validate)
+        h = ct.h
+        y = as_targets(targets, h.num_leaves, ct.batch_size, name="targets").to(ct.values.device)
+        if y.dim() != 1:
+            raise ValueError(f"Expected `targets` to have shape (B,), one leaf id per row, but got {tuple(y.shape)}")
+        trace = []
+        support_top_down(h, ct.listed, ct.weights, ct.indices, "topk_heaviest" if ct.prior is None else None,
+                         trace=trace)
+        c, dev = ct.batch_size, ct.values.device
+        lo, hi = h.leaf_start, h.leaf_start + h.leaf_count
+        where = lo.index_select(0, y)
+        cur = torch.full((c,), h.root, dtype=torch.long, device=dev)
+        q = torch.full((c,), math.inf, dtype=torch.float64, device=dev)
+        on = torch.ones(c, dtype=torch.bool, device=dev)
+        past = torch.zeros(c, dtype=torch.long, device=dev)
+        custom = self._kind == "custom"
+        qs, values = [], [self._loss_at(cur, y) if custom else past]
+        for real, cur, p in trace:  # as _walk_chunk, the steps read from the support walk
+            q = torch.minimum(q, p)
+            qs.append(q)
+            if custom:
+                values.append(self._loss_at(cur, y))
+                continue
+            on &= (lo.index_select(0, cur) <= where) & (where < hi.index_select(0, cur))
+            past = past + (real & ~on)
+            values.append(past > self.budget if self._kind == "miss" else past)
+        q = torch.stack(qs, 1) if qs else torch.zeros((c, 0), dtype=torch.float64, device=dev)
+        v = torch.stack(values, 1).to(torch.float64)
+        if custom:
+            self._check_path_losses(v, y, h)
+        if self.binary:
+            return LossSteps(*self._critical(q, v), self.bound, True), q, y
+        return LossSteps(q, v.diff(dim=1), self.bound, False), q, y
+
     def _loss_at(self, nodes: torch.Tensor, leaves: torch.Tensor) -> torch.Tensor:
         if self._table is not None:
             if self._table.device != nodes.device:
@@ -662,13 +732,18 @@ class RiskControl(ThresholdDescent):
     def loss_steps(self, probs, targets, from_logits: bool = False, *, within=None) -> LossSteps:
         """Each row's loss as a step function of λ (:class:`LossSteps`), for :meth:`fit_steps`.
 
-        probs: (B, L) float probabilities (or logits with ``from_logits=True``); targets: (B,) int
+        probs: (B, L) float probabilities (or logits with ``from_logits=True``), or a (B, k) top-k list of
+        probabilities (:class:`~hdecode_torch.TopK`, ``probs.topk(k)``: the path of its completed distribution
+        on the list's support, O(B·k·D·log(B·k))); targets: (B,) int
         leaf ids in 0..L-1.  One walk down every row's top-down path: O(B·(L + Σ_d K_d)); for the miss
         loss, one gather of the children of each target's ancestors instead, O(B·(L + W)) for W the most
         such children of a leaf.
         ``within``: (B,) int64 node ids, each row's path walked on its node's subtree (as
         ``decode(..., within=)`` decodes); every target must lie under its row's node.
         """
+        topk = self._top_k_input(probs, from_logits, within)
+        if topk is not None:
+            return self._walk_topk(topk, targets)[0]
         post, y = self._inputs(probs, targets, from_logits)
         steps = self._miss_steps(post, y) if within is None else None
         return steps if steps is not None else self._walk(post, y, within, path=False)[0]
@@ -676,7 +751,8 @@ class RiskControl(ThresholdDescent):
     def fit(self, probs, targets, from_logits: bool = False, *, within=None) -> "RiskControl":
         """Fit λ on held-out rows (not used to train the model); returns ``self``.
 
-        probs: (n, L) float probabilities, or logits with ``from_logits=True``; targets: (n,) int leaf
+        probs: (n, L) float probabilities, or logits with ``from_logits=True``, or an (n, k) top-k list (as in
+        :meth:`loss_steps`); targets: (n,) int leaf
         ids in 0..L-1.  Needs n ≥ :meth:`min_calibration_rows`.  O(n·(L + Σ_d K_d) + nK log(nK)) (for the
         miss loss O(n·(L + E) + n log n), :meth:`loss_steps`), a few host reads (the input check, the
         fitted λ).  Not differentiable: ``probs`` is detached (λ is selected among the rows' critical values,
@@ -729,8 +805,12 @@ class RiskControl(ThresholdDescent):
         :meth:`fit` (the depths are still those of the whole tree).  Evaluate it on rows not used to
         fit, to see the fitted λ's miss rate next to the level.  O(BD log(BD)).
         """
-        post, y = self._inputs(probs, targets, from_logits)
-        steps, path = self._walk(post, y, within)
+        topk = self._top_k_input(probs, from_logits, within)
+        if topk is not None:
+            steps, path, _ = self._walk_topk(topk, targets)
+        else:
+            post, y = self._inputs(probs, targets, from_logits)
+            steps, path = self._walk(post, y, within)
         n = steps.num_rows
         q = path.reshape(-1)
         lam = torch.unique(torch.cat([q.new_zeros(1), q]))

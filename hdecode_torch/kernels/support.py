@@ -42,7 +42,7 @@ from .selection import argbest_pairs, tie_rank
 
 __all__ = ["Listed", "Support", "leaf_ranks", "subtree_weights", "listed_sums", "unlisted_support", "node_mass",
            "support_table", "support_entry_of", "walk_up", "child_order",
-           "first_free_rank", "cheapest_descent", "support_deepest_above", "support_best_leaf",
+           "first_free_rank", "cheapest_descent", "deepest_leaf", "num_children", "support_deepest_above", "support_best_leaf",
            "support_least_lca_height", "support_top_down", "LCACandidates", "lca_height_candidates", "least_lca_height_of"]
 
 
@@ -228,15 +228,18 @@ def walk_up(h, nodes: torch.Tensor, steps: int, dim: int = -1) -> torch.Tensor:
     return torch.stack(out, dim)
 
 
-def child_order(h, key: torch.Tensor, name: str | None):
-    """The children of every node sorted by ``key`` ascending (ties: smaller id), cached as ``name`` unless None.
+def child_order(h, key: torch.Tensor, name: str | None, tie: torch.Tensor | None = None):
+    """The children of every node sorted by ``key`` ascending (ties: larger ``tie``, then smaller id), cached as
+    ``name`` unless None.
 
-    key: (N,) float64 per child.  Returns ``(children, rank)``: (N−1,) int64 in the CSR layout of
-    ``h.children_ptr`` (the children of a at ``children_ptr[a] ..``), and (N,) int64 each node's
-    position among its parent's children in that order (0 for the root).
+    key: (N,) float64 per child; tie: None or (N,) int64 per child.  Returns ``(children, rank)``: (N−1,) int64
+    in the CSR layout of ``h.children_ptr`` (the children of a at ``children_ptr[a] ..``), and (N,) int64 each
+    node's position among its parent's children in that order (0 for the root).
     """
     def build():
         kids = h.children
+        if tie is not None:  # stable sorts from the last key to the first: CSR ids are ascending within a parent
+            kids = kids[torch.sort(-tie[kids], stable=True).indices]
         by_key = torch.sort(key[kids], stable=True).indices  # CSR ids are ascending within a parent
         by_key = by_key[torch.sort(h.parent[kids[by_key]], stable=True).indices]
         ordered = kids[by_key]
@@ -296,6 +299,24 @@ def cheapest_descent(h, weights: torch.Tensor, name: str | None):
     return build() if name is None else h.cached(name, build)
 
 
+def deepest_leaf(h):
+    """``(rank, leaf)``: (N,) int64 per node the :func:`tie_rank` of its deepest leaf (the smallest id among
+    equally deep ones), and that leaf.  Bottom-up by levels, O(N), cached."""
+    def build():
+        n = h.num_nodes
+        best = torch.where(h.is_leaf, tie_rank(h), -1)
+        for level in reversed(h.levels[1:]):
+            best.scatter_reduce_(0, h.parent[level], best[level], "amax", include_self=True)
+        return best, n - 1 - best % n
+    return h.cached("topk_deepest_leaf", build)
+
+
+def num_children(h) -> torch.Tensor:
+    """(N,) int64 ``h.num_children``, cached: the property takes a difference over the tree at every read, O(N),
+    and the walks here read it once per level."""
+    return h.cached("topk_num_children", lambda: h.num_children)
+
+
 def _off_support_child(h, rows, nodes, children, rank, at):
     """(M,) int64 per (row, support node at ``at``) the first child, in the order (children, rank), that
     holds no listed leaf of the row; -1 where every child does (or the node is a leaf).
@@ -307,7 +328,7 @@ def _off_support_child(h, rows, nodes, children, rank, at):
     taken_group = _at(rows, child) * n + _at(h.parent, child_nodes)
     a = _at(nodes, at)
     j = first_free_rank(taken_group, _at(rank, child_nodes), _at(rows, at) * n + a)
-    ok = j < _at(h.num_children, a)
+    ok = j < _at(num_children(h), a)
     return torch.where(ok, _at(children, (_at(h.children_ptr, a) + j).clamp_max(children.shape[0] - 1)), -1)
 
 
@@ -395,7 +416,8 @@ def support_best_leaf(h, listed: Listed, values: torch.Tensor, indices: torch.Te
 
 def support_least_lca_height(h, listed: Listed, weights: torch.Tensor, indices: torch.Tensor,
                              cache_name: str | None) -> torch.Tensor:
-    """(B,) int64 the leaf of least expected LCA height under q (ties: the deeper leaf, then the smaller id).
+    """(B,) int64 the leaf of least expected LCA height under q (ties: the deeper leaf, then the smaller id, as
+    the dense decoder).
 
     With a_0 = root, ..., a_j = l the root path of a leaf, E(l) = Σ_{i<j} height(a_i)·(p̃(a_i) − p̃(a_{i+1})).
     A listed leaf's path lies on the support: E from the support table.  An unlisted leaf l leaves the
@@ -404,10 +426,14 @@ def support_least_lca_height(h, listed: Listed, weights: torch.Tensor, indices: 
 
         E(l) = P(a) + height(a)·(p̃(a) − r·W(x)) + r·T(x, l),
 
-    T as in :func:`cheapest_descent`.  For fixed a the best x and l minimise
-    r·(min_l T(x, l) − height(a)·W(x)) (r ≥ 0), the first off-support child of a in increasing
-    g(x) = min_l T(x, l) − height(parent(x))·W(x) (a tree table).  So the candidates are the listed
-    leaves and, per support node, the minimiser leaf under that child: one of them is optimal.
+    T as in :func:`cheapest_descent`.  For fixed a and r > 0 the best x and l minimise
+    r·(min_l T(x, l) − height(a)·W(x)), the first off-support child of a in increasing
+    g(x) = min_l T(x, l) − height(parent(x))·W(x) (a tree table), children of equal g ordered by the tie
+    rule's preference for their minimiser (so the dense rule's leaf among equal expected heights).  For
+    r = 0 every leaf under every off-support child reaches the same E: the deepest (then smallest-id) leaf
+    under them, the first off-support child in the order of its subtree's deepest leaf (:func:`deepest_leaf`).
+    So the candidates are the listed leaves and, per support node, that leaf: one of them is the dense
+    decoder's.
     O(B·k·D·log(B·k·D)) plus the O(N) tables.
     """
     return least_lca_height_of(h, lca_height_candidates(h, listed, weights, cache_name), indices.shape[0])
@@ -452,9 +478,22 @@ def lca_height_candidates(h, listed: Listed, weights: torch.Tensor, cache_name: 
     t_min, t_leaf = cheapest_descent(h, weights, None if cache_name is None else cache_name + "_descent")
 
     def order():  # a tree table (O(N)): built once per cache name
-        return child_order(h, t_min - _at(height, h.parent_or_root) * weights, None)
+        # children of equal g reach equal expected heights: the one whose minimiser the dense rule prefers first
+        return child_order(h, t_min - _at(height, h.parent_or_root) * weights, None, tie=_at(tie_rank(h), t_leaf))
     children, rank = order() if cache_name is None else h.cached(cache_name + "_order", order)
-    x = _off_support_child(h, sup.rows, sup.nodes, children, rank, torch.arange(sup.rows.shape[0], device=sup.p.device))
+    every = torch.arange(sup.rows.shape[0], device=sup.p.device)
+    x = _off_support_child(h, sup.rows, sup.nodes, children, rank, every)
+    x_leaf = _at(t_leaf, x.clamp_min(0))
+    if bool((listed.rate == 0).any()):
+        # r = 0: every leaf under every off-support child of a reaches the same P(a) + height(a)·p̃(a), so the
+        # dense rule's pick is the deepest (then smallest-id) of them all, not a minimiser of T
+        deep_rank, deep_leaf = deepest_leaf(h)
+        by_deep = h.cached("topk_child_order_deepest_leaf", lambda: child_order(
+            h, torch.zeros(h.num_nodes, dtype=torch.float64, device=h.device), None, tie=deep_rank))
+        x0 = _off_support_child(h, sup.rows, sup.nodes, *by_deep, every)
+        zero = _at(listed.rate == 0, sup.rows)
+        x = torch.where(zero, x0, x)
+        x_leaf = torch.where(zero, _at(deep_leaf, x.clamp_min(0)), x_leaf)
     xs = x.clamp_min(0)
     r = _at(listed.rate, sup.rows)
     off = path + _at(height, sup.nodes) * (sup.p - r * _at(weights, xs)) + r * _at(t_min, xs)
@@ -466,15 +505,18 @@ def lca_height_candidates(h, listed: Listed, weights: torch.Tensor, cache_name: 
     at_leaf = support_entry_of(sup, leaf_key.reshape(-1))
     values = torch.cat([_at(path, at_leaf), _at(off, ok)])
     sample = torch.cat([_at(sup.rows, at_leaf), _at(sup.rows, ok)])
-    leaves = torch.cat([listed.leaves.reshape(-1), _at(t_leaf, _at(xs, ok))])
+    leaves = torch.cat([listed.leaves.reshape(-1), _at(x_leaf, ok)])
     anchors = torch.cat([listed.leaves.reshape(-1), _at(sup.nodes, ok)])
     return LCACandidates(values, sample, leaves, anchors, torch.cat([j.expand(bsz, k).reshape(-1), _at(sup.lo, ok)]))
 
 
 def support_top_down(h, listed: Listed, weights: torch.Tensor, indices: torch.Tensor,
-                     order_name: str | None) -> torch.Tensor:
+                     order_name: str | None, lam: float | None = None, trace: list | None = None) -> torch.Tensor:
     """(B,) int64 the leaf the greedy descent reaches: from the root, step to the child of largest p̃ (ties:
-    the smallest id) until a leaf.
+    the smallest id) until a leaf; with ``lam`` (≥ 0), only while that child's p̃ > ``lam`` (the node where
+    the descent stops).  ``trace``: a list that receives, per level, ``(real, node, p)`` (B,) each: whether
+    the node had children, the node stepped to (itself at a leaf) and its p̃ (0 at a leaf), as
+    :func:`~hdecode_torch.kernels.top_down_path.best_child` returns them on the dense table.
 
     indices: (B, k) int64 listed leaves.  At a support node the children are its support children (p̃ from
     the support table) and the off-support ones, where p̃ = r·W: among those only the first in decreasing W
@@ -490,7 +532,7 @@ def support_top_down(h, listed: Listed, weights: torch.Tensor, indices: torch.Te
     by_weight = child_order(h, -weights, None if order_name is None else order_name + "_order")
     by_id = h.cached("topk_child_order_by_id", lambda: child_order(h, torch.zeros(n, dtype=torch.float64,
                                                                                   device=h.device), None))
-    has_kids = h.num_children > 0
+    has_kids = num_children(h) > 0
 
     def first_child(children):  # each node's first child in an order, -1 for a leaf
         if not children.numel():
@@ -505,6 +547,7 @@ def support_top_down(h, listed: Listed, weights: torch.Tensor, indices: torch.Te
     rows = torch.arange(bsz, device=dev)
     cur = torch.full((bsz,), h.root, dtype=torch.long, device=dev)
     on = torch.ones(bsz, dtype=torch.bool, device=dev)
+    walking = on.clone()
     for d in range(h.max_depth):
         # off the support: the heaviest child (the smallest id where nothing is spread)
         down = torch.where(spread, _at(heaviest, cur), _at(smallest, cur))
@@ -525,6 +568,16 @@ def support_top_down(h, listed: Listed, weights: torch.Tensor, indices: torch.Te
         take_x = (x >= 0) & ((px > best) | ((px == best) & (x < best_node)))
         step = torch.where(take_x, x, best_node)
         step = torch.where(step < n, step, cur)  # a leaf stays
-        cur = torch.where(on, step, torch.where(down >= 0, down, cur))
+        nxt = torch.where(on, step, torch.where(down >= 0, down, cur))
+        if lam is not None or trace is not None:
+            p_off = torch.where(down >= 0, rate * _at(weights, down.clamp_min(0)), -1.0)
+            p_next = torch.where(on, torch.where(take_x, px, best), p_off)
+        if lam is not None:
+            walking = walking & (p_next > lam)
+            nxt = torch.where(walking, nxt, cur)
+        if trace is not None:
+            real = _at(has_kids, cur)
+            trace.append((real, nxt, torch.where(real, p_next, 0.0)))
+        cur = nxt
         on = on & ~take_x
     return cur
