@@ -299,8 +299,8 @@ def test_benchmark_runs_and_checks_its_decisions(tmp_path):
 def test_heuristics_refuse_a_top_k_input_by_name(tree):
     # every registered heuristic decodes top-k lists (tests/test_topk_heuristics.py); the optimal decoder of a
     # metric without a top-k decoder names the metric
-    with pytest.raises(ValueError, match=r"`hf_beta` does not decode top-k inputs yet"):
-        hd.get_decoder("optimal", tree, metric="hf_beta").decode(torch.tensor([[0.5, 0.2]]).topk(2))
+    with pytest.raises(ValueError, match=r"`wu_palmer` does not decode top-k inputs yet"):
+        hd.get_decoder("optimal", tree, metric="wu_palmer").decode(torch.tensor([[0.5, 0.2]]).topk(2))
 
 
 # ------------------------------------------------------------------------------------------ memory
