@@ -37,7 +37,7 @@ import torch  # noqa: E402
 import hdecode_torch as hd  # noqa: E402
 from benchmarks.workloads import load_tree, model_like_probs  # noqa: E402
 
-METRICS = ["accuracy", "tree_distance", "tree_distance_c", "lca_height"]
+METRICS = ["accuracy", "tree_distance", "tree_distance_c", "lca_height", "wu_palmer", "zhao"]
 #: The heuristic decoders that take a top-k list, at the command line's parameters.
 HEURISTICS = [("argmax_leaf", {}), ("top_down", {}), ("majority", {}), ("confidence_threshold", {"tau": 0.8})]
 #: Largest dense (B, L) table built, in entries (1 GiB of float32).
