@@ -210,23 +210,37 @@ def similarity_best(h, listed: Listed, weights: torch.Tensor, metric: str, table
     else:
         acc = _at(information_gain(h), sup.nodes) * (sup.p - r_sup * _at(weights, sup.nodes))
     bounds = torch.searchsorted(sup.key, torch.arange(h.max_depth + 2, device=sup.key.device) * (bsz * k)).tolist()
+    own_corr = own_bound = None
     if wp:
         acc[: bounds[1]] = 0
+        # the support nodes' own corrections and the bound over their children's subtrees, a depth at a time:
+        # the entries of a depth are one slice, whose weights 2/(d + e) are one row (a product, no (M, E) gather)
+        terms = _wp_terms(h, torch.arange(h.max_depth + 1, device=h.device))
+        own_corr = torch.zeros(acc.shape[0], dtype=torch.float64, device=acc.device)
+        own_bound = torch.zeros_like(own_corr)
     for d in range(1, h.max_depth + 1):  # a loop over depth: a node's sum is its parent's plus its own term
         a, b = bounds[d], bounds[d + 1]
         if a == b:
             break
         par = support_entry_of(sup, sup.key[a:b] - bsz * k)
         acc[a:b] += _at(acc, par)
+        if wp:
+            own_corr[a:b] = acc[a:b] @ terms[d]
+            own_bound[a:b] = acc[a:b].clamp_min(0) @ terms[min(d + 1, h.max_depth)] + acc[a:b].clamp_max(0) @ terms[-1]
 
     def correction(entry, nodes):  # entry None: the support entries themselves
+        if wp and entry is None:
+            return own_corr
         a = acc if entry is None else _at(acc, entry)
         if wp:
             return (a * _wp_terms(h, _at(h.depth, nodes))).sum(-1)
         return 2 * a / (_at(h.information, nodes) + lam)
 
-    def bound(entry, parents):
-        # κ̂ over the subtrees of the children of ``parents`` (anchored at ``entry``)
+    def bound(entry, parents, own=False):
+        # κ̂ over the subtrees of the children of ``parents`` (anchored at ``entry``; ``own``: the entries'
+        # own nodes)
+        if wp and own:
+            return _at(own_bound, entry)
         if wp:
             lam_e = _at(acc, entry)
             near = _wp_terms(h, (_at(h.depth, parents) + 1).clamp_max(h.max_depth))  # a node at D has no child
@@ -252,7 +266,7 @@ def similarity_best(h, listed: Listed, weights: torch.Tensor, metric: str, table
     ptr, kids, best = h.children_ptr, tables.children, tables.best
     max_kids = int(h.num_children.max()) if n > 1 else 0
     while parents.numel():  # a loop over depth: one level of the descent per pass
-        need = _at(floor, prow) - SLACK - bound(pentry, parents)
+        need = _at(floor, prow) - SLACK - bound(pentry, parents, own=first)
         r = _at(rate, prow)
         tau = torch.where(r > 0, need / r.clamp_min(torch.finfo(torch.float64).tiny),
                           torch.where(need <= 0, float("-inf"), float("inf")))

@@ -14,6 +14,12 @@ Lemma 4.3 / Prop. E.6), for a non-root n at depth k and a leaf l at depth e: on 
 parent by 2e/((k+e)(k−1+e)), decreasing in e ≥ k (extremes at the shallowest and deepest leaf below n); on a
 leaf of L(a_n) \\ L(n) (a_n the child of the root above n) with LCA depth j ∈ [1, k−1] it loses
 2j/((k−1+e)(k+e)): at most with j = k−1 and e = d_min(a_n), at least with j = 1 and e = d_max(a_n).
+
+Top-k inputs (``probs.topk(k)``, :class:`~hdecode_torch.TopK`): the expected value splits into r times the
+similarity under the completion's weights (a tree table) plus a correction carried by the listed leaves
+alone, so the decoder scores the support exactly and searches off it only the subtrees whose bound reaches
+the best found: exact for the completed distribution, never B × L
+(:mod:`hdecode_torch.kernels.support_similarity`).
 """
 
 from __future__ import annotations

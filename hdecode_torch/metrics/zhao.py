@@ -11,6 +11,11 @@ parent π by 2I(n)/(I(n)+λ) − 2I(π)/(I(π)+λ) (0 on a single-child chain); 
 whose LCA with n is a, it loses 2 I(a) c_n, c_n = 1/(I(π)+λ) − 1/(I(n)+λ), with I(a) between I(a_n)
 and I(π).  Zhao keeps many candidates (its gains are small near the leaves), so ``auto`` takes the
 structural risks.
+
+Top-k inputs (``probs.topk(k)``, :class:`~hdecode_torch.TopK`): with p̃(a) − r·W(a) zero off the support,
+the root-path sum is r·G(h) (a tree table) plus the listed part of the deepest support ancestor, so the
+decoder scores the support exactly and searches off it only the subtrees whose bound reaches the best found:
+exact for the completed distribution, never B × L (:mod:`hdecode_torch.kernels.support_similarity`).
 """
 
 from __future__ import annotations
