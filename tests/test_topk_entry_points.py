@@ -344,7 +344,8 @@ def test_cli_compare_refuses_what_needs_every_leaf_on_top_k_lists(tmp_path, caps
                          *[(["--metrics", name, "--decoders", "darts"],
                             "--probs holds top-k lists, which none of the selected metrics' optimal decoders nor "
                             "heuristics decode")
-                           for name in ("hf_beta", "hamming", "jaccard") if not hd.get_metric(name, h).accepts_topk][:1]]:
+                           for name in ("hf_beta", "hamming", "jaccard")
+                           if not hd.get_metric(name, h).accepts_topk][:1]]:
         code, _, err = _run(base + extra, capsys)
         assert code == 2 and match in err, err
 

@@ -65,11 +65,14 @@ from .selection import argbest_pairs
 from .support import Listed, _off_support_child, child_order, support_entry_of, support_table, walk_up
 
 __all__ = ["SimilarityTables", "wu_palmer_tables", "zhao_tables", "similarity_best", "expected_wu_palmer",
-           "expected_zhao", "SLACK"]
+           "expected_zhao", "SLACK", "TIE_BITS"]
 
 #: The absolute margin below the row's best support score at which a subtree is still searched: far above
 #: the rounding of scores in [0, 1] (about 1e-15), so rounding can only add candidates.
 SLACK = 1e-10
+#: Scores are compared on a grid of 2^-TIE_BITS (about 1e-12), far above their rounding (about 1e-16) and
+#: below SLACK: values equal but for rounding tie, and the tie rule picks among them.
+TIE_BITS = 40
 
 
 def _at(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -128,8 +131,8 @@ def wu_palmer_tables(h, prior: torch.Tensor | None, name: str | None) -> Similar
         for level in h.levels[2:]:  # root-path sums, a loop over depth
             path[level] += path[h.parent[level]]
         e = depth_ranges(h).depths.to(torch.float64)
-        # d(n) + e >= 1: the leaves sit below the root (L >= 2 on every top-k path)
-        return _finish(h, (path * (2.0 / (h.depth.to(torch.float64)[:, None] + e).clamp_min(1))).sum(1))
+        # d(n) + e >= 1: every leaf sits below the root (L >= 2 on every top-k path)
+        return _finish(h, (path * (2.0 / (h.depth.to(torch.float64)[:, None] + e))).sum(1))
     return build() if name is None else h.cached(name, build)
 
 
@@ -185,7 +188,7 @@ def _wp_terms(h, depth: torch.Tensor) -> torch.Tensor:
     def build():
         e = depth_ranges(h).depths.to(torch.float64)
         d = torch.arange(h.max_depth + 1, device=h.device, dtype=torch.float64)
-        return 2.0 / (d[:, None] + e).clamp_min(1)  # d + e >= 1 wherever a mass can sit (L >= 2)
+        return 2.0 / (d[:, None] + e)  # e >= 1: every leaf sits below the root (L >= 2 on every top-k path)
     return _at(h.cached("topk_wu_palmer_terms", build), depth)
 
 
@@ -298,7 +301,12 @@ def similarity_best(h, listed: Listed, weights: torch.Tensor, metric: str, table
         nodes_out.append(child)
         floor = floor.scatter_reduce(0, crow, values[-1], "amax")  # a better node found raises the floor
         parents, prow, pentry = child, crow, centry
-    return argbest_pairs(h, torch.cat(values), torch.cat(rows_out), torch.cat(nodes_out), bsz, higher_is_better=True)
+    # Scores equal in exact arithmetic (symmetric subtrees, equal masses) come out of these sums and of the
+    # dense decoder's with different roundings: on a grid of 2^-TIE_BITS (scores lie in [0, 1]) they tie, and
+    # the dense decoder's tie rule decides, as it does for exactly equal values.  A node so chosen is within
+    # 2^-TIE_BITS of the best score.
+    score = torch.round(torch.cat(values) * 2.0**TIE_BITS)
+    return argbest_pairs(h, score, torch.cat(rows_out), torch.cat(nodes_out), bsz, higher_is_better=True)
 
 
 def expected_wu_palmer(h, listed: Listed, tables: SimilarityTables, pred: torch.Tensor) -> torch.Tensor:
