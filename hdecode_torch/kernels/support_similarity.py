@@ -197,7 +197,6 @@ def similarity_best(h, listed: Listed, weights: torch.Tensor, metric: str, table
     (ties: the deepest, then the smallest id); see the module docstring for the candidates and why they hold
     the answer.  weights: (N,) float64 W; tables: the metric's tree tables."""
     bsz, k = listed.leaves.shape
-    n = h.num_nodes
     sup = support_table(h, listed, weights, with_entry=True)
     rate = listed.rate
     r_sup = _at(rate, sup.rows)
@@ -267,7 +266,8 @@ def similarity_best(h, listed: Listed, weights: torch.Tensor, metric: str, table
     parents, prow, pentry = _at(sup.nodes, has), _at(sup.rows, has), has
     first = True
     ptr, kids, best = h.children_ptr, tables.children, tables.best
-    max_kids = int(h.num_children.max()) if n > 1 else 0
+    # h.num_children is computed on each access (an O(N) difference): once per tree here, with its maximum
+    num_kids, max_kids = h.cached("topk_num_children", lambda: (h.num_children, int(h.num_children.max())))
     while parents.numel():  # a loop over depth: one level of the descent per pass
         need = _at(floor, prow) - SLACK - bound(pentry, parents, own=first)
         r = _at(rate, prow)
@@ -276,7 +276,7 @@ def similarity_best(h, listed: Listed, weights: torch.Tensor, metric: str, table
         # the number of children with T̂ >= tau: a binary search in the children by decreasing T̂
         start = _at(ptr, parents)
         lo = torch.zeros_like(parents)
-        hi = _at(h.num_children, parents)
+        hi = _at(num_kids, parents)
         for _ in range(max_kids.bit_length()):  # a loop over the bits of the largest child count
             mid = (lo + hi) // 2
             open_ = lo < hi
