@@ -58,6 +58,9 @@ def _check(h, info, name, topk, dtype=torch.float64, plan="cpu", dense_pred_same
     tol = RTOL if dtype == torch.float64 else tolerance(dtype)
     assert torch.all(ours >= theirs - tol * theirs.abs().clamp_min(1e-300)), (name, (ours - theirs).min())
     torch.testing.assert_close(got.double(), ours, rtol=tol, atol=tol)  # expected() on the list itself
+    # expected() of any node, on the support or off it
+    anyone = torch.randint(0, h.num_nodes, (full.shape[0],), generator=torch.Generator().manual_seed(L))
+    torch.testing.assert_close(m.expected(topk, anyone).double(), m.expected(full, anyone), rtol=tol, atol=tol)
     # the oracle: brute force over every node of the completed table with the NumPy similarity matrix
     table = 1 - dense_cost(info, name) @ full.numpy().T  # (N, B) expected similarity
     best = table.max(0)
