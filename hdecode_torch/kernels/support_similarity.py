@@ -70,8 +70,8 @@ __all__ = ["SimilarityTables", "wu_palmer_tables", "zhao_tables", "similarity_be
 #: The absolute margin below the row's best support score at which a subtree is still searched: far above
 #: the rounding of scores in [0, 1] (about 1e-15), so rounding can only add candidates.
 SLACK = 1e-10
-#: Scores are compared on a grid of 2^-TIE_BITS (about 1e-12), far above their rounding (about 1e-16) and
-#: below SLACK: values equal but for rounding tie, and the tie rule picks among them.
+#: Scores are compared on a grid of 2^-TIE_BITS of the row's best (9.1e-13 relative), far above their
+#: rounding (about 1e-16) and below SLACK: values equal but for rounding tie, and the tie rule picks among them.
 TIE_BITS = 40
 
 
@@ -302,11 +302,13 @@ def similarity_best(h, listed: Listed, weights: torch.Tensor, metric: str, table
         floor = floor.scatter_reduce(0, crow, values[-1], "amax")  # a better node found raises the floor
         parents, prow, pentry = child, crow, centry
     # Scores equal in exact arithmetic (symmetric subtrees, equal masses) come out of these sums and of the
-    # dense decoder's with different roundings: on a grid of 2^-TIE_BITS (scores lie in [0, 1]) they tie, and
+    # dense decoder's with different roundings: on a grid of 2^-TIE_BITS of the row's best score they tie, and
     # the dense decoder's tie rule decides, as it does for exactly equal values.  A node so chosen is within
-    # 2^-TIE_BITS of the best score.
-    score = torch.round(torch.cat(values) * 2.0**TIE_BITS)
-    return argbest_pairs(h, score, torch.cat(rows_out), torch.cat(nodes_out), bsz, higher_is_better=True)
+    # 2^-TIE_BITS (9.1e-13) of the best score, relatively.
+    rows_all = torch.cat(rows_out)
+    scale = torch.where(floor > 0, 2.0**TIE_BITS / floor, 2.0**TIE_BITS)  # floor: each row's best score now
+    score = torch.round(torch.cat(values) * _at(scale, rows_all))
+    return argbest_pairs(h, score, rows_all, torch.cat(nodes_out), bsz, higher_is_better=True)
 
 
 def expected_wu_palmer(h, listed: Listed, tables: SimilarityTables, pred: torch.Tensor) -> torch.Tensor:
