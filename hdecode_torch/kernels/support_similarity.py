@@ -36,17 +36,21 @@ d(f) and those < 0 at the largest depth of the tree (2Λ_e/(d + e) falls with d 
 U never grows from a node to its child (T̂ does not, and κ̂'s bound tightens with depth), so the off-support
 nodes with U ≥ S_lb − ε are closed upwards within their off-support subtree: they are found by a descent from
 the support, one level at a time, taking of each node's children those with r·T̂ ≥ S_lb − ε − κ̂ (the children
-share κ̂: a binary search in the children sorted by T̂, a tree table).  Exactness: a node never reached lies
+share κ̂: a binary search in the children sorted by T̂, a tree table); S_lb starts at the best of the support
+nodes and of one probe per support node (the node where T peaks under its first off-support child by T̂)
+and rises with every node scored.  Exactness: a node never reached lies
 under an off-support f with U(f) < S_lb − ε ≤ S* − ε, so its score is below the best score S* by more than ε:
 it is neither optimal nor tied with an optimum.  All reached nodes are scored exactly and the best taken with
-the dense decoder's ties (the deepest, then the smallest id: :func:`~.selection.argbest_pairs`); ε (1e-10)
-only absorbs the rounding of U and S_lb (it adds candidates, never drops one).
+the dense decoder's ties (the deepest, then the smallest id: :func:`~.selection.argbest_pairs`), the scores
+compared on a grid of 2^-40 of the row's best so that values equal but for rounding tie (the node then
+chosen is within 9.1e-13 of the best, relatively); ε (1e-10) only absorbs the rounding of U and S_lb (it
+adds candidates, never drops one).
 
 How many: every reached f has r·T̂(f) + κ̂ ≥ S_lb − ε: the subtrees whose completion-only value reaches what
 the support already achieves.  That number depends on the row (the listed masses, m, the tree's shape) but
 not on L for the rows a model gives (a few heavy subtrees per level); a row whose unlisted leaves all tie
-exactly with its best listed node (e.g. a flat tree under a uniform completion whose listed masses sit at or
-below r) reaches each of those leaves.  Cost: O(B·k·D·(E + log(B·k·D))) for the support tables and
+exactly with its best node (e.g. a flat tree under a uniform completion whose listed masses sit at or below
+r: every unlisted leaf scores r) reaches each of those leaves.  Cost: O(B·k·D·(E + log(B·k·D))) for the support tables and
 O(B·C·(D + E)) for C reached nodes per row, plus the O(N·E) tree tables (cached for the uniform completion,
 rebuilt per call with a prior).  Source: the expected-value forms of Plaud et al. 2025 (Wu-Palmer: per leaf
 depth along root paths; Zhao: information telescoped along root paths) restricted to a top-k support as in
