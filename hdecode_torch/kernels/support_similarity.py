@@ -36,9 +36,11 @@ d(f) and those < 0 at the largest depth of the tree (2Λ_e/(d + e) falls with d 
 U never grows from a node to its child (T̂ does not, and κ̂'s bound tightens with depth), so the off-support
 nodes with U ≥ S_lb − ε are closed upwards within their off-support subtree: they are found by a descent from
 the support, one level at a time, taking of each node's children those with r·T̂ ≥ S_lb − ε − κ̂ (the children
-share κ̂: a binary search in the children sorted by T̂, a tree table); S_lb starts at the best of the support
-nodes and of one probe per support node (the node where T peaks under its first off-support child by T̂)
-and rises with every node scored.  Exactness: a node never reached lies
+share κ̂: a binary search in the children sorted by T̂, a tree table); S_lb starts at the best support node
+and rises with every node scored (a probe per support node, the best node under its first off-support
+child, tried first, added candidates, 939 against 539 a row at k = 100 on the 100k tree's model-like rows,
+and a sort of the support, and reached no fewer nodes).  Exactness: a
+node never reached lies
 under an off-support f with U(f) < S_lb − ε ≤ S* − ε, so its score is below the best score S* by more than ε:
 it is neither optimal nor tied with an optimum.  All reached nodes are scored exactly and the best taken with
 the dense decoder's ties (the deepest, then the smallest id: :func:`~.selection.argbest_pairs`), the scores
@@ -66,7 +68,7 @@ import torch
 
 from .depth_ranges import depth_range_ends, depth_ranges
 from .selection import argbest_pairs
-from .support import Listed, _off_support_child, child_order, support_entry_of, support_table, walk_up
+from .support import Listed, child_order, support_entry_of, support_table, walk_up
 
 __all__ = ["SimilarityTables", "wu_palmer_tables", "zhao_tables", "similarity_best", "expected_wu_palmer",
            "expected_zhao", "SLACK", "TIE_BITS"]
@@ -90,28 +92,21 @@ def _at(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 
 class SimilarityTables(NamedTuple):
     """Tree tables of one metric and one kind of weights, (N,) each: ``value`` float64 T(n) (the expected
-    similarity per unit of r, Ω or Ψ), ``best`` float64 T̂(n) = its maximum over the subtree of n, ``argbest``
-    int64 a node of that subtree where T reaches it, ``children`` and ``rank`` int64 the children of every node
-    by decreasing T̂ (:func:`~.support.child_order`)."""
+    similarity per unit of r, Ω or Ψ), ``best`` float64 T̂(n) = its maximum over the subtree of n, ``children``
+    and ``rank`` int64 the children of every node by decreasing T̂ (:func:`~.support.child_order`)."""
 
     value: torch.Tensor
     best: torch.Tensor
-    argbest: torch.Tensor
     children: torch.Tensor
     rank: torch.Tensor
 
 
 def _finish(h, value: torch.Tensor) -> SimilarityTables:
     best = value.clone()
-    levels = h.levels[1:]
-    for level in reversed(levels):  # a loop over depth, bottom-up
+    for level in reversed(h.levels[1:]):  # a loop over depth, bottom-up
         best.scatter_reduce_(0, h.parent[level], best[level], "amax")
-    node = torch.where(value == best, torch.arange(h.num_nodes, device=value.device), -1)
-    for level in reversed(levels):  # every subtree holds its maximum: a child's node where the parent's is below
-        par = h.parent[level]
-        node.scatter_reduce_(0, par, torch.where(best[level] == best[par], node[level], -1), "amax")
     children, rank = child_order(h, -best, None)
-    return SimilarityTables(value, best, node, children, rank)
+    return SimilarityTables(value, best, children, rank)
 
 
 def leaf_depth_weights(h, prior: torch.Tensor | None) -> torch.Tensor:
@@ -255,23 +250,17 @@ def similarity_best(h, listed: Listed, weights: torch.Tensor, metric: str, table
         c = _at(acc, entry)
         return 2 * c.clamp_min(0) / (_at(h.information, parents) + lam) + c.clamp_max(0) / lam
 
-    entries = torch.arange(sup.rows.shape[0], device=rate.device)
-    # a probe per support node, so that the descent starts from a good floor: below its first off-support
-    # child in decreasing T̂, the node where T peaks
-    x = _off_support_child(h, sup.rows, sup.nodes, tables.children, tables.rank, entries)
-    has = (x >= 0).nonzero().squeeze(1)
-    probe = _at(tables.argbest, _at(x, has))
-    values = [r_sup * _at(tables.value, sup.nodes) + correction(None, sup.nodes),
-              _at(r_sup, has) * _at(tables.value, probe) + correction(has, probe)]
-    rows_out, nodes_out = [sup.rows, _at(sup.rows, has)], [sup.nodes, probe]
+    values = [r_sup * _at(tables.value, sup.nodes) + correction(None, sup.nodes)]
+    rows_out, nodes_out = [sup.rows], [sup.nodes]
     floor = torch.full((bsz,), float("-inf"), dtype=torch.float64, device=rate.device)
-    floor = floor.scatter_reduce(0, torch.cat(rows_out), torch.cat(values), "amax")
-    # the descent starts at the support nodes with an off-support child
-    parents, prow, pentry = _at(sup.nodes, has), _at(sup.rows, has), has
-    first = True
+    floor = floor.scatter_reduce(0, sup.rows, values[0], "amax")
     ptr, kids, best = h.children_ptr, tables.children, tables.best
     # h.num_children is computed on each access (an O(N) difference): once per tree here, with its maximum
     num_kids, max_kids = h.cached("topk_num_children", lambda: (h.num_children, int(h.num_children.max())))
+    # the descent starts at the support nodes with children
+    has = (_at(num_kids, sup.nodes) > 0).nonzero().squeeze(1)
+    parents, prow, pentry = _at(sup.nodes, has), _at(sup.rows, has), has
+    first = True
     while parents.numel():  # a loop over depth: one level of the descent per pass
         need = _at(floor, prow) - SLACK - bound(pentry, parents, own=first)
         r = _at(rate, prow)
