@@ -37,8 +37,8 @@ import torch  # noqa: E402
 import hdecode_torch as hd  # noqa: E402
 from benchmarks.workloads import load_tree, model_like_probs  # noqa: E402
 
-METRICS = ["accuracy", "tree_distance", "tree_distance_c", "lca_height", "hamming", "hf_beta", "hf_beta[beta=0.5]",
-           "jaccard"]
+METRICS = ["accuracy", "tree_distance", "tree_distance_c", "lca_height", "wu_palmer", "zhao", "hamming", "hf_beta",
+           "hf_beta[beta=0.5]", "jaccard"]
 #: The heuristic decoders that take a top-k list, at the command line's parameters.
 HEURISTICS = [("argmax_leaf", {}), ("top_down", {}), ("majority", {}), ("confidence_threshold", {"tau": 0.8}),
               ("crm", {}), ("plurality", {}), ("hie", {}), ("darts", {"lam": 1.0}), ("expected_information", {}),

@@ -272,9 +272,12 @@ def test_bad_lists_for_a_hierarchy_are_refused(tree):
         m.expected(torch.tensor([[0.5, 0.2]]).topk(2), torch.tensor([tree.num_nodes]))
 
 
-@pytest.mark.parametrize("name", ["wu_palmer", "zhao"])
-def test_metrics_without_a_top_k_decoder_say_so(tree, name):
-    m = hd.get_metric(name, tree)
+def test_metrics_without_a_top_k_decoder_say_so(tree):
+    # every built-in metric decodes top-k lists; a custom cost matrix reads the dense (N, L) matrix
+    name = "cost_matrix"
+    cost = torch.rand(tree.num_nodes, tree.num_leaves, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    m = hd.CostMatrixMetric(tree, cost)
+    assert set(hd.core.topk.TOPK_METRICS) == set(hd.list_metrics())
     topk = torch.tensor([[0.5, 0.2]]).topk(2)
     with pytest.raises(ValueError, match=rf"`{name}` does not decode top-k inputs yet"):
         m.decode(topk)
@@ -299,8 +302,9 @@ def test_benchmark_runs_and_checks_its_decisions(tmp_path):
 def test_heuristics_refuse_a_top_k_input_by_name(tree):
     # every registered heuristic decodes top-k lists (tests/test_topk_heuristics.py); the optimal decoder of a
     # metric without a top-k decoder names the metric
-    with pytest.raises(ValueError, match=r"`wu_palmer` does not decode top-k inputs yet"):
-        hd.get_decoder("optimal", tree, metric="wu_palmer").decode(torch.tensor([[0.5, 0.2]]).topk(2))
+    cost = torch.rand(tree.num_nodes, tree.num_leaves, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"`cost_matrix` does not decode top-k inputs yet"):
+        hd.get_decoder("optimal", tree, metric=hd.CostMatrixMetric(tree, cost)).decode(torch.tensor([[0.5, 0.2]]).topk(2))
 
 
 # ------------------------------------------------------------------------------------------ memory

@@ -54,8 +54,9 @@ def test_decoding_head_refuses_what_it_cannot_decode_from_a_top_k_list():
         hd.DecodingHead(h, "tree_distance", from_logits=True)(t)
     with pytest.raises(ValueError, match=r"`tau` to be at least 0.5 for a top-k input"):
         hd.DecodingHead(h, "tree_distance", decoder=("confidence_threshold", {"tau": 0.3}))(t)
-    with pytest.raises(ValueError, match=r"`wu_palmer` does not decode top-k inputs yet"):
-        hd.DecodingHead(h, "wu_palmer")(t)
+    cost = torch.rand(h.num_nodes, h.num_leaves, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"`cost_matrix` does not decode top-k inputs yet"):
+        hd.DecodingHead(h, hd.CostMatrixMetric(h, cost))(t)  # its decoder reads the dense (N, L) matrix
     with pytest.raises(ValueError, match=r"`values` to be non-negative"):
         hd.DecodingHead(h, "tree_distance")(torch.log(_probs(h)).topk(10))
 
@@ -135,8 +136,7 @@ def test_cli_refuses_what_it_cannot_decode_from_a_top_k_file(tmp_path, capsys):
     path = tmp_path / "topk.npz"
     np.savez(path, values=t.values.numpy(), indices=t.indices.numpy())
     base = ["decode", "--hierarchy", "inat19", "--probs", path]
-    for extra, match in [(["--metric", "wu_palmer"], "--metric wu_palmer: `wu_palmer` does not decode top-k inputs"),
-                         (["--decoder", "confidence_threshold", "--tau", "0.3"],
+    for extra, match in [(["--decoder", "confidence_threshold", "--tau", "0.3"],
                           "Expected --tau to be at least 0.5 for a top-k input"),
                          (["--metric", "tree_distance", "--from-logits"], "--from-logits: --probs holds a top-k list"),
                          (["--metric", "tree_distance", "--normalize"], "--normalize: --probs holds a top-k list")]:
@@ -327,7 +327,8 @@ def test_cli_compare_runs_what_decodes_top_k_lists_and_names_the_rest(tmp_path, 
             assert res["metrics"]["tree_distance"][key] == pytest.approx(
                 m(pred, y, dtype=torch.float64).mean().item(), rel=1e-12, abs=1e-12)
         if not any(key in res["metrics"]["accuracy"] for key in heuristics):  # no heuristic ran: their rows go
-            assert {"wu_palmer", "zhao", "jaccard"} <= set(na) and "wu_palmer" not in res["metrics"]
+            refusing = {key for key in dense["metrics"] if not hd.get_metric(key, h).accepts_topk}
+            assert refusing <= set(na) and not refusing & set(res["metrics"])
 
 
 def test_cli_compare_refuses_what_needs_every_leaf_on_top_k_lists(tmp_path, capsys):
@@ -340,10 +341,7 @@ def test_cli_compare_refuses_what_needs_every_leaf_on_top_k_lists(tmp_path, caps
     base = ["compare", "--hierarchy", "inat19", "--probs", path, "--targets", tmp_path / "y.npy"]
     for extra, match in [(["--from-logits"], "--from-logits: --probs holds top-k lists"),
                          (["--normalize"], "--normalize: --probs holds top-k lists"),
-                         (["--alpha", "0.1"], "--alpha: --probs holds top-k lists"),
-                         (["--metrics", "wu_palmer", "--decoders", "confidence_threshold", "--tau", "0.3"],
-                          "--probs holds top-k lists, which none of the selected metrics' optimal decoders nor "
-                          "heuristics decode")]:
+                         (["--alpha", "0.1"], "--alpha: --probs holds top-k lists")]:
         code, _, err = _run(base + extra, capsys)
         assert code == 2 and match in err, err
 

@@ -29,7 +29,8 @@ from .row_checks import row_sum_tolerance
 __all__ = ["TopK", "CompletedTopK", "TOPK_METRICS", "TOPK_DECODERS", "no_top_k_decoder"]
 
 #: The metrics whose decode and expected accept a top-k input.
-TOPK_METRICS = ("accuracy", "lca_height", "tree_distance", "tree_distance_c", "hamming", "hf_beta", "jaccard")
+TOPK_METRICS = ("accuracy", "lca_height", "tree_distance", "tree_distance_c", "wu_palmer", "zhao", "hamming", "hf_beta",
+                "jaccard")
 #: The heuristic decoders that accept a top-k input (confidence_threshold with tau >= 1/2).
 TOPK_DECODERS = ("argmax_leaf", "top_down", "majority", "confidence_threshold", "crm", "plurality", "hie", "darts",
                  "expected_information", "information_threshold", "risk_control")

@@ -65,7 +65,9 @@ def expected_zhao(leaf_probs: torch.Tensor | Posterior, preds: torch.Tensor, hie
     (:class:`~hdecode_torch.metrics.zhao.Zhao`).
 
     Args:
-        leaf_probs: (B, L) or (L,) float probabilities (or a Posterior).
+        leaf_probs: (B, L) or (L,) float probabilities (or a Posterior), or a top-k list (``probs.topk(k)``
+            or :class:`~hdecode_torch.TopK`): the expected value under its completed distribution, from each
+            prediction's root path (O(B·D·log k)).
         preds: (B,) or () int64 node ids.
         hierarchy: the Hierarchy.
         strategy: how the exact decoder searches: auto, structural, dense or candidates (default 'auto', one of
@@ -101,7 +103,10 @@ def decode_zhao(leaf_probs: torch.Tensor | Posterior, hierarchy: Hierarchy, *, s
     (:class:`~hdecode_torch.metrics.zhao.Zhao`).
 
     Args:
-        leaf_probs: (B, L) or (L,) float probabilities (or a Posterior).
+        leaf_probs: (B, L) or (L,) float probabilities (or a Posterior), or a top-k list (``probs.topk(k)``
+            or :class:`~hdecode_torch.TopK`): the exact decision for its completed distribution, computed on
+            the list's support in O(B·k·D·(E + log(B·k·D))) plus the subtrees searched off it (no (B, L) table;
+            :mod:`hdecode_torch.kernels.support_similarity`).
         hierarchy: the Hierarchy.
         strategy: how the exact decoder searches: auto, structural, dense or candidates (default 'auto', one of
             'auto', 'structural', 'dense', 'candidates').

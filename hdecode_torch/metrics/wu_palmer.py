@@ -14,6 +14,12 @@ Lemma 4.3 / Prop. E.6), for a non-root n at depth k and a leaf l at depth e: on 
 parent by 2e/((k+e)(k−1+e)), decreasing in e ≥ k (extremes at the shallowest and deepest leaf below n); on a
 leaf of L(a_n) \\ L(n) (a_n the child of the root above n) with LCA depth j ∈ [1, k−1] it loses
 2j/((k−1+e)(k+e)): at most with j = k−1 and e = d_min(a_n), at least with j = 1 and e = d_max(a_n).
+
+Top-k inputs (``probs.topk(k)``, :class:`~hdecode_torch.TopK`): the expected value splits into r times the
+similarity under the completion's weights (a tree table) plus a correction carried by the listed leaves
+alone, so the decoder scores the support exactly and searches off it only the subtrees whose bound reaches
+the best found: exact for the completed distribution, never B × L
+(:mod:`hdecode_torch.kernels.support_similarity`).
 """
 
 from __future__ import annotations
@@ -24,11 +30,14 @@ from ..kernels.ancestry import lca_depth, top_ancestor
 from ..kernels.candidates import PruningStatistics
 from ..kernels.depth_ranges import depth_masses, depth_range_ends, depth_ranges
 from ..kernels.fused import trust_indices, wu_palmer_best
+from ..core.chunking import chunk_ranges
+from ..core.plan import resolve_plan
 from ..kernels.selection import tie_rank
+from ..kernels.support_similarity import expected_wu_palmer, similarity_best, wu_palmer_tables
 from ..kernels.tree_sums import tree_ranges
 from .strategies import StrategyNodeMetric
 
-__all__ = ["WuPalmer", "wu_palmer_values", "wu_palmer_table", "path_below_root"]
+__all__ = ["WuPalmer", "wu_palmer_values", "wu_palmer_table", "path_below_root", "similarity_topk_best"]
 
 
 def wu_palmer_values(h, pred: torch.Tensor, target: torch.Tensor, meet: torch.Tensor | None = None) -> torch.Tensor:
@@ -71,6 +80,18 @@ def _fused_args(h):
                 trust_indices(ends[e:].reshape(-1), j), h.depth.to(torch.float64), r.depths.to(torch.float64),
                 euler, sign, at, tie_rank(h))
     return h.cached("wu_palmer_fused_args", build)
+
+
+def similarity_topk_best(ct, metric: str, tables) -> torch.Tensor:
+    """(B,) int64 the best node of a :class:`~hdecode_torch.core.topk.CompletedTopK` for ``metric``
+    ("wu_palmer" or "zhao", :func:`~hdecode_torch.kernels.support_similarity.similarity_best`), in chunks of
+    rows whose support tables and per-leaf-depth sums fit the plan's budget."""
+    h = ct.h
+    # the support tables (about 20 entries per support slot) and, per slot, Λ's E sums and their copies
+    per_row = 8 * ct.k * (h.max_depth + 1) * (20 + 3 * h.num_leaf_depths)
+    chunks = chunk_ranges(ct.batch_size, per_row, resolve_plan(h, ct.values.device).budget)
+    return torch.cat([similarity_best(h, part.listed, part.weights, metric, tables)
+                      for part in (ct.chunk(a, b) for a, b in chunks)])
 
 
 class WuPalmer(StrategyNodeMetric):
@@ -164,6 +185,18 @@ class WuPalmer(StrategyNodeMetric):
             reasonable=True, root_form=True,
             m_in=fix(inside(hi), nonroot), M_in=fix(inside(lo), nonroot),
             m_out=fix(outside(1.0, hi[top]), deep), M_out=fix(outside(k - 1, lo[top]), deep), top=top)
+
+    accepts_topk = True
+
+    def _topk_tables(self, ct):
+        # Ω and its subtree maxima: a tree table for the uniform completion, per call for a prior
+        return wu_palmer_tables(ct.h, ct.prior, "topk_wu_palmer" if ct.prior is None else None)
+
+    def _decode_topk(self, ct):
+        return similarity_topk_best(ct, "wu_palmer", self._topk_tables(ct))
+
+    def _expected_topk(self, ct, pred):
+        return expected_wu_palmer(ct.h, ct.listed, self._topk_tables(ct), pred)
 
     def pair_bytes(self, h):
         return self.PAIR_ENTRY_BYTES * (h.max_depth + 1) * h.num_leaf_depths

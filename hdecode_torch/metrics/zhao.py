@@ -11,6 +11,11 @@ parent π by 2I(n)/(I(n)+λ) − 2I(π)/(I(π)+λ) (0 on a single-child chain); 
 whose LCA with n is a, it loses 2 I(a) c_n, c_n = 1/(I(π)+λ) − 1/(I(n)+λ), with I(a) between I(a_n)
 and I(π).  Zhao keeps many candidates (its gains are small near the leaves), so ``auto`` takes the
 structural risks.
+
+Top-k inputs (``probs.topk(k)``, :class:`~hdecode_torch.TopK`): with p̃(a) − r·W(a) zero off the support,
+the root-path sum is r·G(h) (a tree table) plus the listed part of the deepest support ancestor, so the
+decoder scores the support exactly and searches off it only the subtrees whose bound reaches the best found:
+exact for the completed distribution, never B × L (:mod:`hdecode_torch.kernels.support_similarity`).
 """
 
 from __future__ import annotations
@@ -23,9 +28,10 @@ from ..kernels.ancestry import lca, top_ancestor
 from ..kernels.candidates import PruningStatistics
 from ..kernels.fused import path_score_best, trust_indices
 from ..kernels.selection import tie_rank
+from ..kernels.support_similarity import expected_zhao, zhao_tables
 from ..kernels.tree_sums import tree_ranges
 from .strategies import StrategyNodeMetric
-from .wu_palmer import path_below_root
+from .wu_palmer import path_below_root, similarity_topk_best
 
 __all__ = ["Zhao", "zhao_values", "zhao_table", "information_gain"]
 
@@ -115,6 +121,16 @@ class Zhao(StrategyNodeMetric):
         m_out = torch.where(deep, 2 * info[top] * c, zero)
         M_out = torch.where(deep, 2 * info[par] * c, zero)
         return PruningStatistics(True, True, gain, gain, m_out, M_out, top)
+
+    accepts_topk = True
+
+    def _decode_topk(self, ct):
+        # Ψ and its subtree maxima: a tree table for the uniform completion, per call for a prior
+        tables = zhao_tables(ct.h, ct.weights, "topk_zhao" if ct.prior is None else None)
+        return similarity_topk_best(ct, "zhao", tables)
+
+    def _expected_topk(self, ct, pred):
+        return expected_zhao(ct.h, ct.node_mass, pred)
 
     def pair_values(self, post, node, sample):
         """``2/(I(h)+λ) Σ_{a ∈ A(h)} ΔI(a) p(a)`` along each candidate's root path."""
