@@ -68,7 +68,7 @@ import torch
 
 from .depth_ranges import depth_range_ends, depth_ranges
 from .selection import argbest_pairs
-from .support import Listed, child_order, support_entry_of, support_table, walk_up
+from .support import Listed, child_order, num_children, support_entry_of, support_table, walk_up
 
 __all__ = ["SimilarityTables", "wu_palmer_tables", "zhao_tables", "similarity_best", "expected_wu_palmer",
            "expected_zhao", "SLACK", "TIE_BITS"]
@@ -255,8 +255,9 @@ def similarity_best(h, listed: Listed, weights: torch.Tensor, metric: str, table
     floor = torch.full((bsz,), float("-inf"), dtype=torch.float64, device=rate.device)
     floor = floor.scatter_reduce(0, sup.rows, values[0], "amax")
     ptr, kids, best = h.children_ptr, tables.children, tables.best
-    # h.num_children is computed on each access (an O(N) difference): once per tree here, with its maximum
-    num_kids, max_kids = h.cached("topk_num_children", lambda: (h.num_children, int(h.num_children.max())))
+    # h.num_children is computed on each access (an O(N) difference): cached once per tree, with its maximum
+    num_kids = num_children(h)
+    max_kids = h.cached("topk_max_children", lambda: int(num_kids.max()))
     # the descent starts at the support nodes with children
     has = (_at(num_kids, sup.nodes) > 0).nonzero().squeeze(1)
     parents, prow, pentry = _at(sup.nodes, has), _at(sup.rows, has), has
