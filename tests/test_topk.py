@@ -14,6 +14,7 @@ from hypothesis import given, strategies as st
 import hdecode_torch as hd
 import reference as ref
 from harness import FLOAT_DTYPES, bundled, dense_cost, model_like, random_trees, tolerance
+from testing import ValuesOnlyMetric
 from hdecode_torch.core.topk import CompletedTopK
 
 #: The metrics that decode top-k inputs, with a parameter grid.
@@ -273,17 +274,15 @@ def test_bad_lists_for_a_hierarchy_are_refused(tree):
 
 
 def test_metrics_without_a_top_k_decoder_say_so(tree):
-    # every built-in metric decodes top-k lists; a custom cost matrix reads the dense (N, L) matrix
-    name = "cost_matrix"
-    cost = torch.rand(tree.num_nodes, tree.num_leaves, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    m = hd.CostMatrixMetric(tree, cost)
-    assert set(hd.core.topk.TOPK_METRICS) == set(hd.list_metrics())
+    # every built-in metric decodes top-k lists (a cost matrix too); a user's metric given by its values alone
+    # is decoded through its dense (N, L) matrix and names itself
+    assert set(hd.core.topk.TOPK_METRICS) == set(hd.list_metrics()) | {"cost_matrix"}
+    m = ValuesOnlyMetric(tree)
     topk = torch.tensor([[0.5, 0.2]]).topk(2)
-    with pytest.raises(ValueError, match=rf"`{name}` does not decode top-k inputs yet"):
+    with pytest.raises(ValueError, match=r"`values_only` does not decode top-k inputs \(accuracy, "):
         m.decode(topk)
-    pred = torch.tensor([tree.root]) if m.kind != "set" else torch.ones(1, tree.num_nodes, dtype=torch.bool)
-    with pytest.raises(ValueError, match=rf"`{name}` does not decode top-k inputs yet"):
-        m.expected(topk, pred)
+    with pytest.raises(ValueError, match=r"`values_only` does not decode top-k inputs"):
+        m.expected(topk, torch.tensor([tree.root]))
 
 
 def test_benchmark_runs_and_checks_its_decisions(tmp_path):
@@ -302,9 +301,8 @@ def test_benchmark_runs_and_checks_its_decisions(tmp_path):
 def test_heuristics_refuse_a_top_k_input_by_name(tree):
     # every registered heuristic decodes top-k lists (tests/test_topk_heuristics.py); the optimal decoder of a
     # metric without a top-k decoder names the metric
-    cost = torch.rand(tree.num_nodes, tree.num_leaves, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    with pytest.raises(ValueError, match=r"`cost_matrix` does not decode top-k inputs yet"):
-        hd.get_decoder("optimal", tree, metric=hd.CostMatrixMetric(tree, cost)).decode(torch.tensor([[0.5, 0.2]]).topk(2))
+    with pytest.raises(ValueError, match=r"`values_only` does not decode top-k inputs"):
+        hd.get_decoder("optimal", tree, metric=ValuesOnlyMetric(tree)).decode(torch.tensor([[0.5, 0.2]]).topk(2))
 
 
 # ------------------------------------------------------------------------------------------ memory

@@ -12,6 +12,7 @@ import torch
 import hdecode_torch as hd
 from harness import bundled, model_like
 from hdecode_torch.cli.main import main
+from testing import ValuesOnlyMetric
 
 CASES = [("accuracy", {}), ("lca_height", {}), ("tree_distance", {}), ("tree_distance_c", {"c": 0.5})]
 
@@ -54,9 +55,8 @@ def test_decoding_head_refuses_what_it_cannot_decode_from_a_top_k_list():
         hd.DecodingHead(h, "tree_distance", from_logits=True)(t)
     with pytest.raises(ValueError, match=r"`tau` to be at least 0.5 for a top-k input"):
         hd.DecodingHead(h, "tree_distance", decoder=("confidence_threshold", {"tau": 0.3}))(t)
-    cost = torch.rand(h.num_nodes, h.num_leaves, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    with pytest.raises(ValueError, match=r"`cost_matrix` does not decode top-k inputs yet"):
-        hd.DecodingHead(h, hd.CostMatrixMetric(h, cost))(t)  # its decoder reads the dense (N, L) matrix
+    with pytest.raises(ValueError, match=r"`values_only` does not decode top-k inputs"):
+        hd.DecodingHead(h, ValuesOnlyMetric(h))(t)  # its decoder reads the dense (N, L) matrix of values
     with pytest.raises(ValueError, match=r"`values` to be non-negative"):
         hd.DecodingHead(h, "tree_distance")(torch.log(_probs(h)).topk(10))
 
@@ -88,9 +88,8 @@ def test_hierarchical_metric_refuses_what_it_cannot_decode_from_a_top_k_list():
     t, target = _probs(h).topk(10), torch.zeros(32, dtype=torch.long)
     with pytest.raises(ValueError, match=r"`tau` to be at least 0.5 for a top-k input"):
         hd.HierarchicalMetric(h, "tree_distance", decoder=("confidence_threshold", {"tau": 0.3})).update(t, target)
-    cost = torch.rand(h.num_nodes, h.num_leaves, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    with pytest.raises(ValueError, match=r"`cost_matrix` does not decode top-k inputs yet"):
-        hd.HierarchicalMetric(h, "cost_matrix", cost=cost).update(t, target)
+    with pytest.raises(ValueError, match=r"`values_only` does not decode top-k inputs"):
+        hd.HierarchicalMetric(h, ValuesOnlyMetric(h)).update(t, target)
     with pytest.raises(ValueError, match=r"from_logits=True"):
         hd.HierarchicalMetric(h, "lca_height", from_logits=True).update(t, target)
     with pytest.raises(ValueError, match=r"`target`"):

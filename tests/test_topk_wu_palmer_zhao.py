@@ -243,14 +243,6 @@ def test_cli_decode_takes_top_k_lists(name, tmp_path, capsys):
     assert [int(x) for x in lines] == hd.get_metric(name, h).decode(t).tolist()
 
 
-def test_cost_matrix_still_refuses_top_k_lists():
-    h, _ = bundled("inat19")
-    cost = torch.rand(h.num_nodes, h.num_leaves, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    m = hd.CostMatrixMetric(h, cost)
-    with pytest.raises(ValueError, match=r"`cost_matrix` does not decode top-k inputs yet"):
-        m.decode(torch.rand(2, h.num_leaves).topk(3))
-
-
 # ------------------------------------------------------------------------------------------------ memory
 def test_a_decode_on_the_100k_tree_never_grows_with_B_times_L():
     # 100k leaves, B = 1,024, k = 100: the dense (B, L) float32 table alone would be 390 MiB, the structural

@@ -94,3 +94,14 @@ class Tester:
             got = F.expected(name, x, pred, h, **params)
         assert got.dtype == want.dtype and torch.equal(got, want), (self, name, params)
         return want.cpu()
+
+
+class ValuesOnlyMetric(hd.metrics.NodeMetric):
+    """A user's metric given by its values alone (not registered): decoded through its dense (N, L) matrix, so it
+    has no top-k rule, and top-k entry points must refuse it by name."""
+
+    name, description, higher_is_better = "values_only", "|d(h) - d(y)|", False
+    algorithms = {"cpu": "the dense (N, L) matrix of values", "gpu": "the dense (N, L) matrix of values"}
+
+    def _values(self, h, pred, target):
+        return (h.depth[pred] - h.depth[target]).abs().double()

@@ -30,7 +30,7 @@ __all__ = ["TopK", "CompletedTopK", "TOPK_METRICS", "TOPK_DECODERS", "no_top_k_d
 
 #: The metrics whose decode and expected accept a top-k input.
 TOPK_METRICS = ("accuracy", "lca_height", "tree_distance", "tree_distance_c", "wu_palmer", "zhao", "hamming", "hf_beta",
-                "jaccard")
+                "jaccard", "cost_matrix")
 #: The heuristic decoders that accept a top-k input (confidence_threshold with tau >= 1/2).
 TOPK_DECODERS = ("argmax_leaf", "top_down", "majority", "confidence_threshold", "crm", "plurality", "hie", "darts",
                  "expected_information", "information_threshold", "risk_control")
@@ -38,7 +38,7 @@ TOPK_DECODERS = ("argmax_leaf", "top_down", "majority", "confidence_threshold", 
 
 def no_top_k_decoder(what: str) -> ValueError:
     """The error of a component (``what``, e.g. "`hf_beta`") that cannot decode a top-k input."""
-    return ValueError(f"{what} does not decode top-k inputs yet ({', '.join(TOPK_METRICS)} and the heuristics "
+    return ValueError(f"{what} does not decode top-k inputs ({', '.join(TOPK_METRICS)} and the heuristics "
                       f"{', '.join(TOPK_DECODERS)} do): pass the dense (B, L) probabilities, e.g. "
                       "TopK(values, indices).completed(L) on a small tree")
 

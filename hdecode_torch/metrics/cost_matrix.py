@@ -133,3 +133,38 @@ class CostMatrixMetric(NodeMetric):
     def expected_table(self, post) -> torch.Tensor:
         """(N, B) ``cost @ probsᵀ``."""
         return self.cost_on(post.device, post.dtype) @ post.probs.t()
+
+    # ------------------------------------------------------------------ top-k inputs
+    accepts_topk = True
+
+    def _topk_parts(self, ct):
+        """The completion's weights folded into the matrix: ``(cost (N, L) float64, full (N,) float64, coef (B, k)
+        float64)`` with Σ_l q(l)·cost[n, l] = r·full[n] + Σ_j coef[:, j]·cost[n, indices[:, j]].
+
+        q(l) = v(l) on the listed leaves and r·w(l) on the others (w = 1 or the prior), so
+        Σ_l q(l) cost[n, l] = r·Σ_l w(l) cost[n, l] + Σ_listed (v(l) − r·w(l)) cost[n, l]: full = cost @ w once,
+        O(N·L) (the matrix's own size), and k columns per row.
+        """
+        h = ct.h
+        cost = self.cost_on(h.device, torch.float64)
+        if ct.prior is None:
+            full = cost.sum(1)
+            w_listed = torch.ones_like(ct.values)
+        else:
+            full = cost @ ct.prior
+            w_listed = ct.prior[ct.indices]
+        return cost, full, ct.values - ct.listed.rate[:, None] * w_listed
+
+    def _decode_topk(self, ct):
+        """The best node of the completed distribution by exhaustive search: the (N, B) table of expected costs
+        (as the dense ``strategy="dense"`` decoder's), built from k columns per row (a loop over k, each step
+        (N, B)); never a (B, L) table.  Ties: the deepest node, then the smallest id.  O(N·L + N·B·k)."""
+        cost, full, coef = self._topk_parts(ct)
+        table = full[:, None] * ct.listed.rate[None, :]
+        for j in range(ct.k):
+            table = table + cost.index_select(1, ct.indices[:, j]) * coef[:, j]
+        return argbest(ct.h, table, self.higher_is_better)
+
+    def _expected_topk(self, ct, pred):
+        cost, full, coef = self._topk_parts(ct)
+        return full[pred] * ct.listed.rate + (cost[pred[:, None], ct.indices] * coef).sum(1)
