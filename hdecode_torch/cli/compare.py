@@ -282,12 +282,13 @@ def not_applicable_line(na: dict) -> str:
 
 
 def check_topk_options(args) -> None:
-    """The options that need every leaf's probability, refused for a --probs of top-k lists."""
+    """The options that need every leaf's probability, refused for a --probs of top-k lists (``compare``'s, and
+    ``plot risk``'s, which has no --calibrate)."""
     for flag, given, why in (
             ("--from-logits", args.from_logits is not False, "the missing mass of a top-k of logits is unknown (the "
              "softmax needs every logit); save the top-k of the probabilities"),
             ("--normalize", bool(args.normalize), "the mass its values leave is the unlisted leaves'"),
-            ("--calibrate", bool(args.calibrate), "a calibration is fitted on every logit")):
+            ("--calibrate", bool(getattr(args, "calibrate", None)), "a calibration is fitted on every logit")):
         if given:
             raise CLIError(f"{flag}: --probs holds top-k lists; {why}")
 
