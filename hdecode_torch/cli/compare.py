@@ -293,7 +293,7 @@ def check_topk_options(args) -> None:
             raise CLIError(f"{flag}: --probs holds top-k lists; {why}")
 
 
-def _topk_at(topk: TopK, rows: torch.Tensor) -> TopK:
+def topk_at(topk: TopK, rows: torch.Tensor) -> TopK:
     """The lists of ``rows`` (b,) int64, in that order."""
     return TopK(topk.values[rows], topk.indices[rows])
 
@@ -395,9 +395,9 @@ def run(args: argparse.Namespace, progress: Progress) -> int:
                 lam_rows, other_rows = held_out_split(num, split, seed, "fit λ on")
                 lam_rows, other_rows = lam_rows.to(device), other_rows.to(device)
                 progress.stage("compare: fitting risk control")
-                rc, risk = fit_risk_control(h, _topk_at(probs, lam_rows), targets[lam_rows], args.alpha, args.delta,
+                rc, risk = fit_risk_control(h, topk_at(probs, lam_rows), targets[lam_rows], args.alpha, args.delta,
                                             f"--calibration-split {split:g} of {num} rows")
-                probs, targets = _topk_at(probs, other_rows), targets[other_rows]
+                probs, targets = topk_at(probs, other_rows), targets[other_rows]
                 setting.update(calibration_split=split, seed=seed, scored_rows=int(other_rows.numel()))
                 source = (f"{other_rows.numel()} held-out top-{probs.k} lists from {where} (the missing mass spread "
                           f"over the unlisted leaves; risk control fitted on {lam_rows.numel()} other rows)")

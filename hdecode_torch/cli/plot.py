@@ -20,7 +20,7 @@ from .common import (
     heuristic_selection, json_document, load_any_hierarchy, load_probs, load_targets, resolve_device,
     set_threads, split_names, import_modules, one_spec, calibration_report, calibration_split, fit_calibration,
 )
-from .compare import check_topk_options, relative_gain
+from .compare import check_topk_options, relative_gain, topk_at
 from .evaluation import evaluate, has_optimal, rows_probabilities
 from .io import STDIN, StagedWrites, check_distinct_inputs, check_output_path, is_special_file
 from .options import (
@@ -355,7 +355,7 @@ def _figure_outputs(args) -> tuple:
 
 def _rows(probs, rows: torch.Tensor):
     """Rows ``rows`` (b,) int64 of (B, L) probabilities or of a :class:`~hdecode_torch.TopK`'s lists."""
-    return TopK(probs.values[rows], probs.indices[rows]) if isinstance(probs, TopK) else probs[rows]
+    return topk_at(probs, rows) if isinstance(probs, TopK) else probs[rows]
 
 
 def risk_curve(h, probs, targets: torch.Tensor, fit_rows: torch.Tensor, other_rows: torch.Tensor,
