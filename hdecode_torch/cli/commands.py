@@ -74,7 +74,9 @@ def _add_compare(sub) -> None:
             "child has p > λ) on a random part of the rows, and shows, on the others, its miss rate (the\n"
             "target not under the answer) and the mean depth of its answers next to every optimal and\n"
             "heuristic decoder's: on rows exchangeable with the calibration rows, its expected miss rate\n"
-            "is at most A (with --delta D: at most A with probability 1 - D)."),
+            "is at most A (with --delta D: at most A with probability 1 - D).  On top-k lists, λ is fitted\n"
+            "on the calibration rows' lists, each read as its completed distribution (the missing mass\n"
+            "spread over the unlisted leaves), exactly as on that dense table."),
         epilog=("examples:\n"
                 "  hdecode compare\n"
                 "  hdecode compare --noise 1.5 --num-samples 50000 --json results.json\n"
@@ -82,6 +84,7 @@ def _add_compare(sub) -> None:
                 "  hdecode compare --probs val_logits.npy --targets val_labels.npy --from-logits --calibrate\n"
                 "  hdecode compare --alpha 0.1\n"
                 "  hdecode compare --probs val_probs.npy --targets val_labels.npy --alpha 0.05 --delta 0.1\n"
+                "  hdecode compare --hierarchy inat19 --probs val_top10.npz --targets val_labels.npy --alpha 0.1\n"
                 "  hdecode compare --metrics tree_distance,hf_beta --betas 1 --decoders argmax_leaf,majority"))
     p.set_defaults(_run="compare:run", _check=check_compare, _parser=p)
     add_hierarchy_args(p)
@@ -89,7 +92,8 @@ def _add_compare(sub) -> None:
     src.add_argument("--probs", metavar="FILE", help="(B, L) probabilities (or logits with --from-logits): "
                      ".npy, .pt, .csv, .tsv or .txt; column j is leaf j of the hierarchy; '-' reads standard input; "
                      "or top-k lists of probabilities, a .npz (or a .pt dict) with 'values' and 'indices' (B, k): "
-                     "the metrics and heuristics that decode them run, the others are named as not applicable")
+                     "the metrics and heuristics that decode them run, the others are named as not applicable; "
+                     "--alpha fits and scores risk control on them")
     src.add_argument("--targets", metavar="FILE", help="(B,) true leaf ids: .npy, .pt, .csv or .txt (one per line); "
                      "'-' reads standard input")
     add_input_kind_args(src)
@@ -375,7 +379,9 @@ def _add_plot_risk(psub, image_help: str, dpi_help: str) -> None:
             f"the fitted λ and the level marked, at {DEFAULT_RISK_POINTS} evenly spaced λ (--points) and the\n"
             "fitted one.\n\n"
             "Without --probs: synthetic calibrated outputs on the hierarchy.  With --probs/--targets:\n"
-            "your model's outputs."),
+            "your model's outputs, or top-k lists of probabilities (a .npz or a .pt dict with 'values'\n"
+            "and 'indices', (B, k)): λ and the curve are then those of their completed distribution (the\n"
+            "missing mass spread over the unlisted leaves), exactly as on that dense table."),
         epilog="examples:\n  hdecode plot risk --output risk.png\n"
                "  hdecode plot risk --probs val_probs.npy --targets val_labels.npy --alpha 0.05 --delta 0.1 "
                "--output risk.png --json risk.json")

@@ -510,7 +510,8 @@ def held_out_split(num_rows: int, fraction: float, seed: int, fit_what: str) -> 
 
 def fit_risk_control(h: Hierarchy, probs: torch.Tensor, targets: torch.Tensor, alpha: float, delta: float | None,
                      where: str):
-    """``(rc, info)``: ``hd.RiskControl(h, alpha, delta)`` fitted on checked probabilities (n, L) and their
+    """``(rc, info)``: ``hd.RiskControl(h, alpha, delta)`` fitted on checked probabilities (n, L), or on a
+    :class:`~hdecode_torch.TopK` of (n, k) lists (the path of their completed distribution), and their
     targets (n,); info: λ, n, the calibration rows' miss rate, the guarantee in words, seconds.  Too few
     rows for the level is an error that says how many are needed (``where``: how the rows were chosen)."""
     from ..decoders.risk_control import MAX_CALIBRATION_ROWS, RiskControl
@@ -523,7 +524,7 @@ def fit_risk_control(h: Hierarchy, probs: torch.Tensor, targets: torch.Tensor, a
     except ValueError:  # the level needs more rows than any calibration set holds
         raise CLIError(f"{level}: needs more than 2^40 = {MAX_CALIBRATION_ROWS:,} calibration rows (with fewer, not "
                        "even the root can be certified at this level); use a larger --alpha") from None
-    n = int(probs.shape[0])
+    n = int((probs.values if isinstance(probs, TopK) else probs).shape[0])
     if n < need:
         raise CLIError(f"{level}: too few calibration rows: at least {need} are needed (with fewer, not even the "
                        f"root can be certified at this level), but {where} holds {n}; give more rows, a larger "

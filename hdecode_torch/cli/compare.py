@@ -282,15 +282,20 @@ def not_applicable_line(na: dict) -> str:
 
 
 def check_topk_options(args) -> None:
-    """The options that need every leaf's probability, refused for a --probs of top-k lists."""
+    """The options that need every leaf's probability, refused for a --probs of top-k lists (``compare``'s, and
+    ``plot risk``'s, which has no --calibrate)."""
     for flag, given, why in (
             ("--from-logits", args.from_logits is not False, "the missing mass of a top-k of logits is unknown (the "
              "softmax needs every logit); save the top-k of the probabilities"),
             ("--normalize", bool(args.normalize), "the mass its values leave is the unlisted leaves'"),
-            ("--calibrate", bool(args.calibrate), "a calibration is fitted on every logit"),
-            ("--alpha", args.alpha is not None, "risk control is fitted on the dense (B, L) probabilities")):
+            ("--calibrate", bool(getattr(args, "calibrate", None)), "a calibration is fitted on every logit")):
         if given:
             raise CLIError(f"{flag}: --probs holds top-k lists; {why}")
+
+
+def topk_at(topk: TopK, rows: torch.Tensor) -> TopK:
+    """The lists of ``rows`` (b,) int64, in that order."""
+    return TopK(topk.values[rows], topk.indices[rows])
 
 
 def topk_applicable(metrics: list, heuristics: list, topk: TopK):
@@ -386,6 +391,16 @@ def run(args: argparse.Namespace, progress: Progress) -> int:
             source = f"{num} top-{probs.k} lists from {where} (the missing mass spread over the unlisted leaves)"
             probs = TopK(probs.values.to(device), probs.indices.to(device))
             targets = targets.to(device)
+            if args.alpha is not None:  # the dense path's split and fit, on the lists' completed distribution
+                lam_rows, other_rows = held_out_split(num, split, seed, "fit λ on")
+                lam_rows, other_rows = lam_rows.to(device), other_rows.to(device)
+                progress.stage("compare: fitting risk control")
+                rc, risk = fit_risk_control(h, topk_at(probs, lam_rows), targets[lam_rows], args.alpha, args.delta,
+                                            f"--calibration-split {split:g} of {num} rows")
+                probs, targets = topk_at(probs, other_rows), targets[other_rows]
+                setting.update(calibration_split=split, seed=seed, scored_rows=int(other_rows.numel()))
+                source = (f"{other_rows.numel()} held-out top-{probs.k} lists from {where} (the missing mass spread "
+                          f"over the unlisted leaves; risk control fitted on {lam_rows.numel()} other rows)")
         elif args.probs is not None:
             targets = load_targets(args.targets, h, probs.shape[0])
             if probs.shape[0] == 0:

@@ -78,8 +78,15 @@ def answer_coverage(h, pred: torch.Tensor, targets: torch.Tensor) -> tuple[torch
 
     pred: (B,) int64 node ids (missed when the target is not under the node; its depth) or (B, N) bool
     ancestor-closed node sets (missed when a node of the set is not an ancestor of the target, which
-    for the ancestor set of a node is the same; depth: the set's nodes below the root).
+    for the ancestor set of a node is the same; depth: the set's nodes below the root), dense or sparse
+    COO (a set metric's top-k decision: read from its entries, O(nnz), never the (B, N) mask).
     """
+    if pred.dtype == torch.bool and pred.layout == torch.sparse_coo:
+        rows, nodes = pred.coalesce().indices()
+        size = torch.bincount(rows, minlength=pred.shape[0])
+        on_path = torch.bincount(rows, weights=is_ancestor(h, nodes, targets[rows]).double(),
+                                 minlength=pred.shape[0])
+        return (on_path < size).double(), (size - 1).double()
     if pred.dtype == torch.bool:
         size = pred.sum(1)
         return (path_counts(h, pred, targets) < size).double(), (size - 1).double()
@@ -194,7 +201,7 @@ def evaluate(h, probs: torch.Tensor, targets: torch.Tensor, metrics: list, heuri
         paired.add(values[:, :, :, None] - values[:, :, None, :])
         if coverage is not None:
             answers = [d.decode(post) for d in coverage] + [p for p in optimal if p is not None] + preds
-            covered.add(torch.stack([torch.stack(answer_coverage(post.h, p, y), 1) for p in answers], 1))
+            covered.add(torch.stack([torch.stack(answer_coverage(h, p, y), 1) for p in answers], 1))
         if progress is not None:
             progress.update(stop - start)
     available = torch.ones(M, D, dtype=torch.bool)

@@ -12,6 +12,7 @@ import warnings
 
 import torch
 
+from ..core.topk import TopK
 from ..synthetic import synthetic_miscalibrated, synthetic_outputs
 from .common import (
     DEFAULT_CALIBRATION_SPLIT, DEFAULT_SEED, MAX_FIGURE_PIXELS, CLIError,
@@ -19,7 +20,7 @@ from .common import (
     heuristic_selection, json_document, load_any_hierarchy, load_probs, load_targets, resolve_device,
     set_threads, split_names, import_modules, one_spec, calibration_report, calibration_split, fit_calibration,
 )
-from .compare import relative_gain
+from .compare import check_topk_options, relative_gain, topk_at
 from .evaluation import evaluate, has_optimal, rows_probabilities
 from .io import STDIN, StagedWrites, check_distinct_inputs, check_output_path, is_special_file
 from .options import (
@@ -352,13 +353,19 @@ def _figure_outputs(args) -> tuple:
     return Figure, Canvas, path, fmt
 
 
-def risk_curve(h, probs: torch.Tensor, targets: torch.Tensor, fit_rows: torch.Tensor, other_rows: torch.Tensor,
+def _rows(probs, rows: torch.Tensor):
+    """Rows ``rows`` (b,) int64 of (B, L) probabilities or of a :class:`~hdecode_torch.TopK`'s lists."""
+    return topk_at(probs, rows) if isinstance(probs, TopK) else probs[rows]
+
+
+def risk_curve(h, probs, targets: torch.Tensor, fit_rows: torch.Tensor, other_rows: torch.Tensor,
                alpha: float, delta: float | None, points: int, where: str) -> dict:
-    """RiskControl fitted on ``fit_rows``, its risk-coverage curve on ``other_rows`` read at ``points`` evenly
+    """RiskControl fitted on ``fit_rows`` of ``probs`` ((B, L) probabilities, or a TopK of (B, k) lists: their
+    completed distribution), its risk-coverage curve on ``other_rows`` read at ``points`` evenly
     spaced λ in [0, 1] and at the fitted λ (ascending): ``{"lambda", "miss_rate", "mean_depth"}`` lists, the
     values at the fitted λ (``at_fitted``), and the fit's report (``fit``: ``fit_risk_control``'s)."""
-    rc, info = fit_risk_control(h, probs[fit_rows], targets[fit_rows], alpha, delta, where)
-    curve = rc.risk_coverage(probs[other_rows], targets[other_rows])
+    rc, info = fit_risk_control(h, _rows(probs, fit_rows), targets[fit_rows], alpha, delta, where)
+    curve = rc.risk_coverage(_rows(probs, other_rows), targets[other_rows])
     lam, risk, depth = (t.cpu() for t in (curve.lam, curve.risk, curve.mean_depth))
     # i / (points - 1), each correctly rounded (linspace gives 0.30000000000000004 for 3/10)
     grid = torch.arange(points, dtype=torch.float64) / (points - 1)
@@ -396,17 +403,25 @@ def run_risk(args: argparse.Namespace, progress: Progress) -> int:
             source = f"synthetic calibrated outputs (noise {noise:g})"
         else:
             progress.stage("plot risk: reading the model outputs")
-            raw = load_probs(args.probs, h)
-            num = int(raw.shape[0])
+            raw = load_probs(args.probs, h, top_k=True)
+            topk = isinstance(raw, TopK)
+            if topk:
+                check_topk_options(args)
+            num = int((raw.values if topk else raw).shape[0])
             targets = load_targets(args.targets, h, num)
             if num == 0:
                 raise CLIError(f"--probs: {args.probs!r} has no rows")
-            probs = rows_probabilities(h, raw, torch.arange(num), from_logits=args.from_logits,
-                                       normalize=args.normalize).to(device)
+            if topk:
+                probs = TopK(raw.values.to(device), raw.indices.to(device))
+            else:
+                probs = rows_probabilities(h, raw, torch.arange(num), from_logits=args.from_logits,
+                                           normalize=args.normalize).to(device)
             targets = targets.to(device)
             setting.update(source="files", probs=args.probs if args.probs == STDIN else os.path.abspath(args.probs),
                            targets=args.targets if args.targets == STDIN else os.path.abspath(args.targets),
                            from_logits=args.from_logits, normalize=bool(args.normalize), num_samples=num)
+            if topk:
+                setting.update(input="top-k lists", k=raw.k)
             source = "standard input" if args.probs == STDIN else os.path.basename(args.probs)
         fit_rows, other_rows = held_out_split(num, split, seed, "fit λ on")
         progress.stage("plot risk: fitting risk control and its curve")

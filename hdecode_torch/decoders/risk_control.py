@@ -483,10 +483,11 @@ class RiskControl(ThresholdDescent):
         return _first_true_from(lambda rows: rows == 1 or not passes(rows - 1), n, -1, last=1)
 
     # ------------------------------------------------------------------ fitting
-    @staticmethod
-    def _top_k_input(probs, from_logits, within) -> TopK | None:
-        """``probs`` as a :class:`~hdecode_torch.TopK` if it is a top-k list (then ``from_logits`` and
-        ``within`` must be off), else None."""
+    def _top_k_input(self, probs, from_logits, within) -> tuple[TopK | None, object]:
+        """``(topk, probs)``: ``probs`` as a :class:`~hdecode_torch.TopK` if it is a top-k list of k < L
+        (then ``from_logits`` and ``within`` must be off), else None and the dense input.  A list of every
+        leaf (k = L) is checked as a list and walked as its completed (B, L) table, as ``decode`` does, so
+        that λ and the curve are the dense input's bit for bit (the support's sums are in another order)."""
         topk = TopK.of(probs)
         if topk is not None:
             if from_logits is not False:
@@ -496,7 +497,11 @@ class RiskControl(ThresholdDescent):
                 raise ValueError("`within` is not supported with a top-k input: pass the dense (B, L) probabilities")
             # not differentiable, as the dense fit (λ is a selected candidate)
             topk = TopK(topk.values.detach(), topk.indices, topk.missing, topk.prior)
-        return topk
+            L = self.hierarchy.num_leaves
+            if topk.k == L and not topk.unbatched:
+                CompletedTopK(self.hierarchy, topk, self.validate)  # the list's own checks
+                return None, topk.completed(L)
+        return topk, probs
 
     def _inputs(self, probs, targets, from_logits) -> tuple[Posterior, torch.Tensor]:
         h = self.hierarchy
@@ -734,14 +739,15 @@ class RiskControl(ThresholdDescent):
 
         probs: (B, L) float probabilities (or logits with ``from_logits=True``), or a (B, k) top-k list of
         probabilities (:class:`~hdecode_torch.TopK`, ``probs.topk(k)``: the path of its completed distribution
-        on the list's support, O(B·k·D·log(B·k))); targets: (B,) int
+        on the list's support, O(B·k·D·log(B·k)); k = L: its completed table, the dense steps bit for bit);
+        targets: (B,) int
         leaf ids in 0..L-1.  One walk down every row's top-down path: O(B·(L + Σ_d K_d)); for the miss
         loss, one gather of the children of each target's ancestors instead, O(B·(L + W)) for W the most
         such children of a leaf.
         ``within``: (B,) int64 node ids, each row's path walked on its node's subtree (as
         ``decode(..., within=)`` decodes); every target must lie under its row's node.
         """
-        topk = self._top_k_input(probs, from_logits, within)
+        topk, probs = self._top_k_input(probs, from_logits, within)
         if topk is not None:
             return self._walk_topk(topk, targets)[0]
         post, y = self._inputs(probs, targets, from_logits)
@@ -805,7 +811,7 @@ class RiskControl(ThresholdDescent):
         :meth:`fit` (the depths are still those of the whole tree).  Evaluate it on rows not used to
         fit, to see the fitted λ's miss rate next to the level.  O(BD log(BD)).
         """
-        topk = self._top_k_input(probs, from_logits, within)
+        topk, probs = self._top_k_input(probs, from_logits, within)
         if topk is not None:
             steps, path, _ = self._walk_topk(topk, targets)
         else:
