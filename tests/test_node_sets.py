@@ -88,3 +88,22 @@ def test_set_metrics_score_sparse_sets_as_dense_ones(name):
     loose = sparse_node_sets(torch.arange(6), ids, 6, h.num_nodes)
     assert torch.equal(m(loose, y), m(ids, y))
     assert torch.equal(m(loose, y), m(loose.to_dense(), y))
+
+
+@pytest.mark.parametrize("name", SET_METRICS)
+@pytest.mark.parametrize("tree", ["tieredimagenet-h", "inat19"])
+def test_set_metrics_score_node_ids_as_their_ancestor_masks(name, tree):
+    # a node id is scored from d(n) and d(LCA(n, y)), never its (B, N) mask: the same bits as the mask's counts
+    from hdecode_torch.kernels.ancestry import ancestor_mask
+
+    h, _ = bundled(tree)
+    m = hd.get_metric(name, h)
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, h.num_nodes, (2000,), generator=g)
+    y = torch.randint(0, h.num_leaves, (2000,), generator=g)
+    for dtype in (torch.float32, torch.float64):
+        assert torch.equal(m(ids, y, dtype=dtype), m(ancestor_mask(h, ids), y, dtype=dtype))
+        assert torch.equal(m(ids[3], y, dtype=dtype), m(ancestor_mask(h, ids[3:4])[0], y, dtype=dtype))
+        assert torch.equal(m(ids, y[0], dtype=dtype), m(ancestor_mask(h, ids), y[0], dtype=dtype))
+        one = m(ids[0], y[0], dtype=dtype)
+        assert one.shape == () and torch.equal(one, m(ancestor_mask(h, ids[:1])[0], y[0], dtype=dtype))

@@ -22,7 +22,7 @@ from ..core.conversion import as_tensor
 from ..core.index_checks import RangeCheck, as_node_ids, as_targets, check_node_sets, check_ranges
 from ..core.node_sets import (as_sparse_sets, batched_sparse, check_sparse_sets, is_sparse_sets, sparse_closure,
                               sparse_node_sets, sparse_path_counts, unbatched_sparse)
-from ..kernels.ancestry import ancestor_closure, ancestor_mask, path_counts
+from ..kernels.ancestry import ancestor_closure, ancestor_mask, lca_depth, path_counts
 from ..kernels.selection import argbest
 
 __all__ = ["BaseMetric", "NodeMetric", "SetMetric", "value_dtype"]
@@ -344,6 +344,13 @@ class SetMetric(BaseMetric):
         check_ranges([check, RangeCheck(target, h.num_leaves, "target", "leaf ids")], validate)
         if is_sparse_sets(t):
             return self._sparse_values(h, t, target, unbatched).to(dtype)
+        if t.dtype != torch.bool:
+            # a node n is the set A(n): |A(n)| = d(n) + 1 and |A(n) ∩ A(y)| = d(LCA(n, y)) + 1, the counts of its
+            # (B, N) mask without building it (O(B·D) instead of O(B·N): a top-k run scores heuristics' nodes)
+            node, tgt = torch.broadcast_tensors(t, target)
+            size = h.depth[node].to(torch.float64) + 1
+            inter = lca_depth(h, node, tgt).to(torch.float64) + 1
+            return self._from_counts(inter, size, h.depth[tgt].to(torch.float64) + 1).to(dtype)
         sets = self._closed(t)
         sets2 = sets[None] if unbatched else sets
         if unbatched and target.dim() == 1:
