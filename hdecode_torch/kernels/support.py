@@ -197,9 +197,10 @@ def support_table(h, listed: Listed, weights: torch.Tensor, with_entry: bool = F
     last.view(-1, k)[:, -1] = True
     first_own = new & own
     key = first_own.nonzero().squeeze(1)  # ascending: by depth, row, then rank
-    end = (last & own).nonzero().squeeze(1) + 1
+    last_at = (last & own).nonzero().squeeze(1)  # a run's last position: its end is one past it
     seg = key // k
-    lo, hi = key - seg * k, end - seg * k
+    seg_start = seg * k
+    lo, hi_last = key - seg_start, last_at - seg_start
     dep = seg // bsz
     rows = seg - dep * bsz
     # every table position's run's entry (that of the last own run before it for a copy: never read); an int32
@@ -210,10 +211,11 @@ def support_table(h, listed: Listed, weights: torch.Tensor, with_entry: bool = F
         entry = first_own.cumsum(0, dtype=torch.int32 if small else torch.int64).to(torch.int64) - 1
     nodes = _at(anc.reshape(-1), key)
     base = rows * (k + 1)
-    at_hi, at_lo = base + hi, base + lo
+    at_last, at_lo = base + hi_last, base + lo
     vsum, wsum = listed.vsum.reshape(-1), listed.wsum.reshape(-1)
-    s = _at(vsum, at_hi) - _at(vsum, at_lo)
-    free = (_at(weights, nodes) - (_at(wsum, at_hi) - _at(wsum, at_lo))).clamp_min(0)
+    # the prefix sums one past the run's last entry: read through views shifted by one, not an index + 1
+    s = _at(vsum[1:], at_last) - _at(vsum, at_lo)
+    free = (_at(weights, nodes) - (_at(wsum[1:], at_last) - _at(wsum, at_lo))).clamp_min(0)
     p = s + _at(listed.rate, rows) * free
     return Support(rows, nodes, dep, lo, p, key, entry)
 
