@@ -171,41 +171,51 @@ def support_table(h, listed: Listed, weights: torch.Tensor, with_entry: bool = F
     run's ends give S and C as prefix-sum differences.  The masses are computed for the first entry of each
     run at the node's own depth only: a node shared by several listed leaves once, not once per leaf (the
     leaf copies below their depth are runs of one entry, dropped).  ``with_entry``: also the table
-    position → entry map (two cumulative sums over the table).  O(B·k·D): D gathers, one comparison and
-    one nonzero over the table, then O(1) per support node.
+    position → entry map (one cumulative sum over the table).  O(B·k·D): D gathers, two comparisons and
+    two nonzeros over the table, then O(1) per support node.
     """
     leaves = listed.leaves
     bsz, k = leaves.shape
     d = h.max_depth
     dev = leaves.device
-    up = walk_up(h, leaves, d, dim=0)  # (D+1, B, k): row s the ancestor s levels above
-    levels = torch.arange(d + 1, device=dev)
     leaf_depth = _at(h.depth, leaves)
-    # row d: the ancestor at depth d (flat index_select: a gather along the first dimension is slower)
-    steps = (leaf_depth[None] - levels[:, None, None]).clamp_min(0)
-    anc = _at(up.reshape(-1), steps * (bsz * k) + torch.arange(bsz * k, device=dev).view(bsz, k))
+    # row s: the ancestor at depth s (the leaf itself below its depth), filled from the deepest row up, one
+    # parent lookup per level: no (D+1, B, k) index arithmetic
+    anc = torch.empty((d + 1, bsz, k), dtype=leaves.dtype, device=dev)
+    anc[d] = leaves
+    for s in range(d, 0, -1):
+        torch.where(leaf_depth >= s, _at(h.parent_or_root, anc[s]), anc[s], out=anc[s - 1])
+    levels = torch.arange(d + 1, device=dev)
+    own = (levels[:, None, None] <= leaf_depth[None]).reshape(-1)  # not a leaf's copy
     new = torch.ones_like(anc, dtype=torch.bool)
-    new[..., 1:] = anc[..., 1:] != anc[..., :-1]
-    starts = new.reshape(-1).nonzero().squeeze(1)  # ascending: by depth, row, then rank
-    # a run ends where the next starts, or at the end of its (depth, row) segment
-    nxt = torch.empty_like(starts)
-    nxt[:-1] = starts[1:]
-    nxt[-1:] = anc.numel()
-    end = torch.minimum(nxt, (starts // k + 1) * k)
-    own_mask = _at((levels[:, None, None] <= leaf_depth[None]).reshape(-1), starts)  # not a leaf's copy
-    own = _where(own_mask)
-    key, end = _at(starts, own), _at(end, own)
+    torch.ne(anc[..., 1:], anc[..., :-1], out=new[..., 1:])
+    new = new.reshape(-1)
+    # a run ends where the next starts, or at the end of its (depth, row) segment; a copy is a run of one
+    # entry, so dropping copies from both ends leaves the own runs' starts and ends paired, in order
+    last = torch.ones_like(new)
+    last[:-1] = new[1:]
+    last.view(-1, k)[:, -1] = True
+    first_own = new & own
+    key = first_own.nonzero().squeeze(1)  # ascending: by depth, row, then rank
+    last_at = (last & own).nonzero().squeeze(1)  # a run's last position: its end is one past it
     seg = key // k
-    lo, hi = key - seg * k, end - seg * k
+    seg_start = seg * k
+    lo, hi_last = key - seg_start, last_at - seg_start
     dep = seg // bsz
     rows = seg - dep * bsz
-    # every table position's run, and every run's entry (that of the last own run for a copy: never read)
-    entry = _at(own_mask.cumsum(0) - 1, new.reshape(-1).cumsum(0) - 1) if with_entry else None
+    # every table position's run's entry (that of the last own run before it for a copy: never read); an int32
+    # running count where it fits, several times faster than int64's on the CPU
+    entry = None
+    if with_entry:
+        small = first_own.numel() < 2**31
+        entry = first_own.cumsum(0, dtype=torch.int32 if small else torch.int64).to(torch.int64) - 1
     nodes = _at(anc.reshape(-1), key)
     base = rows * (k + 1)
+    at_last, at_lo = base + hi_last, base + lo
     vsum, wsum = listed.vsum.reshape(-1), listed.wsum.reshape(-1)
-    s = _at(vsum, base + hi) - _at(vsum, base + lo)
-    free = (_at(weights, nodes) - (_at(wsum, base + hi) - _at(wsum, base + lo))).clamp_min(0)
+    # the prefix sums one past the run's last entry: read through views shifted by one, not an index + 1
+    s = _at(vsum[1:], at_last) - _at(vsum, at_lo)
+    free = (_at(weights, nodes) - (_at(wsum[1:], at_last) - _at(wsum, at_lo))).clamp_min(0)
     p = s + _at(listed.rate, rows) * free
     return Support(rows, nodes, dep, lo, p, key, entry)
 
