@@ -7,6 +7,7 @@ metrics that take a list and for the heuristics that do (``HEURISTICS``, named i
     python -m benchmarks.topk --trees 1m --rows 64              # the 1M-node tree, dense side by side
     python -m benchmarks.topk --trees 1m --rows 1024 --ks 100   # too large for a dense table: top-k only
     python -m benchmarks.topk --json topk.json
+    python -m benchmarks.topk --device cuda --rows 4096         # on a GPU (times synchronized)
 
 Per tree, model-shaped rows (``benchmarks.workloads.model_like_probs``: a random temperature, a boost on
 a true leaf and on the leaves of one of its ancestors); the dense decoder reads the (B, L) float32 table,
@@ -61,32 +62,35 @@ def drawn_lists(h, rows: int, k: int, seed: int = 0) -> hd.TopK:
     return hd.TopK(values.sort(1, descending=True).values, indices)
 
 
-def agrees(m, values, indices, num_leaves: int) -> bool:
+def agrees(m, values, indices, num_leaves: int, device: torch.device) -> bool:
     """Whether the top-k decision of these rows has the dense decoder's expected score on the completed table
     (a heuristic: the dense heuristic's node on it).  A set metric's top-k sets are sparse: scored as they are
     against the dense decoder's (B, N) sets (equal sets can differ only at exact ties, equal expected scores
     cannot)."""
-    lists = hd.TopK(values, indices)
-    full = lists.completed(num_leaves, torch.float64)
+    full = hd.TopK(values, indices).completed(num_leaves, torch.float64)
+    pred = m.decode(hd.TopK(values.to(device), indices.to(device))).cpu()
     if isinstance(m, hd.decoders.Decoder):
-        return bool(torch.equal(m.decode(lists), m.decode(full)))
-    ours, theirs = m.expected(full, m.decode(lists)), m.expected(full, m.decode(full))
+        return bool(torch.equal(pred, m.decode(full)))
+    ours, theirs = m.expected(full, pred), m.expected(full, m.decode(full))
     return bool(torch.allclose(ours, theirs, rtol=1e-9, atol=1e-9))
 
 
-def timed(fn) -> float:
+def timed(fn, device: torch.device) -> float:
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
     t = time.perf_counter()
     fn()
+    sync()
     return time.perf_counter() - t
 
 
-def bench_tree(name: str, rows: int, ks: list[int], repeats: int) -> dict:
+def bench_tree(name: str, rows: int, ks: list[int], repeats: int, device: torch.device) -> dict:
     h, _ = load_tree(name)
     dense_fits = rows * h.num_leaves <= DENSE_MAX_ENTRIES and h.ancestor_table_fits
     probs = None
     if dense_fits:
         probs = torch.from_numpy(model_like_probs(h.ancestors.numpy(), h.depth.numpy(), h.num_leaves, rows, seed=0))
-    out = {"tree": name, "num_nodes": h.num_nodes, "num_leaves": h.num_leaves, "max_depth": h.max_depth,
+    out = {"tree": name, "device": str(device), "num_nodes": h.num_nodes, "num_leaves": h.num_leaves, "max_depth": h.max_depth,
            "rows": rows, "results": []}
     out["heuristic_results"] = []
     for metric, params in [(m, None) for m in METRICS] + HEURISTICS:
@@ -94,16 +98,18 @@ def bench_tree(name: str, rows: int, ks: list[int], repeats: int) -> dict:
         for k in ks:
             lists = hd.TopK(*probs.topk(k)) if probs is not None else drawn_lists(h, rows, k)
             values, indices = lists.values, lists.indices
+            on_device = None if probs is None else probs.to(device)
+            values_d, indices_d = values.to(device), indices.to(device)
             if probs is not None:
-                m.decode(probs[:2])
-            m.decode(hd.TopK(values[:2], indices[:2]))  # the tree's tables, outside the timings
+                m.decode(on_device[:2])
+            m.decode(hd.TopK(values_d[:2], indices_d[:2]))  # the tree's tables, outside the timings
             dense_t, topk_t = [], []
             for _ in range(repeats):
                 if probs is not None:
-                    dense_t.append(timed(lambda: m.decode(probs)))
-                topk_t.append(timed(lambda: m.decode(hd.TopK(values, indices))))  # its checks included
+                    dense_t.append(timed(lambda: m.decode(on_device), device))
+                topk_t.append(timed(lambda: m.decode(hd.TopK(values_d, indices_d)), device))  # its checks included
             row = {"metric": metric, "k": k, "topk_us": statistics.median(topk_t) / rows * 1e6,
-                   "agrees": agrees(m, values[:CHECK_ROWS], indices[:CHECK_ROWS], h.num_leaves)}
+                   "agrees": agrees(m, values[:CHECK_ROWS], indices[:CHECK_ROWS], h.num_leaves, device)}
             if dense_t:
                 row["dense_us"] = statistics.median(dense_t) / rows * 1e6
                 row["speedup"] = row["dense_us"] / row["topk_us"]
@@ -120,16 +126,18 @@ def main(argv=None) -> int:
     parser.add_argument("--ks", type=int, nargs="+", default=[10, 100])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda: where the lists and tables live")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    device = torch.device(args.device)
     torch.set_num_threads(args.threads)
     np.random.seed(0)
     print("| tree | metric | k | dense µs/sample | top-k µs/sample | dense / top-k | same expected score |")
     print("|---|---|---|---|---|---|---|")
-    results = [bench_tree(t, args.rows, args.ks, args.repeats) for t in args.trees]
+    results = [bench_tree(t, args.rows, args.ks, args.repeats, device) for t in args.trees]
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"threads": args.threads, "results": results}, f, indent=1)
+            json.dump({"threads": args.threads, "device": str(device), "results": results}, f, indent=1)
     return 0 if all(r["agrees"] for tree in results for r in tree["results"] + tree["heuristic_results"]) else 1
 
 
