@@ -54,6 +54,7 @@ def test_closure_and_counts_equal_the_dense_ones_on_random_trees():
         assert inter.tolist() == (want & anc).sum(1).tolist()
 
 
+@pytest.mark.filterwarnings("ignore:Sparse invariant checks are implicitly disabled")  # torch 2.11 warns here
 def test_check_sparse_sets_drops_false_values_and_names_the_argument():
     idx = torch.tensor([[0, 1], [2, 3]])
     s = torch.sparse_coo_tensor(idx, torch.tensor([True, False]), (2, 5), check_invariants=False)

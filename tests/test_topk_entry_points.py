@@ -96,9 +96,16 @@ def test_hierarchical_metric_refuses_what_it_cannot_decode_from_a_top_k_list():
         hd.HierarchicalMetric(h, "lca_height").update(t, torch.full((32,), h.num_leaves))
 
 
+def _on_the_cpu(argv):
+    """``argv`` with ``--device cpu`` for the commands that decode: their outputs are compared bit for bit with
+    the library's on CPU tensors (the command's own default picks CUDA where present)."""
+    argv = list(argv)
+    return argv + ["--device", "cpu"] if argv[0] in ("decode", "compare") and "--device" not in argv else argv
+
+
 def _run(argv, capsys):
     try:
-        code = main([str(a) for a in argv])
+        code = main([str(a) for a in _on_the_cpu(argv)])
     except SystemExit as exc:
         code = exc.code
     out, err = capsys.readouterr()

@@ -453,11 +453,18 @@ def test_lightning_callback_scores_top_k_sets(tmp_path):
                 assert cb.results[(m.key, "optimal")] == float(dense.compute()), name
 
 
+def _on_the_cpu(argv):
+    """``argv`` with ``--device cpu`` for the commands that decode: their outputs are compared bit for bit with
+    the library's on CPU tensors (the command's own default picks CUDA where present)."""
+    argv = list(argv)
+    return argv + ["--device", "cpu"] if argv[0] in ("decode", "compare") and "--device" not in argv else argv
+
+
 def _run(argv, capsys):
     from hdecode_torch.cli.main import main
 
     try:
-        code = main([str(a) for a in argv])
+        code = main([str(a) for a in _on_the_cpu(argv)])
     except SystemExit as exc:
         code = exc.code
     out, err = capsys.readouterr()

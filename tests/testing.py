@@ -77,7 +77,7 @@ class Tester:
                    "functional": F.decode(name, x, h, **params) if is_metric
                    else F.decode_with(name, x, h, **params),
                    "head": (hd.DecodingHead(h, name, **params) if is_metric
-                            else hd.DecodingHead(h, decoder=(name, params)))(x)}
+                            else hd.DecodingHead(h, decoder=(name, params))).to(self.device)(x)}
         want = got["class"]
         assert want.device.type == torch.device(self.device).type, (self, name)
         for entry in ENTRY_POINTS[1:]:

@@ -81,6 +81,7 @@ def answer_coverage(h, pred: torch.Tensor, targets: torch.Tensor) -> tuple[torch
     for the ancestor set of a node is the same; depth: the set's nodes below the root), dense or sparse
     COO (a set metric's top-k decision: read from its entries, O(nnz), never the (B, N) mask).
     """
+    h = h.to(pred.device)  # the decoders answer on the probabilities' device (CUDA by default where present)
     if pred.dtype == torch.bool and pred.layout == torch.sparse_coo:
         rows, nodes = pred.coalesce().indices()
         size = torch.bincount(rows, minlength=pred.shape[0])

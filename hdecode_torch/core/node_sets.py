@@ -11,6 +11,8 @@ O(nnz·D) time and memory, D the depth of the tree.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from ..kernels.support import leaf_ranks, walk_up
@@ -27,16 +29,23 @@ def sparse_node_sets(rows: torch.Tensor, nodes: torch.Tensor, batch_size: int, n
     """
     key = torch.unique(rows.to(torch.int64) * num_nodes + nodes.to(torch.int64))
     idx = torch.stack([key // num_nodes, key % num_nodes])
-    values = torch.ones(key.shape[0], dtype=torch.bool, device=key.device)
-    return torch.sparse_coo_tensor(idx, values, (batch_size, num_nodes), is_coalesced=True,
-                                   check_invariants=False)
+    return _coalesced_bool(idx, (batch_size, num_nodes))
+
+
+def _coalesced_bool(idx: torch.Tensor, size: tuple[int, ...]) -> torch.Tensor:
+    """The sparse COO bool tensor of ``size`` with True at the (ndim, nnz) sorted, distinct indices ``idx``."""
+    values = torch.ones(idx.shape[1], dtype=torch.bool, device=idx.device)
+    with warnings.catch_warnings():
+        # Some torch releases (2.11 among them) warn on every construction that the global invariant checks are
+        # "implicitly disabled", even with check_invariants=False given: these indices are sorted and distinct
+        # by construction, and checking them would cost a host read.
+        warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
+        return torch.sparse_coo_tensor(idx, values, size, is_coalesced=True, check_invariants=False)
 
 
 def unbatched_sparse(sets: torch.Tensor) -> torch.Tensor:
     """The coalesced sparse (N,) set of a (1, N) batch."""
-    idx = sets.indices()
-    values = torch.ones(idx.shape[1], dtype=torch.bool, device=idx.device)
-    return torch.sparse_coo_tensor(idx[1:], values, sets.shape[1:], is_coalesced=True, check_invariants=False)
+    return _coalesced_bool(sets.indices()[1:], tuple(sets.shape[1:]))
 
 
 def is_sparse_sets(t) -> bool:

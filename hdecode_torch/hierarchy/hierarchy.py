@@ -282,7 +282,10 @@ class Hierarchy(TreeConstructors):
             rows = torch.arange(self.num_leaves, device=self._device)[:, None].expand_as(anc)[valid]
             idx = torch.stack([rows, anc[valid]])
             vals = torch.ones(idx.shape[1], dtype=dtype, device=self._device)
-            return torch.sparse_coo_tensor(idx, vals, (self.num_leaves, self.num_nodes), check_invariants=False).coalesce()
+            with warnings.catch_warnings():  # some torch releases warn here even with check_invariants=False
+                warnings.filterwarnings("ignore", message="Sparse invariant checks are implicitly disabled")
+                return torch.sparse_coo_tensor(idx, vals, (self.num_leaves, self.num_nodes),
+                                               check_invariants=False).coalesce()
         return self.cached(("leaf_ancestor_incidence", dtype), build)
 
     @property
