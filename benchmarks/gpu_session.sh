@@ -2,7 +2,7 @@
 # One lease of a GPU machine (the device tool): correctness on CUDA first, then the timings, each step under
 # its own time cap so that the whole run ends inside one 10-minute command and every log comes back.
 #   run from the project root there:  OUT=<folder> TOOLS=<copy of the shared GPU tools> bash benchmarks/gpu_session.sh
-# Logs and JSON go to $OUT; the last lines printed are the summary.
+# Logs and JSON go to $OUT (8 files: what one call brings back); the last lines printed are the summary.
 set -o pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu-out}; TOOLS=${TOOLS:-.tools}; END=${END:-560}
@@ -28,12 +28,13 @@ step bench 190 python3 -m benchmarks.run --device cuda --trees tiered,inat --cud
 step latency 60 python3 "$TOOLS/latency.py"
 # 4. top-k against dense on the GPU
 step topk 60 python3 -m benchmarks.topk --device cuda --trees tieredimagenet-h inat19 100k --rows 1024 --ks 10 100 \
-    --repeats 3 --json "$OUT/topk-cuda.json"
+    --repeats 3
 # 5. the Lightning callback on the GPU (7 metrics x 7 decoders, 40,737 rows)
 step lightning 80 python3 "$TOOLS/lightning_cost.py"
 # 6. the rest of the suite on CUDA with the time left (-v: the failures are in the log even if it is cut)
 step suite 600 python3 -m pytest -v -n 12 -p no:cacheprovider -m "not slow" tests --deselect tests/test_topk_devices.py
-grep -E "FAILED|ERROR" "$OUT/suite.log" | head -40 > "$OUT/suite-failures.txt"
-{ echo "suite: $(grep -c PASSED "$OUT/suite.log") passed, $(grep -c FAILED "$OUT/suite.log") failed so far"; } | tee -a "$OUT/summary.txt"
+# the suite's verdict (its last line, or the count so far if it was cut) and its failures, into the summary
+{ echo "suite: $(tail -1 "$OUT/suite.log")"; echo "suite so far: $(grep -c " PASSED " "$OUT/suite.log") passed"
+  grep -E "^(FAILED|ERROR) " "$OUT/suite.log" | sed 's/ - .*//' | sort | uniq -c | head -40; } >> "$OUT/summary.txt"
 tail -3 "$OUT/tests_topk.log"; grep -E "Checks:|FAIL" "$OUT/bench.log" | head; tail -25 "$OUT/latency.log"; tail -8 "$OUT/lightning.log"
-grep -c " yes |" "$OUT/topk.log"; grep " NO |" "$OUT/topk.log" | head; head -40 "$OUT/suite-failures.txt"; cat "$OUT/summary.txt"
+grep -c " yes |" "$OUT/topk.log"; grep " NO |" "$OUT/topk.log" | head; cat "$OUT/summary.txt"
