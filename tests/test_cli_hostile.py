@@ -672,3 +672,25 @@ def test_ctrl_c_while_torch_loads_is_one_line(tmp_path):
     assert "Traceback" not in text and lines[-1] == "hdecode compare: interrupted", seen
     assert [ln for ln in lines if "compare: loading" not in ln] == ["hdecode compare: interrupted"], text
     assert not (tmp_path / "r.json").exists()
+
+
+def test_ctrl_c_while_the_progress_bar_cannot_close_is_still_an_interrupt(monkeypatch, capsys):
+    """A Ctrl-C can land while tqdm holds only some of its write locks (seen once on a 16-core machine while
+    torch loaded): closing the bar then raises "release unlocked lock", which must not turn the interrupt
+    into an internal error (exit 1) instead of one line and exit 130."""
+    from hdecode_torch.cli import main as cli_main
+    from hdecode_torch.cli.progress import Progress
+
+    def torn_close(self):
+        raise RuntimeError("release unlocked lock")
+
+    def interrupted(args, progress):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Progress, "close", torn_close)
+    monkeypatch.setattr(cli_main, "_runner", lambda spec: interrupted)
+    assert cli_main.main(["info"]) == 130
+    assert capsys.readouterr().err.strip().splitlines() == ["hdecode info: interrupted"]
+    with pytest.raises(RuntimeError, match="release unlocked lock"):  # without an interrupt it is an error
+        with Progress("x", enabled=False):
+            pass

@@ -260,7 +260,10 @@ def _main(argv) -> int:
                          "HDECODE_DEBUG=1 shows the traceback", 1)
         finally:
             if progress is not None:
-                progress.close()
+                try:
+                    progress.close()
+                except Exception:  # noqa: BLE001 - its first close (leaving `with progress`) reported it already
+                    pass
 
 
 if __name__ == "__main__":  # pragma: no cover

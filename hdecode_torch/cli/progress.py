@@ -51,7 +51,7 @@ class Progress:
         try:
             self._start_drawing()
         except BaseException:  # Ctrl-C right after the first draw: take the line down again
-            self.close()
+            self.__exit__(*sys.exc_info())
             raise
 
     def _start_drawing(self) -> None:
@@ -149,5 +149,11 @@ class Progress:
     def __enter__(self) -> "Progress":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self.close()
+        except Exception:
+            # A Ctrl-C can land while tqdm holds only some of its write locks; closing the bar then raises
+            # "release unlocked lock", which must not replace the interrupt (or error) being reported.
+            if exc_type is None:
+                raise
