@@ -63,7 +63,12 @@ of them when D < 32, else those of sizes d(a) + 1 ∈ k̂ − 3..k̂ + 3 and d(y
 k̂ = round(E[d(y)] + 1)).  LB: the best closed prefix of one order of the candidates
 p(n) ≥ τ(n)·LB₀, at the sizes k̂ − 3..k̂ + 3.  The order is by the smallest gain at k̂ along each
 root path: that key never grows from a parent to a child, and ties keep preorder (parent
-first), so every prefix is closed.  Both are exact values of closed sets, hence ≤ U*.
+first), so every prefix is closed.  Both are exact values of closed sets, hence ≤ U*.  The GPU plan
+screens its candidates with LB₀ and raises LB inside ``hdecode::jaccard_sets`` the same way, on its
+packed candidates (a superset of the CPU plan's, the sizes k̂ − 3..k̂ + 3 clamped to the row's own
+count), before the per-size node bounds and the size screen: an LB at least the CPU plan's wherever
+both orders take the same first k̂ + 3 candidates, and a bound either way (a tighter LB only removes
+nodes and sizes that no optimal set has, §2-3).
 
 5. Knapsack.  The candidates v_0 = root, v_1, ... of a sample in depth-first preorder (children
 by increasing id); nxt(i) is the first position after v_i's subtree.  For j = 0..k − 1,

@@ -5,8 +5,9 @@ E[J(S)] = Σ_{a ∈ S} g_k(a) with g_k(a) = Σ_e Q_e(a) [1/(m + d_e) + d(a)/((m 
 m = k − d(a) ≥ 1 (Q_e(a) the mass of a's leaves at the e-th leaf depth d_e), so the best set of each
 size is a maximum-weight rooted subtree of k nodes, a tree knapsack, and the optimum is the best size
 (the proofs, bounds and tie rules are in ``hdecode_torch.metrics.jaccard``).  This op runs that
-solver on packed candidate tables: the nodes allowed at each size by the proved bound
-p(n) ≥ τ_k(n)·lb, the sizes whose upper bound reaches lb, the knapsack of every (row, size) pair
+solver on packed candidate tables: lb raised to the best closed prefix of the candidates at the
+sizes around the typical one (:func:`closed_prefix_bound`), the nodes allowed at each size by the proved
+bound p(n) ≥ τ_k(n)·lb, the sizes whose upper bound reaches lb, the knapsack of every (row, size) pair
 left, and the smallest size whose value is within float64 rounding of the best.  All in float64.
 """
 
@@ -18,7 +19,7 @@ import torch
 from .._checks import check_bounds, check_float_tensor, check_vector
 from .._registry import register
 
-__all__ = ["jaccard_sets", "jaccard_sets_torch", "row_slacks", "gains", "gain_weights", "size_bound", "knapsack", "knapsack_sets", "knapsack_band", "walk", "walk_band", "SCHEMA"]
+__all__ = ["jaccard_sets", "jaccard_sets_torch", "row_slacks", "gains", "gain_weights", "size_bound", "knapsack", "knapsack_sets", "knapsack_band", "walk", "walk_band", "closed_prefix_bound", "SCHEMA"]
 
 SCHEMA = ("jaccard_sets(Tensor q, Tensor ids, Tensor count, Tensor lb, Tensor k_ref, Tensor pre, Tensor end, "
           "Tensor depth, Tensor dmin1, Tensor depths, int max_depth, float mass_rel, float mass_abs, int budget) -> Tensor")
@@ -44,8 +45,10 @@ def jaccard_sets(q: torch.Tensor, ids: torch.Tensor, count: torch.Tensor, lb: to
         ids: (B, C) int64 node ids in [0, N], the first ``count[b]`` of row b real, ancestor-closed and
             in preorder (root first); the other columns are ignored.
         count: (B,) int64 in [1, C] (or 0 for a row without candidates).
-        lb: (B,) float64, certainly at most each row's optimum.
-        k_ref: (B,) int64 a typical set size (orders the size screen; any value is correct).
+        lb: (B,) float64, certainly at most each row's optimum (raised inside to the best closed prefix of
+            the row's candidates, :func:`closed_prefix_bound`, where that is higher).
+        k_ref: (B,) int64 a typical set size (the sizes of that closed-prefix bound and the order of the size
+            screen; any value is correct).
         pre, end: (N + 1,) int64 each node's preorder position and the position after its subtree.
         depth: (N + 1,) int64 node depths; dmin1: (N + 1,) float64 the depth of the shallowest leaf
             under each node, plus one.
@@ -521,6 +524,12 @@ def _solve(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, 
     pv = q.sum(2)
     kmax = c
     g = gains(q.reshape(-1, num_e), node_depth.view(-1), depths, kmax).view(bsz, c, kmax)
+    # Each row's own slacks (row_slacks): no bound, screen or tie rule below reads another row.
+    slack_v, slack_abs = row_slacks(count, num_e, u64, mass_rel, mass_abs)
+    # A tighter lb first, the best closed prefix of the candidates at k̂ − 3..k̂ + 3 (before the node
+    # bounds: from every candidate's gain), so that the node bounds and the size screen prune as much as
+    # the CPU plan's own closed-prefix bound lets them.
+    lb = torch.maximum(lb, closed_prefix_bound(g, nxt, count, k_ref, slack_v, slack_abs))
     # The nodes allowed at each size: τ_k(n) = max(k, d_min(n) + 1)/(2k + D − 1), made for 2^20
     # (row, column, size) cells at a time (elementwise: the same values), g masked in place.
     kf = torch.arange(1, kmax + 1, device=dev, dtype=torch.float64)
@@ -542,8 +551,6 @@ def _solve(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, 
     ub = excess.sum(1) + lam * kf
     del excess
     ub = torch.minimum(ub, size_bound(q[:, 0, :], depths, kmax))  # the root's masses
-    # Each row's own slacks (row_slacks): the screen and the tie rule below read no other row.
-    slack_v, slack_abs = row_slacks(count, num_e, u64, mass_rel, mass_abs)
     spread = slack_v[:, None] * (max_depth + 1) / kf + slack_abs[:, None]
     want = (ub * (1 + slack_v)[:, None] + spread >= lb[:, None]) & (kf[None, :] <= count[:, None])
     # The pairs, rows with more candidates first: one host read, their number.
@@ -564,6 +571,50 @@ def _solve(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, 
     pick = torch.full((bsz,), r, dtype=torch.long, device=dev).scatter_reduce(
         0, b, torch.where(first, torch.arange(r, device=dev), r), "amin")
     return torch.cat([members, members.new_zeros(1, c)])[pick]  # row R: no pair
+
+
+#: The sizes k̂ + PREFIX_SIZES of :func:`closed_prefix_bound` (k̂ the row's typical size ``k_ref``).
+PREFIX_SIZES = range(-3, 4)
+
+
+def closed_prefix_bound(g, nxt, count, k_ref, slack_v, slack_abs):
+    """(B,) float64 a value certainly at most each row's optimum: the best closed prefix of one order of its
+    candidates, at the sizes k = k̂ − 3..k̂ + 3 clamped to [1, c_b] (k̂ = ``k_ref``, c_b = ``count``), lowered
+    by its rounding bound.
+
+    g: (B, C, K) float64 gains g_k of the candidates (columns in preorder, root first; -inf where k ≤ d);
+    nxt: (B, C) the column after each candidate's subtree; slack_v, slack_abs: :func:`row_slacks`.
+
+    The order: by the smallest gain at k̂ along each root path (larger first), ties by column.  That key
+    never grows from a parent to a child and ties keep preorder (parent first), so every prefix of the
+    order is ancestor-closed, and its first k columns are a closed set of size k whose value is the sum of
+    their g_k, added in that order: an achieved value, hence at most the optimum.  That sum of k ≤ c_b
+    gains has relative error at most (E + c_b + 16)·u + mass_rel and absolute 2·c_b·mass_abs, half the
+    row's slacks.  -inf where no size has a finite value (a row without candidates).  O(B·C²) for the
+    ancestors' minima (blocks of 2^20 cells), O(B·C·log C) for the order, O(B·C) for the sums.
+    """
+    bsz, c, kmax = g.shape
+    dev = g.device
+    cols = torch.arange(c, device=dev)
+    kr = torch.minimum(k_ref, count).clamp(min=1) - 1
+    key = g.gather(2, kr[:, None, None].expand(bsz, c, 1))[:, :, 0]
+    real = cols[None, :] < count[:, None]
+    # column j is an ancestor of column i (or i itself) iff j ≤ i < nxt(j)
+    low = torch.empty_like(key)
+    step = max(1, (1 << 20) // max(bsz * c, 1))
+    for a in range(0, c, step):
+        i = cols[a:a + step]
+        anc = (cols[None, None, :] <= i[None, :, None]) & (nxt[:, None, :] > i[None, :, None])
+        low[:, a:a + step] = torch.where(anc, key[:, None, :], float("inf")).amin(2)
+    # padding last (no ancestor among the columns: +inf there)
+    order = torch.sort(low.masked_fill_(~real, float("-inf")), dim=1, descending=True, stable=True).indices
+    ks = (k_ref[:, None] + torch.tensor(list(PREFIX_SIZES), device=dev)).minimum(count[:, None]).clamp(min=1)
+    j = ks.shape[1]
+    at = g.gather(2, (ks - 1)[:, None, :].expand(bsz, c, j))  # (B, C, 7) the gains at those sizes
+    sums = at.gather(1, order[:, :, None].expand(bsz, c, j)).cumsum(1)  # in that order
+    value = sums.gather(1, (ks - 1)[:, None, :])[:, 0].amax(1)
+    value = torch.where(count > 0, value, float("-inf"))
+    return value * (1 - slack_v / 2) - slack_abs / 2
 
 
 def _fake(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget):
