@@ -90,7 +90,13 @@ size is never optimal (§2), its value is −∞.
 
 6. Ties.  Between sizes, the smallest size wins among those whose values tie: the smallest size
 whose value is within float64 rounding of the best wins (float32 inputs: values within float32
-rounding of the best are computed again in float64, their sets' Σ g_k from the float64 masses).  Within a size, a node
+rounding of the best are computed again in float64, their sets' Σ g_k from the float64 masses, and
+compared within the rounding of that computation alone; the GPU plan computes every value in float64
+and compares them within its rounding alone too, whatever the dtype: the masses' own error is no
+rounding between two sizes' values, and counted on float32 node sums, 2·(Σ fan-in + 2)·u₃₂, it would
+let a smaller size win by up to 7.5e-6 relative on iNat19; the CPU plan's float64 path counts it,
+1.4e-14 relative there, so on float64 rows of a tree with one leaf depth the two plans could split
+values that close differently).  Within a size, a node
 is taken whenever taking it is at least as good as not: of the sets of maximal value the
 knapsack returns the first in preorder, the one holding the first node (depth-first, children by
 increasing id) at which two of them differ; ancestors thus come before descendants and siblings

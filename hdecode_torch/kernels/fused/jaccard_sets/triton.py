@@ -126,7 +126,7 @@ def _jaccard_sets_kernel(Q, sqb, sqc, sqe, IDS, COUNT, LB, KREF, PRE, END, DEPTH
         # the row's own rounding slacks (row_slacks: the same exact integers and roundings)
         slack_v = 2.0 * ((cnt + E + 16).to(tl.float64) * u64 + mass_rel)
         slack_up = 1.0 + slack_v
-        slack_down = 1.0 - slack_v
+        slack_down = 1.0 - 2.0 * (cnt + E + 16).to(tl.float64) * u64  # the tie rule's: without mass_rel
         slack_abs = (4 * cnt).to(tl.float64) * mass_abs
         # 1. nxt(i) (the first position after v_i's subtree: the candidates whose preorder position
         # is below v_i's subtree end), and the gains with the node bound
