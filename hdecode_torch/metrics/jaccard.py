@@ -709,7 +709,8 @@ def jaccard_decode_packed(post) -> torch.Tensor:
     prefix of the most probable leaf (one product with a tree-only table; {root} on trees too deep
     for it), no host read; (ii) the candidates p(n) ≥ τ(n)·LB₀, packed in preorder by one top-C
     selection (the first host read: C, with the input check's flags); (iii) their masses from the
-    depth-first prefix sums; (iv)–(vii) per-size node bounds, gains, the size screen, the knapsack of
+    depth-first prefix sums; (iv)–(vii) in the op: LB raised to the best closed prefix of the candidates
+(as the CPU plan's step (iii)), per-size node bounds, gains, the size screen, the knapsack of
     the (sample, size) pairs left (the second host read: their number; the third: their allowed
     candidates' counts, one more per group of pairs beyond the first) and the choice of the best
     size, all in float64.  Returns (B, N) bool.  The gains go in blocks of about 2^18

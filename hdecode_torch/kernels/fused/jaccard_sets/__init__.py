@@ -59,7 +59,7 @@ def jaccard_sets(q: torch.Tensor, ids: torch.Tensor, count: torch.Tensor, lb: to
             solved in groups and chunks).
     Returns:
         (B, C) bool: the columns of each row's best set (all False for a row whose bound rules every
-        size out, i.e. a row without mass).  O(B·C·K·E) for the gains, O(R·C·K) for the knapsacks of
+        size out, i.e. a row without mass).  O(B·C·K·E) for the gains, O(B·C²) for the closed-prefix bound, O(R·C·K) for the knapsacks of
         the R (row, size) pairs the bounds leave (on their allowed candidates: :func:`knapsack_sets`);
         the torch implementation: two host reads (R, then the pairs' allowed counts; one more per group of
         pairs beyond the first).
@@ -612,7 +612,8 @@ def closed_prefix_bound(g, nxt, count, k_ref, slack_v, slack_abs):
         low[:, a:a + step] = torch.where(anc, key[:, None, :], float("inf")).amin(2)
     # padding last (no ancestor among the columns: +inf there)
     order = torch.sort(low.masked_fill_(~real, float("-inf")), dim=1, descending=True, stable=True).indices
-    ks = (k_ref[:, None] + torch.tensor(list(PREFIX_SIZES), device=dev)).minimum(count[:, None]).clamp(min=1)
+    ks = k_ref[:, None] + torch.arange(PREFIX_SIZES.start, PREFIX_SIZES.stop, device=dev)
+    ks = ks.minimum(count[:, None]).clamp(min=1)
     j = ks.shape[1]
     at = g.gather(2, (ks - 1)[:, None, :].expand(bsz, c, j))  # (B, C, 7) the gains at those sizes
     sums = at.gather(1, order[:, :, None].expand(bsz, c, j)).cumsum(1)  # in that order
