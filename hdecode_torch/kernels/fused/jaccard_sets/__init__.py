@@ -529,7 +529,8 @@ def _solve(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, 
     # A tighter lb first, the best closed prefix of the candidates at k̂ − 3..k̂ + 3 (before the node
     # bounds: from every candidate's gain), so that the node bounds and the size screen prune as much as
     # the CPU plan's own closed-prefix bound lets them.
-    lb = torch.maximum(lb, closed_prefix_bound(g, nxt, count, k_ref, slack_v, slack_abs))
+    lb = torch.maximum(lb, closed_prefix_bound(g, node_depth, count, k_ref, slack_v, slack_abs,
+                                                    max_depth))
     # The nodes allowed at each size: τ_k(n) = max(k, d_min(n) + 1)/(2k + D − 1), made for 2^20
     # (row, column, size) cells at a time (elementwise: the same values), g masked in place.
     kf = torch.arange(1, kmax + 1, device=dev, dtype=torch.float64)
@@ -581,21 +582,24 @@ def _solve(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, 
 PREFIX_SIZES = range(-3, 4)
 
 
-def closed_prefix_bound(g, nxt, count, k_ref, slack_v, slack_abs):
+def closed_prefix_bound(g, depth, count, k_ref, slack_v, slack_abs, max_depth):
     """(B,) float64 a value certainly at most each row's optimum: the best closed prefix of one order of its
     candidates, at the sizes k = k̂ − 3..k̂ + 3 clamped to [1, c_b] (k̂ = ``k_ref``, c_b = ``count``), lowered
     by its rounding bound.
 
-    g: (B, C, K) float64 gains g_k of the candidates (columns in preorder, root first; -inf where k ≤ d);
-    nxt: (B, C) the column after each candidate's subtree; slack_v, slack_abs: :func:`row_slacks`.
+    g: (B, C, K) float64 gains g_k of the candidates (columns ancestor-closed and in preorder, root first;
+    -inf where k ≤ d); depth: (B, C) int64 their depths (padding: deeper than any); slack_v, slack_abs:
+    :func:`row_slacks`; max_depth: D, the deepest leaf.
 
     The order: by the smallest gain at k̂ along each root path (larger first), ties by column.  That key
     never grows from a parent to a child and ties keep preorder (parent first), so every prefix of the
     order is ancestor-closed, and its first k columns are a closed set of size k whose value is the sum of
     their g_k, added in that order: an achieved value, hence at most the optimum.  That sum of k ≤ c_b
     gains has relative error at most (E + c_b + 16)·u + mass_rel and absolute 2·c_b·mass_abs, half the
-    row's slacks.  -inf where no size has a finite value (a row without candidates).  O(B·C²) for the
-    ancestors' minima (blocks of 2^20 cells), O(B·C·log C) for the order, O(B·C) for the sums.
+    row's slacks.  -inf where no size has a finite value (a row without candidates).  The minima along the
+    root paths by pointer doubling over the parents' columns (a parent is the last column before its child
+    one level up, as the candidates are closed and in preorder: one sorted search of depth·C + column),
+    O(B·C·log C) in all.
     """
     bsz, c, kmax = g.shape
     dev = g.device
@@ -603,15 +607,17 @@ def closed_prefix_bound(g, nxt, count, k_ref, slack_v, slack_abs):
     kr = torch.minimum(k_ref, count).clamp(min=1) - 1
     key = g.gather(2, kr[:, None, None].expand(bsz, c, 1))[:, :, 0]
     real = cols[None, :] < count[:, None]
-    # column j is an ancestor of column i (or i itself) iff j ≤ i < nxt(j)
-    low = torch.empty_like(key)
-    step = max(1, (1 << 20) // max(bsz * c, 1))
-    for a in range(0, c, step):
-        i = cols[a:a + step]
-        anc = (cols[None, None, :] <= i[None, :, None]) & (nxt[:, None, :] > i[None, :, None])
-        low[:, a:a + step] = torch.where(anc, key[:, None, :], float("inf")).amin(2)
-    # padding last (no ancestor among the columns: +inf there)
-    order = torch.sort(low.masked_fill_(~real, float("-inf")), dim=1, descending=True, stable=True).indices
+    # the parent's column: the last column before i at depth d(i) − 1 (the root: itself, padding: any)
+    by_depth, column = torch.sort(depth.clamp(max=c) * c + cols)  # distinct keys: column is the key's column
+    up = torch.searchsorted(by_depth, (depth - 1).clamp(min=0, max=c) * c + cols).sub_(1).clamp_(min=0)
+    jump = column.gather(1, up)
+    low = key
+    # after s steps a column has seen its 2^s − 1 nearest ancestors; candidates lie ≤ min(D, C − 1) deep
+    for _ in range(max(min(int(max_depth), c - 1), 1).bit_length()):
+        low = torch.minimum(low, low.gather(1, jump))
+        jump = jump.gather(1, jump)
+    # padding last
+    order = torch.sort(low.masked_fill(~real, float("-inf")), dim=1, descending=True, stable=True).indices
     ks = k_ref[:, None] + torch.arange(PREFIX_SIZES.start, PREFIX_SIZES.stop, device=dev)
     ks = ks.minimum(count[:, None]).clamp(min=1)
     j = ks.shape[1]
