@@ -63,7 +63,12 @@ of them when D < 32, else those of sizes d(a) + 1 ∈ k̂ − 3..k̂ + 3 and d(y
 k̂ = round(E[d(y)] + 1)).  LB: the best closed prefix of one order of the candidates
 p(n) ≥ τ(n)·LB₀, at the sizes k̂ − 3..k̂ + 3.  The order is by the smallest gain at k̂ along each
 root path: that key never grows from a parent to a child, and ties keep preorder (parent
-first), so every prefix is closed.  Both are exact values of closed sets, hence ≤ U*.
+first), so every prefix is closed.  Both are exact values of closed sets, hence ≤ U*.  The GPU plan
+screens its candidates with LB₀ and raises LB inside ``hdecode::jaccard_sets`` the same way, on its
+packed candidates (a superset of the CPU plan's, the sizes k̂ − 3..k̂ + 3 clamped to the row's own
+count), before the per-size node bounds and the size screen: an LB at least the CPU plan's wherever
+both orders take the same first k̂ + 3 candidates, and a bound either way (a tighter LB only removes
+nodes and sizes that no optimal set has, §2-3).
 
 5. Knapsack.  The candidates v_0 = root, v_1, ... of a sample in depth-first preorder (children
 by increasing id); nxt(i) is the first position after v_i's subtree.  For j = 0..k − 1,
@@ -85,7 +90,13 @@ size is never optimal (§2), its value is −∞.
 
 6. Ties.  Between sizes, the smallest size wins among those whose values tie: the smallest size
 whose value is within float64 rounding of the best wins (float32 inputs: values within float32
-rounding of the best are computed again in float64, their sets' Σ g_k from the float64 masses).  Within a size, a node
+rounding of the best are computed again in float64, their sets' Σ g_k from the float64 masses, and
+compared within the rounding of that computation alone; the GPU plan computes every value in float64
+and compares them within its rounding alone too, whatever the dtype: the masses' own error is no
+rounding between two sizes' values, and counted on float32 node sums, 2·(Σ fan-in + 2)·u₃₂, it would
+let a smaller size win by up to 7.5e-6 relative on iNat19; the CPU plan's float64 path counts it,
+1.4e-14 relative there, so on float64 rows of a tree with one leaf depth the two plans could split
+values that close differently).  Within a size, a node
 is taken whenever taking it is at least as good as not: of the sets of maximal value the
 knapsack returns the first in preorder, the one holding the first node (depth-first, children by
 increasing id) at which two of them differ; ancestors thus come before descendants and siblings
@@ -698,7 +709,8 @@ def jaccard_decode_packed(post) -> torch.Tensor:
     prefix of the most probable leaf (one product with a tree-only table; {root} on trees too deep
     for it), no host read; (ii) the candidates p(n) ≥ τ(n)·LB₀, packed in preorder by one top-C
     selection (the first host read: C, with the input check's flags); (iii) their masses from the
-    depth-first prefix sums; (iv)–(vii) per-size node bounds, gains, the size screen, the knapsack of
+    depth-first prefix sums; (iv)–(vii) in the op: LB raised to the best closed prefix of the candidates
+(as the CPU plan's step (iii)), per-size node bounds, gains, the size screen, the knapsack of
     the (sample, size) pairs left (the second host read: their number; the third: their allowed
     candidates' counts, one more per group of pairs beyond the first) and the choice of the best
     size, all in float64.  Returns (B, N) bool.  The gains go in blocks of about 2^18

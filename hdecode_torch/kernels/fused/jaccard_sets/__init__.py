@@ -5,8 +5,9 @@ E[J(S)] = Σ_{a ∈ S} g_k(a) with g_k(a) = Σ_e Q_e(a) [1/(m + d_e) + d(a)/((m 
 m = k − d(a) ≥ 1 (Q_e(a) the mass of a's leaves at the e-th leaf depth d_e), so the best set of each
 size is a maximum-weight rooted subtree of k nodes, a tree knapsack, and the optimum is the best size
 (the proofs, bounds and tie rules are in ``hdecode_torch.metrics.jaccard``).  This op runs that
-solver on packed candidate tables: the nodes allowed at each size by the proved bound
-p(n) ≥ τ_k(n)·lb, the sizes whose upper bound reaches lb, the knapsack of every (row, size) pair
+solver on packed candidate tables: lb raised to the best closed prefix of the candidates at the
+sizes around the typical one (:func:`closed_prefix_bound`), the nodes allowed at each size by the proved
+bound p(n) ≥ τ_k(n)·lb, the sizes whose upper bound reaches lb, the knapsack of every (row, size) pair
 left, and the smallest size whose value is within float64 rounding of the best.  All in float64.
 """
 
@@ -18,7 +19,7 @@ import torch
 from .._checks import check_bounds, check_float_tensor, check_vector
 from .._registry import register
 
-__all__ = ["jaccard_sets", "jaccard_sets_torch", "row_slacks", "gains", "gain_weights", "size_bound", "knapsack", "knapsack_sets", "knapsack_band", "walk", "walk_band", "SCHEMA"]
+__all__ = ["jaccard_sets", "jaccard_sets_torch", "row_slacks", "gains", "gain_weights", "size_bound", "knapsack", "knapsack_sets", "knapsack_band", "walk", "walk_band", "closed_prefix_bound", "SCHEMA"]
 
 SCHEMA = ("jaccard_sets(Tensor q, Tensor ids, Tensor count, Tensor lb, Tensor k_ref, Tensor pre, Tensor end, "
           "Tensor depth, Tensor dmin1, Tensor depths, int max_depth, float mass_rel, float mass_abs, int budget) -> Tensor")
@@ -44,8 +45,10 @@ def jaccard_sets(q: torch.Tensor, ids: torch.Tensor, count: torch.Tensor, lb: to
         ids: (B, C) int64 node ids in [0, N], the first ``count[b]`` of row b real, ancestor-closed and
             in preorder (root first); the other columns are ignored.
         count: (B,) int64 in [1, C] (or 0 for a row without candidates).
-        lb: (B,) float64, certainly at most each row's optimum.
-        k_ref: (B,) int64 a typical set size (orders the size screen; any value is correct).
+        lb: (B,) float64, certainly at most each row's optimum (raised inside to the best closed prefix of
+            the row's candidates, :func:`closed_prefix_bound`, where that is higher).
+        k_ref: (B,) int64 a typical set size (the sizes of that closed-prefix bound and the order of the size
+            screen; any value is correct).
         pre, end: (N + 1,) int64 each node's preorder position and the position after its subtree.
         depth: (N + 1,) int64 node depths; dmin1: (N + 1,) float64 the depth of the shallowest leaf
             under each node, plus one.
@@ -56,7 +59,7 @@ def jaccard_sets(q: torch.Tensor, ids: torch.Tensor, count: torch.Tensor, lb: to
             solved in groups and chunks).
     Returns:
         (B, C) bool: the columns of each row's best set (all False for a row whose bound rules every
-        size out, i.e. a row without mass).  O(B·C·K·E) for the gains, O(R·C·K) for the knapsacks of
+        size out, i.e. a row without mass).  O(B·C·K·E) for the gains, O(B·C²) for the closed-prefix bound, O(R·C·K) for the knapsacks of
         the R (row, size) pairs the bounds leave (on their allowed candidates: :func:`knapsack_sets`);
         the torch implementation: two host reads (R, then the pairs' allowed counts; one more per group of
         pairs beyond the first).
@@ -521,6 +524,13 @@ def _solve(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, 
     pv = q.sum(2)
     kmax = c
     g = gains(q.reshape(-1, num_e), node_depth.view(-1), depths, kmax).view(bsz, c, kmax)
+    # Each row's own slacks (row_slacks): no bound, screen or tie rule below reads another row.
+    slack_v, slack_abs = row_slacks(count, num_e, u64, mass_rel, mass_abs)
+    # A tighter lb first, the best closed prefix of the candidates at k̂ − 3..k̂ + 3 (before the node
+    # bounds: from every candidate's gain), so that the node bounds and the size screen prune as much as
+    # the CPU plan's own closed-prefix bound lets them.
+    lb = torch.maximum(lb, closed_prefix_bound(g, node_depth, count, k_ref, slack_v, slack_abs,
+                                                    max_depth))
     # The nodes allowed at each size: τ_k(n) = max(k, d_min(n) + 1)/(2k + D − 1), made for 2^20
     # (row, column, size) cells at a time (elementwise: the same values), g masked in place.
     kf = torch.arange(1, kmax + 1, device=dev, dtype=torch.float64)
@@ -542,8 +552,6 @@ def _solve(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, 
     ub = excess.sum(1) + lam * kf
     del excess
     ub = torch.minimum(ub, size_bound(q[:, 0, :], depths, kmax))  # the root's masses
-    # Each row's own slacks (row_slacks): the screen and the tie rule below read no other row.
-    slack_v, slack_abs = row_slacks(count, num_e, u64, mass_rel, mass_abs)
     spread = slack_v[:, None] * (max_depth + 1) / kf + slack_abs[:, None]
     want = (ub * (1 + slack_v)[:, None] + spread >= lb[:, None]) & (kf[None, :] <= count[:, None])
     # The pairs, rows with more candidates first: one host read, their number.
@@ -554,9 +562,13 @@ def _solve(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, 
     b = by_count[b]
     val, members = knapsack_sets(g.view(-1, kmax), torch.arange(bsz * c, device=dev).view(bsz, c), nxt, b, kidx,
                                  budget)  # (R,), (R, C)
-    # The smallest size within float64 rounding of the best value, its first set.
+    # The smallest size within float64 rounding of the best value, its first set.  That rounding is of the
+    # values computed from q as given: the masses' own error (mass_rel) is no rounding between two sizes'
+    # values, and counted here it let a smaller size win by up to 2·mass_rel, 7.5e-6 relative on float32
+    # node sums of iNat19 (the CPU plan's float64 re-scoring of float32 rows leaves it out too).
     best = torch.full((bsz,), float("-inf"), dtype=torch.float64, device=dev).scatter_reduce(0, b, val, "amax")
-    eligible = val >= best[b] * (1 - slack_v)[b] - slack_abs[b]
+    tie_v, tie_abs = row_slacks(count, num_e, u64, 0.0, mass_abs)
+    eligible = val >= best[b] * (1 - tie_v)[b] - tie_abs[b]
     kbest = torch.full((bsz,), kmax, dtype=torch.long, device=dev).scatter_reduce(
         0, b, torch.where(eligible, kidx, kmax), "amin")
     first = eligible & (kidx == kbest[b])
@@ -564,6 +576,56 @@ def _solve(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, 
     pick = torch.full((bsz,), r, dtype=torch.long, device=dev).scatter_reduce(
         0, b, torch.where(first, torch.arange(r, device=dev), r), "amin")
     return torch.cat([members, members.new_zeros(1, c)])[pick]  # row R: no pair
+
+
+#: The sizes k̂ + PREFIX_SIZES of :func:`closed_prefix_bound` (k̂ the row's typical size ``k_ref``).
+PREFIX_SIZES = range(-3, 4)
+
+
+def closed_prefix_bound(g, depth, count, k_ref, slack_v, slack_abs, max_depth):
+    """(B,) float64 a value certainly at most each row's optimum: the best closed prefix of one order of its
+    candidates, at the sizes k = k̂ − 3..k̂ + 3 clamped to [1, c_b] (k̂ = ``k_ref``, c_b = ``count``), lowered
+    by its rounding bound.
+
+    g: (B, C, K) float64 gains g_k of the candidates (columns ancestor-closed and in preorder, root first;
+    -inf where k ≤ d); depth: (B, C) int64 their depths (padding: deeper than any); slack_v, slack_abs:
+    :func:`row_slacks`; max_depth: D, the deepest leaf.
+
+    The order: by the smallest gain at k̂ along each root path (larger first), ties by column.  That key
+    never grows from a parent to a child and ties keep preorder (parent first), so every prefix of the
+    order is ancestor-closed, and its first k columns are a closed set of size k whose value is the sum of
+    their g_k, added in that order: an achieved value, hence at most the optimum.  That sum of k ≤ c_b
+    gains has relative error at most (E + c_b + 16)·u + mass_rel and absolute 2·c_b·mass_abs, half the
+    row's slacks.  -inf where no size has a finite value (a row without candidates).  The minima along the
+    root paths by pointer doubling over the parents' columns (a parent is the last column before its child
+    one level up, as the candidates are closed and in preorder: one sorted search of depth·C + column),
+    O(B·C·log C) in all.
+    """
+    bsz, c, kmax = g.shape
+    dev = g.device
+    cols = torch.arange(c, device=dev)
+    kr = torch.minimum(k_ref, count).clamp(min=1) - 1
+    key = g.gather(2, kr[:, None, None].expand(bsz, c, 1))[:, :, 0]
+    real = cols[None, :] < count[:, None]
+    # the parent's column: the last column before i at depth d(i) − 1 (the root: itself, padding: any)
+    by_depth, column = torch.sort(depth.clamp(max=c) * c + cols)  # distinct keys: column is the key's column
+    up = torch.searchsorted(by_depth, (depth - 1).clamp(min=0, max=c) * c + cols).sub_(1).clamp_(min=0)
+    jump = column.gather(1, up)
+    low = key
+    # after s steps a column has seen its 2^s − 1 nearest ancestors; candidates lie ≤ min(D, C − 1) deep
+    for _ in range(max(min(int(max_depth), c - 1), 1).bit_length()):
+        low = torch.minimum(low, low.gather(1, jump))
+        jump = jump.gather(1, jump)
+    # padding last
+    order = torch.sort(low.masked_fill(~real, float("-inf")), dim=1, descending=True, stable=True).indices
+    ks = k_ref[:, None] + torch.arange(PREFIX_SIZES.start, PREFIX_SIZES.stop, device=dev)
+    ks = ks.minimum(count[:, None]).clamp(min=1)
+    j = ks.shape[1]
+    at = g.gather(2, (ks - 1)[:, None, :].expand(bsz, c, j))  # (B, C, 7) the gains at those sizes
+    sums = at.gather(1, order[:, :, None].expand(bsz, c, j)).cumsum(1)  # in that order
+    value = sums.gather(1, (ks - 1)[:, None, :])[:, 0].amax(1)
+    value = torch.where(count > 0, value, float("-inf"))
+    return value * (1 - slack_v / 2) - slack_abs / 2
 
 
 def _fake(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget):

@@ -5,9 +5,12 @@ tables for, at most B and :data:`MAX_PROGRAMS`) and, for each, runs the steps of
 implementation on the row alone:
 
 1. the gains g_k(i) of its candidates (C × K, K = C), each a sum over the leaf depths in order of
-   rounded products (FMA contraction is off), -inf where k ≤ d(i) or where the node bound
-   p(i) + mass_abs ≥ τ_k(i)·lb·(1 − mass_rel) fails (the root always allowed); written to the
-   program's scratch table;
+   rounded products (FMA contraction is off), -inf where k ≤ d(i), written to the program's scratch
+   table; lb raised to the best closed prefix at k̂ − 3..k̂ + 3 (``closed_prefix_bound``: each column's
+   smallest gain at k̂ over its ancestors by pairwise comparison, its rank by pairwise comparison, ties
+   by column, and the prefix sums added in rank order, as the torch implementation's cumulative sum);
+   then -inf where the node bound p(i) + mass_abs ≥ τ_k(i)·lb·(1 − mass_rel) fails (the root always
+   allowed);
 2. the size screen: min(the Lagrangian top-k bound, G(k)) against lb, λ_k the gain at k of the
    candidate ranked k-th by its gain at ``k_ref`` (ranks by pairwise comparison, ties by column);
 3. the preorder knapsack F(i, j) = max(g_i + F(i + 1, j − 1), F(nxt(i), j)) of each size kept,
@@ -23,7 +26,7 @@ its BLAS chooses.  The size screen is a bound, not a tie rule: a size it drops c
 rounding of the best (its value is below lb ≤ the optimum by more than the slack), so dropping fewer
 or more such sizes changes nothing.  A row whose bound rules every size out (no mass) gets no column.
 
-Work per row O(C·K·E) for the gains, O(C²) for the ranks, O(C·k) per knapsack of a kept size;
+Work per row O(C·K·E) for the gains, O(C²) for the ancestors' minima and the ranks, O(C·k) per knapsack of a kept size;
 scratch per program (2C + 2)·K float64 and 2C int64.  No host read, no atomics; the launcher runs a
 few small tree- and size-only torch operations (the weight tables) and one launch, whatever B.
 """
@@ -120,11 +123,10 @@ def _jaccard_sets_kernel(Q, sqb, sqc, sqe, IDS, COUNT, LB, KREF, PRE, END, DEPTH
         qrow = Q + row * sqb
         cnt = tl.minimum(tl.load(COUNT + row), C).to(tl.int32)  # the op checks 0 <= count <= C
         lb = tl.load(LB + row)
-        scale = lb * keep_rel
         # the row's own rounding slacks (row_slacks: the same exact integers and roundings)
         slack_v = 2.0 * ((cnt + E + 16).to(tl.float64) * u64 + mass_rel)
         slack_up = 1.0 + slack_v
-        slack_down = 1.0 - slack_v
+        slack_down = 1.0 - 2.0 * (cnt + E + 16).to(tl.float64) * u64  # the tie rule's: without mass_rel
         slack_abs = (4 * cnt).to(tl.float64) * mass_abs
         # 1. nxt(i) (the first position after v_i's subtree: the candidates whose preorder position
         # is below v_i's subtree end), and the gains with the node bound
@@ -144,6 +146,69 @@ def _jaccard_sets_kernel(Q, sqb, sqc, sqe, IDS, COUNT, LB, KREF, PRE, END, DEPTH
                 j0 += CB
             tl.store(NX + i, nx, mask=live_i)
             d_i = tl.load(DEPTH + node, mask=live_i, other=0)
+            k0 = tl.full((), 0, tl.int32)
+            while k0 < K:
+                k = k0 + kl
+                live_k = k < K
+                g = _gain_tile(qrow, sqc, sqe, W, i, live_i, k, live_k, d_i, K, E, KB, CB)
+                tl.store(G + i[:, None] * K + k[None, :], g, mask=live_i[:, None] & live_k[None, :])
+                k0 += KB
+            i0 += CB
+        tl.debug_barrier()
+        # 1b. lb raised to the best closed prefix at k̂ − 3..k̂ + 3 (closed_prefix_bound): each column's
+        # smallest gain at k̂ along its root path (in V), the order by it (in ORD), the prefix sums in it
+        kp = tl.maximum(tl.minimum(tl.load(KREF + row), cnt), 1).to(tl.int32) - 1
+        i0 = tl.full((), 0, tl.int32)
+        while i0 < cnt:
+            i = i0 + ci
+            live_i = i < cnt
+            low = tl.full((CB,), float("inf"), tl.float64)
+            j0 = tl.full((), 0, tl.int32)
+            while j0 < cnt:
+                j = j0 + ci
+                live_j = j < cnt
+                kj = tl.load(G + j * K + kp, mask=live_j, other=float("inf"))
+                nj = tl.load(NX + j, mask=live_j, other=0)
+                anc = live_j[None, :] & (j[None, :] <= i[:, None]) & (nj[None, :] > i[:, None])
+                low = tl.minimum(low, tl.min(tl.where(anc, kj[None, :], float("inf")), axis=1))
+                j0 += CB
+            tl.store(V + i, low, mask=live_i)
+            i0 += CB
+        tl.debug_barrier()
+        i0 = tl.full((), 0, tl.int32)
+        while i0 < cnt:
+            i = i0 + ci
+            live_i = i < cnt
+            li = tl.load(V + i, mask=live_i, other=float("-inf"))
+            rank = tl.zeros((CB,), tl.int32)
+            j0 = tl.full((), 0, tl.int32)
+            while j0 < cnt:
+                j = j0 + ci
+                lj = tl.load(V + j, mask=j < cnt, other=float("-inf"))
+                ahead = (lj[None, :] > li[:, None]) | ((lj[None, :] == li[:, None]) & (j[None, :] < i[:, None]))
+                rank += tl.sum(((j[None, :] < cnt) & ahead).to(tl.int32), axis=1)
+                j0 += CB
+            tl.store(ORD + rank, i, mask=live_i)
+            i0 += CB
+        tl.debug_barrier()
+        sl = tl.arange(0, 8)
+        ks = tl.maximum(tl.minimum(tl.load(KREF + row) + (sl - 3), cnt), 1).to(tl.int32)
+        sums = tl.zeros((8,), tl.float64)
+        r = tl.full((), 0, tl.int32)
+        while r < cnt:
+            at = tl.load(ORD + r)
+            sums += tl.load(G + at * K + ks - 1, mask=(sl < 7) & (r < ks), other=0.0)
+            r += 1
+        prefix = tl.max(tl.where(sl < 7, sums, float("-inf")), axis=0)
+        prefix = tl.where(cnt > 0, prefix, float("-inf"))
+        lb = tl.maximum(lb, prefix * (1.0 - slack_v / 2) - slack_abs / 2)
+        scale = lb * keep_rel
+        # 1c. the node bound p(i) + mass_abs ≥ τ_k(i)·lb·(1 − mass_rel) on the gains (the root always allowed)
+        i0 = tl.full((), 0, tl.int32)
+        while i0 < cnt:
+            i = i0 + ci
+            live_i = i < cnt
+            node = tl.load(IDS + row * C + i, mask=live_i, other=0)
             dmin = tl.minimum(tl.load(DMIN1 + node, mask=live_i, other=0.0), max_depth + 1.0)
             pv = tl.zeros((CB,), tl.float64)
             e = tl.full((), 0, tl.int32)
@@ -153,13 +218,12 @@ def _jaccard_sets_kernel(Q, sqb, sqc, sqe, IDS, COUNT, LB, KREF, PRE, END, DEPTH
             k0 = tl.full((), 0, tl.int32)
             while k0 < K:
                 k = k0 + kl
-                live_k = k < K
-                g = _gain_tile(qrow, sqc, sqe, W, i, live_i, k, live_k, d_i, K, E, KB, CB)
+                live = live_i[:, None] & (k < K)[None, :]
+                g = tl.load(G + i[:, None] * K + k[None, :], mask=live, other=float("-inf"))
                 kf = (k + 1).to(tl.float64)
                 tau = tl.maximum(kf[None, :], dmin[:, None]) / (2 * kf[None, :] + max_depth - 1)
                 allowed = ((pv + mass_abs)[:, None] >= tau * scale) | (i == 0)[:, None]
-                g = tl.where(allowed, g, float("-inf"))
-                tl.store(G + i[:, None] * K + k[None, :], g, mask=live_i[:, None] & live_k[None, :])
+                tl.store(G + i[:, None] * K + k[None, :], tl.where(allowed, g, float("-inf")), mask=live)
                 k0 += KB
             i0 += CB
         tl.debug_barrier()
