@@ -14,6 +14,7 @@ import hdecode_torch as hd
 import reference as ref
 from harness import FLOAT_DTYPES, bundled, model_like, random_trees
 from hdecode_torch.core.topk import CompletedTopK
+from memory_testing import MiB, assert_growths_below, top_k_growths
 
 PLANS = ["cpu", "cuda"]
 
@@ -239,30 +240,7 @@ def test_certificate_never_beaten(plan):
 def test_a_top_k_set_decode_never_grows_with_B_times_N():
     # 100k leaves, B = 1,024, k = 100: a dense (B, N) bool decision alone would be about 130 MiB, the (B, L)
     # float32 table 390 MiB; the support tables are B·k·(D+1) entries, the sets B·(D+1)
-    from test_memory_budget import MiB, peak_growths
-
-    got = peak_growths("""
-    from benchmarks.workloads import random_tree
-    h = hd.Hierarchy.from_parents(random_tree(100_000, 12, seed=1))
-    B, k, L = 1024, 100, h.num_leaves
-    g = torch.Generator().manual_seed(0)
-    rank = torch.empty_like(h.dfs_leaves)
-    rank[h.dfs_leaves] = torch.arange(L)
-    near = torch.rand(B, 5 * k, generator=g).topk(k).indices  # cousins of a random leaf, in depth-first order
-    indices = h.dfs_leaves[(rank[torch.randint(0, L, (B,), generator=g)][:, None] + near) % L]
-    values = torch.distributions.Dirichlet(torch.full((k,), 0.3)).sample((B,)) * torch.rand(B, 1)
-    topk = hd.TopK(values, indices)
-    m = hd.get_metric("hamming", h)
-    for plan in ("cpu", "cuda"):
-        with hd.plan_for(plan):
-            sets = m.decode(hd.TopK(values[:1], indices[:1]))  # the tree's tables
-            m.expected(hd.TopK(values[:1], indices[:1]), sets)
-            growth(lambda: m.decode(topk))
-            sets = m.decode(topk)
-            growth(lambda: m.expected(topk, sets))
-            growth(lambda: m.decode(topk, certify=True))
-    """, cap=3 * 2**30)
-    assert len(got) == 6 and max(got) < 128 * MiB, [g / MiB for g in got]
+    assert_growths_below(top_k_growths("sets"), 6, 128 * MiB)  # decode, expected and certify on both plans
 
 
 # ------------------------------------------------------------------------------------------ entry points
