@@ -12,7 +12,7 @@ import torch
 import hdecode_torch as hd
 from harness import bundled, model_like
 from hdecode_torch.cli.main import main
-from testing import ValuesOnlyMetric
+from testing import ValuesOnlyMetric, assert_callback_scores_top_k, top_k_module, validation_trainer
 
 CASES = [("accuracy", {}), ("lca_height", {}), ("tree_distance", {}), ("tree_distance_c", {"c": 0.5})]
 
@@ -346,68 +346,20 @@ def test_cli_compare_refuses_what_needs_every_leaf_on_top_k_lists(tmp_path, caps
 
 # --------------------------------------------------------------------------- the Lightning callback
 def test_lightning_callback_scores_top_k_lists(tmp_path):
-    pl = pytest.importorskip("pytorch_lightning")
-    from torch import nn
-
+    pytest.importorskip("pytorch_lightning")
     from hdecode_torch.integrations import HierarchicalMetricsCallback
 
     h, _ = bundled("inat19")
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(40, 8, generator=g), torch.randint(0, h.num_leaves, (40,), generator=g)
-
-    class Module(pl.LightningModule):
-        def __init__(self, k):
-            super().__init__()
-            torch.manual_seed(0)
-            self.net, self.k = nn.Linear(8, h.num_leaves), k
-            with torch.no_grad():
-                self.net.weight.mul_(8)
-
-        def probs(self, x):
-            return torch.softmax(self.net(x).double(), 1)
-
-        def validation_step(self, batch, batch_idx):
-            x, y = batch
-            return {"probs": self.probs(x).topk(self.k), "target": y}
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
-    for k in (10, h.num_leaves):
-        module = Module(k)
-        cb = HierarchicalMetricsCallback(h, metrics=[name for name, _ in CASES[:3]] + [CASES[3]],
-                                         output_key="probs")
-        trainer = pl.Trainer(accelerator="cpu", devices=1, callbacks=[cb], logger=False, enable_progress_bar=False,
-                             enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=1)
-        trainer.validate(module, loader, verbose=False)
-        with torch.no_grad():
-            probs = module.probs(x)
-        for name, params in CASES:
-            want = hd.HierarchicalMetric(h, name, **params)
-            for a in range(0, 40, 16):
-                want.update(probs[a:a + 16].topk(k), y[a:a + 16])
-            m = hd.get_metric(name, h, **params)
-            assert cb.results[(m.key, "optimal")] == float(want.compute()), (name, k)
-            if k == h.num_leaves:  # the dense rows' value bit for bit
-                dense = hd.HierarchicalMetric(h, name, **params)
-                dense.update(probs, y)
-                assert cb.results[(m.key, "optimal")] == float(dense.compute()), name
+    x, y, loader = assert_callback_scores_top_k(h, [name for name, _ in CASES[:3]] + [CASES[3]], CASES)
+    with torch.no_grad():
+        probs = top_k_module(h, h.num_leaves).probs(x)
     logits_cb = HierarchicalMetricsCallback(h, metrics=["accuracy"], output_key="logits")
     with pytest.raises(ValueError, match=r"top-k list: the missing mass of a top-k of logits is unknown"):
         logits_cb._check_contract(probs.topk(5), y, "validate")
     bad = HierarchicalMetricsCallback(h, metrics=["accuracy"], output_key="probs")
-
-    class Bad(Module):
-        def validation_step(self, batch, batch_idx):
-            x, y = batch
-            t = self.probs(x).topk(self.k)
-            return {"probs": hd.TopK(t.values, t.indices + h.num_leaves), "target": y}
-
-    trainer = pl.Trainer(accelerator="cpu", devices=1, callbacks=[bad], logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0)
     with pytest.raises(ValueError, match=r"HierarchicalMetricsCallback, validation batch 0: .*`indices`"):
-        trainer.validate(Bad(5), loader, verbose=False)
+        validation_trainer([bad], num_sanity_val_steps=0).validate(top_k_module(h, 5, index_offset=h.num_leaves),
+                                                                   loader, verbose=False)
 
 
 # --------------------------------------------------------------------------- HierarchicalMetric under DDP

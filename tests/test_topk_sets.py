@@ -15,6 +15,7 @@ import reference as ref
 from harness import FLOAT_DTYPES, bundled, model_like, random_trees
 from hdecode_torch.core.topk import CompletedTopK
 from memory_testing import MiB, assert_growths_below, top_k_growths
+from testing import assert_callback_scores_top_k
 
 PLANS = ["cpu", "cuda"]
 
@@ -382,53 +383,10 @@ def test_hierarchical_metric_on_top_k_sets_under_gloo_equals_one_process(tmp_pat
 
 
 def test_lightning_callback_scores_top_k_sets(tmp_path):
-    pl = pytest.importorskip("pytorch_lightning")
-    from torch import nn
-
-    from hdecode_torch.integrations import HierarchicalMetricsCallback
-
+    pytest.importorskip("pytorch_lightning")
     h, _ = bundled("inat19")
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(40, 8, generator=g), torch.randint(0, h.num_leaves, (40,), generator=g)
-
-    class Module(pl.LightningModule):
-        def __init__(self, k):
-            super().__init__()
-            torch.manual_seed(0)
-            self.net, self.k = nn.Linear(8, h.num_leaves), k
-            with torch.no_grad():
-                self.net.weight.mul_(8)
-
-        def probs(self, x):
-            return torch.softmax(self.net(x).double(), 1)
-
-        def validation_step(self, batch, batch_idx):
-            x, y = batch
-            return {"probs": self.probs(x).topk(self.k), "target": y}
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
-    for k in (10, h.num_leaves):
-        module = Module(k)
-        cb = HierarchicalMetricsCallback(h, metrics=[name for name, _ in SET_CASES] + ["tree_distance"],
-                                         output_key="probs")
-        trainer = pl.Trainer(accelerator="cpu", devices=1, callbacks=[cb], logger=False, enable_progress_bar=False,
-                             enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=1)
-        trainer.validate(module, loader, verbose=False)
-        with torch.no_grad():
-            probs = module.probs(x)
-        for name, params in SET_CASES:
-            want = hd.HierarchicalMetric(h, name, **params)
-            for a in range(0, 40, 16):
-                want.update(probs[a:a + 16].topk(k), y[a:a + 16])
-            m = hd.get_metric(name, h, **params)
-            assert cb.results[(m.key, "optimal")] == float(want.compute()), (name, k)
-            if k == h.num_leaves:
-                dense = hd.HierarchicalMetric(h, name, **params)
-                dense.update(probs, y)
-                assert cb.results[(m.key, "optimal")] == float(dense.compute()), name
+    # a node metric beside the sets: one callback logs both kinds of decision
+    assert_callback_scores_top_k(h, [name for name, _ in SET_CASES] + ["tree_distance"], SET_CASES)
 
 
 def _run(argv, capsys):

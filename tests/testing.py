@@ -105,3 +105,70 @@ class ValuesOnlyMetric(hd.metrics.NodeMetric):
 
     def _values(self, h, pred, target):
         return (h.depth[pred] - h.depth[target]).abs().double()
+
+
+# ------------------------------------------------------------------------------- the Lightning callback
+def validation_trainer(callbacks, num_sanity_val_steps: int = 1):
+    """A quiet one-device CPU ``pytorch_lightning.Trainer`` for ``trainer.validate`` (skips without Lightning)."""
+    pl = pytest.importorskip("pytorch_lightning")
+    return pl.Trainer(accelerator="cpu", devices=1, callbacks=callbacks, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, enable_checkpointing=False,
+                      num_sanity_val_steps=num_sanity_val_steps)
+
+
+def top_k_module(h, k: int, index_offset: int = 0):
+    """A LightningModule whose validation step returns ``{"probs": its rows' top-k list, "target": y}`` for
+    batches ``(x, y)`` of (B, 8) features: the rows are the float64 softmax of a seeded linear layer (weights
+    scaled by 8: peaked, varied rows).  ``index_offset`` is added to the listed leaf ids (an invalid list)."""
+    pl = pytest.importorskip("pytorch_lightning")
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Linear(8, h.num_leaves)
+            with torch.no_grad():
+                self.net.weight.mul_(8)
+
+        def probs(self, x):
+            return torch.softmax(self.net(x).double(), 1)
+
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            t = self.probs(x).topk(k)
+            return {"probs": hd.TopK(t.values, t.indices + index_offset) if index_offset else t, "target": y}
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    return Module()
+
+
+def assert_callback_scores_top_k(h, metrics, cases):
+    """Validate :func:`top_k_module` on 40 seeded rows (batches of 16) with a ``HierarchicalMetricsCallback`` of
+    ``metrics`` reading top-k lists, k = 10 and k = L, and assert that each ``(name, params)`` of ``cases`` logs
+    exactly ``HierarchicalMetric``'s value on the same lists, and at k = L the dense rows' value bit for bit.
+
+    Returns ``(x, y, loader)``: the (40, 8) features, the (40,) targets and their loader."""
+    from hdecode_torch.integrations import HierarchicalMetricsCallback
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(40, 8, generator=g), torch.randint(0, h.num_leaves, (40,), generator=g)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
+    for k in (10, h.num_leaves):
+        module = top_k_module(h, k)
+        cb = HierarchicalMetricsCallback(h, metrics=metrics, output_key="probs")
+        validation_trainer([cb]).validate(module, loader, verbose=False)
+        with torch.no_grad():
+            probs = module.probs(x)
+        for name, params in cases:
+            want = hd.HierarchicalMetric(h, name, **params)
+            for a in range(0, 40, 16):
+                want.update(probs[a:a + 16].topk(k), y[a:a + 16])
+            key = (hd.get_metric(name, h, **params).key, "optimal")
+            assert cb.results[key] == float(want.compute()), (name, k)
+            if k == h.num_leaves:  # the dense rows' value bit for bit
+                dense = hd.HierarchicalMetric(h, name, **params)
+                dense.update(probs, y)
+                assert cb.results[key] == float(dense.compute()), name
+    return x, y, loader
