@@ -12,7 +12,8 @@ import torch
 import hdecode_torch as hd
 from harness import bundled, model_like
 from hdecode_torch.cli.main import main
-from testing import ValuesOnlyMetric, assert_callback_scores_top_k, top_k_module, validation_trainer
+from testing import (ValuesOnlyMetric, assert_callback_scores_top_k, assert_top_k_under_gloo_equals_one_process,
+                     top_k_module, validation_trainer)
 
 CASES = [("accuracy", {}), ("lca_height", {}), ("tree_distance", {}), ("tree_distance_c", {"c": 0.5})]
 
@@ -363,58 +364,10 @@ def test_lightning_callback_scores_top_k_lists(tmp_path):
 
 
 # --------------------------------------------------------------------------- HierarchicalMetric under DDP
-_DDP_ROWS = 32  # what _probs gives
-
-
-def _ddp_data(h):
-    rows = _probs(h, seed=6)
-    target = torch.randint(0, h.num_leaves, (_DDP_ROWS,), generator=torch.Generator().manual_seed(2))
-    return rows, target
-
-
-def _ddp_worker(rank, init_file, out_dir, world):
-    import os
-
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        h, _ = bundled("inat19")
-        probs, target = _ddp_data(h)
-        mine = torch.arange(rank, _DDP_ROWS, world)  # DistributedSampler's split
-        results = {}
-        for k in (10, h.num_leaves):
-            for name, params in CASES:
-                m = hd.HierarchicalMetric(h, name, **params)
-                for chunk in mine.split(7):
-                    m.update(probs[chunk].topk(k), target[chunk])
-                results[(name, k)] = m.compute()
-        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
-
-
 def test_hierarchical_metric_on_top_k_lists_under_gloo_equals_one_process(tmp_path):
-    import torch.multiprocessing as mp
-
-    world = 2
-    mp.spawn(_ddp_worker, args=(str(tmp_path / "init"), str(tmp_path), world), nprocs=world, join=True)
     h, _ = bundled("inat19")
-    probs, target = _ddp_data(h)
-    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
-    for k in (10, h.num_leaves):
-        for name, params in CASES:
-            one = hd.HierarchicalMetric(h, name, **params)
-            for a in range(0, _DDP_ROWS, 16):
-                one.update(probs[a:a + 16].topk(k), target[a:a + 16])
-            want = one.compute()
-            for r in range(world):
-                assert torch.equal(results[r][(name, k)], want), (name, k, r)
-            if k == h.num_leaves:  # the dense rows' value bit for bit
-                dense = hd.HierarchicalMetric(h, name, **params)
-                dense.update(probs, target)
-                assert torch.equal(results[0][(name, k)], dense.compute()), name
+    target = torch.randint(0, h.num_leaves, (32,), generator=torch.Generator().manual_seed(2))
+    assert_top_k_under_gloo_equals_one_process(tmp_path, "inat19", _probs(h, seed=6), target, CASES)
 
 
 def test_cli_decode_writes_npz_without_certify(tmp_path, capsys):

@@ -15,7 +15,7 @@ import reference as ref
 from harness import FLOAT_DTYPES, bundled, model_like, random_trees
 from hdecode_torch.core.topk import CompletedTopK
 from memory_testing import MiB, assert_growths_below, top_k_growths
-from testing import assert_callback_scores_top_k
+from testing import assert_callback_scores_top_k, assert_top_k_under_gloo_equals_one_process
 
 PLANS = ["cpu", "cuda"]
 
@@ -336,50 +336,10 @@ def test_hierarchical_metric_scores_sparse_sets_of_top_k_lists(name, params):
             assert torch.equal(ours.compute(), dense.compute())
 
 
-def _set_ddp_worker(rank, init_file, out_dir, world):
-    import os
-
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        h, _ = bundled("inat19")
-        probs = _model_rows(h, seed=6)
-        target = torch.randint(0, h.num_leaves, (32,), generator=torch.Generator().manual_seed(2))
-        mine = torch.arange(rank, 32, world)  # DistributedSampler's split
-        results = {}
-        for k in (10, h.num_leaves):
-            for name, params in SET_CASES:
-                m = hd.HierarchicalMetric(h, name, **params)
-                for chunk in mine.split(7):
-                    m.update(probs[chunk].topk(k), target[chunk])
-                results[(name, k)] = m.compute()
-        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
-
-
 def test_hierarchical_metric_on_top_k_sets_under_gloo_equals_one_process(tmp_path):
-    import torch.multiprocessing as mp
-
-    world = 2
-    mp.spawn(_set_ddp_worker, args=(str(tmp_path / "init"), str(tmp_path), world), nprocs=world, join=True)
     h, _ = bundled("inat19")
-    probs = _model_rows(h, seed=6)
     target = torch.randint(0, h.num_leaves, (32,), generator=torch.Generator().manual_seed(2))
-    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
-    for k in (10, h.num_leaves):
-        for name, params in SET_CASES:
-            one = hd.HierarchicalMetric(h, name, **params)
-            for a in range(0, 32, 16):
-                one.update(probs[a:a + 16].topk(k), target[a:a + 16])
-            for r in range(world):
-                assert torch.equal(results[r][(name, k)], one.compute()), (name, k, r)
-            if k == h.num_leaves:
-                dense = hd.HierarchicalMetric(h, name, **params)
-                dense.update(probs, target)
-                assert torch.equal(results[0][(name, k)], dense.compute()), name
+    assert_top_k_under_gloo_equals_one_process(tmp_path, "inat19", _model_rows(h, seed=6), target, SET_CASES)
 
 
 def test_lightning_callback_scores_top_k_sets(tmp_path):

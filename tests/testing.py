@@ -172,3 +172,55 @@ def assert_callback_scores_top_k(h, metrics, cases):
                 dense.update(probs, y)
                 assert cb.results[key] == float(dense.compute()), name
     return x, y, loader
+
+
+# ------------------------------------------------------------------------------- HierarchicalMetric under DDP
+def _top_k_gloo_worker(rank, init_file, out_dir, world, tree, probs, target, cases):
+    import os
+
+    import torch.distributed as dist
+
+    from harness import bundled
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        h, _ = bundled(tree)
+        mine = torch.arange(rank, len(target), world)  # DistributedSampler's split
+        results = {}
+        for k in (10, h.num_leaves):
+            for name, params in cases:
+                m = hd.HierarchicalMetric(h, name, **params)
+                for chunk in mine.split(7):
+                    m.update(probs[chunk].topk(k), target[chunk])
+                results[(name, k)] = m.compute()
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def assert_top_k_under_gloo_equals_one_process(tmp_path, tree: str, probs, target, cases, world: int = 2):
+    """``HierarchicalMetric`` of each ``(name, params)`` of ``cases`` on the top-k lists (k = 10 and k = L) of
+    the rows ``probs`` (B, L) float with targets (B,) int64 on the bundled tree ``tree``, updated in chunks of 7
+    on ``world`` gloo processes (DistributedSampler's split), computes on every rank exactly the value of one
+    process updated in chunks of 16, and at k = L the dense rows' value bit for bit."""
+    import torch.multiprocessing as mp
+
+    from harness import bundled
+
+    mp.spawn(_top_k_gloo_worker, args=(str(tmp_path / "init"), str(tmp_path), world, tree, probs, target, cases),
+             nprocs=world, join=True)
+    h, _ = bundled(tree)
+    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    for k in (10, h.num_leaves):
+        for name, params in cases:
+            one = hd.HierarchicalMetric(h, name, **params)
+            for a in range(0, len(target), 16):
+                one.update(probs[a:a + 16].topk(k), target[a:a + 16])
+            want = one.compute()
+            for r in range(world):
+                assert torch.equal(results[r][(name, k)], want), (name, k, r)
+            if k == h.num_leaves:  # the dense rows' value bit for bit
+                dense = hd.HierarchicalMetric(h, name, **params)
+                dense.update(probs, target)
+                assert torch.equal(results[0][(name, k)], dense.compute()), name
