@@ -5,14 +5,16 @@ tree and input, warms the tree's cached tables on one row, and calls ``growth(ca
 measure; the peak resident memory is reset (``/proc/self/clear_refs``) before the call and its growth read
 back from ``VmHWM``.
 
-:func:`top_k_growths` is one such child for every top-k decoder of the suite: the 100k-leaf synthetic tree
-(B = 1,024 lists of k = 100 leaves) takes seconds to build and its tables hundreds of MiB, so it is built
-once per test process and each top-k memory test asserts its own decoders' bound from the labelled result.
+:func:`top_k_growths_once` is one such child for every top-k decoder of the suite: the 100k-leaf synthetic
+tree (B = 1,024 lists of k = 100 leaves) takes seconds to build and its tables hundreds of MiB, so it is built
+once per test session (the ``top_k_growths`` fixture of conftest.py) and each top-k memory test asserts its own
+decoders' bound from the labelled result.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import pathlib
 import subprocess
@@ -85,7 +87,7 @@ def peak_growths(code: str, cap: int = 2 * 2**30) -> list[int]:
 
 # ------------------------------------------------------------------------- the top-k decoders on the 100k tree
 #: Every top-k decoder's calls on the 100k-leaf tree, each labelled ``"<group>: <what> <plan>"``; a call that
-#: raises is reported as ``FAILED <label>: <error>`` and the others are still measured.  The groups are the
+#: raises is reported as ``FAILED<tab><label><tab><error>`` and the others are still measured.  The groups are the
 #: tests' (test_topk*.py); the budget is the default but in the last group.
 TOP_K_CODE = """
 import traceback
@@ -114,7 +116,7 @@ def measure(label, call, warm=None):
             warm()  # the tree's tables
         growth(call, label)
     except Exception:  # one decoder's failure fails its own test, not the others'
-        print("FAILED", label + ":", traceback.format_exc().replace("\\n", " | "), flush=True)
+        print(f"FAILED\\t{label}\\t" + traceback.format_exc().replace("\\n", " | "), flush=True)
 
 
 def decode_on_plans(group, m, name, lists=topk, warm=first, **kw):
@@ -161,27 +163,39 @@ for name in ("lca_height", "tree_distance"):
 """
 
 
-@functools.cache
-def _top_k_child() -> subprocess.CompletedProcess:
-    # cached with its failure too: a child that dies fails every top-k memory test once, not once per test
-    return _run_child(TOP_K_CODE, 3 * 2**30)
+def top_k_growths_once(tmp_path_factory):
+    """The growths of :data:`TOP_K_CODE`'s calls, measured by one child for the whole test session: under
+    pytest-xdist the first worker to ask runs it and the others read its result (a file beside their temporary
+    folders, under a lock), so the 100k tree is built once, not once per test or per worker.
 
+    Returns ``growths(group) -> {label: growth in bytes}`` of the calls of ``group`` (a call that raised: its
+    error, a str); a child that failed fails every test that asks, with its error."""
+    from filelock import FileLock  # a dependency of torch
 
-def top_k_growths(group: str) -> dict[str, int | str]:
-    """``{label: growth in bytes}`` of the calls of ``group`` on the 100k-leaf tree (a call that raised: its
-    error, a str), measured once per test process in one child of :data:`TOP_K_CODE`."""
     if not os.path.exists("/proc/self/clear_refs"):
         pytest.skip("peak memory is read from Linux's /proc/self/status")
-    done = _top_k_child()
-    assert done.returncode == 0, done.stderr[-3000:]
+    base = tmp_path_factory.getbasetemp()
+    path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "top_k_growths.json"
+    with FileLock(str(path) + ".lock"):
+        if path.is_file():
+            done = json.loads(path.read_text())
+        else:
+            child = _run_child(TOP_K_CODE, 3 * 2**30)
+            done = {"returncode": child.returncode, "stdout": child.stdout, "stderr": child.stderr[-3000:]}
+            path.write_text(json.dumps(done))
+    return functools.partial(_growths_of, done)
+
+
+def _growths_of(done: dict, group: str) -> dict[str, int | str]:
+    assert done["returncode"] == 0, done["stderr"]
     out = {}
-    for line in done.stdout.splitlines():
+    for line in done["stdout"].splitlines():
         word, rest = line.split(" ", 1) if " " in line else (line, "")
         if word == "GROWTH":
             size, label = rest.split(" ", 1)
             out[label] = int(size)
-        elif word == "FAILED":
-            label, error = rest.split(": ", 1)
+        elif line.startswith("FAILED\t"):
+            _, label, error = line.split("\t", 2)
             out[label] = error
     return {label: got for label, got in out.items() if label.startswith(group + ": ")}
 

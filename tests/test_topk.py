@@ -16,7 +16,7 @@ import reference as ref
 from harness import FLOAT_DTYPES, bundled, dense_cost, model_like, random_trees, tolerance
 from testing import ValuesOnlyMetric
 from hdecode_torch.core.topk import CompletedTopK
-from memory_testing import MiB, assert_growths_below, top_k_growths
+from memory_testing import MiB, assert_growths_below
 
 #: The metrics that decode top-k inputs, with a parameter grid.
 CASES = [("accuracy", {}), ("lca_height", {}), ("tree_distance", {}), ("tree_distance_c", {"c": 0.5}),
@@ -307,7 +307,7 @@ def test_heuristics_refuse_a_top_k_input_by_name(tree):
 
 
 # ------------------------------------------------------------------------------------------ memory
-def test_a_top_k_decode_never_grows_with_B_times_L():
+def test_a_top_k_decode_never_grows_with_B_times_L(top_k_growths):
     # 100k leaves, B = 1,024, k = 100: the dense (B, L) float32 table alone would be 390 MiB; the support
     # tables are B·k·(D+1) entries (benchmarks/README.md: the same on a 1M-node tree)
     assert_growths_below(top_k_growths("metrics"), 8, 256 * MiB)

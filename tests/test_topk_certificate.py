@@ -18,7 +18,7 @@ import torch
 import hdecode_torch as hd
 import reference as ref
 from harness import random_trees
-from memory_testing import MiB, assert_growths_below, top_k_growths
+from memory_testing import MiB, assert_growths_below
 
 CASES = [("accuracy", {}), ("lca_height", {}), ("tree_distance", {}), ("tree_distance_c", {"c": 0.5})]
 PLANS = ["cpu", "cuda"]
@@ -210,7 +210,7 @@ def test_benchmark_runs(tmp_path):
     assert all(r["certified"] == 1 for r in rows if r["metric"] == "accuracy")
 
 
-def test_a_certificate_never_grows_with_B_times_L():
+def test_a_certificate_never_grows_with_B_times_L(top_k_growths):
     # 100k leaves, B = 1,024, k = 100: the dense (B, L) float32 table alone would be 390 MiB; the certificate
     # reads the same support tables as the decode, plus the decision's path and its off-path children
     assert_growths_below(top_k_growths("certificate"), 6, 256 * MiB)

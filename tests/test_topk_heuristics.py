@@ -16,7 +16,7 @@ import torch
 import hdecode_torch as hd
 import hdecode_torch.functional as F
 from harness import FLOAT_DTYPES, bundled, model_like, random_trees
-from memory_testing import MiB, assert_growths_below, top_k_growths
+from memory_testing import MiB, assert_growths_below
 
 #: The heuristics that decode top-k inputs, with their parameters (``info``: information_threshold's threshold
 #: as a fraction of a leaf's information log L, the most a tree allows).
@@ -264,6 +264,6 @@ def test_a_list_is_checked_against_the_tree():
 
 
 # ------------------------------------------------------------------------------------------ memory
-def test_a_top_k_decode_never_grows_with_B_times_L():
+def test_a_top_k_decode_never_grows_with_B_times_L(top_k_growths):
     # 100k leaves, B = 1,024, k = 100: the dense (B, L) float32 table alone would be 390 MiB
     assert_growths_below(top_k_growths("heuristics"), 22, 256 * MiB)  # RiskControl's too

@@ -21,7 +21,7 @@ from hdecode_torch.kernels.ancestry import ancestor_closure
 from hdecode_torch.kernels.depth_ranges import depth_ranges
 from hdecode_torch.kernels.support_hf_beta import depth_listed, depth_masses_topk, heavy_nodes, heavy_order
 from hdecode_torch.metrics.hf_beta import hf_beta_bound
-from memory_testing import MiB, assert_growths_below, top_k_growths
+from memory_testing import MiB, assert_growths_below
 
 BETAS = [0.5, 1.0, 2.0]
 PLANS = ["cpu", "cuda"]
@@ -288,7 +288,7 @@ def test_functional_and_integrations_give_the_class_answer(beta):
 
 
 # ------------------------------------------------------------------------------------------ memory
-def test_a_top_k_decode_never_grows_with_B_times_L():
+def test_a_top_k_decode_never_grows_with_B_times_L(top_k_growths):
     # 100k leaves, B = 1,024, k = 100: the dense (B, L) float32 table alone would be 390 MiB, a (B, N) bool
     # set 132 MiB; the support tables are B·k·(D+1) entries, the candidates a few per depth and row
     assert_growths_below(top_k_growths("hf_beta"), 5, 128 * MiB)  # β = 1, 0.5 on both plans, and expected

@@ -21,7 +21,7 @@ from hdecode_torch.kernels.depth_ranges import depth_masses, depth_prefix_sums
 from hdecode_torch.kernels.support_jaccard import completion_prefix, depth_listed, depth_masses_topk
 from test_topk import random_lists, random_prior
 from test_topk_heuristics import dyadic_lists, integer_prior
-from memory_testing import MiB, assert_growths_below, top_k_growths
+from memory_testing import MiB, assert_growths_below
 
 PLANS = ["cpu", "cuda"]
 RTOL = 1e-12
@@ -288,6 +288,6 @@ def test_certify_is_refused():
 
 
 # ------------------------------------------------------------------------------------------ memory
-def test_a_top_k_decode_never_grows_with_B_times_L():
+def test_a_top_k_decode_never_grows_with_B_times_L(top_k_growths):
     # 100k leaves, B = 1,024, k = 100: the dense (B, L) float32 table alone would be 390 MiB, a (B, N) bool 132 MiB
     assert_growths_below(top_k_growths("jaccard"), 3, 128 * MiB)  # both plans, and expected

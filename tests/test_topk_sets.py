@@ -14,7 +14,7 @@ import hdecode_torch as hd
 import reference as ref
 from harness import FLOAT_DTYPES, bundled, model_like, random_trees
 from hdecode_torch.core.topk import CompletedTopK
-from memory_testing import MiB, assert_growths_below, top_k_growths
+from memory_testing import MiB, assert_growths_below
 from testing import assert_callback_scores_top_k, assert_top_k_under_gloo_equals_one_process
 
 PLANS = ["cpu", "cuda"]
@@ -238,7 +238,7 @@ def test_certificate_never_beaten(plan):
 
 
 # ------------------------------------------------------------------------------------------ memory
-def test_a_top_k_set_decode_never_grows_with_B_times_N():
+def test_a_top_k_set_decode_never_grows_with_B_times_N(top_k_growths):
     # 100k leaves, B = 1,024, k = 100: a dense (B, N) bool decision alone would be about 130 MiB, the (B, L)
     # float32 table 390 MiB; the support tables are B·k·(D+1) entries, the sets B·(D+1)
     assert_growths_below(top_k_growths("sets"), 6, 128 * MiB)  # decode, expected and certify on both plans

@@ -20,7 +20,7 @@ import reference as ref
 from harness import FLOAT_DTYPES, bundled, dense_cost, model_like, random_trees, tolerance
 from test_topk import random_lists, random_prior
 from test_topk_heuristics import dyadic_lists, integer_prior
-from memory_testing import MiB, assert_growths_below, top_k_growths
+from memory_testing import MiB, assert_growths_below
 
 NAMES = ["wu_palmer", "zhao"]
 PLANS = ["cpu", "cuda"]
@@ -245,7 +245,7 @@ def test_cli_decode_takes_top_k_lists(name, tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------------------------ memory
-def test_a_decode_on_the_100k_tree_never_grows_with_B_times_L():
+def test_a_decode_on_the_100k_tree_never_grows_with_B_times_L(top_k_growths):
     # 100k leaves, B = 1,024, k = 100: the dense (B, L) float32 table alone would be 390 MiB, the structural
     # (N, E) tables of Wu-Palmer per row far more; the support tables are B·k·(D+1) entries
     # measured: 92 (Wu-Palmer), 61 (Zhao) MiB
