@@ -137,6 +137,8 @@ for name in ("argmax_leaf", "top_down", "majority", "confidence_threshold", "crm
 rc = hd.decoders.RiskControl(h)
 rc.lam = 0.05
 decode_on_plans("heuristics", rc, "risk_control")
+
+
 def expected_of_the_decision(label, m):
     sets = []  # decided outside the measure, as a user holds the sets before scoring them
     measure(label, lambda: m.expected(topk, sets[0]), lambda: sets.append(m.decode(topk)))

@@ -11,7 +11,7 @@ import torch
 
 import hdecode_torch as hd
 from harness import bundled, model_like
-from hdecode_torch.cli.main import main
+from test_cli import run_cli
 from testing import (ValuesOnlyMetric, assert_callback_scores_top_k, assert_top_k_under_gloo_equals_one_process,
                      top_k_module, validation_trainer)
 
@@ -97,15 +97,6 @@ def test_hierarchical_metric_refuses_what_it_cannot_decode_from_a_top_k_list():
         hd.HierarchicalMetric(h, "lca_height").update(t, torch.full((32,), h.num_leaves))
 
 
-def _run(argv, capsys):
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 @pytest.mark.parametrize("fmt", ["npz", "pt"])
 def test_cli_decodes_a_top_k_file(tmp_path, capsys, fmt):
     h, _ = bundled("inat19")
@@ -120,7 +111,7 @@ def test_cli_decodes_a_top_k_file(tmp_path, capsys, fmt):
         for name, params in CASES:
             out = tmp_path / "pred.npy"
             extra = ["--c", params["c"]] if params else []
-            code, _, err = _run(["decode", "--hierarchy", "inat19", "--probs", path, "--metric", name, *extra,
+            code, _, err = run_cli(["decode", "--hierarchy", "inat19", "--probs", path, "--metric", name, *extra,
                                  "--batch-size", 10, "-o", out], capsys)
             assert code == 0, err
             m = hd.get_metric(name, h, **params)
@@ -140,15 +131,15 @@ def test_cli_refuses_what_it_cannot_decode_from_a_top_k_file(tmp_path, capsys):
                           "Expected --tau to be at least 0.5 for a top-k input"),
                          (["--metric", "tree_distance", "--from-logits"], "--from-logits: --probs holds a top-k list"),
                          (["--metric", "tree_distance", "--normalize"], "--normalize: --probs holds a top-k list")]:
-        code, _, err = _run(base + extra, capsys)
+        code, _, err = run_cli(base + extra, capsys)
         assert code == 2 and match in err, err
     bad = tmp_path / "bad.npz"
     np.savez(bad, values=t.values.numpy())
-    code, _, err = _run(["decode", "--hierarchy", "inat19", "--probs", bad, "--metric", "tree_distance"], capsys)
+    code, _, err = run_cli(["decode", "--hierarchy", "inat19", "--probs", bad, "--metric", "tree_distance"], capsys)
     assert code == 2 and "expected a top-k list: the arrays 'values' (B, k) and 'indices' (B, k)" in err, err
     wrong = tmp_path / "wrong.npz"
     np.savez(wrong, values=t.values.numpy(), indices=t.indices.numpy() + h.num_leaves)
-    code, _, err = _run(["decode", "--hierarchy", "inat19", "--probs", wrong, "--metric", "tree_distance"], capsys)
+    code, _, err = run_cli(["decode", "--hierarchy", "inat19", "--probs", wrong, "--metric", "tree_distance"], capsys)
     assert code != 0 and "`indices` to be leaf ids" in err, err
 
 
@@ -246,7 +237,7 @@ def test_cli_writes_the_certificate_next_to_each_decision(tmp_path, capsys, fmt)
         out = tmp_path / f"pred.{fmt}"
         extra = ["--c", params["c"]] if params else []
         where = [] if fmt == "stdout" else ["-o", out]
-        code, stdout, err = _run(["decode", "--hierarchy", "inat19", "--probs", path, "--metric", name, *extra,
+        code, stdout, err = run_cli(["decode", "--hierarchy", "inat19", "--probs", path, "--metric", name, *extra,
                                   "--batch-size", 7, "--certify", *where], capsys)
         assert code == 0, err
         want = _certified(h, name, params, t)
@@ -271,7 +262,7 @@ def test_cli_refuses_certify_where_there_is_nothing_to_certify(tmp_path, capsys)
             (["--probs", path, "--decoder", "darts"], "--certify: certificates are of a --metric's optimal decisions"),
             (["--probs", path, "--metric", "tree_distance", "-o", tmp_path / "p.npy"],
              "--certify: a .npy file holds one array")]:
-        code, _, err = _run(base + extra, capsys)
+        code, _, err = run_cli(base + extra, capsys)
         assert code == 2 and match in err, err
     assert not (tmp_path / "p.npy").exists()
 
@@ -281,7 +272,7 @@ def _compare_json(tmp_path, capsys, probs_path, targets_path, *extra, name="c.js
     import json
 
     out = tmp_path / name
-    code, stdout, err = _run(["compare", "--hierarchy", "inat19", "--probs", probs_path, "--targets", targets_path,
+    code, stdout, err = run_cli(["compare", "--hierarchy", "inat19", "--probs", probs_path, "--targets", targets_path,
                               "--batch-size", 64, "--json", out, *extra], capsys)
     assert code == 0, err
     return json.loads(out.read_text())["results"], stdout
@@ -341,7 +332,7 @@ def test_cli_compare_refuses_what_needs_every_leaf_on_top_k_lists(tmp_path, caps
     base = ["compare", "--hierarchy", "inat19", "--probs", path, "--targets", tmp_path / "y.npy"]
     for extra, match in [(["--from-logits"], "--from-logits: --probs holds top-k lists"),
                          (["--normalize"], "--normalize: --probs holds top-k lists")]:
-        code, _, err = _run(base + extra, capsys)
+        code, _, err = run_cli(base + extra, capsys)
         assert code == 2 and match in err, err
 
 
@@ -381,7 +372,7 @@ def test_cli_decode_writes_npz_without_certify(tmp_path, capsys):
     m = hd.get_metric("tree_distance", h)
     for src, want in ((dense, m.decode(probs)), (lists, m.decode(t))):
         out = tmp_path / "pred.npz"
-        code, _, err = _run(["decode", "--hierarchy", "inat19", "--probs", src, "--metric", "tree_distance",
+        code, _, err = run_cli(["decode", "--hierarchy", "inat19", "--probs", src, "--metric", "tree_distance",
                              "-o", out], capsys)
         assert code == 0, err
         z = np.load(out)

@@ -15,6 +15,7 @@ import reference as ref
 from harness import FLOAT_DTYPES, bundled, model_like, random_trees
 from hdecode_torch.core.topk import CompletedTopK
 from memory_testing import MiB, assert_growths_below
+from test_cli import run_cli
 from testing import assert_callback_scores_top_k, assert_top_k_under_gloo_equals_one_process
 
 PLANS = ["cpu", "cuda"]
@@ -349,17 +350,6 @@ def test_lightning_callback_scores_top_k_sets(tmp_path):
     assert_callback_scores_top_k(h, [name for name, _ in SET_CASES] + ["tree_distance"], SET_CASES)
 
 
-def _run(argv, capsys):
-    from hdecode_torch.cli.main import main
-
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def _read_sets(path, fmt, shape):
     import json
 
@@ -398,7 +388,7 @@ def test_cli_decodes_a_top_k_file_into_sparse_sets(tmp_path, capsys, fmt):
         for name, params in SET_CASES:
             out = tmp_path / f"pred.{fmt}"
             where = [] if fmt == "stdout" else ["-o", out]
-            code, stdout, err = _run(["decode", "--hierarchy", "inat19", "--probs", path, "--metric", name,
+            code, stdout, err = run_cli(["decode", "--hierarchy", "inat19", "--probs", path, "--metric", name,
                                       "--batch-size", 10, *where], capsys)
             assert code == 0, err
             want = hd.get_metric(name, h, **params).decode(hd.TopK(t.values, t.indices))
@@ -415,7 +405,7 @@ def test_cli_writes_the_certificate_next_to_each_set(tmp_path, capsys):
     np.savez(path, values=t.values.numpy(), indices=t.indices.numpy())
     want = hd.get_metric("hamming", h).decode(hd.TopK(t.values, t.indices), certify=True)
     out = tmp_path / "pred.npz"
-    code, _, err = _run(["decode", "--hierarchy", "inat19", "--probs", path, "--metric", "hamming",
+    code, _, err = run_cli(["decode", "--hierarchy", "inat19", "--probs", path, "--metric", "hamming",
                          "--batch-size", 7, "--certify", "-o", out], capsys)
     assert code == 0, err
     z = np.load(out)
@@ -431,7 +421,7 @@ def test_cli_refuses_a_npy_output_for_sparse_sets(tmp_path, capsys):
     t = _model_rows(h).topk(10)
     path = tmp_path / "topk.npz"
     np.savez(path, values=t.values.numpy(), indices=t.indices.numpy())
-    code, _, err = _run(["decode", "--hierarchy", "inat19", "--probs", path, "--metric", "hamming",
+    code, _, err = run_cli(["decode", "--hierarchy", "inat19", "--probs", path, "--metric", "hamming",
                          "-o", tmp_path / "p.npy"], capsys)
     assert code == 2 and "--output: a set metric's decisions on top-k lists are sparse node sets" in err, err
     assert not (tmp_path / "p.npy").exists()
