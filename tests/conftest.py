@@ -5,6 +5,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 # the repository root, for tests that use the benchmarks' tools (benchmarks.plan_cost)
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
 settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True)
@@ -19,11 +20,18 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+@pytest.fixture(scope="session")
+def top_k_growths(tmp_path_factory):
+    """``growths(group)``: the peak memory growth of each top-k decoder's call of ``group`` on the 100k-leaf
+    tree, measured once per session (memory_testing.top_k_growths_once)."""
+    from memory_testing import top_k_growths_once
+
+    return top_k_growths_once(tmp_path_factory)
+
+
 # HDECODE_TEST_PLAN=cuda runs every test under `hd.plan_for("cuda")`: the GPU plan (depth-first prefix
 # sums, fused ops, the GPU strategies) on whatever device the test uses.
 if os.environ.get("HDECODE_TEST_PLAN"):
-    import pytest
-
     @pytest.fixture(autouse=True)
     def _plan_for_every_test():
         import hdecode_torch as hd

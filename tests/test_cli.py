@@ -71,6 +71,16 @@ def run_cli(argv, capsys) -> tuple[int, str, str]:
     return code, out, err
 
 
+def run_cli_on_cpu(argv, capsys) -> tuple[int, str, str]:
+    """``run_cli`` with ``--device cpu`` added to the commands that decode (decode, compare) when none is given:
+    for tests that compare the command's output bit for bit with the library's on CPU tensors (the command's
+    own default picks CUDA where present)."""
+    argv = [str(a) for a in argv]
+    if argv[0] in ("decode", "compare") and "--device" not in argv:
+        argv += ["--device", "cpu"]
+    return run_cli(argv, capsys)
+
+
 def png_size(path) -> tuple[int, int]:
     with open(path, "rb") as f:
         head = f.read(24)

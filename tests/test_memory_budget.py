@@ -11,69 +11,9 @@ times over.  The bound of each case is the budget plus the call's output plus it
 
 from __future__ import annotations
 
-import os
-import pathlib
-import subprocess
-import sys
-import textwrap
+from memory_testing import MiB, needs_proc, peak_growths
 
-import pytest
-
-import hdecode_torch as hd
-
-ROOT = pathlib.Path(hd.__file__).resolve().parent.parent
-MiB = 2**20
-
-pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"),
-                                reason="peak memory is read from Linux's /proc/self/status")
-
-CHILD = """
-import resource
-import torch
-torch.set_num_threads(1)
-import hdecode_torch as hd
-# The cap counts from what the imports mapped: a CUDA build of torch maps gigabytes of libraries, which an
-# absolute cap set before the import would refuse.
-with open("/proc/self/status") as f:
-    mapped = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
-resource.setrlimit(resource.RLIMIT_AS, (mapped + {cap}, mapped + {cap}))
-
-
-def caterpillar(depth):
-    # a spine of `depth` internal nodes with one leaf at every level, two under the deepest
-    return hd.Hierarchy.from_parents([-1] + list(range(depth - 1)) + list(range(depth)) + [depth - 1])
-
-
-def rss(field):
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field))
-
-
-def growth(call):
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # the peak resident set starts again from the current one
-    before = rss("VmRSS:")
-    call()
-    print("GROWTH", rss("VmHWM:") - before, flush=True)
-
-
-torch.manual_seed(0)
-{code}
-"""
-
-
-def peak_growths(code: str, cap: int = 2 * 2**30) -> list[int]:
-    """The peak resident memory growth (bytes) of each ``growth(call)`` that ``code`` makes, in a fresh
-    process capped at ``cap`` bytes of address space beyond its imports (a failed allocation fails the test with the
-    child's error).  One process for several calls: starting one costs seconds on a busy machine."""
-    # A fixed mmap threshold: glibc returns every large block when it is freed, so the resident peak is
-    # what the library held at once, not what the allocator kept of earlier chunks.
-    env = dict(os.environ, OMP_NUM_THREADS="1", MALLOC_MMAP_THRESHOLD_="65536",
-               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    done = subprocess.run([sys.executable, "-c", CHILD.format(cap=cap, code=textwrap.dedent(code))],
-                          capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return [int(line.split()[1]) for line in done.stdout.splitlines() if line.startswith("GROWTH")]
+pytestmark = needs_proc
 
 
 # ---------------------------------------------------------------------------------------- item 5

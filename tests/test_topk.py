@@ -16,6 +16,7 @@ import reference as ref
 from harness import FLOAT_DTYPES, bundled, dense_cost, model_like, random_trees, tolerance
 from testing import ValuesOnlyMetric
 from hdecode_torch.core.topk import CompletedTopK
+from memory_testing import MiB, assert_growths_below
 
 #: The metrics that decode top-k inputs, with a parameter grid.
 CASES = [("accuracy", {}), ("lca_height", {}), ("tree_distance", {}), ("tree_distance_c", {"c": 0.5}),
@@ -306,31 +307,8 @@ def test_heuristics_refuse_a_top_k_input_by_name(tree):
 
 
 # ------------------------------------------------------------------------------------------ memory
-def test_a_top_k_decode_never_grows_with_B_times_L():
+def test_a_top_k_decode_never_grows_with_B_times_L(top_k_growths):
     # 100k leaves, B = 1,024, k = 100: the dense (B, L) float32 table alone would be 390 MiB; the support
     # tables are B·k·(D+1) entries (benchmarks/README.md: the same on a 1M-node tree)
-    from test_memory_budget import MiB, peak_growths
-
-    got = peak_growths("""
-    from benchmarks.workloads import random_tree
-    h = hd.Hierarchy.from_parents(random_tree(100_000, 12, seed=1))
-    B, k, L = 1024, 100, h.num_leaves
-    g = torch.Generator().manual_seed(0)
-    rank = torch.empty_like(h.dfs_leaves)
-    rank[h.dfs_leaves] = torch.arange(L)
-    near = torch.rand(B, 5 * k, generator=g).topk(k).indices  # cousins of a random leaf, in depth-first order
-    indices = h.dfs_leaves[(rank[torch.randint(0, L, (B,), generator=g)][:, None] + near) % L]
-    values = torch.distributions.Dirichlet(torch.full((k,), 0.3)).sample((B,)) * torch.rand(B, 1)
-    topk = hd.TopK(values, indices)
-    for name in ("accuracy", "lca_height", "tree_distance", "tree_distance_c"):
-        m = hd.get_metric(name, h)
-        for plan in ("cpu", "cuda"):
-            with hd.plan_for(plan):
-                m.decode(hd.TopK(values[:1], indices[:1]))  # the tree's tables
-                growth(lambda: m.decode(topk))
-    hd.set_memory_budget(32 * 2**20)  # the rows in chunks whose support tables fit it
-    for name in ("lca_height", "tree_distance"):
-        growth(lambda: hd.get_metric(name, h).decode(topk))
-    """, cap=3 * 2**30)
-    assert len(got) == 10 and max(got) < 256 * MiB, [g / MiB for g in got]
-    assert max(got[8:]) < 40 * MiB, [g / MiB for g in got]
+    assert_growths_below(top_k_growths("metrics"), 8, 256 * MiB)
+    assert_growths_below(top_k_growths("budget"), 2, 40 * MiB)  # at a 32 MiB budget

@@ -18,6 +18,7 @@ import torch
 import hdecode_torch as hd
 import reference as ref
 from harness import random_trees
+from memory_testing import MiB, assert_growths_below
 
 CASES = [("accuracy", {}), ("lca_height", {}), ("tree_distance", {}), ("tree_distance_c", {"c": 0.5})]
 PLANS = ["cpu", "cuda"]
@@ -209,27 +210,7 @@ def test_benchmark_runs(tmp_path):
     assert all(r["certified"] == 1 for r in rows if r["metric"] == "accuracy")
 
 
-def test_a_certificate_never_grows_with_B_times_L():
+def test_a_certificate_never_grows_with_B_times_L(top_k_growths):
     # 100k leaves, B = 1,024, k = 100: the dense (B, L) float32 table alone would be 390 MiB; the certificate
     # reads the same support tables as the decode, plus the decision's path and its off-path children
-    from test_memory_budget import MiB, peak_growths
-
-    got = peak_growths("""
-    from benchmarks.workloads import random_tree
-    h = hd.Hierarchy.from_parents(random_tree(100_000, 12, seed=1))
-    B, k, L = 1024, 100, h.num_leaves
-    g = torch.Generator().manual_seed(0)
-    rank = torch.empty_like(h.dfs_leaves)
-    rank[h.dfs_leaves] = torch.arange(L)
-    near = torch.rand(B, 5 * k, generator=g).topk(k).indices  # cousins of a random leaf, in depth-first order
-    indices = h.dfs_leaves[(rank[torch.randint(0, L, (B,), generator=g)][:, None] + near) % L]
-    values = torch.distributions.Dirichlet(torch.full((k,), 0.3)).sample((B,)) * torch.rand(B, 1)
-    topk = hd.TopK(values, indices)
-    for name in ("accuracy", "lca_height", "tree_distance"):
-        m = hd.get_metric(name, h)
-        for plan in ("cpu", "cuda"):
-            with hd.plan_for(plan):
-                m.decode(hd.TopK(values[:1], indices[:1]), certify=True)  # the tree's tables
-                growth(lambda: m.decode(topk, certify=True))
-    """, cap=3 * 2**30)
-    assert len(got) == 6 and max(got) < 256 * MiB, [g / MiB for g in got]
+    assert_growths_below(top_k_growths("certificate"), 6, 256 * MiB)

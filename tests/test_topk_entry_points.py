@@ -11,8 +11,9 @@ import torch
 
 import hdecode_torch as hd
 from harness import bundled, model_like
-from hdecode_torch.cli.main import main
-from testing import ValuesOnlyMetric
+from test_cli import run_cli_on_cpu
+from testing import (ValuesOnlyMetric, assert_callback_scores_top_k, assert_top_k_under_gloo_equals_one_process,
+                     top_k_module, validation_trainer)
 
 CASES = [("accuracy", {}), ("lca_height", {}), ("tree_distance", {}), ("tree_distance_c", {"c": 0.5})]
 
@@ -96,22 +97,6 @@ def test_hierarchical_metric_refuses_what_it_cannot_decode_from_a_top_k_list():
         hd.HierarchicalMetric(h, "lca_height").update(t, torch.full((32,), h.num_leaves))
 
 
-def _on_the_cpu(argv):
-    """``argv`` with ``--device cpu`` for the commands that decode: their outputs are compared bit for bit with
-    the library's on CPU tensors (the command's own default picks CUDA where present)."""
-    argv = list(argv)
-    return argv + ["--device", "cpu"] if argv[0] in ("decode", "compare") and "--device" not in argv else argv
-
-
-def _run(argv, capsys):
-    try:
-        code = main([str(a) for a in _on_the_cpu(argv)])
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 @pytest.mark.parametrize("fmt", ["npz", "pt"])
 def test_cli_decodes_a_top_k_file(tmp_path, capsys, fmt):
     h, _ = bundled("inat19")
@@ -126,7 +111,7 @@ def test_cli_decodes_a_top_k_file(tmp_path, capsys, fmt):
         for name, params in CASES:
             out = tmp_path / "pred.npy"
             extra = ["--c", params["c"]] if params else []
-            code, _, err = _run(["decode", "--hierarchy", "inat19", "--probs", path, "--metric", name, *extra,
+            code, _, err = run_cli_on_cpu(["decode", "--hierarchy", "inat19", "--probs", path, "--metric", name, *extra,
                                  "--batch-size", 10, "-o", out], capsys)
             assert code == 0, err
             m = hd.get_metric(name, h, **params)
@@ -146,15 +131,15 @@ def test_cli_refuses_what_it_cannot_decode_from_a_top_k_file(tmp_path, capsys):
                           "Expected --tau to be at least 0.5 for a top-k input"),
                          (["--metric", "tree_distance", "--from-logits"], "--from-logits: --probs holds a top-k list"),
                          (["--metric", "tree_distance", "--normalize"], "--normalize: --probs holds a top-k list")]:
-        code, _, err = _run(base + extra, capsys)
+        code, _, err = run_cli_on_cpu(base + extra, capsys)
         assert code == 2 and match in err, err
     bad = tmp_path / "bad.npz"
     np.savez(bad, values=t.values.numpy())
-    code, _, err = _run(["decode", "--hierarchy", "inat19", "--probs", bad, "--metric", "tree_distance"], capsys)
+    code, _, err = run_cli_on_cpu(["decode", "--hierarchy", "inat19", "--probs", bad, "--metric", "tree_distance"], capsys)
     assert code == 2 and "expected a top-k list: the arrays 'values' (B, k) and 'indices' (B, k)" in err, err
     wrong = tmp_path / "wrong.npz"
     np.savez(wrong, values=t.values.numpy(), indices=t.indices.numpy() + h.num_leaves)
-    code, _, err = _run(["decode", "--hierarchy", "inat19", "--probs", wrong, "--metric", "tree_distance"], capsys)
+    code, _, err = run_cli_on_cpu(["decode", "--hierarchy", "inat19", "--probs", wrong, "--metric", "tree_distance"], capsys)
     assert code != 0 and "`indices` to be leaf ids" in err, err
 
 
@@ -252,7 +237,7 @@ def test_cli_writes_the_certificate_next_to_each_decision(tmp_path, capsys, fmt)
         out = tmp_path / f"pred.{fmt}"
         extra = ["--c", params["c"]] if params else []
         where = [] if fmt == "stdout" else ["-o", out]
-        code, stdout, err = _run(["decode", "--hierarchy", "inat19", "--probs", path, "--metric", name, *extra,
+        code, stdout, err = run_cli_on_cpu(["decode", "--hierarchy", "inat19", "--probs", path, "--metric", name, *extra,
                                   "--batch-size", 7, "--certify", *where], capsys)
         assert code == 0, err
         want = _certified(h, name, params, t)
@@ -277,7 +262,7 @@ def test_cli_refuses_certify_where_there_is_nothing_to_certify(tmp_path, capsys)
             (["--probs", path, "--decoder", "darts"], "--certify: certificates are of a --metric's optimal decisions"),
             (["--probs", path, "--metric", "tree_distance", "-o", tmp_path / "p.npy"],
              "--certify: a .npy file holds one array")]:
-        code, _, err = _run(base + extra, capsys)
+        code, _, err = run_cli_on_cpu(base + extra, capsys)
         assert code == 2 and match in err, err
     assert not (tmp_path / "p.npy").exists()
 
@@ -287,7 +272,7 @@ def _compare_json(tmp_path, capsys, probs_path, targets_path, *extra, name="c.js
     import json
 
     out = tmp_path / name
-    code, stdout, err = _run(["compare", "--hierarchy", "inat19", "--probs", probs_path, "--targets", targets_path,
+    code, stdout, err = run_cli_on_cpu(["compare", "--hierarchy", "inat19", "--probs", probs_path, "--targets", targets_path,
                               "--batch-size", 64, "--json", out, *extra], capsys)
     assert code == 0, err
     return json.loads(out.read_text())["results"], stdout
@@ -347,129 +332,33 @@ def test_cli_compare_refuses_what_needs_every_leaf_on_top_k_lists(tmp_path, caps
     base = ["compare", "--hierarchy", "inat19", "--probs", path, "--targets", tmp_path / "y.npy"]
     for extra, match in [(["--from-logits"], "--from-logits: --probs holds top-k lists"),
                          (["--normalize"], "--normalize: --probs holds top-k lists")]:
-        code, _, err = _run(base + extra, capsys)
+        code, _, err = run_cli_on_cpu(base + extra, capsys)
         assert code == 2 and match in err, err
 
 
 # --------------------------------------------------------------------------- the Lightning callback
 def test_lightning_callback_scores_top_k_lists(tmp_path):
-    pl = pytest.importorskip("pytorch_lightning")
-    from torch import nn
-
+    pytest.importorskip("pytorch_lightning")
     from hdecode_torch.integrations import HierarchicalMetricsCallback
 
     h, _ = bundled("inat19")
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(40, 8, generator=g), torch.randint(0, h.num_leaves, (40,), generator=g)
-
-    class Module(pl.LightningModule):
-        def __init__(self, k):
-            super().__init__()
-            torch.manual_seed(0)
-            self.net, self.k = nn.Linear(8, h.num_leaves), k
-            with torch.no_grad():
-                self.net.weight.mul_(8)
-
-        def probs(self, x):
-            return torch.softmax(self.net(x).double(), 1)
-
-        def validation_step(self, batch, batch_idx):
-            x, y = batch
-            return {"probs": self.probs(x).topk(self.k), "target": y}
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
-    for k in (10, h.num_leaves):
-        module = Module(k)
-        cb = HierarchicalMetricsCallback(h, metrics=[name for name, _ in CASES[:3]] + [CASES[3]],
-                                         output_key="probs")
-        trainer = pl.Trainer(accelerator="cpu", devices=1, callbacks=[cb], logger=False, enable_progress_bar=False,
-                             enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=1)
-        trainer.validate(module, loader, verbose=False)
-        with torch.no_grad():
-            probs = module.probs(x)
-        for name, params in CASES:
-            want = hd.HierarchicalMetric(h, name, **params)
-            for a in range(0, 40, 16):
-                want.update(probs[a:a + 16].topk(k), y[a:a + 16])
-            m = hd.get_metric(name, h, **params)
-            assert cb.results[(m.key, "optimal")] == float(want.compute()), (name, k)
-            if k == h.num_leaves:  # the dense rows' value bit for bit
-                dense = hd.HierarchicalMetric(h, name, **params)
-                dense.update(probs, y)
-                assert cb.results[(m.key, "optimal")] == float(dense.compute()), name
+    x, y, loader = assert_callback_scores_top_k(h, [name for name, _ in CASES[:3]] + [CASES[3]], CASES)
+    with torch.no_grad():
+        probs = top_k_module(h, h.num_leaves).probs(x)
     logits_cb = HierarchicalMetricsCallback(h, metrics=["accuracy"], output_key="logits")
     with pytest.raises(ValueError, match=r"top-k list: the missing mass of a top-k of logits is unknown"):
         logits_cb._check_contract(probs.topk(5), y, "validate")
     bad = HierarchicalMetricsCallback(h, metrics=["accuracy"], output_key="probs")
-
-    class Bad(Module):
-        def validation_step(self, batch, batch_idx):
-            x, y = batch
-            t = self.probs(x).topk(self.k)
-            return {"probs": hd.TopK(t.values, t.indices + h.num_leaves), "target": y}
-
-    trainer = pl.Trainer(accelerator="cpu", devices=1, callbacks=[bad], logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0)
     with pytest.raises(ValueError, match=r"HierarchicalMetricsCallback, validation batch 0: .*`indices`"):
-        trainer.validate(Bad(5), loader, verbose=False)
+        validation_trainer([bad], num_sanity_val_steps=0).validate(top_k_module(h, 5, index_offset=h.num_leaves),
+                                                                   loader, verbose=False)
 
 
 # --------------------------------------------------------------------------- HierarchicalMetric under DDP
-_DDP_ROWS = 32  # what _probs gives
-
-
-def _ddp_data(h):
-    rows = _probs(h, seed=6)
-    target = torch.randint(0, h.num_leaves, (_DDP_ROWS,), generator=torch.Generator().manual_seed(2))
-    return rows, target
-
-
-def _ddp_worker(rank, init_file, out_dir, world):
-    import os
-
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        h, _ = bundled("inat19")
-        probs, target = _ddp_data(h)
-        mine = torch.arange(rank, _DDP_ROWS, world)  # DistributedSampler's split
-        results = {}
-        for k in (10, h.num_leaves):
-            for name, params in CASES:
-                m = hd.HierarchicalMetric(h, name, **params)
-                for chunk in mine.split(7):
-                    m.update(probs[chunk].topk(k), target[chunk])
-                results[(name, k)] = m.compute()
-        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
-
-
 def test_hierarchical_metric_on_top_k_lists_under_gloo_equals_one_process(tmp_path):
-    import torch.multiprocessing as mp
-
-    world = 2
-    mp.spawn(_ddp_worker, args=(str(tmp_path / "init"), str(tmp_path), world), nprocs=world, join=True)
     h, _ = bundled("inat19")
-    probs, target = _ddp_data(h)
-    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
-    for k in (10, h.num_leaves):
-        for name, params in CASES:
-            one = hd.HierarchicalMetric(h, name, **params)
-            for a in range(0, _DDP_ROWS, 16):
-                one.update(probs[a:a + 16].topk(k), target[a:a + 16])
-            want = one.compute()
-            for r in range(world):
-                assert torch.equal(results[r][(name, k)], want), (name, k, r)
-            if k == h.num_leaves:  # the dense rows' value bit for bit
-                dense = hd.HierarchicalMetric(h, name, **params)
-                dense.update(probs, target)
-                assert torch.equal(results[0][(name, k)], dense.compute()), name
+    target = torch.randint(0, h.num_leaves, (32,), generator=torch.Generator().manual_seed(2))
+    assert_top_k_under_gloo_equals_one_process(tmp_path, "inat19", _probs(h, seed=6), target, CASES)
 
 
 def test_cli_decode_writes_npz_without_certify(tmp_path, capsys):
@@ -483,7 +372,7 @@ def test_cli_decode_writes_npz_without_certify(tmp_path, capsys):
     m = hd.get_metric("tree_distance", h)
     for src, want in ((dense, m.decode(probs)), (lists, m.decode(t))):
         out = tmp_path / "pred.npz"
-        code, _, err = _run(["decode", "--hierarchy", "inat19", "--probs", src, "--metric", "tree_distance",
+        code, _, err = run_cli_on_cpu(["decode", "--hierarchy", "inat19", "--probs", src, "--metric", "tree_distance",
                              "-o", out], capsys)
         assert code == 0, err
         z = np.load(out)

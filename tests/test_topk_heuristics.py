@@ -16,6 +16,7 @@ import torch
 import hdecode_torch as hd
 import hdecode_torch.functional as F
 from harness import FLOAT_DTYPES, bundled, model_like, random_trees
+from memory_testing import MiB, assert_growths_below
 
 #: The heuristics that decode top-k inputs, with their parameters (``info``: information_threshold's threshold
 #: as a fraction of a leaf's information log L, the most a tree allows).
@@ -263,35 +264,6 @@ def test_a_list_is_checked_against_the_tree():
 
 
 # ------------------------------------------------------------------------------------------ memory
-def test_a_top_k_decode_never_grows_with_B_times_L():
+def test_a_top_k_decode_never_grows_with_B_times_L(top_k_growths):
     # 100k leaves, B = 1,024, k = 100: the dense (B, L) float32 table alone would be 390 MiB
-    from test_memory_budget import MiB, peak_growths
-
-    got = peak_growths("""
-    from benchmarks.workloads import random_tree
-    h = hd.Hierarchy.from_parents(random_tree(100_000, 12, seed=1))
-    B, k, L = 1024, 100, h.num_leaves
-    g = torch.Generator().manual_seed(0)
-    rank = torch.empty_like(h.dfs_leaves)
-    rank[h.dfs_leaves] = torch.arange(L)
-    near = torch.rand(B, 5 * k, generator=g).topk(k).indices  # cousins of a random leaf, in depth-first order
-    indices = h.dfs_leaves[(rank[torch.randint(0, L, (B,), generator=g)][:, None] + near) % L]
-    values = torch.distributions.Dirichlet(torch.full((k,), 0.3)).sample((B,)) * torch.rand(B, 1)
-    topk = hd.TopK(values, indices)
-    params = {"confidence_threshold": {"tau": 0.8}, "darts": {"lam": 1.0}, "information_threshold": {"threshold": 5.0}}
-    names = ("argmax_leaf", "top_down", "majority", "confidence_threshold", "crm", "plurality", "hie", "darts",
-             "expected_information", "information_threshold")
-    for name in names:
-        d = hd.get_decoder(name, h, **params.get(name, {}))
-        for plan in ("cpu", "cuda"):
-            with hd.plan_for(plan):
-                d.decode(hd.TopK(values[:1], indices[:1]))  # the tree's tables
-                growth(lambda: d.decode(topk))
-    rc = hd.decoders.RiskControl(h)
-    rc.lam = 0.05
-    for plan in ("cpu", "cuda"):
-        with hd.plan_for(plan):
-            rc.decode(hd.TopK(values[:1], indices[:1]))
-            growth(lambda: rc.decode(topk))
-    """, cap=3 * 2**30)
-    assert len(got) == 22 and max(got) < 256 * MiB, [g / MiB for g in got]
+    assert_growths_below(top_k_growths("heuristics"), 22, 256 * MiB)  # RiskControl's too

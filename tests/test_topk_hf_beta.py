@@ -21,6 +21,7 @@ from hdecode_torch.kernels.ancestry import ancestor_closure
 from hdecode_torch.kernels.depth_ranges import depth_ranges
 from hdecode_torch.kernels.support_hf_beta import depth_listed, depth_masses_topk, heavy_nodes, heavy_order
 from hdecode_torch.metrics.hf_beta import hf_beta_bound
+from memory_testing import MiB, assert_growths_below
 
 BETAS = [0.5, 1.0, 2.0]
 PLANS = ["cpu", "cuda"]
@@ -287,32 +288,10 @@ def test_functional_and_integrations_give_the_class_answer(beta):
 
 
 # ------------------------------------------------------------------------------------------ memory
-def test_a_top_k_decode_never_grows_with_B_times_L():
+def test_a_top_k_decode_never_grows_with_B_times_L(top_k_growths):
     # 100k leaves, B = 1,024, k = 100: the dense (B, L) float32 table alone would be 390 MiB, a (B, N) bool
     # set 132 MiB; the support tables are B·k·(D+1) entries, the candidates a few per depth and row
-    from test_memory_budget import MiB, peak_growths
-
-    got = peak_growths("""
-    from benchmarks.workloads import random_tree
-    h = hd.Hierarchy.from_parents(random_tree(100_000, 12, seed=1))
-    B, k, L = 1024, 100, h.num_leaves
-    g = torch.Generator().manual_seed(0)
-    rank = torch.empty_like(h.dfs_leaves)
-    rank[h.dfs_leaves] = torch.arange(L)
-    near = torch.rand(B, 5 * k, generator=g).topk(k).indices
-    indices = h.dfs_leaves[(rank[torch.randint(0, L, (B,), generator=g)][:, None] + near) % L]
-    values = torch.distributions.Dirichlet(torch.full((k,), 0.3)).sample((B,)) * torch.rand(B, 1)
-    topk = hd.TopK(values, indices)
-    for beta in (1.0, 0.5):
-        m = hd.get_metric("hf_beta", h, beta=beta)
-        for plan in ("cpu", "cuda"):
-            with hd.plan_for(plan):
-                m.decode(hd.TopK(values[:1], indices[:1]))  # the tree's tables
-                growth(lambda: m.decode(topk))
-    sets = m.decode(topk)
-    growth(lambda: m.expected(topk, sets))
-    """, cap=3 * 2**30)
-    assert len(got) == 5 and max(got) < 128 * MiB, [g / MiB for g in got]
+    assert_growths_below(top_k_growths("hf_beta"), 5, 128 * MiB)  # β = 1, 0.5 on both plans, and expected
 
 
 @pytest.mark.parametrize("plan", PLANS)

@@ -21,6 +21,7 @@ from hdecode_torch.kernels.depth_ranges import depth_masses, depth_prefix_sums
 from hdecode_torch.kernels.support_jaccard import completion_prefix, depth_listed, depth_masses_topk
 from test_topk import random_lists, random_prior
 from test_topk_heuristics import dyadic_lists, integer_prior
+from memory_testing import MiB, assert_growths_below
 
 PLANS = ["cpu", "cuda"]
 RTOL = 1e-12
@@ -287,27 +288,6 @@ def test_certify_is_refused():
 
 
 # ------------------------------------------------------------------------------------------ memory
-def test_a_top_k_decode_never_grows_with_B_times_L():
+def test_a_top_k_decode_never_grows_with_B_times_L(top_k_growths):
     # 100k leaves, B = 1,024, k = 100: the dense (B, L) float32 table alone would be 390 MiB, a (B, N) bool 132 MiB
-    from test_memory_budget import MiB, peak_growths
-
-    got = peak_growths("""
-    from benchmarks.workloads import random_tree
-    h = hd.Hierarchy.from_parents(random_tree(100_000, 12, seed=1))
-    B, k, L = 1024, 100, h.num_leaves
-    g = torch.Generator().manual_seed(0)
-    rank = torch.empty_like(h.dfs_leaves)
-    rank[h.dfs_leaves] = torch.arange(L)
-    near = torch.rand(B, 5 * k, generator=g).topk(k).indices  # cousins of a random leaf, in depth-first order
-    indices = h.dfs_leaves[(rank[torch.randint(0, L, (B,), generator=g)][:, None] + near) % L]
-    values = torch.distributions.Dirichlet(torch.full((k,), 0.3)).sample((B,)) * torch.rand(B, 1)
-    topk = hd.TopK(values, indices)
-    m = hd.get_metric("jaccard", h)
-    for plan in ("cpu", "cuda"):
-        with hd.plan_for(plan):
-            m.decode(hd.TopK(values[:1], indices[:1]))  # the tree's tables
-            growth(lambda: m.decode(topk))
-    sets = m.decode(topk)
-    growth(lambda: m.expected(topk, sets))
-    """, cap=3 * 2**30)
-    assert len(got) == 3 and max(got) < 128 * MiB, [g / MiB for g in got]
+    assert_growths_below(top_k_growths("jaccard"), 3, 128 * MiB)  # both plans, and expected

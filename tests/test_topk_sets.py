@@ -14,6 +14,9 @@ import hdecode_torch as hd
 import reference as ref
 from harness import FLOAT_DTYPES, bundled, model_like, random_trees
 from hdecode_torch.core.topk import CompletedTopK
+from memory_testing import MiB, assert_growths_below
+from test_cli import run_cli_on_cpu
+from testing import assert_callback_scores_top_k, assert_top_k_under_gloo_equals_one_process
 
 PLANS = ["cpu", "cuda"]
 
@@ -236,33 +239,10 @@ def test_certificate_never_beaten(plan):
 
 
 # ------------------------------------------------------------------------------------------ memory
-def test_a_top_k_set_decode_never_grows_with_B_times_N():
+def test_a_top_k_set_decode_never_grows_with_B_times_N(top_k_growths):
     # 100k leaves, B = 1,024, k = 100: a dense (B, N) bool decision alone would be about 130 MiB, the (B, L)
     # float32 table 390 MiB; the support tables are B·k·(D+1) entries, the sets B·(D+1)
-    from test_memory_budget import MiB, peak_growths
-
-    got = peak_growths("""
-    from benchmarks.workloads import random_tree
-    h = hd.Hierarchy.from_parents(random_tree(100_000, 12, seed=1))
-    B, k, L = 1024, 100, h.num_leaves
-    g = torch.Generator().manual_seed(0)
-    rank = torch.empty_like(h.dfs_leaves)
-    rank[h.dfs_leaves] = torch.arange(L)
-    near = torch.rand(B, 5 * k, generator=g).topk(k).indices  # cousins of a random leaf, in depth-first order
-    indices = h.dfs_leaves[(rank[torch.randint(0, L, (B,), generator=g)][:, None] + near) % L]
-    values = torch.distributions.Dirichlet(torch.full((k,), 0.3)).sample((B,)) * torch.rand(B, 1)
-    topk = hd.TopK(values, indices)
-    m = hd.get_metric("hamming", h)
-    for plan in ("cpu", "cuda"):
-        with hd.plan_for(plan):
-            sets = m.decode(hd.TopK(values[:1], indices[:1]))  # the tree's tables
-            m.expected(hd.TopK(values[:1], indices[:1]), sets)
-            growth(lambda: m.decode(topk))
-            sets = m.decode(topk)
-            growth(lambda: m.expected(topk, sets))
-            growth(lambda: m.decode(topk, certify=True))
-    """, cap=3 * 2**30)
-    assert len(got) == 6 and max(got) < 128 * MiB, [g / MiB for g in got]
+    assert_growths_below(top_k_growths("sets"), 6, 128 * MiB)  # decode, expected and certify on both plans
 
 
 # ------------------------------------------------------------------------------------------ entry points
@@ -357,118 +337,17 @@ def test_hierarchical_metric_scores_sparse_sets_of_top_k_lists(name, params):
             assert torch.equal(ours.compute(), dense.compute())
 
 
-def _set_ddp_worker(rank, init_file, out_dir, world):
-    import os
-
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-    try:
-        h, _ = bundled("inat19")
-        probs = _model_rows(h, seed=6)
-        target = torch.randint(0, h.num_leaves, (32,), generator=torch.Generator().manual_seed(2))
-        mine = torch.arange(rank, 32, world)  # DistributedSampler's split
-        results = {}
-        for k in (10, h.num_leaves):
-            for name, params in SET_CASES:
-                m = hd.HierarchicalMetric(h, name, **params)
-                for chunk in mine.split(7):
-                    m.update(probs[chunk].topk(k), target[chunk])
-                results[(name, k)] = m.compute()
-        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
-
-
 def test_hierarchical_metric_on_top_k_sets_under_gloo_equals_one_process(tmp_path):
-    import torch.multiprocessing as mp
-
-    world = 2
-    mp.spawn(_set_ddp_worker, args=(str(tmp_path / "init"), str(tmp_path), world), nprocs=world, join=True)
     h, _ = bundled("inat19")
-    probs = _model_rows(h, seed=6)
     target = torch.randint(0, h.num_leaves, (32,), generator=torch.Generator().manual_seed(2))
-    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
-    for k in (10, h.num_leaves):
-        for name, params in SET_CASES:
-            one = hd.HierarchicalMetric(h, name, **params)
-            for a in range(0, 32, 16):
-                one.update(probs[a:a + 16].topk(k), target[a:a + 16])
-            for r in range(world):
-                assert torch.equal(results[r][(name, k)], one.compute()), (name, k, r)
-            if k == h.num_leaves:
-                dense = hd.HierarchicalMetric(h, name, **params)
-                dense.update(probs, target)
-                assert torch.equal(results[0][(name, k)], dense.compute()), name
+    assert_top_k_under_gloo_equals_one_process(tmp_path, "inat19", _model_rows(h, seed=6), target, SET_CASES)
 
 
 def test_lightning_callback_scores_top_k_sets(tmp_path):
-    pl = pytest.importorskip("pytorch_lightning")
-    from torch import nn
-
-    from hdecode_torch.integrations import HierarchicalMetricsCallback
-
+    pytest.importorskip("pytorch_lightning")
     h, _ = bundled("inat19")
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(40, 8, generator=g), torch.randint(0, h.num_leaves, (40,), generator=g)
-
-    class Module(pl.LightningModule):
-        def __init__(self, k):
-            super().__init__()
-            torch.manual_seed(0)
-            self.net, self.k = nn.Linear(8, h.num_leaves), k
-            with torch.no_grad():
-                self.net.weight.mul_(8)
-
-        def probs(self, x):
-            return torch.softmax(self.net(x).double(), 1)
-
-        def validation_step(self, batch, batch_idx):
-            x, y = batch
-            return {"probs": self.probs(x).topk(self.k), "target": y}
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
-    for k in (10, h.num_leaves):
-        module = Module(k)
-        cb = HierarchicalMetricsCallback(h, metrics=[name for name, _ in SET_CASES] + ["tree_distance"],
-                                         output_key="probs")
-        trainer = pl.Trainer(accelerator="cpu", devices=1, callbacks=[cb], logger=False, enable_progress_bar=False,
-                             enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=1)
-        trainer.validate(module, loader, verbose=False)
-        with torch.no_grad():
-            probs = module.probs(x)
-        for name, params in SET_CASES:
-            want = hd.HierarchicalMetric(h, name, **params)
-            for a in range(0, 40, 16):
-                want.update(probs[a:a + 16].topk(k), y[a:a + 16])
-            m = hd.get_metric(name, h, **params)
-            assert cb.results[(m.key, "optimal")] == float(want.compute()), (name, k)
-            if k == h.num_leaves:
-                dense = hd.HierarchicalMetric(h, name, **params)
-                dense.update(probs, y)
-                assert cb.results[(m.key, "optimal")] == float(dense.compute()), name
-
-
-def _on_the_cpu(argv):
-    """``argv`` with ``--device cpu`` for the commands that decode: their outputs are compared bit for bit with
-    the library's on CPU tensors (the command's own default picks CUDA where present)."""
-    argv = list(argv)
-    return argv + ["--device", "cpu"] if argv[0] in ("decode", "compare") and "--device" not in argv else argv
-
-
-def _run(argv, capsys):
-    from hdecode_torch.cli.main import main
-
-    try:
-        code = main([str(a) for a in _on_the_cpu(argv)])
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
+    # a node metric beside the sets: one callback logs both kinds of decision
+    assert_callback_scores_top_k(h, [name for name, _ in SET_CASES] + ["tree_distance"], SET_CASES)
 
 
 def _read_sets(path, fmt, shape):
@@ -509,7 +388,7 @@ def test_cli_decodes_a_top_k_file_into_sparse_sets(tmp_path, capsys, fmt):
         for name, params in SET_CASES:
             out = tmp_path / f"pred.{fmt}"
             where = [] if fmt == "stdout" else ["-o", out]
-            code, stdout, err = _run(["decode", "--hierarchy", "inat19", "--probs", path, "--metric", name,
+            code, stdout, err = run_cli_on_cpu(["decode", "--hierarchy", "inat19", "--probs", path, "--metric", name,
                                       "--batch-size", 10, *where], capsys)
             assert code == 0, err
             want = hd.get_metric(name, h, **params).decode(hd.TopK(t.values, t.indices))
@@ -526,7 +405,7 @@ def test_cli_writes_the_certificate_next_to_each_set(tmp_path, capsys):
     np.savez(path, values=t.values.numpy(), indices=t.indices.numpy())
     want = hd.get_metric("hamming", h).decode(hd.TopK(t.values, t.indices), certify=True)
     out = tmp_path / "pred.npz"
-    code, _, err = _run(["decode", "--hierarchy", "inat19", "--probs", path, "--metric", "hamming",
+    code, _, err = run_cli_on_cpu(["decode", "--hierarchy", "inat19", "--probs", path, "--metric", "hamming",
                          "--batch-size", 7, "--certify", "-o", out], capsys)
     assert code == 0, err
     z = np.load(out)
@@ -542,7 +421,7 @@ def test_cli_refuses_a_npy_output_for_sparse_sets(tmp_path, capsys):
     t = _model_rows(h).topk(10)
     path = tmp_path / "topk.npz"
     np.savez(path, values=t.values.numpy(), indices=t.indices.numpy())
-    code, _, err = _run(["decode", "--hierarchy", "inat19", "--probs", path, "--metric", "hamming",
+    code, _, err = run_cli_on_cpu(["decode", "--hierarchy", "inat19", "--probs", path, "--metric", "hamming",
                          "-o", tmp_path / "p.npy"], capsys)
     assert code == 2 and "--output: a set metric's decisions on top-k lists are sparse node sets" in err, err
     assert not (tmp_path / "p.npy").exists()

@@ -20,6 +20,7 @@ import reference as ref
 from harness import FLOAT_DTYPES, bundled, dense_cost, model_like, random_trees, tolerance
 from test_topk import random_lists, random_prior
 from test_topk_heuristics import dyadic_lists, integer_prior
+from memory_testing import MiB, assert_growths_below
 
 NAMES = ["wu_palmer", "zhao"]
 PLANS = ["cpu", "cuda"]
@@ -244,21 +245,8 @@ def test_cli_decode_takes_top_k_lists(name, tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------------------------ memory
-def test_a_decode_on_the_100k_tree_never_grows_with_B_times_L():
+def test_a_decode_on_the_100k_tree_never_grows_with_B_times_L(top_k_growths):
     # 100k leaves, B = 1,024, k = 100: the dense (B, L) float32 table alone would be 390 MiB, the structural
     # (N, E) tables of Wu-Palmer per row far more; the support tables are B·k·(D+1) entries
-    from test_memory_budget import MiB, peak_growths
-
-    got = peak_growths("""
-    from benchmarks.workloads import random_tree
-    from benchmarks.topk import drawn_lists
-    h = hd.Hierarchy.from_parents(random_tree(100_000, 12, seed=1))
-    topk = drawn_lists(h, 1024, 100)
-    for name in ("wu_palmer", "zhao"):
-        m = hd.get_metric(name, h)
-        for plan in ("cpu", "cuda"):
-            with hd.plan_for(plan):
-                m.decode(hd.TopK(topk.values[:1], topk.indices[:1]))  # the tree's tables
-                growth(lambda: m.decode(topk))
-    """, cap=3 * 2**30)
-    assert len(got) == 4 and max(got) < 160 * MiB, [g / MiB for g in got]  # measured: 92 (Wu-Palmer), 77 (Zhao)
+    # measured: 92 (Wu-Palmer), 61 (Zhao) MiB
+    assert_growths_below(top_k_growths("wu_palmer_zhao"), 4, 160 * MiB)

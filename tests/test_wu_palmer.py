@@ -202,8 +202,7 @@ def test_gpu_plan_operators_do_not_grow_with_the_batch_on_a_wide_tree():
 def test_fused_decoder_stays_within_the_memory_budget():
     # The op's rows are chunked by its own size per row: peak growth within the budget (float32 and
     # float64 rows), the (N, E) tables of the unfused decoder are never built.
-    sys.path.insert(0, str(ROOT / "tests"))
-    from test_memory_budget import MiB, peak_growths
+    from memory_testing import MiB, peak_growths
 
     got = peak_growths("""
     from benchmarks.workloads import random_tree

@@ -105,3 +105,122 @@ class ValuesOnlyMetric(hd.metrics.NodeMetric):
 
     def _values(self, h, pred, target):
         return (h.depth[pred] - h.depth[target]).abs().double()
+
+
+# ------------------------------------------------------------------------------- the Lightning callback
+def validation_trainer(callbacks, num_sanity_val_steps: int = 1):
+    """A quiet one-device CPU ``pytorch_lightning.Trainer`` for ``trainer.validate`` (skips without Lightning)."""
+    pl = pytest.importorskip("pytorch_lightning")
+    return pl.Trainer(accelerator="cpu", devices=1, callbacks=callbacks, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, enable_checkpointing=False,
+                      num_sanity_val_steps=num_sanity_val_steps)
+
+
+def top_k_module(h, k: int, index_offset: int = 0):
+    """A LightningModule whose validation step returns ``{"probs": its rows' top-k list, "target": y}`` for
+    batches ``(x, y)`` of (B, 8) features: the rows are the float64 softmax of a seeded linear layer (weights
+    scaled by 8: peaked, varied rows).  ``index_offset`` is added to the listed leaf ids (an invalid list)."""
+    pl = pytest.importorskip("pytorch_lightning")
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Linear(8, h.num_leaves)
+            with torch.no_grad():
+                self.net.weight.mul_(8)
+
+        def probs(self, x):
+            return torch.softmax(self.net(x).double(), 1)
+
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            t = self.probs(x).topk(k)
+            return {"probs": hd.TopK(t.values, t.indices + index_offset) if index_offset else t, "target": y}
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    return Module()
+
+
+def assert_callback_scores_top_k(h, metrics, cases):
+    """Validate :func:`top_k_module` on 40 seeded rows (batches of 16) with a ``HierarchicalMetricsCallback`` of
+    ``metrics`` reading top-k lists, k = 10 and k = L, and assert that each ``(name, params)`` of ``cases`` logs
+    exactly ``HierarchicalMetric``'s value on the same lists, and at k = L the dense rows' value bit for bit.
+
+    Returns ``(x, y, loader)``: the (40, 8) features, the (40,) targets and their loader."""
+    from hdecode_torch.integrations import HierarchicalMetricsCallback
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(40, 8, generator=g), torch.randint(0, h.num_leaves, (40,), generator=g)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
+    for k in (10, h.num_leaves):
+        module = top_k_module(h, k)
+        cb = HierarchicalMetricsCallback(h, metrics=metrics, output_key="probs")
+        validation_trainer([cb]).validate(module, loader, verbose=False)
+        with torch.no_grad():
+            probs = module.probs(x)
+        for name, params in cases:
+            want = hd.HierarchicalMetric(h, name, **params)
+            for a in range(0, 40, 16):
+                want.update(probs[a:a + 16].topk(k), y[a:a + 16])
+            key = (hd.get_metric(name, h, **params).key, "optimal")
+            assert cb.results[key] == float(want.compute()), (name, k)
+            if k == h.num_leaves:  # the dense rows' value bit for bit
+                dense = hd.HierarchicalMetric(h, name, **params)
+                dense.update(probs, y)
+                assert cb.results[key] == float(dense.compute()), name
+    return x, y, loader
+
+
+# ------------------------------------------------------------------------------- HierarchicalMetric under DDP
+def _top_k_gloo_worker(rank, init_file, out_dir, world, tree, probs, target, cases):
+    import os
+
+    import torch.distributed as dist
+
+    from harness import bundled
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        h, _ = bundled(tree)
+        mine = torch.arange(rank, len(target), world)  # DistributedSampler's split
+        results = {}
+        for k in (10, h.num_leaves):
+            for name, params in cases:
+                m = hd.HierarchicalMetric(h, name, **params)
+                for chunk in mine.split(7):
+                    m.update(probs[chunk].topk(k), target[chunk])
+                results[(name, k)] = m.compute()
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def assert_top_k_under_gloo_equals_one_process(tmp_path, tree: str, probs, target, cases, world: int = 2):
+    """``HierarchicalMetric`` of each ``(name, params)`` of ``cases`` on the top-k lists (k = 10 and k = L) of
+    the rows ``probs`` (B, L) float with targets (B,) int64 on the bundled tree ``tree``, updated in chunks of 7
+    on ``world`` gloo processes (DistributedSampler's split), computes on every rank exactly the value of one
+    process updated in chunks of 16, and at k = L the dense rows' value bit for bit."""
+    import torch.multiprocessing as mp
+
+    from harness import bundled
+
+    mp.spawn(_top_k_gloo_worker, args=(str(tmp_path / "init"), str(tmp_path), world, tree, probs, target, cases),
+             nprocs=world, join=True)
+    h, _ = bundled(tree)
+    results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    for k in (10, h.num_leaves):
+        for name, params in cases:
+            one = hd.HierarchicalMetric(h, name, **params)
+            for a in range(0, len(target), 16):
+                one.update(probs[a:a + 16].topk(k), target[a:a + 16])
+            want = one.compute()
+            for r in range(world):
+                assert torch.equal(results[r][(name, k)], want), (name, k, r)
+            if k == h.num_leaves:  # the dense rows' value bit for bit
+                dense = hd.HierarchicalMetric(h, name, **params)
+                dense.update(probs, target)
+                assert torch.equal(results[0][(name, k)], dense.compute()), name

@@ -630,11 +630,24 @@ class RiskControl(ThresholdDescent):
 
         Returns ``(q, v)``: q (B, D) float64, the thresholds q_1..q_D (0 once the path has ended, so
         that no λ ≥ 0 takes a step that does not exist); v (B, D + 1) float64, the loss of t_0..t_D.
-        For the built-in losses ``on`` tells whether the path is still above y, and ``past`` counts the
-        steps it took since it left y's branch, d(t_k) − d(LCA(t_k, y)).
         """
         c, dev = probs.shape[0], probs.device
         prefix, slots = leaf_prefix(h, probs), child_slots(h)
+
+        def steps():
+            cur = torch.full((c,), h.root, dtype=torch.long, device=dev)
+            for depth in range(h.max_depth):
+                real, cur, p = best_child(slots, prefix, cur, depth)  # a node without children stays
+                yield real, cur, p
+
+        return self._path_losses(h, y, steps(), c, dev)
+
+    def _path_losses(self, h, y, steps, c: int, dev) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(q, v)`` of ``_walk_chunk`` from a walk's ``steps``: for each depth 1..D, ``(real, cur, p)``, (c,)
+        each: whether the row stepped to a child, the node it is at, and the child's mass (0 once the path has
+        ended).  The dense walk and the top-k support walk share it, so their losses are the same sums.
+        For the built-in losses ``on`` tells whether the path is still above y, and ``past`` counts the
+        steps it took since it left y's branch, d(t_k) − d(LCA(t_k, y))."""
         lo, hi = h.leaf_start, h.leaf_start + h.leaf_count
         where = lo.index_select(0, y)  # y's position among the leaves in depth-first order
         cur = torch.full((c,), h.root, dtype=torch.long, device=dev)
@@ -643,8 +656,7 @@ class RiskControl(ThresholdDescent):
         past = torch.zeros(c, dtype=torch.long, device=dev)
         custom = self._kind == "custom"
         qs, values = [], [self._loss_at(cur, y) if custom else past]
-        for depth in range(h.max_depth):
-            real, cur, p = best_child(slots, prefix, cur, depth)  # a node without children stays
+        for real, cur, p in steps:
             q = torch.minimum(q, p)  # p = 0 once the path has ended
             qs.append(q)
             if custom:
@@ -653,7 +665,7 @@ class RiskControl(ThresholdDescent):
             on &= (lo.index_select(0, cur) <= where) & (where < hi.index_select(0, cur))
             past = past + (real & ~on)
             values.append(past > self.budget if self._kind == "miss" else past)
-        q = torch.stack(qs, 1) if qs else probs.new_zeros((c, 0), dtype=torch.float64)
+        q = torch.stack(qs, 1) if qs else torch.zeros((c, 0), dtype=torch.float64, device=dev)
         return q, torch.stack(values, 1).to(torch.float64)
 
     def _walk_topk(self, topk: TopK, targets) -> tuple[LossSteps, torch.Tensor, torch.Tensor]:
@@ -670,27 +682,8 @@ class RiskControl(ThresholdDescent):
         trace = []
         support_top_down(h, ct.listed, ct.weights, ct.indices, "topk_heaviest" if ct.prior is None else None,
                          trace=trace)
-        c, dev = ct.batch_size, ct.values.device
-        lo, hi = h.leaf_start, h.leaf_start + h.leaf_count
-        where = lo.index_select(0, y)
-        cur = torch.full((c,), h.root, dtype=torch.long, device=dev)
-        q = torch.full((c,), math.inf, dtype=torch.float64, device=dev)
-        on = torch.ones(c, dtype=torch.bool, device=dev)
-        past = torch.zeros(c, dtype=torch.long, device=dev)
-        custom = self._kind == "custom"
-        qs, values = [], [self._loss_at(cur, y) if custom else past]
-        for real, cur, p in trace:  # as _walk_chunk, the steps read from the support walk
-            q = torch.minimum(q, p)
-            qs.append(q)
-            if custom:
-                values.append(self._loss_at(cur, y))
-                continue
-            on &= (lo.index_select(0, cur) <= where) & (where < hi.index_select(0, cur))
-            past = past + (real & ~on)
-            values.append(past > self.budget if self._kind == "miss" else past)
-        q = torch.stack(qs, 1) if qs else torch.zeros((c, 0), dtype=torch.float64, device=dev)
-        v = torch.stack(values, 1).to(torch.float64)
-        if custom:
+        q, v = self._path_losses(h, y, trace, ct.batch_size, ct.values.device)  # the steps of the support walk
+        if self._kind == "custom":
             self._check_path_losses(v, y, h)
         if self.binary:
             return LossSteps(*self._critical(q, v), self.bound, True), q, y
