@@ -71,10 +71,11 @@ def first_off_support(rows: torch.Tensor, nodes: torch.Tensor, order: tuple[torc
     rows, nodes: (M,) int64 the support entries (duplicates allowed).  O(M·log M).
     """
     ordered, rank = order
-    r = _at(rank, nodes)
-    keep = _where(r >= 0)
-    j = first_free_rank(_at(rows, keep), _at(r, keep), torch.arange(batch_size, device=rows.device))
     size = ordered.shape[0]
+    r = _at(rank, nodes)
+    # a node outside the order goes to group −1, never asked about: no selection, whose size is a host read
+    j = first_free_rank(torch.where(r >= 0, rows, -1), r.clamp_min(0), torch.arange(batch_size, device=rows.device),
+                        max(size, 1), batch_size)
     if size == 0:
         return torch.full((batch_size,), -1, dtype=torch.long, device=rows.device)
     return torch.where(j < size, _at(ordered, j.clamp_max(size - 1)), -1)
@@ -178,7 +179,7 @@ def support_hie(h, listed: Listed, weights: torch.Tensor, values: torch.Tensor, 
     cand_keys = [(p_par * values.to(torch.float64)).reshape(-1)]
     # unlisted leaf children of support nodes: the first free rank among each node's children
     every = torch.arange(sup.rows.shape[0], device=dev)
-    x = _off_support_child(h, sup.rows, sup.nodes, children[0], children[1], every)
+    x = _off_support_child(h, sup.rows, sup.nodes, children[0], children[1], every, bsz)
     ok = _where((x >= 0) & (x < nl))
     xl = _at(x, ok)
     cand_rows.append(_at(sup.rows, ok))
@@ -248,20 +249,21 @@ def support_plurality(h, listed: Listed, weights: torch.Tensor, order_name: str 
         if d < h.max_depth:
             a, b = bounds[d + 1], bounds[d + 2]
             nodes, srows = sup.nodes[a:b], sup.rows[a:b]
-            mine = _where((_at(h.parent, nodes) == _at(cur, srows)) & _at(on, srows))
-            nodes, srows, p = _at(nodes, mine), _at(srows, mine), _at(sup.p[a:b], mine)
+            # the level's entries under cur, masked rather than selected (a selection's size is a host read);
+            # an entry not under cur stands as the root, which no off-support child search reads
+            mine = (_at(h.parent, nodes) == _at(cur, srows)) & _at(on, srows)
+            p = torch.where(mine, sup.p[a:b], float("-inf"))
             best_s = torch.full((bsz,), float("-inf"), dtype=dtype, device=dev).scatter_reduce(0, srows, p, "amax")
-            tied = torch.where(p == _at(best_s, srows), nodes, n)
+            tied = torch.where(mine & (p == _at(best_s, srows)), nodes, n)
             best_node = torch.full((bsz,), n, dtype=torch.long, device=dev).scatter_reduce(0, srows, tied, "amin")
             rest = torch.where(nodes == _at(best_node, srows), float("-inf"), p)
             second_s = torch.full((bsz,), float("-inf"), dtype=dtype, device=dev).scatter_reduce(0, srows, rest, "amax")
+            nodes = torch.where(mine, nodes, h.root)
             m = nodes.shape[0]
             x1 = _off_support_child(h, torch.cat([srows, rows]), torch.cat([nodes, cur]), children, crank,
-                                    torch.arange(m, m + bsz, device=dev))
-            has = _where(x1 >= 0)
-            h1 = has.shape[0]
-            x2 = _off_support_child(h, torch.cat([srows, has, rows]), torch.cat([nodes, _at(x1, has), cur]), children,
-                                    crank, torch.arange(m + h1, m + h1 + bsz, device=dev))
+                                    torch.arange(m, m + bsz, device=dev), bsz)
+            x2 = _off_support_child(h, torch.cat([srows, rows, rows]), torch.cat([nodes, torch.where(x1 >= 0, x1, h.root),
+                                    cur]), children, crank, torch.arange(m + bsz, m + 2 * bsz, device=dev), bsz)
             v1, v2 = mass(x1), mass(x2)
             take_x = v1 > best_s
             best = torch.where(on, torch.maximum(best_s, v1), best)
