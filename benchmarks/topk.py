@@ -8,6 +8,7 @@ metrics that take a list and for the heuristics that do (``HEURISTICS``, named i
     python -m benchmarks.topk --trees 1m --rows 1024 --ks 100   # too large for a dense table: top-k only
     python -m benchmarks.topk --json topk.json
     python -m benchmarks.topk --device cuda --rows 4096         # on a GPU (times synchronized)
+    python -m benchmarks.topk --counts --trees tiered --rows 1024   # what a GPU pays per call, counted here
 
 Per tree, model-shaped rows (``benchmarks.workloads.model_like_probs``: a random temperature, a boost on
 a true leaf and on the leaves of one of its ancestors); the dense decoder reads the (B, L) float32 table,
@@ -18,6 +19,11 @@ reported.  The decisions of the first 16 rows of each case are checked against t
 completed table (the same expected score; the exit status is 1 otherwise).  On trees too large for a
 dense table the lists are drawn directly: k leaves near a random leaf in depth-first order (its
 cousins), Dirichlet(0.3) masses of total uniform in (0, 1).
+
+``--counts``: instead of times, per metric and k, the operators that launch a kernel and the host reads
+of one validated top-k call (its ``hd.TopK`` construction included) and of the dense call on the same rows,
+under ``hd.plan_for("cuda")`` on CPU tensors (:mod:`benchmarks.plan_cost`'s counter): on a GPU each operator
+is a launch and each host read a full device sync.
 """
 
 from __future__ import annotations
@@ -84,6 +90,28 @@ def timed(fn, device: torch.device) -> float:
     return time.perf_counter() - t
 
 
+def count_tree(name: str, rows: int, ks: list[int]) -> dict:
+    """Per metric and k: operators and host reads of one validated top-k call and of the dense call on the same
+    rows, GPU plan (see the module docstring)."""
+    from benchmarks.plan_cost import cost_of
+
+    h, _ = load_tree(name)
+    probs = torch.from_numpy(model_like_probs(h.ancestors.numpy(), h.depth.numpy(), h.num_leaves, rows, seed=0))
+    out = {"tree": name, "rows": rows, "results": []}
+    for metric, params in [(m, None) for m in METRICS] + HEURISTICS:
+        m = hd.get_metric(metric, h) if params is None else hd.get_decoder(metric, h, **params)
+        dense = cost_of(m.decode, probs)
+        for k in ks:
+            values, indices = probs.topk(k)
+            top = cost_of(lambda v: m.decode(hd.TopK(v, indices)), values)
+            row = {"metric": metric, "k": k, "dense_ops": dense.ops, "dense_reads": dense.reads,
+                   "topk_ops": top.ops, "topk_reads": top.reads,
+                   "topk_top_ops": sorted(top.by_op.items(), key=lambda kv: -kv[1])[:8]}
+            out["results"].append(row)
+            print(f"| {name} | {metric} | {k} | {dense.ops} | {dense.reads} | {top.ops} | {top.reads} |", flush=True)
+    return out
+
+
 def bench_tree(name: str, rows: int, ks: list[int], repeats: int, device: torch.device) -> dict:
     h, _ = load_tree(name)
     dense_fits = rows * h.num_leaves <= DENSE_MAX_ENTRIES and h.ancestor_table_fits
@@ -128,10 +156,20 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu", help="cpu or cuda: where the lists and tables live")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--counts", action="store_true",
+                        help="count operators and host reads per call on the GPU plan (CPU tensors) instead of timing")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     torch.set_num_threads(args.threads)
     np.random.seed(0)
+    if args.counts:
+        print("| tree | metric | k | dense ops | dense reads | top-k ops | top-k reads |")
+        print("|---|---|---|---|---|---|---|")
+        results = [count_tree(t, args.rows, args.ks) for t in args.trees]
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"plan": "cuda", "results": results}, f, indent=1)
+        return 0
     print("| tree | metric | k | dense µs/sample | top-k µs/sample | dense / top-k | same expected score |")
     print("|---|---|---|---|---|---|---|")
     results = [bench_tree(t, args.rows, args.ks, args.repeats, device) for t in args.trees]

@@ -191,7 +191,8 @@ class CompletedTopK:
     Attributes: ``h`` (on the values' device), ``values`` (B, k) float64, ``indices`` (B, k) int64,
     ``missing`` (B,) float64, ``prior`` None or (L,) float64, ``weights`` (N,) float64 W(n), ``listed``
     (:class:`~hdecode_torch.kernels.support.Listed`), ``unbatched``, ``dtype`` (the values' compute dtype:
-    float64 kept, float32 otherwise).  O(B·k·log k) (+ O(N) with a prior).
+    float64 kept, float32 otherwise), ``compact`` (the CPU plan: the kernels select entries; the GPU plan:
+    they mask them, with no host read per selection).  O(B·k·log k) (+ O(N) with a prior).
     """
 
     def __init__(self, h, topk: TopK, validate: bool = True):
@@ -217,7 +218,9 @@ class CompletedTopK:
         self.weights = subtree_weights(self.h, self.prior)
         if validate:
             self._check(topk)
-        self.listed = listed_sums(self.h, self.values, indices, self.missing, self.prior)
+        # the GPU plan keeps the kernels' entries masked rather than selected: no host read per selection
+        self.compact = resolve_plan(self.h, values.device).name == "cpu"
+        self.listed = listed_sums(self.h, self.values, indices, self.missing, self.prior, self.compact)
 
     def _check(self, topk: TopK) -> None:
         nl = self.h.num_leaves
@@ -265,7 +268,7 @@ class CompletedTopK:
         new.__dict__.update(self.__dict__)
         new.values, new.indices = self.values[start:stop], self.indices[start:stop]
         new.missing, new.unbatched = self.missing[start:stop], False
-        new.listed = listed_sums(self.h, new.values, new.indices, new.missing, self.prior)
+        new.listed = listed_sums(self.h, new.values, new.indices, new.missing, self.prior, self.compact)
         return new
 
     def node_mass(self, nodes: torch.Tensor) -> torch.Tensor:

@@ -227,7 +227,8 @@ def path_intervals(h, listed: Listed, poly: Polytope, pred: torch.Tensor) -> Pat
     nodes = torch.cat([torch.where(kids >= 0, kids, h.root).reshape(-1), path_kids.reshape(-1), queries.reshape(-1)])
     at = torch.arange(bsz * (k + d), bsz * (k + 2 * d + 1), device=dev)
     off = _off_support_child(h, torch.cat([rows.repeat_interleave(k), rows.repeat_interleave(d),
-                                           rows.repeat_interleave(d + 1)]), nodes, children, rank, at).view(bsz, d + 1)
+                                           rows.repeat_interleave(d + 1)]), nodes, children, rank, at, bsz,
+                             compact=listed.compact).view(bsz, d + 1)
     off_max = torch.minimum(poly.missing[:, None], poly.cap[:, None] * _at(counts, off.clamp_min(0)))
     side = torch.maximum(side, torch.where(valid & (off >= 0), off_max, float("-inf")))
     return PathIntervals(up, valid, p_min, side, z)

@@ -26,10 +26,11 @@ k children on the support, so that child is the first rank missing from the rank
 children (:func:`first_free_rank`: a sort of the support, O(B·k·D·log(B·k·D))).
 
 Every function takes tensors (and the hierarchy's cached tree tables), computes in float64 and
-returns tensors; shapes are given per function.  The operations are the same on both plans (no fused
-kernel).  Cost: O(B·k·D) time and memory for the support tables, O(B·k·D·log(B·k·D)) for the sort that
-finds off-support children (LCA height), plus O(N) tree tables built once per hierarchy and kind of
-weights (once per call for a prior, with an O(L log L) sort of the prior for accuracy).
+returns tensors; shapes are given per function.  No fused kernel: the plans differ only in whether
+entries are selected or masked (:class:`Listed`'s ``compact``), never in a result.  Cost: O(B·k·D) time
+and memory for the support tables, O(B·k·D·log(B·k·D)) for the sort that finds off-support children (LCA
+height), plus O(N) tree tables built once per hierarchy and kind of weights (once per call for a prior,
+with an O(L log L) sort of the prior for accuracy).
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ import torch
 from .selection import argbest_pairs, tie_rank
 
 __all__ = ["Listed", "Support", "leaf_ranks", "subtree_weights", "listed_sums", "unlisted_support", "node_mass",
-           "support_table", "support_entry_of", "walk_up", "child_order",
-           "first_free_rank", "cheapest_descent", "deepest_leaf", "num_children", "support_deepest_above", "support_best_leaf",
+           "support_table", "support_entry_of", "walk_up", "child_order", "first_free_rank", "max_children",
+           "cheapest_descent", "deepest_leaf", "num_children", "support_deepest_above", "support_best_leaf",
            "support_least_lca_height", "support_top_down", "LCACandidates", "lca_height_candidates", "least_lca_height_of"]
 
 
@@ -52,7 +53,10 @@ class Listed(NamedTuple):
     keys: (B, k) int64 the listed leaves' depth-first positions, ascending in each row;
     leaves: (B, k) int64 the listed leaves in that order;
     vsum, wsum: (B, k+1) float64 prefix sums of v and of w in that order (0 first);
-    rate: (B,) float64 r = m / U, the completion's mass per unit of weight (0 where U = 0).
+    rate: (B,) float64 r = m / U, the completion's mass per unit of weight (0 where U = 0);
+    compact: whether the kernels select the entries they need (``nonzero``: a host read each, which a CPU
+    does not wait for) or keep every entry and mask the others (no host read: the GPU plan's choice).  The
+    decisions are the same either way.
     """
 
     keys: torch.Tensor
@@ -60,6 +64,7 @@ class Listed(NamedTuple):
     vsum: torch.Tensor
     wsum: torch.Tensor
     rate: torch.Tensor
+    compact: bool = True
 
 
 def _at(table: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -94,11 +99,11 @@ def subtree_weights(h, prior: torch.Tensor | None = None) -> torch.Tensor:
 
 
 def listed_sums(h, values: torch.Tensor, indices: torch.Tensor, missing: torch.Tensor,
-                prior: torch.Tensor | None = None) -> Listed:
+                prior: torch.Tensor | None = None, compact: bool = True) -> Listed:
     """The :class:`Listed` of a batch.
 
     values: (B, k) float masses, indices: (B, k) int64 distinct leaf ids per row, missing: (B,) float64
-    m, prior: None (uniform completion) or (L,) float weights.  O(B·k·log k).
+    m, prior: None (uniform completion) or (L,) float weights, compact: see :class:`Listed`.  O(B·k·log k).
     """
     bsz, k = indices.shape
     pos, order = _at(leaf_ranks(h), indices).sort(dim=1)
@@ -116,7 +121,7 @@ def listed_sums(h, values: torch.Tensor, indices: torch.Tensor, missing: torch.T
         # weight: whether one does is counted exactly (the input check refuses m > 0 without one).
         some = unlisted_support(prior, indices) > 0
     rate = torch.where(some, missing / unlisted.clamp_min(torch.finfo(torch.float64).tiny), 0.0)
-    return Listed(pos.contiguous(), indices.gather(1, order), vsum, wsum, rate)
+    return Listed(pos.contiguous(), indices.gather(1, order), vsum, wsum, rate, compact)
 
 
 def unlisted_support(prior: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
@@ -171,8 +176,9 @@ def support_table(h, listed: Listed, weights: torch.Tensor, with_entry: bool = F
     run's ends give S and C as prefix-sum differences.  The masses are computed for the first entry of each
     run at the node's own depth only: a node shared by several listed leaves once, not once per leaf (the
     leaf copies below their depth are runs of one entry, dropped).  ``with_entry``: also the table
-    position → entry map (one cumulative sum over the table).  O(B·k·D): D gathers, two comparisons and
-    two nonzeros over the table, then O(1) per support node.
+    position → entry map (one cumulative sum over the table).  O(B·k·D): D gathers, two comparisons and two
+    nonzeros over the table (not ``listed.compact``: one nonzero, the one host read, then the map and a
+    scatter place the runs' ends), then O(1) per support node.
     """
     leaves = listed.leaves
     bsz, k = leaves.shape
@@ -197,18 +203,27 @@ def support_table(h, listed: Listed, weights: torch.Tensor, with_entry: bool = F
     last.view(-1, k)[:, -1] = True
     first_own = new & own
     key = first_own.nonzero().squeeze(1)  # ascending: by depth, row, then rank
-    last_at = (last & own).nonzero().squeeze(1)  # a run's last position: its end is one past it
+    # every table position's run's entry (that of the last own run before it for a copy: never read); an int32
+    # running count where it fits, several times faster than int64's on the CPU
+    entry = None
+    if with_entry or not listed.compact:
+        small = first_own.numel() < 2**31
+        entry = first_own.cumsum(0, dtype=torch.int32 if small else torch.int64).to(torch.int64) - 1
+    if listed.compact:
+        last_at = (last & own).nonzero().squeeze(1)  # a run's last position: its end is one past it
+    else:
+        # the same, written at the run's entry: no second nonzero, whose size would be a second host read; the
+        # other positions write to a spare slot past the end
+        m = key.shape[0]
+        last_at = torch.empty(m + 1, dtype=torch.int64, device=dev).scatter_(
+            0, torch.where(last & own, entry, m), torch.arange(new.shape[0], device=dev))[:m]
     seg = key // k
     seg_start = seg * k
     lo, hi_last = key - seg_start, last_at - seg_start
     dep = seg // bsz
     rows = seg - dep * bsz
-    # every table position's run's entry (that of the last own run before it for a copy: never read); an int32
-    # running count where it fits, several times faster than int64's on the CPU
-    entry = None
-    if with_entry:
-        small = first_own.numel() < 2**31
-        entry = first_own.cumsum(0, dtype=torch.int32 if small else torch.int64).to(torch.int64) - 1
+    if not with_entry:
+        entry = None
     nodes = _at(anc.reshape(-1), key)
     base = rows * (k + 1)
     at_last, at_lo = base + hi_last, base + lo
@@ -260,29 +275,52 @@ def child_order(h, key: torch.Tensor, name: str | None, tie: torch.Tensor | None
     return build() if name is None else h.cached(name, build)
 
 
-def first_free_rank(group: torch.Tensor, rank: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+def first_free_rank(group: torch.Tensor, rank: torch.Tensor, query: torch.Tensor, span: int | None = None,
+                    groups: int | None = None, compact: bool = True) -> torch.Tensor:
     """Per query group, the smallest rank j ≥ 0 not among the pairs (group, j).
 
-    group, rank: (M,) int64 pairs (duplicates allowed, ranks ≥ 0); query: (Q,) int64 groups.  Returns
-    (Q,) int64 (0 for a group with no pair).  O((M + Q)·log M): a sort, one pass, a binary search.
+    group, rank: (M,) int64 pairs (duplicates allowed, ranks ≥ 0; a group of −1 holds pairs that are never
+    asked about); query: (Q,) int64 groups ≥ 0.  span, groups: None or host ints, every rank < ``span`` and
+    every group < ``groups`` (None: the maxima are read).  compact: the distinct pairs are selected (their
+    number is a host read); otherwise every pair is kept, and given ``span`` and ``groups`` nothing is read
+    from the device.  Returns (Q,) int64 (0 for a group with no pair).  O((M + Q)·log M): a sort, a few
+    passes over the pairs, a binary search.
     """
     if group.numel() == 0:
         return torch.zeros_like(query)
-    span = int(rank.max()) + 2
-    if int(group.max()) >= (2**62) // span:  # the pair keys would overflow: number the groups first
+    span = int(rank.max()) + 1 if span is None else span
+    groups = int(group.max()) + 1 if groups is None else groups
+    if groups >= (2**62) // span:  # the pair keys would overflow: number the groups first
         ids, group = torch.unique(group, return_inverse=True)
         query_at = torch.searchsorted(ids, query).clamp_max(ids.shape[0] - 1)
         query = torch.where(ids[query_at] == query, query_at, -1)
-    pairs = torch.unique_consecutive(torch.sort(group * span + rank).values)  # by group, then rank
-    g, r = pairs // span, pairs % span
-    gid, counts = torch.unique_consecutive(g, return_counts=True)
-    starts = torch.cumsum(counts, 0) - counts
-    slot = torch.repeat_interleave(torch.arange(gid.shape[0], device=g.device), counts)
-    j = torch.arange(pairs.shape[0], device=pairs.device) - _at(starts, slot)
-    # Ranks in a group are distinct and ascending: the first j with r ≠ j is the first gap.
-    free = counts.scatter_reduce(0, slot, torch.where(r != j, j, _at(counts, slot)), "amin", include_self=True)
-    at = torch.searchsorted(gid, query).clamp_max(gid.shape[0] - 1)
-    return torch.where(_at(gid, at) == query, _at(free, at), 0)
+    if compact:
+        pairs = torch.unique_consecutive(torch.sort(group * span + rank).values)  # by group, then rank
+        g, r = pairs.div(span, rounding_mode="floor"), pairs.remainder(span)
+        gid, counts = torch.unique_consecutive(g, return_counts=True)
+        starts = torch.cumsum(counts, 0) - counts
+        slot = torch.repeat_interleave(torch.arange(gid.shape[0], device=g.device), counts)
+        j = torch.arange(pairs.shape[0], device=pairs.device) - _at(starts, slot)
+        # Ranks in a group are distinct and ascending: the first j with r ≠ j is the first gap.
+        free = counts.scatter_reduce(0, slot, torch.where(r != j, j, _at(counts, slot)), "amin", include_self=True)
+        at = torch.searchsorted(gid, query).clamp_max(gid.shape[0] - 1)
+        return torch.where(_at(gid, at) == query, _at(free, at), 0)
+    # no compaction: duplicates stay, one segment per group
+    keys = torch.sort(group * span + rank).values  # by group, then rank
+    g, r = keys.div(span, rounding_mode="floor"), keys.remainder(span)
+    m = keys.shape[0]
+    new = torch.ones(m, dtype=torch.bool, device=keys.device)
+    torch.ne(keys[1:], keys[:-1], out=new[1:])
+    opens = torch.ones_like(new)
+    torch.ne(g[1:], g[:-1], out=opens[1:])
+    seg = opens.cumsum(0) - 1  # each pair's group, numbered 0.. in order
+    distinct = new.cumsum(0)
+    first = torch.where(opens, torch.arange(m, device=keys.device), 0).cummax(0).values
+    j = distinct - _at(distinct, first)  # the pair's rank among its group's distinct pairs (a copy: the same)
+    counts = torch.zeros(m, dtype=torch.int64, device=keys.device).scatter_add_(0, seg, new.to(torch.int64))
+    free = counts.scatter_reduce(0, seg, torch.where(r != j, j, _at(counts, seg)), "amin", include_self=True)
+    at = torch.searchsorted(g, query).clamp_max(m - 1)
+    return torch.where(_at(g, at) == query, _at(free, _at(seg, at)), 0)
 
 
 def cheapest_descent(h, weights: torch.Tensor, name: str | None):
@@ -327,19 +365,41 @@ def num_children(h) -> torch.Tensor:
     return h.cached("topk_num_children", lambda: h.num_children)
 
 
-def _off_support_child(h, rows, nodes, children, rank, at):
+def max_children(h) -> int:
+    """The largest number of children of a node (0 for a single leaf), a host int, cached: every child rank is
+    below it, so rank keys are sized without a host read per call."""
+    return h.cached("topk_max_children", lambda: int(num_children(h).max()))
+
+
+def _off_support_child(h, rows, nodes, children, rank, at, batch_size: int | None = None, alt=None,
+                       compact: bool = True):
     """(M,) int64 per (row, support node at ``at``) the first child, in the order (children, rank), that
     holds no listed leaf of the row; -1 where every child does (or the node is a leaf).
 
-    rows, nodes: (M,) int64 the support (any duplicates); at: (Q,) int64 positions in it to answer."""
+    rows, nodes: (M,) int64 the support (any duplicates; the root stands for no entry); at: (Q,) int64
+    positions in it to answer; batch_size: None or a host int above every row (then nothing is read);
+    alt: None or ``(children, rank, use)``, a second order and (B,) bool the rows that search in it (one sort
+    for two orders); compact: see :class:`Listed`."""
     n = h.num_nodes
-    child = _where(nodes != h.root)
-    child_nodes = _at(nodes, child)
-    taken_group = _at(rows, child) * n + _at(h.parent, child_nodes)
-    a = _at(nodes, at)
-    j = first_free_rank(taken_group, _at(rank, child_nodes), _at(rows, at) * n + a)
+    a, query_rows = _at(nodes, at), _at(rows, at)
+    if compact:
+        child = _where(nodes != h.root)
+        rows, nodes = _at(rows, child), _at(nodes, child)
+        group = rows * n + _at(h.parent, nodes)
+    else:
+        # the root is nobody's child: its entries go to group −1, never asked about (no selection, no host read)
+        group = torch.where(nodes != h.root, rows * n + _at(h.parent_or_root, nodes), -1)
+    child_rank = _at(rank, nodes)
+    if alt is not None:
+        child_rank = torch.where(_at(alt[2], rows), _at(alt[1], nodes), child_rank)
+    j = first_free_rank(group, child_rank, query_rows * n + a, max(max_children(h), 1),
+                        None if batch_size is None else batch_size * n, compact)
     ok = j < _at(num_children(h), a)
-    return torch.where(ok, _at(children, (_at(h.children_ptr, a) + j).clamp_max(children.shape[0] - 1)), -1)
+    slot = (_at(h.children_ptr, a) + j).clamp_max(children.shape[0] - 1)
+    found = _at(children, slot)
+    if alt is not None:
+        found = torch.where(_at(alt[2], query_rows), _at(alt[0], slot), found)
+    return torch.where(ok, found, -1)
 
 
 def support_deepest_above(h, listed: Listed, weights: torch.Tensor, indices: torch.Tensor,
@@ -353,7 +413,8 @@ def support_deepest_above(h, listed: Listed, weights: torch.Tensor, indices: tor
     child x of a, where p̃ = r·W: among those children only the one of largest W can pass (they share
     r), and below it, in a subtree with no listed leaf, the path steps to the child of largest W while
     r·W > threshold.  So: a from the support table, x the first off-support child of a in decreasing
-    W, then at most D steps down the heaviest children.  O(B·k·D) (the sort is of a's support children only).
+    W, then down the heaviest children while r·W > threshold (jumps of 2^j children, log D of them).  O(B·k·D)
+    (the sort is of a's support children only).
     """
     bsz, k = indices.shape
     d = h.max_depth
@@ -378,14 +439,26 @@ def support_deepest_above(h, listed: Listed, weights: torch.Tensor, indices: tor
     taken_rows, taken = _at(sup.rows, under), _at(sup.nodes, under)
     at = torch.arange(taken.shape[0], taken.shape[0] + bsz, device=a.device)
     x = _off_support_child(h, torch.cat([taken_rows, torch.arange(bsz, device=a.device)]), torch.cat([taken, a]),
-                           children, rank, at)
+                           children, rank, at, bsz, compact=listed.compact)
     rate = listed.rate
-    cur = a
-    nxt = x
-    for _ in range(d):
-        step = (nxt >= 0) & (rate * weights[nxt.clamp_min(0)] > threshold)
-        cur = torch.where(step, nxt, cur)
-        nxt = torch.where(step, first[cur], -1)
+
+    def passes(nodes):
+        return (nodes >= 0) & (rate * _at(weights, nodes.clamp_min(0)) > threshold)
+
+    # W never grows from a node to its child (sums of non-negative weights, rounded monotonically), so along
+    # the heaviest-child chain below x the nodes that pass are a prefix: its end is found by jumps of 2^j
+    # heaviest children, j = log2(D) .. 0, not by D single steps
+    def lifts():
+        up = [first]
+        for _ in range(max(d, 1).bit_length() - 1):
+            up.append(torch.where(up[-1] >= 0, _at(up[-1], up[-1].clamp_min(0)), -1))
+        return torch.stack(up)
+    up = lifts() if heavy_name is None else h.cached(heavy_name + "_lifts", lifts)
+    on = passes(x)
+    cur = torch.where(on, x, a)
+    for j in range(up.shape[0] - 1, -1, -1):
+        jump = _at(up[j], cur)
+        cur = torch.where(on & passes(jump), jump, cur)
     return cur
 
 
@@ -492,7 +565,7 @@ def lca_height_candidates(h, listed: Listed, weights: torch.Tensor, cache_name: 
         return child_order(h, t_min - _at(height, h.parent_or_root) * weights, None, tie=_at(tie_rank(h), t_leaf))
     children, rank = order() if cache_name is None else h.cached(cache_name + "_order", order)
     every = torch.arange(sup.rows.shape[0], device=sup.p.device)
-    x = _off_support_child(h, sup.rows, sup.nodes, children, rank, every)
+    x = _off_support_child(h, sup.rows, sup.nodes, children, rank, every, bsz, compact=listed.compact)
     x_leaf = _at(t_leaf, x.clamp_min(0))
     if bool((listed.rate == 0).any()):
         # r = 0: every leaf under every off-support child of a reaches the same P(a) + height(a)·p̃(a), so the
@@ -500,7 +573,7 @@ def lca_height_candidates(h, listed: Listed, weights: torch.Tensor, cache_name: 
         deep_rank, deep_leaf = deepest_leaf(h)
         by_deep = h.cached("topk_child_order_deepest_leaf", lambda: child_order(
             h, torch.zeros(h.num_nodes, dtype=torch.float64, device=h.device), None, tie=deep_rank))
-        x0 = _off_support_child(h, sup.rows, sup.nodes, *by_deep, every)
+        x0 = _off_support_child(h, sup.rows, sup.nodes, *by_deep, every, bsz, compact=listed.compact)
         zero = _at(listed.rate == 0, sup.rows)
         x = torch.where(zero, x0, x)
         x_leaf = torch.where(zero, _at(deep_leaf, x.clamp_min(0)), x_leaf)
@@ -564,16 +637,20 @@ def support_top_down(h, listed: Listed, weights: torch.Tensor, indices: torch.Te
         # on it: the support children of cur, the best of them and the best off-support child
         a, b = bounds[d + 1], bounds[d + 2]
         nodes, srows = sup.nodes[a:b], sup.rows[a:b]
-        mine = _where((_at(h.parent, nodes) == _at(cur, srows)) & _at(on, srows))
-        nodes, srows, p = _at(nodes, mine), _at(srows, mine), _at(sup.p[a:b], mine)
-        best = torch.full((bsz,), -1.0, dtype=torch.float64, device=dev).scatter_reduce(0, srows, p, "amax")
-        tied = torch.where(p == _at(best, srows), nodes, n)
+        mine = (_at(h.parent, nodes) == _at(cur, srows)) & _at(on, srows)
+        p = sup.p[a:b]
+        if listed.compact:  # the level's entries under cur selected (otherwise masked: a selection is a host read)
+            keep = _where(mine)
+            nodes, srows, p, mine = _at(nodes, keep), _at(srows, keep), _at(p, keep), _at(mine, keep)
+        best = torch.full((bsz,), -1.0, dtype=torch.float64, device=dev).scatter_reduce(
+            0, srows, torch.where(mine, p, -1.0), "amax")
+        tied = torch.where(mine & (p == _at(best, srows)), nodes, n)
         best_node = torch.full((bsz,), n, dtype=torch.long, device=dev).scatter_reduce(0, srows, tied, "amin")
         at = torch.arange(nodes.shape[0], nodes.shape[0] + bsz, device=dev)
-        both_rows, both_nodes = torch.cat([srows, rows]), torch.cat([nodes, cur])
-        x_w = _off_support_child(h, both_rows, both_nodes, *by_weight, at)
-        x_id = _off_support_child(h, both_rows, both_nodes, *by_id, at)
-        x = torch.where(spread, x_w, x_id)
+        # an entry not under cur stands as the root, which no off-support child search reads
+        both_rows, both_nodes = torch.cat([srows, rows]), torch.cat([torch.where(mine, nodes, h.root), cur])
+        x = _off_support_child(h, both_rows, both_nodes, *by_weight, at, bsz, alt=(*by_id, ~spread),
+                               compact=listed.compact)
         px = torch.where(x >= 0, rate * _at(weights, x.clamp_min(0)), -1.0)
         take_x = (x >= 0) & ((px > best) | ((px == best) & (x < best_node)))
         step = torch.where(take_x, x, best_node)

@@ -73,7 +73,7 @@ def inverse_depth_listed(h, listed: Listed, values: torch.Tensor, indices: torch
     w = s if prior is None else _at(prior.to(torch.float64), listed.leaves) * s
     zero = torch.zeros(bsz, 1, dtype=torch.float64, device=v.device)
     return Listed(listed.keys, listed.leaves, torch.cat([zero, v.cumsum(1)], 1), torch.cat([zero, w.cumsum(1)], 1),
-                  listed.rate)
+                  listed.rate, listed.compact)
 
 
 def root_mass(h, listed: Listed, weights: torch.Tensor) -> torch.Tensor:

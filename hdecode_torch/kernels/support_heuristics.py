@@ -64,17 +64,23 @@ def node_order(h, key: torch.Tensor | None, allowed: torch.Tensor | None = None,
 
 
 def first_off_support(rows: torch.Tensor, nodes: torch.Tensor, order: tuple[torch.Tensor, torch.Tensor],
-                      batch_size: int) -> torch.Tensor:
+                      batch_size: int, compact: bool = True) -> torch.Tensor:
     """(B,) int64 per row the first node of ``order`` (:func:`node_order`) not among the row's support nodes,
     -1 where the row's support holds every node of the order.
 
     rows, nodes: (M,) int64 the support entries (duplicates allowed).  O(M·log M).
     """
     ordered, rank = order
-    r = _at(rank, nodes)
-    keep = _where(r >= 0)
-    j = first_free_rank(_at(rows, keep), _at(r, keep), torch.arange(batch_size, device=rows.device))
     size = ordered.shape[0]
+    r = _at(rank, nodes)
+    queries = torch.arange(batch_size, device=rows.device)
+    if compact:
+        keep = _where(r >= 0)
+        j = first_free_rank(_at(rows, keep), _at(r, keep), queries, max(size, 1), batch_size)
+    else:
+        # a node outside the order goes to group −1, never asked about: no selection, whose size is a host read
+        j = first_free_rank(torch.where(r >= 0, rows, -1), r.clamp_min(0), queries, max(size, 1), batch_size,
+                            compact=False)
     if size == 0:
         return torch.full((batch_size,), -1, dtype=torch.long, device=rows.device)
     return torch.where(j < size, _at(ordered, j.clamp_max(size - 1)), -1)
@@ -93,8 +99,8 @@ def support_best_key(h, listed: Listed, weights: torch.Tensor, batch_size: int, 
     rows, nodes, p = sup.rows, sup.nodes, sup.p
     # the off-support pick reads every support node (taken ranks), the candidates only the allowed ones
     rate = listed.rate
-    off = torch.where(rate > 0, first_off_support(rows, nodes, order_pos, batch_size),
-                      first_off_support(rows, nodes, order_zero, batch_size))
+    off = torch.where(rate > 0, first_off_support(rows, nodes, order_pos, batch_size, listed.compact),
+                      first_off_support(rows, nodes, order_zero, batch_size, listed.compact))
     if allowed is not None:
         ok = _where(_at(allowed, nodes))
         rows, nodes, p = _at(rows, ok), _at(nodes, ok), _at(p, ok)
@@ -178,14 +184,14 @@ def support_hie(h, listed: Listed, weights: torch.Tensor, values: torch.Tensor, 
     cand_keys = [(p_par * values.to(torch.float64)).reshape(-1)]
     # unlisted leaf children of support nodes: the first free rank among each node's children
     every = torch.arange(sup.rows.shape[0], device=dev)
-    x = _off_support_child(h, sup.rows, sup.nodes, children[0], children[1], every)
+    x = _off_support_child(h, sup.rows, sup.nodes, children[0], children[1], every, bsz, compact=listed.compact)
     ok = _where((x >= 0) & (x < nl))
     xl = _at(x, ok)
     cand_rows.append(_at(sup.rows, ok))
     cand_leaves.append(xl)
     cand_keys.append(_at(sup.p, ok) * (_at(rate, _at(sup.rows, ok)) * _at(wl, xl)))
     # an unlisted leaf under an off-support parent
-    a = first_off_support(sup.rows, sup.nodes, order, bsz)
+    a = first_off_support(sup.rows, sup.nodes, order, bsz, listed.compact)
     has = _where(a >= 0)
     pa = _at(a, has)
     ra = _at(rate, has)
@@ -248,20 +254,26 @@ def support_plurality(h, listed: Listed, weights: torch.Tensor, order_name: str 
         if d < h.max_depth:
             a, b = bounds[d + 1], bounds[d + 2]
             nodes, srows = sup.nodes[a:b], sup.rows[a:b]
-            mine = _where((_at(h.parent, nodes) == _at(cur, srows)) & _at(on, srows))
-            nodes, srows, p = _at(nodes, mine), _at(srows, mine), _at(sup.p[a:b], mine)
+            # the level's entries under cur: selected, or masked where a selection's size would be a host read
+            # (an entry not under cur then stands as the root, which no off-support child search reads)
+            mine = (_at(h.parent, nodes) == _at(cur, srows)) & _at(on, srows)
+            p = sup.p[a:b]
+            if listed.compact:
+                keep = _where(mine)
+                nodes, srows, p, mine = _at(nodes, keep), _at(srows, keep), _at(p, keep), _at(mine, keep)
+            p = torch.where(mine, p, float("-inf"))
             best_s = torch.full((bsz,), float("-inf"), dtype=dtype, device=dev).scatter_reduce(0, srows, p, "amax")
-            tied = torch.where(p == _at(best_s, srows), nodes, n)
+            tied = torch.where(mine & (p == _at(best_s, srows)), nodes, n)
             best_node = torch.full((bsz,), n, dtype=torch.long, device=dev).scatter_reduce(0, srows, tied, "amin")
             rest = torch.where(nodes == _at(best_node, srows), float("-inf"), p)
             second_s = torch.full((bsz,), float("-inf"), dtype=dtype, device=dev).scatter_reduce(0, srows, rest, "amax")
+            nodes = torch.where(mine, nodes, h.root)
             m = nodes.shape[0]
             x1 = _off_support_child(h, torch.cat([srows, rows]), torch.cat([nodes, cur]), children, crank,
-                                    torch.arange(m, m + bsz, device=dev))
-            has = _where(x1 >= 0)
-            h1 = has.shape[0]
-            x2 = _off_support_child(h, torch.cat([srows, has, rows]), torch.cat([nodes, _at(x1, has), cur]), children,
-                                    crank, torch.arange(m + h1, m + h1 + bsz, device=dev))
+                                    torch.arange(m, m + bsz, device=dev), bsz, compact=listed.compact)
+            x1_or_root = torch.where(x1 >= 0, x1, h.root)
+            x2 = _off_support_child(h, torch.cat([srows, rows, rows]), torch.cat([nodes, x1_or_root, cur]), children,
+                                    crank, torch.arange(m + bsz, m + 2 * bsz, device=dev), bsz, compact=listed.compact)
             v1, v2 = mass(x1), mass(x2)
             take_x = v1 > best_s
             best = torch.where(on, torch.maximum(best_s, v1), best)
