@@ -68,7 +68,7 @@ import torch
 
 from .depth_ranges import depth_range_ends, depth_ranges
 from .selection import argbest_pairs
-from .support import Listed, child_order, num_children, support_entry_of, support_table, walk_up
+from .support import Listed, child_order, max_children, num_children, support_entry_of, support_table, walk_up
 
 __all__ = ["SimilarityTables", "wu_palmer_tables", "zhao_tables", "similarity_best", "expected_wu_palmer",
            "expected_zhao", "SLACK", "TIE_BITS"]
@@ -257,7 +257,7 @@ def similarity_best(h, listed: Listed, weights: torch.Tensor, metric: str, table
     ptr, kids, best = h.children_ptr, tables.children, tables.best
     # h.num_children is computed on each access (an O(N) difference): cached once per tree, with its maximum
     num_kids = num_children(h)
-    max_kids = h.cached("topk_max_children", lambda: int(num_kids.max()))
+    max_kids = max_children(h)
     # the descent starts at the support nodes with children
     has = (_at(num_kids, sup.nodes) > 0).nonzero().squeeze(1)
     parents, prow, pentry = _at(sup.nodes, has), _at(sup.rows, has), has
