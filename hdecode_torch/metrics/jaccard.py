@@ -967,6 +967,8 @@ def jaccard_decode_topk(ct) -> torch.Tensor:
         ids[r, s] = cand_nodes.index_select(0, at)
         qp = torch.zeros(b - a, width, num_e, dtype=torch.float64, device=dev)
         qp[r, s] = qc.index_select(0, at)
+        if b == bsz:  # the last group's packed copy is all that is read from here: not beside the knapsacks
+            qc = None
         trust_indices(count[a:b], width)
         members = jaccard_sets(qp, ids, count[a:b], lb[a:b], k_ref[a:b], T.pre, T.end, T.depth, T.dmin1,
                                T.depths, T.max_depth, mass_rel, mass_abs, budget)
