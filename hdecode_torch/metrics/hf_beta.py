@@ -467,8 +467,11 @@ def hf_beta_decode_topk(ct, beta: float) -> torch.Tensor:
     :func:`hf_beta_decode` (smallest k, then shallowest nodes, then smallest ids).  O(B·k·D) for the
     support, O(B·C·E·log(B·k)) for the masses, the solver's O(B·C·(E + log C)) (rarely a sort per k left
     unproven), plus O(N log N) per call with a prior (the W/bound order; cached for the uniform completion,
-    as it is a tree table).  Host syncs: the support table's, the heavy prefixes' lengths, each stage's candidate
-    count, the (row, k) pairs to check.
+    as it is a tree table).  Memory: rows in groups whose (C, E) float64 tables (four a row, C the widest row's
+    candidates) fit the plan's budget, each stage's masses read for its own candidates in blocks of the budget;
+    one row's tables are the floor beyond it, as for the dense decoder (C ~ N on a caterpillar, E = D).  Host
+    syncs: the support table's, the heavy prefixes' lengths, the widest row, the groups' offsets, each stage's
+    candidate count, the (row, k) pairs to check.
     """
     h = ct.h
     bsz, n = ct.batch_size, h.num_nodes

@@ -883,7 +883,9 @@ def jaccard_decode_topk(ct) -> torch.Tensor:
 
     Cost: O(B·k·D) for the support, O(C·D·log(C·D)) to close the C candidates, O(C·E·log(B·k)) for their
     masses, the knapsacks of :func:`~hdecode_torch.kernels.fused.jaccard_sets` on the packed (B, max C)
-    candidates (rows in chunks of the memory budget); tree tables once, O(N log N) (with a prior, per call:
+    candidates (rows in chunks of the memory budget; the masses and the closure's (C, D + 1) root paths in blocks
+    of a quarter of it, so one row's (D + 1, E) and (C, E) masses are the floor beyond the budget, as for the dense
+    decoder); tree tables once, O(N log N) (with a prior, per call:
     an O(N) pass and the sort of the nodes it keeps, and the best leaf's O(L log L) order).  A few host
     reads (the heavy nodes' count, the candidates' widths, one per chunk of rows).
     """
