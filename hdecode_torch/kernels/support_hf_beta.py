@@ -82,13 +82,32 @@ def depth_listed(h, values: torch.Tensor, indices: torch.Tensor, listed: Listed,
     return DepthListed(flat, vsum, wsum, listed.rate, prior_sum)
 
 
-def depth_masses_topk(h, dl: DepthListed, rows: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
+#: Bytes of temporaries per (entry, leaf depth) of :func:`depth_masses_topk`: the (M', 2E) run ends, the (M', 2, E)
+#: queries, ranks and flat positions (int64), the gathered sums of v and w and their differences (float64).
+MASS_BYTES = 160
+
+
+def depth_masses_topk(h, dl: DepthListed, rows: torch.Tensor, nodes: torch.Tensor,
+                      budget: int | None = None) -> torch.Tensor:
     """(M, E) float64 Q_e(n) of the completed distribution for (row, node) pairs rows, nodes (M,) int64.
 
     S_e + r·(W_e − C_e) (module docstring); W_e − C_e is a difference of counts (exact) or of a prior's
     sums, where rounding may leave −1e-17 with nothing unlisted: clipped at 0 as in ``node_mass``.
-    O(M·E·log(B·k)) time, O(M·E) memory.
+    O(M·E·log(B·k)) time; the entries in blocks whose temporaries (``MASS_BYTES`` per entry and depth) fit
+    ``budget`` bytes (None: one block), each entry computed alone, so the blocks give the same bits:
+    O(M·E) memory for the result, O(min(M·E, budget)) beside it.
     """
+    m, e = nodes.numel(), depth_ranges(h).depths.numel()
+    step = m if budget is None else max(1, budget // (MASS_BYTES * e))
+    if step >= m:
+        return _depth_masses_block(h, dl, rows, nodes)
+    out = torch.empty(m, e, dtype=torch.float64, device=nodes.device)
+    for a in range(0, m, step):
+        out[a:a + step] = _depth_masses_block(h, dl, rows[a:a + step], nodes[a:a + step])
+    return out
+
+
+def _depth_masses_block(h, dl: DepthListed, rows: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
     nl = h.num_leaves
     ends = depth_range_ends(h, nodes)  # (M, 2E) [hi | lo] in depth_ranges leaf order
     e = ends.shape[1] // 2

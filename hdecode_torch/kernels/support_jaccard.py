@@ -89,15 +89,24 @@ def completion_prefix(h, prior: torch.Tensor | None) -> torch.Tensor | None:
     return out
 
 
+#: Bytes of temporaries per (entry, leaf depth) of :func:`depth_masses_topk`: the (M', 2E) run ends and search
+#: positions (int64), the gathered sums of v and w, the weights and the free mass (float64).
+MASS_BYTES = 96
+
+
 def depth_masses_topk(h, dl: DepthListed, wprefix: torch.Tensor | None, rows: torch.Tensor,
-                      nodes: torch.Tensor, chunk: int = 1 << 16) -> torch.Tensor:
+                      nodes: torch.Tensor, budget: int = 1 << 25, chunk: int | None = None) -> torch.Tensor:
     """(M, E) float64 Q_e(n) = S_e(n) + r·(W_e(n) − C_e(n)) of nodes (M,) int64 (``N``: padding, zero masses)
     in rows (M,) int64.
 
     Per entry: the run ends of n at every leaf depth (a tree table), two binary searches of each in the
-    row's sorted listed leaves, four prefix-sum differences: O(M·E·log(B·k)) time, O(chunk·E) temporaries.
+    row's sorted listed leaves, four prefix-sum differences: O(M·E·log(B·k)) time; the entries in blocks
+    whose temporaries (``MASS_BYTES`` per entry and depth) fit ``budget`` bytes, or of ``chunk`` entries, each
+    entry computed alone (the blocks give the same bits).
     """
     m, e = nodes.numel(), depth_ranges(h).depths.numel()
+    if chunk is None:
+        chunk = max(1, budget // (MASS_BYTES * e))
     out = torch.empty(m, e, dtype=torch.float64, device=nodes.device)
     nl = h.num_leaves
     for a in range(0, m, chunk):

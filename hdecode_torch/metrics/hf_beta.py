@@ -467,8 +467,11 @@ def hf_beta_decode_topk(ct, beta: float) -> torch.Tensor:
     :func:`hf_beta_decode` (smallest k, then shallowest nodes, then smallest ids).  O(B·k·D) for the
     support, O(B·C·E·log(B·k)) for the masses, the solver's O(B·C·(E + log C)) (rarely a sort per k left
     unproven), plus O(N log N) per call with a prior (the W/bound order; cached for the uniform completion,
-    as it is a tree table).  Host syncs: the support table's, the heavy prefixes' lengths, each stage's candidate
-    count, the (row, k) pairs to check.
+    as it is a tree table).  Memory: rows in groups whose (C, E) float64 tables (four a row, C the widest row's
+    candidates) fit the plan's budget, each stage's masses read for its own candidates in blocks of the budget;
+    one row's tables are the floor beyond it, as for the dense decoder (C ~ N on a caterpillar, E = D).  Host
+    syncs: the support table's, the heavy prefixes' lengths, the widest row, the groups' offsets, each stage's
+    candidate count, the (row, k) pairs to check.
     """
     h = ct.h
     bsz, n = ct.batch_size, h.num_nodes
@@ -493,36 +496,62 @@ def hf_beta_decode_topk(ct, beta: float) -> torch.Tensor:
     pos = h.cached("hf_beta_topk_depth_position", lambda: (n - 1) - depth_rank(h).to(torch.int64))
     order = torch.sort(rows * n + pos.index_select(0, nodes)).indices
     rows, nodes, p = rows.index_select(0, order), nodes.index_select(0, order), p.index_select(0, order)
-    q = depth_masses_topk(h, depth_listed(h, ct.values, ct.indices, ct.listed, ct.prior), rows, nodes)
-    solver = _PrefixSolver.on_candidates(h, r, dt, resolve_plan(h, rows.device).budget)
-
-    def packed(mask):
-        at = mask.nonzero().squeeze(1)
-        sample, node = rows.index_select(0, at), nodes.index_select(0, at)
-        ids, count, slot = pack_candidates(h, sample, node, bsz)
-        table = torch.zeros(bsz, ids.shape[1], q.shape[1], dtype=dt, device=q.device)
-        table[sample, slot] = q.index_select(0, at)
-        return _Candidates(ids, count, table)
-
+    dl = depth_listed(h, ct.values, ct.indices, ct.listed, ct.prior)
+    budget = resolve_plan(h, rows.device).budget
+    solver = _PrefixSolver.on_candidates(h, r, dt, budget)
+    num_e = depth_ranges(h).depths.numel()
     tau = bounds.tau.index_select(0, nodes)
     is_root = nodes == h.root
     k_ref = (ct.expected_leaf_depth() + 1).round().long()
-    lower, k_ref = solver.solve(packed((p >= tau * _bound_slack(dt)) | is_root), k_ref)[:2]
     wide = 1 - _VALUE_SLACK * torch.finfo(dt).eps
-    ids, count, best_k, delta = solver.certified_sets(packed((p >= tau * lower.index_select(0, rows) * wide)
-                                                             | is_root), k_ref)
-    return _best_sparse_sets(h, ids, count, best_k, delta)
+    # Rows in groups whose (rows, C, E) tables fit the budget, C the widest row's candidates: each row is
+    # decided alone (its own candidates, bounds and k), so a group's rows get the bits they get in the batch.
+    if bsz == 0:
+        return sparse_node_sets(rows, nodes, 0, n)
+    count = torch.bincount(rows, minlength=bsz)
+    ends = torch.cat([count.new_zeros(1), count.cumsum(0)])
+    width = int(count.max())
+    step = max(1, budget // (_TOPK_TABLES * 8 * num_e * max(width, 1)))
+    bounds_at = torch.arange(0, bsz, step).tolist() + [bsz]
+    offsets = ends.index_select(0, torch.tensor(bounds_at, device=ends.device)).tolist()
+    out_rows, out_nodes = [], []
+    for (a, b), (lo, hi) in zip(zip(bounds_at[:-1], bounds_at[1:]), zip(offsets[:-1], offsets[1:])):
+        g_rows, g_nodes, g_p = rows[lo:hi], nodes[lo:hi], p[lo:hi]
+
+        def packed(mask):
+            at = mask.nonzero().squeeze(1)
+            sample, node = g_rows.index_select(0, at), g_nodes.index_select(0, at)
+            q = depth_masses_topk(h, dl, sample, node, budget)
+            ids, count, slot = pack_candidates(h, sample - a, node, b - a)
+            table = torch.zeros(b - a, ids.shape[1], num_e, dtype=dt, device=q.device)
+            table[sample - a, slot] = q
+            return _Candidates(ids, count, table)
+
+        g_tau, g_root, g_k = tau[lo:hi], is_root[lo:hi], k_ref[a:b]
+        lower, g_k = solver.solve(packed((g_p >= g_tau * _bound_slack(dt)) | g_root), g_k)[:2]
+        ids, cnt, best_k, delta = solver.certified_sets(
+            packed((g_p >= g_tau * lower.index_select(0, g_rows - a) * wide) | g_root), g_k)
+        got_rows, got_nodes = _best_pairs(ids, cnt, best_k, delta)
+        out_rows.append(got_rows + a)
+        out_nodes.append(got_nodes)
+    return sparse_node_sets(torch.cat(out_rows), torch.cat(out_nodes), bsz, n)
 
 
-def _best_sparse_sets(h, ids: torch.Tensor, count: torch.Tensor, best_k: torch.Tensor,
-                      delta: torch.Tensor) -> torch.Tensor:
-    """:func:`_best_sets` as a coalesced sparse COO bool (B, N) tensor."""
-    bsz, c = ids.shape
+#: (C, E) float64 tables of one row's candidates that hold at once in the top-k solver (the packed masses
+#: and, in ``solve``, their sorted copy, its running sums and the product of the reference order), charged
+#: per row when :func:`hf_beta_decode_topk` groups rows.
+_TOPK_TABLES = 4
+
+
+def _best_pairs(ids: torch.Tensor, count: torch.Tensor, best_k: torch.Tensor,
+                delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_best_sets` as (row, node) pairs, (M,) int64 each."""
+    c = ids.shape[1]
     cols = torch.arange(c, device=ids.device)
     delta = delta.masked_fill(cols >= count[:, None], float("-inf"))
     rank = torch.sort(delta, dim=1, descending=True, stable=True).indices
     row, col = (cols < best_k[:, None]).nonzero(as_tuple=True)
-    return sparse_node_sets(row, ids.gather(1, rank)[row, col], bsz, h.num_nodes)
+    return row, ids.gather(1, rank)[row, col]
 
 
 def hf_beta_expected_topk(ct, sets: torch.Tensor, beta: float) -> torch.Tensor:
@@ -531,7 +560,8 @@ def hf_beta_expected_topk(ct, sets: torch.Tensor, beta: float) -> torch.Tensor:
     Q_e the completed masses per leaf depth.  O(nnz·E·log(B·k)) time, O(nnz·E) memory."""
     h = ct.h
     rows, nodes = sets.indices()
-    q = depth_masses_topk(h, depth_listed(h, ct.values, ct.indices, ct.listed, ct.prior), rows, nodes)
+    q = depth_masses_topk(h, depth_listed(h, ct.values, ct.indices, ct.listed, ct.prior), rows, nodes,
+                          resolve_plan(h, rows.device).budget)
     bsz = ct.batch_size
     size = torch.bincount(rows, minlength=bsz).to(torch.float64)
     r = _recall_share(beta)

@@ -156,7 +156,7 @@ from ..kernels.fused.jaccard_sets import PAD_DEPTH as _PAD_DEPTH
 from ..kernels.fused.jaccard_sets import GAIN_CELLS, GAIN_ROWS, gains, knapsack_sets, row_slacks, size_bound
 from ..core.node_sets import sparse_node_sets
 from ..core.plan import resolve_plan
-from ..kernels.support import support_best_leaf, support_table, walk_up
+from ..kernels.support import support_best_leaf, support_table
 from ..kernels.support_jaccard import completion_prefix, depth_listed, depth_masses_topk, heavy_nodes, heavy_order
 from .base import SetMetric
 
@@ -803,11 +803,13 @@ def _topk_masses(ct):
     h = ct.h
     dl = depth_listed(h, ct.values, ct.indices, ct.listed.rate, ct.prior)
     wprefix = completion_prefix(h, ct.prior)
+    # A quarter of the budget, as the dense decoder's masses: the temporaries sit beside a row's tables.
+    budget = min(resolve_plan(h, ct.values.device).budget // 4, _CHUNK_MAX)
     eps = torch.finfo(torch.float64).eps
     mass_abs = 4 * eps * (ct.k + 2)
     if ct.prior is not None and ct.batch_size:
         mass_abs += 4 * eps * (h.num_leaves + ct.k) * float(ct.listed.rate.max()) * float(ct.weights[h.root])
-    return (lambda rows, nodes: depth_masses_topk(h, dl, wprefix, rows, nodes)), 4 * eps, mass_abs
+    return (lambda rows, nodes: depth_masses_topk(h, dl, wprefix, rows, nodes, budget)), 4 * eps, mass_abs
 
 
 def jaccard_expected_topk(ct, sets: torch.Tensor) -> torch.Tensor:
@@ -831,12 +833,26 @@ def jaccard_expected_topk(ct, sets: torch.Tensor) -> torch.Tensor:
     return torch.zeros(bsz, dtype=torch.float64, device=rows.device).index_add_(0, rows, g)
 
 
-def _closed_candidates(h, T, rows, nodes):
+def _closed_candidates(h, T, rows, nodes, budget: int = 1 << 25):
     """The (row, node) pairs with every ancestor of their nodes, each once, by row then preorder (a guard
-    against rounding between tests that are closed in exact arithmetic).  O(M·D log(M·D))."""
+    against rounding between tests that are closed in exact arithmetic).  O(M·D log(M·D)) time; the (M', D + 1)
+    root paths in blocks of entries whose int64 keys and their sort (some 64 bytes an entry) fit ``budget``
+    (a caterpillar's thousands of candidates by thousands of levels), each block's pairs made unique before
+    they are joined: the same sorted pairs."""
     n = h.num_nodes
-    up = walk_up(h, nodes, T.max_depth)  # (M, D + 1), the root repeated above
-    key = torch.unique((rows[:, None] * n + T.pre.index_select(0, up.reshape(-1)).view(up.shape)).reshape(-1))
+    step = max(1, budget // (64 * (T.max_depth + 1)))
+    levels = torch.arange(T.max_depth + 1, device=nodes.device)
+    keys = []
+    for a in range(0, max(rows.numel(), 1), step):
+        nb = nodes[a:a + step]
+        # the ancestor at depth t is the last node of depth t at or before n in preorder (as in _root_paths), n
+        # itself below its depth: one sorted search, no walk of D parent lookups per block
+        at = torch.searchsorted(T.dp_key, levels[None, :] * n + T.pre.index_select(0, nb)[:, None], right=True) - 1
+        up = torch.where(levels[None, :] <= T.depth.index_select(0, nb)[:, None],
+                         T.dp_node.index_select(0, at.clamp(min=0).view(-1)).view(at.shape), nb[:, None])
+        pre = T.pre.index_select(0, up.reshape(-1)).view(up.shape)
+        keys.append(torch.unique((rows[a:a + step, None] * n + pre).reshape(-1)))
+    key = keys[0] if len(keys) == 1 else torch.unique(torch.cat(keys))
     rows = key // n
     return rows, T.order.index_select(0, key - rows * n)
 
@@ -879,7 +895,9 @@ def jaccard_decode_topk(ct) -> torch.Tensor:
 
     Cost: O(B·k·D) for the support, O(C·D·log(C·D)) to close the C candidates, O(C·E·log(B·k)) for their
     masses, the knapsacks of :func:`~hdecode_torch.kernels.fused.jaccard_sets` on the packed (B, max C)
-    candidates (rows in chunks of the memory budget); tree tables once, O(N log N) (with a prior, per call:
+    candidates (rows in chunks of the memory budget; the masses and the closure's (C, D + 1) root paths in blocks
+    of a quarter of it, so one row's (D + 1, E) and (C, E) masses are the floor beyond the budget, as for the dense
+    decoder); tree tables once, O(N log N) (with a prior, per call:
     an O(N) pass and the sort of the nodes it keeps, and the best leaf's O(L log L) order).  A few host
     reads (the heavy nodes' count, the candidates' widths, one per chunk of rows).
     """
@@ -928,7 +946,7 @@ def jaccard_decode_topk(ct) -> torch.Tensor:
     hrows, hnodes, _ = heavy_nodes(_topk_tau_order(ct, T, limit), limit)
     cand_rows = torch.cat([sup.rows.index_select(0, on), hrows])
     cand_nodes = torch.cat([sup.nodes.index_select(0, on), hnodes])
-    cand_rows, cand_nodes = _closed_candidates(h, T, cand_rows, cand_nodes)
+    cand_rows, cand_nodes = _closed_candidates(h, T, cand_rows, cand_nodes, budget // 4)
     qc = masses(cand_rows, cand_nodes)  # (M, E)
     count = torch.zeros(bsz, dtype=torch.long, device=dev).index_add_(0, cand_rows, torch.ones_like(cand_rows))
     # (iii) LB from the closed prefixes of the candidates at sizes around E[d(y)] + 1 (the dense decoder's
@@ -942,7 +960,8 @@ def jaccard_decode_topk(ct) -> torch.Tensor:
     lb = torch.maximum(lb0, prefix * (1 - (num_e + wide.c + 16) * u64 - mass_rel) - 2 * wide.c * mass_abs)
     keep = (wide.pv + slack >= T.tau.index_select(0, cand_nodes) * (lb * (1 - 16 * u64 - mass_rel))[cand_rows])
     keep = keep.nonzero().squeeze(1)
-    cand_rows, cand_nodes = _closed_candidates(h, T, cand_rows.index_select(0, keep), cand_nodes.index_select(0, keep))
+    cand_rows, cand_nodes = _closed_candidates(h, T, cand_rows.index_select(0, keep), cand_nodes.index_select(0, keep),
+                                               budget // 4)
     qc = masses(cand_rows, cand_nodes)
     del wide
     count = torch.zeros(bsz, dtype=torch.long, device=dev).index_add_(0, cand_rows, torch.ones_like(cand_rows))
@@ -962,6 +981,8 @@ def jaccard_decode_topk(ct) -> torch.Tensor:
         ids[r, s] = cand_nodes.index_select(0, at)
         qp = torch.zeros(b - a, width, num_e, dtype=torch.float64, device=dev)
         qp[r, s] = qc.index_select(0, at)
+        if b == bsz:  # the last group's packed copy is all that is read from here: not beside the knapsacks
+            qc = None
         trust_indices(count[a:b], width)
         members = jaccard_sets(qp, ids, count[a:b], lb[a:b], k_ref[a:b], T.pre, T.end, T.depth, T.dmin1,
                                T.depths, T.max_depth, mass_rel, mass_abs, budget)
