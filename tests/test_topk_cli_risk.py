@@ -66,7 +66,7 @@ def _from_decoders_on(stdout: str) -> str:
     the coverage table, without the closing timing line."""
     lines = stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("decoders:"))
-    assert lines[-1].startswith("(") and lines[-1].endswith(" s on cpu)")
+    assert lines[-1].startswith("(") and lines[-1].endswith((" s on cpu)", " s on cuda)"))  # the default device
     return "\n".join(lines[start:-1])
 
 

@@ -509,11 +509,14 @@ def hf_beta_decode_topk(ct, beta: float) -> torch.Tensor:
     if bsz == 0:
         return sparse_node_sets(rows, nodes, 0, n)
     count = torch.bincount(rows, minlength=bsz)
-    ends = torch.cat([count.new_zeros(1), count.cumsum(0)])
     width = int(count.max())
     step = max(1, budget // (_TOPK_TABLES * 8 * num_e * max(width, 1)))
-    bounds_at = torch.arange(0, bsz, step).tolist() + [bsz]
-    offsets = ends.index_select(0, torch.tensor(bounds_at, device=ends.device)).tolist()
+    if step >= bsz:  # one group (the usual case): its offsets are known on the host
+        bounds_at, offsets = [0, bsz], [0, rows.shape[0]]
+    else:
+        bounds_at = torch.arange(0, bsz, step).tolist() + [bsz]
+        ends = torch.cat([count.new_zeros(1), count.cumsum(0)])
+        offsets = ends.index_select(0, torch.tensor(bounds_at, device=ends.device)).tolist()
     out_rows, out_nodes = [], []
     for (a, b), (lo, hi) in zip(zip(bounds_at[:-1], bounds_at[1:]), zip(offsets[:-1], offsets[1:])):
         g_rows, g_nodes, g_p = rows[lo:hi], nodes[lo:hi], p[lo:hi]
