@@ -520,10 +520,10 @@ def test_decode_errors(tmp_path, capsys, argv, message):
     assert message in err, err
 
 
-def test_decode_requires_metric_or_decoder(tmp_path):
-    with pytest.raises(SystemExit) as exc:
-        main(["decode", "--probs", "x.npy"])
-    assert exc.value.code == 2
+def test_decode_requires_metric_or_decoder(tmp_path, capsys):
+    code, _, err = run_cli(["decode", "--probs", "x.npy"], capsys)
+    assert code == 2
+    assert "hdecode decode: error: what to decode: give one of --metric, --decoder, --alpha" in err
 
 
 # --------------------------------------------------------------------------- plot

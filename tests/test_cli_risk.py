@@ -1,5 +1,6 @@
-"""``hdecode compare --alpha`` and ``hdecode plot risk``: the λ they report is hd.RiskControl's on the same
-held-out rows, and the miss rates, depths and curves they report equal direct computations on the other rows."""
+"""``hdecode compare --alpha``, ``hdecode plot risk`` and ``hdecode decode --alpha``: the λ they report is
+hd.RiskControl's on the same held-out rows, and the miss rates, depths and curves they report equal direct
+computations on the other rows; decode's nodes are the fitted decoder's on every row, bit for bit."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import hdecode_torch as hd
 from hdecode_torch.cli.main import main
 from hdecode_torch.decoders.risk_control import ThresholdDescent
 from hdecode_torch.synthetic import synthetic_outputs
-from test_cli import one_thread, run_cli, tiered  # noqa: F401  (the fixtures: one thread, the bundled tree)
+from hdecode_torch.cli.common import guarantee_text
+from test_cli import one_thread, run_cli, run_cli_on_cpu, tiered  # noqa: F401  (fixtures: one thread, the tree)
 
 HEURISTICS = ["argmax_leaf", "top_down", "confidence_threshold[tau=0.8]", "majority", "plurality", "darts[lam=1]",
               "expected_information", "information_threshold[threshold=3.21]", "hie", "crm"]
@@ -281,3 +283,140 @@ def test_risk_errors(tmp_path, capsys, argv, message):
     assert [ln for ln in err.splitlines() if "error:" in ln][0].startswith(f"{command}: error:"), err
     assert message in " ".join(err.split()), err
     assert not (tmp_path / "r.png").exists()
+
+
+# --------------------------------------------------------------------------- decode --alpha, --risk-lambda
+def read_nodes(path, ext: str, stdout: str) -> torch.Tensor:
+    """(B,) int64 node ids from an output of ``hdecode decode`` (``ext``: its format, None for stdout)."""
+    if ext is None:
+        return torch.tensor([int(ln) for ln in stdout.splitlines()])
+    if ext == ".npy":
+        return torch.from_numpy(np.load(path))
+    if ext == ".npz":
+        return torch.from_numpy(np.load(path)["pred"])
+    if ext == ".pt":
+        return torch.load(path)
+    if ext == ".csv":
+        lines = path.read_text().splitlines()
+        assert lines[0] == "node"
+        return torch.tensor([int(v) for v in lines[1:]])
+    return torch.tensor([json.loads(ln)["node"] for ln in path.read_text().splitlines()])
+
+
+def printed_lambda(err: str) -> float:
+    line = [ln for ln in err.splitlines() if "risk control:" in ln]
+    assert len(line) == 1, err
+    return float(line[0].split("λ = ")[1].split(" ")[0])
+
+
+@pytest.fixture(scope="module")
+def decode_rows(tiered, tmp_path_factory):
+    d = tmp_path_factory.mktemp("decode_alpha")
+    probs, y = synthetic_outputs(tiered, 600, 1.0, seed=7)
+    np.save(d / "p.npy", probs.numpy())
+    np.save(d / "y.npy", y.numpy())
+    return d, probs, y
+
+
+@pytest.mark.parametrize("ext", [".npy", ".npz", ".pt", ".csv", ".jsonl", None])
+def test_decode_alpha_is_the_library_fit_on_the_split_bit_for_bit(decode_rows, tiered, capsys, ext):
+    d, probs, y = decode_rows
+    out = d / f"o{ext}"
+    code, stdout, err = run_cli_on_cpu(["decode", "--probs", d / "p.npy", "--targets", d / "y.npy", "--alpha", "0.1",
+                                        "--batch-size", 128, "--no-progress",
+                                        *([] if ext is None else ["--output", out])], capsys)
+    assert code == 0, err
+    fit, _ = split(600, 0.5, 0)
+    rc = hd.RiskControl(tiered, alpha=0.1).fit(probs[fit], y[fit])
+    expected = rc.decode(probs)  # every row, in the order of --probs
+    assert torch.equal(read_nodes(out, ext, stdout), expected)
+    assert printed_lambda(err) == rc.lam
+    text = " ".join(err.split())
+    assert f"fitted on 300 rows (their miss rate {rc.calibration_risk:.4f})" in text
+    assert guarantee_text(0.1, None) in text
+    assert "the fit rows are those calibration rows, and the promise is for new rows, not for the fit rows " \
+           "themselves" in text
+
+
+def test_decode_alpha_delta_split_seed_and_the_printed_lambda_decodes_the_same(decode_rows, tiered, capsys):
+    d, probs, y = decode_rows
+    code, stdout, err = run_cli_on_cpu(["decode", "--probs", d / "p.npy", "--targets", d / "y.npy", "--alpha", "0.2",
+                                        "--delta", "0.1", "--calibration-split", "0.7", "--seed", "4",
+                                        "--no-progress"], capsys)
+    assert code == 0, err
+    fit, _ = split(600, 0.7, 4)
+    rc = hd.RiskControl(tiered, alpha=0.2, delta=0.1).fit(probs[fit], y[fit])
+    assert torch.equal(read_nodes(None, None, stdout), rc.decode(probs))
+    lam = printed_lambda(err)
+    assert lam == rc.lam and f"fitted on {fit.numel()} rows" in err
+    assert guarantee_text(0.2, 0.1) in " ".join(err.split())
+    # --risk-lambda: the fitted decoder, from its printed λ, on rows without targets
+    code, again, err = run_cli_on_cpu(["decode", "--probs", d / "p.npy", "--risk-lambda", repr(lam),
+                                       "--no-progress"], capsys)
+    assert code == 0, err
+    assert again == stdout
+    code, out, err = run_cli_on_cpu(["decode", "--probs", d / "p.npy", "--risk-lambda", "0.6", "--no-progress"],
+                                    capsys)
+    assert code == 0, err
+    assert torch.equal(read_nodes(None, None, out), ThresholdDescent(tiered, lam=0.6).decode(probs))
+
+
+@pytest.mark.parametrize("kind", ["temperature", "hierarchical"])
+def test_decode_calibrate_and_alpha_fit_t_and_lambda_on_half_each(tmp_path, tiered, capsys, kind):
+    probs, y = synthetic_outputs(tiered, 1200, 0.75, seed=11)
+    logits = (2.0 * probs.double().clamp_min(1e-12).log()).float()  # over-confident: T > 1
+    np.save(tmp_path / "z.npy", logits.numpy())
+    np.save(tmp_path / "y.npy", y.numpy())
+    code, stdout, err = run_cli_on_cpu(["decode", "--probs", tmp_path / "z.npy", "--targets", tmp_path / "y.npy",
+                                        "--from-logits", "--calibrate", kind, "--alpha", "0.1", "--seed", "5",
+                                        "--no-progress"], capsys)
+    assert code == 0, err
+    held, _ = split(1200, 0.5, 5)
+    t_pick, lam_pick = split(held.numel(), 0.5, 5)
+    t_rows, lam_rows = held[t_pick], held[lam_pick]
+    scaler = (hd.TemperatureScaler() if kind == "temperature" else hd.HierarchicalScaler(tiered)).fit(logits[t_rows],
+                                                                                                      y[t_rows])
+    with torch.no_grad():
+        scaled = scaler(logits.double()).float()  # decode's calibrated logits keep the input's dtype
+    rc = hd.RiskControl(tiered, alpha=0.1).fit(scaled[lam_rows], y[lam_rows], from_logits=True)
+    assert printed_lambda(err) == rc.lam and "fitted on 300 rows" in err
+    assert torch.equal(read_nodes(None, None, stdout), rc.decode(hd.Posterior(tiered, scaled, from_logits=True)))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--alpha", "0.1"], "--alpha fits risk control's λ on labelled rows: add --targets FILE"),
+    (["--alpha", "1", "--targets", "{d}/y.npy"], "argument --alpha: expected a finite number > 0 and < 1, got 1"),
+    (["--alpha", "0", "--targets", "{d}/y.npy"], "argument --alpha: expected a finite number > 0 and < 1, got 0"),
+    (["--alpha", "0.1", "--targets", "{d}/y.npy", "--metric", "zhao"],
+     "argument --metric/--metrics: not allowed with argument --alpha"),
+    (["--decoder", "majority", "--alpha", "0.1", "--targets", "{d}/y.npy"],
+     "argument --alpha: not allowed with argument --decoder/--decoders"),
+    (["--alpha", "0.1", "--targets", "{d}/y.npy", "--risk-lambda", "0.5"],
+     "argument --risk-lambda: not allowed with argument --alpha"),
+    (["--alpha", "0.01", "--targets", "{d}/y.npy"],
+     "--alpha 0.01: too few calibration rows: at least 99 are needed (with fewer, not even the root can be "
+     "certified at this level), but --calibration-split 0.5 of 20 rows holds 10"),
+    (["--alpha", "0.1", "--targets", "{d}/y.npy", "--calibration-split", "0.01"],
+     "--calibration-split 0.01 of 20 rows selects no row to fit λ on"),
+    (["--alpha", "0.1", "--targets", "{d}/y.npy", "--from-logits", "--calibrate", "--calibration-split", "0.05"],
+     "--calibrate with --alpha fits the calibration and λ on half each of the --calibration-split 0.05 of 20 rows, "
+     "but it holds 1 row"),
+    (["--metric", "zhao", "--delta", "0.1"], "--delta applies to --alpha"),
+    (["--risk-lambda", "0.5", "--targets", "{d}/y.npy"], "--targets applies to --calibrate and --alpha"),
+    (["--risk-lambda", "-0.5"], "argument --risk-lambda"),
+    (["--alpha", "0.1", "--targets", "{d}/y.npy", "--certify"], "--certify: certificates are of a --metric's "
+     "optimal decisions, not of risk control (--alpha)"),
+    ([], "give one of --metric, --decoder, --alpha (risk control fitted on the rows) or --risk-lambda"),
+])
+def test_decode_risk_errors(tmp_path, capsys, argv, message):
+    p = np.random.default_rng(0).dirichlet(np.ones(608), size=20)
+    np.save(tmp_path / "p.npy", p)
+    np.save(tmp_path / "y.npy", np.arange(20))
+    argv = [a.replace("{d}", str(tmp_path)) for a in argv]
+    code, _, err = run_cli(["decode", "--probs", tmp_path / "p.npy", *argv, "-o", tmp_path / "o.npy",
+                            "--no-progress"], capsys)
+    assert code == 2
+    errors = [ln for ln in err.splitlines() if "error:" in ln]
+    assert len(errors) == 1 and errors[0].startswith("hdecode decode: error:"), err
+    assert message in errors[0], err
+    assert not (tmp_path / "o.npy").exists()

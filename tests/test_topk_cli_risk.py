@@ -1,6 +1,7 @@
-"""``hdecode compare --alpha`` and ``hdecode plot risk`` on top-k lists: λ is hd.RiskControl's fitted on the
-calibration rows' lists (their completed distribution), the miss rates, depths and curves those of the other rows'
-top-k decisions; with k = L each run prints and writes what the dense run does, bit for bit."""
+"""``hdecode compare --alpha``, ``hdecode plot risk`` and ``hdecode decode --alpha`` on top-k lists: λ is
+hd.RiskControl's fitted on the calibration rows' lists (their completed distribution), the miss rates, depths and
+curves those of the other rows' top-k decisions, decode's nodes the fitted decoder's on every row's list; with k = L
+each run prints and writes what the dense run does, bit for bit."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import torch
 import hdecode_torch as hd
 from hdecode_torch.cli.evaluation import answer_coverage
 from hdecode_torch.synthetic import synthetic_outputs
-from test_cli import one_thread, run_cli, tiered  # noqa: F401  (the fixtures: one thread, the bundled tree)
-from test_cli_risk import miss_and_depth, split
+from test_cli import one_thread, run_cli, run_cli_on_cpu, tiered  # noqa: F401  (fixtures: one thread, the tree)
+from test_cli_risk import miss_and_depth, printed_lambda, read_nodes, split
 
 ROWS = 400
 METRICS = "tree_distance,hf_beta,jaccard"  # a node metric and two set metrics (sparse decisions on lists)
@@ -207,3 +208,55 @@ def test_alpha_on_top_k_lists_errors(outputs, capsys, argv, message):
                             "--no-progress", *argv[plot:]], capsys)
     assert code == 2 and message in " ".join(err.split()), err
     assert not (d / "e.json").exists() and not (d / "e.png").exists()
+
+
+# --------------------------------------------------------------------------- decode --alpha, --risk-lambda
+@pytest.mark.parametrize("ext", [".npy", ".npz", ".pt", ".csv", ".jsonl", None])
+def test_decode_alpha_on_top_k_lists_is_the_library_fit_bit_for_bit(outputs, tiered, capsys, ext):
+    d, probs, y = outputs
+    out = d / f"decoded{ext}"
+    code, stdout, err = run_cli_on_cpu(["decode", "--probs", d / "t10.npz", "--targets", d / "y.npy", "--alpha",
+                                        "0.1", "--calibration-split", "0.6", "--seed", "2", "--batch-size", 64,
+                                        "--no-progress", *([] if ext is None else ["--output", out])], capsys)
+    assert code == 0, err
+    fit, _ = split(ROWS, 0.6, 2)
+    t = probs.topk(10)
+    rc = hd.RiskControl(tiered, alpha=0.1).fit(hd.TopK(t.values[fit], t.indices[fit]), y[fit])
+    expected = rc.decode(hd.TopK(t.values, t.indices))  # every row's list, in the order of --probs
+    assert torch.equal(read_nodes(out, ext, stdout), expected)
+    assert printed_lambda(err) == rc.lam and f"fitted on {fit.numel()} rows" in err
+    assert "not for the fit rows themselves" in " ".join(err.split())
+    # the printed λ decodes the same lists again, without --targets
+    code, again, err = run_cli_on_cpu(["decode", "--probs", d / "t10.npz", "--risk-lambda", repr(rc.lam),
+                                       "--no-progress"], capsys)
+    assert code == 0, err
+    assert torch.equal(read_nodes(None, None, again), expected)
+
+
+def test_decode_alpha_on_top_l_lists_prints_and_writes_what_the_dense_run_does(outputs, capsys):
+    d, _, _ = outputs
+    runs = []
+    for name in ("p.npy", "full.pt"):
+        code, stdout, err = run_cli_on_cpu(["decode", "--probs", d / name, "--targets", d / "y.npy", "--alpha", "0.2",
+                                            "--delta", "0.2", "--no-progress"], capsys)
+        assert code == 0, err
+        runs.append((stdout, err))
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--from-logits", "--calibrate"], "--calibrate: --probs holds a top-k list"),
+    (["--normalize"], "--normalize: --probs holds a top-k list"),
+    (["--calibration-split", "0.001"], "--calibration-split 0.001 of 400 rows selects no row to fit λ on"),
+    (["--alpha", "0.001"], "--alpha 0.001: too few calibration rows: at least 999 are needed (with fewer, not even "
+                           "the root can be certified at this level), but --calibration-split 0.5 of 400 rows holds "
+                           "200"),
+])
+def test_decode_alpha_on_top_k_lists_errors(outputs, capsys, argv, message):
+    d, _, _ = outputs
+    alpha = [] if "--alpha" in argv else ["--alpha", "0.1"]
+    code, _, err = run_cli(["decode", "--probs", d / "t10.npz", "--targets", d / "y.npy", *alpha, *argv, "-o",
+                            d / "e.npy", "--no-progress"], capsys)
+    assert code == 2 and message in " ".join(err.split()), err
+    assert len([ln for ln in err.splitlines() if "error:" in ln]) == 1, err
+    assert not (d / "e.npy").exists()

@@ -18,7 +18,7 @@ from .options import (
     DEFAULT_METRICS, DEFAULT_NUM_SAMPLES, DEFAULT_RESOLUTION, DEFAULT_RISK_POINTS, DEFAULT_SEED, DEFAULT_TABLE_WIDTH,
     HEURISTIC_NAMES, MAX_DPI, MAX_SEED, METRIC_NAMES, SYNTHETIC_NOISE, add_calibration_args, add_decoder_param_args,
     add_hierarchy_args, add_input_kind_args, add_metric_params, add_progress_arg, add_risk_args, add_run_args,
-    add_split_arg, finite_float, int_in, DEFAULT_BINS, DEFAULT_DISTORTION, DEFAULT_STRENGTH, DISTORTIONS,
+    add_split_arg, finite_float, int_in, unit_open, DEFAULT_BINS, DEFAULT_DISTORTION, DEFAULT_STRENGTH, DISTORTIONS,
 )
 
 __all__ = ["build_parser", "OUTPUT_FORMATS", "output_format"]
@@ -161,7 +161,11 @@ def _add_decode(sub) -> None:
         description=(
             "Decode (B, L) leaf probabilities into hierarchical predictions.\n\n"
             "--metric M: the Bayes-optimal prediction for metric M (node ids; for the set metrics\n"
-            "hf_beta, hamming and jaccard, ancestor-closed node sets).  --decoder D: a heuristic (node ids).\n\n"
+            "hf_beta, hamming and jaccard, ancestor-closed node sets).  --decoder D: a heuristic (node ids).\n"
+            "--alpha A: risk control (node ids), fitted on a held-out split of the rows with --targets:\n"
+            "on new rows exchangeable with the fit rows (not on the fit rows themselves), its expected miss\n"
+            "rate is at most A (with --delta D: at most A with probability 1 - D); every row is decoded.\n"
+            "--risk-lambda λ: the same decoder at a λ fitted earlier, without --targets.\n\n"
             "Output (--output, by extension): .npy / .pt: (B,) int64 node ids, or (B, N) bool set masks;\n"
             ".npz: the same as the array 'pred' (with --certify, also 'certified' and 'regret_bound').\n"
             "A set metric's decisions on top-k lists are sparse, never a (B, N) mask: .pt holds a sparse\n"
@@ -181,6 +185,8 @@ def _add_decode(sub) -> None:
                 "  hdecode decode --probs probs.npy --decoder darts --lam 0.5 --output pred.npy\n"
                 "  hdecode decode --probs val_logits.npy --from-logits --calibrate --targets val_labels.npy "
                 "--metric zhao -o pred.csv\n"
+                "  hdecode decode --probs probs.npy --targets labels.npy --alpha 0.1 --output pred.npy\n"
+                "  hdecode decode --probs test_probs.npy --risk-lambda 0.8422 --output pred.npy\n"
                 "  python make_probs.py | hdecode decode --probs - --metric tree_distance"))
     p.set_defaults(_run="decode:run", _check=check_decode, _parser=p)
     add_hierarchy_args(p)
@@ -189,22 +195,39 @@ def _add_decode(sub) -> None:
                      help="(B, L) probabilities (or logits with --from-logits): .npy, .pt, .csv, .tsv or .txt; "
                           "'-' reads standard input; or top-k lists of probabilities, a .npz (or a .pt dict) with "
                           "'values' and 'indices' (B, k), decoded exactly for their completed distribution by every "
-                          "metric and decoder (confidence_threshold with --tau >= 0.5)")
+                          "metric and decoder (confidence_threshold with --tau >= 0.5) and by risk control (--alpha "
+                          "fits λ on the fit rows' lists, each read as its completed distribution)")
     add_input_kind_args(src)
-    what = p.add_argument_group("what to decode (one of --metric, --decoder)")
-    one = what.add_mutually_exclusive_group(required=True)
+    what = p.add_argument_group("what to decode (one of --metric, --decoder, --alpha, --risk-lambda)")
+    # Not required=True: argparse would name only some of the four; check_decode names them all.
+    one = what.add_mutually_exclusive_group()
     one.add_argument("--metric", "--metrics", dest="metric", metavar="NAME",
                      help=f"optimal decoder of this metric ({', '.join(METRIC_NAMES)})")
     one.add_argument("--decoder", "--decoders", dest="decoder", metavar="NAME",
                      help=f"a heuristic decoder ({', '.join(HEURISTIC_NAMES)})")
+    one.add_argument("--alpha", type=unit_open, default=None, metavar="A",
+                     help="risk control (hd.RiskControl, its own decoder: not with --metric or --decoder): fit λ on "
+                          "a held-out split of the rows (--targets, --calibration-split, --seed) so that the expected "
+                          "miss rate (the target not under the answer) is at most A, 0 < A < 1, on new rows "
+                          "exchangeable with them, then decode every row from the root, stepping into the most "
+                          "probable child while its p > λ; λ, the fit rows' miss rate and the guarantee are printed "
+                          "on standard error")
+    one.add_argument("--risk-lambda", type=finite_float(0.0), default=None, metavar="LAMBDA",
+                     help="decode with risk control's decoder at a λ >= 0 fitted earlier (the one --alpha prints, "
+                          "or compare --alpha's: risk_control.lambda in its --json, all digits): from the root, step "
+                          "into the most probable child while its p > LAMBDA; no --targets needed")
     add_metric_params(what, multi=False)
     add_decoder_param_args(what)
-    cal = p.add_argument_group("calibration")
+    what.add_argument("--delta", type=unit_open, default=None, metavar="D",
+                      help="--alpha with an upper confidence bound instead: with probability at least 1 - D over the "
+                           "fit rows (i.i.d. like the new rows), the fitted decoder's miss rate is at most A")
+    cal = p.add_argument_group("calibration and risk-control fit")
     add_calibration_args(cal, decode=True)
     cal.add_argument("--targets", metavar="FILE",
-                     help="--calibrate: (B,) true leaf ids of the --probs rows (.npy, .pt, .csv, .txt; '-': stdin)")
+                     help="--calibrate, --alpha: (B,) true leaf ids of the --probs rows (.npy, .pt, .csv, .txt; '-': "
+                          "stdin)")
     cal.add_argument("--seed", type=int_in(0, MAX_SEED), default=None,
-                     help=f"--calibrate: seed of the random split (default: {DEFAULT_SEED})")
+                     help=f"--calibrate, --alpha: seed of the random split (default: {DEFAULT_SEED})")
     out = p.add_argument_group("output")
     out.add_argument("--output", "-o", metavar="FILE", help=f"write predictions to FILE ({', '.join(OUTPUT_FORMATS)}; "
                                                             "a device or a pipe gets the lines of stdout)")
@@ -240,10 +263,19 @@ def check_decode(args) -> None:
     if args.output is not None:
         check_output_path(args.output, "--output", inputs=inputs)
     ext = output_format(args.output, args.names)
+    if args.metric is None and args.decoder is None and args.alpha is None and args.risk_lambda is None:
+        raise CLIError("what to decode: give one of --metric, --decoder, --alpha (risk control fitted on the rows) "
+                       "or --risk-lambda (risk control's decoder at a known λ)")
+    if args.delta is not None and args.alpha is None:
+        raise CLIError("--delta applies to --alpha (the confidence bound of risk control at level alpha)")
     if args.certify:
         if args.decoder is not None:
             raise CLIError(f"--certify: certificates are of a --metric's optimal decisions, not of --decoder "
                            f"{args.decoder}")
+        for flag, value in (("--alpha", args.alpha), ("--risk-lambda", args.risk_lambda)):
+            if value is not None:
+                raise CLIError(f"--certify: certificates are of a --metric's optimal decisions, not of risk "
+                               f"control ({flag})")
         if ext == ".npy":
             raise CLIError("--certify: a .npy file holds one array; write the decisions and their certificates to "
                            ".npz, .pt, .csv or .jsonl")
@@ -254,11 +286,14 @@ def check_decode(args) -> None:
         if args.targets is None:
             raise CLIError("--calibrate fits the calibration on labelled rows: add --targets FILE (the true leaf ids "
                            "of the --probs rows)")
-    else:
+    if args.alpha is not None and args.targets is None:
+        raise CLIError("--alpha fits risk control's λ on labelled rows: add --targets FILE (the true leaf ids of the "
+                       "--probs rows)")
+    if not args.calibrate and args.alpha is None:
         for flag, value in (("--targets", args.targets), ("--calibration-split", args.calibration_split),
                             ("--seed", args.seed)):
             if value is not None:
-                raise CLIError(f"{flag} applies to --calibrate")
+                raise CLIError(f"{flag} applies to --calibrate and --alpha")
     check_before_torch(args, metrics=[args.metric] if args.metric is not None else [],
                        decoders=[args.decoder] if args.decoder is not None else [], metric_flag="--metric",
                        decoder_flag="--decoder", heuristics_only=False, single=True, files=("--probs", "--targets"))

@@ -14,22 +14,30 @@ import torch
 from ..core.spec import OPTIMAL
 from ..core.spec import label as decoder_label
 from ..core.topk import TopK, no_top_k_decoder
+from ..decoders.risk_control import ThresholdDescent
 from ..functional._pieces import certifies, certifying_metrics
 from .commands import output_format
 from .common import (
     DEFAULT_CALIBRATION_SPLIT, DEFAULT_SEED, CLIError, Progress, build_heuristics,
-    build_metrics, calibration_report, calibration_split, check_applicable, fit_calibration, import_modules,
+    build_metrics, calibration_report, calibration_split, check_applicable, fit_calibration, fit_risk_control,
+    import_modules,
     load_any_hierarchy, one_spec,
     load_probs, load_targets, resolve_device, set_threads,
 )
-from .evaluation import chunk_posterior, has_optimal
+from .evaluation import chunk_posterior, has_optimal, rows_probabilities
 from .io import StagedWrites, one_line
 
 
 def _decoder(h, args):
-    """(label, decode function, metric-or-decoder object) for --metric or --decoder; checks that the
-    parameters given apply to it."""
+    """(label, decode function, metric-or-decoder object) for --metric, --decoder or --risk-lambda; checks that
+    the parameters given apply to it.  None for --alpha: its decoder is fitted on the rows (``_fit_risk``)."""
     import_modules(args.imports)
+    if args.alpha is not None or args.risk_lambda is not None:
+        check_applicable(args, metric_flag="--metric", decoder_flag="--decoder")
+        if args.alpha is not None:
+            return None
+        dec = ThresholdDescent(h, lam=args.risk_lambda)
+        return decoder_label(decoder=dec), dec.decode, dec
     if args.metric is not None:
         metric = build_metrics(h, [one_spec(args.metric, "--metric")], args)[0]
         check_applicable(args, metrics=[metric], metric_flag="--metric", decoder_flag="--decoder")
@@ -155,9 +163,7 @@ def certificate_summary(key: str, certified: torch.Tensor, bound: torch.Tensor) 
             f"{float(bound.to(torch.float64).mean()):.4g}")
 
 
-def _decode_top_k(args, topk: TopK, obj, decode, device, progress: Progress):
-    """(B,) int64 the decisions of a top-k list (a ``values``/``indices`` file), in --batch-size rows at a time;
-    with --certify, ``(pred, certified, regret_bound)``."""
+def _check_top_k_input(args) -> None:
     if args.calibrate:
         raise CLIError("--calibrate: --probs holds a top-k list; a calibration is fitted on every logit")
     if args.from_logits is True:
@@ -165,6 +171,40 @@ def _decode_top_k(args, topk: TopK, obj, decode, device, progress: Progress):
                        "softmax needs every logit); save the top-k of the probabilities")
     if args.normalize:
         raise CLIError("--normalize: --probs holds a top-k list; the mass its values leave is the unlisted leaves'")
+
+
+def _split(args, num_rows: int, what: str) -> tuple[float, int, torch.Tensor, torch.Tensor]:
+    """``(fraction, seed, fit rows, other rows)`` of --calibration-split and --seed; refuses a split with no fit row
+    (the other rows may be none: every row is decoded)."""
+    split = DEFAULT_CALIBRATION_SPLIT if args.calibration_split is None else args.calibration_split
+    seed = DEFAULT_SEED if args.seed is None else args.seed
+    fit_rows, other_rows = calibration_split(num_rows, split, seed)
+    if fit_rows.numel() == 0:
+        raise CLIError(f"--calibration-split {split:g} of {num_rows} rows selects no row to {what}")
+    return split, seed, fit_rows, other_rows
+
+
+def _fit_risk(args, h, rows, targets, where: str, progress: Progress):
+    """(label, decode function, decoder) of risk control fitted on ``rows`` ((n, L) checked probabilities or a
+    TopK of (n, k) lists) and ``targets`` (n,) at --alpha/--delta; says on standard error what it promises."""
+    progress.stage("decode: fitting risk control")
+    rc, info = fit_risk_control(h, rows, targets, args.alpha, args.delta, where)
+    key = decoder_label(decoder=rc)
+    # repr: every digit, so that --risk-lambda decodes later rows with the same decoder
+    reuse = (f"the λ of the calibrated probabilities: --risk-lambda {rc.lam!r} decodes other rows with this decoder "
+             "only after the same calibration" if args.calibrate else
+             f"--risk-lambda {rc.lam!r} decodes other rows with this decoder")
+    progress.write(f"{args._parser.prog}: risk control: {key}: λ = {rc.lam!r} fitted on {info['calibration_rows']} "
+                   f"rows (their miss rate {info['calibration_miss_rate']:.4f}); {info['guarantee']}: the fit rows are "
+                   f"those calibration rows, and the promise is for new rows, not for the fit rows themselves, which "
+                   f"are decoded too ({reuse})")
+    return key, rc.decode, rc
+
+
+def _decode_top_k(args, topk: TopK, obj, decode, device, progress: Progress):
+    """(B,) int64 the decisions of a top-k list (a ``values``/``indices`` file), in --batch-size rows at a time;
+    with --certify, ``(pred, certified, regret_bound)``."""
+    _check_top_k_input(args)
     if args.metric is None and not obj.accepts_topk:
         raise CLIError(f"--decoder {args.decoder}: {one_line(no_top_k_decoder(f'the decoder `{obj.name}`'))}")
     if not obj.accepts_topk:
@@ -199,10 +239,20 @@ def run(args: argparse.Namespace, progress: Progress) -> int:
         progress.stage("decode: loading the hierarchy")
         h = load_any_hierarchy(args.hierarchy, args.leaf_order)
         device = resolve_device(args.device)
-        key, decode, obj = _decoder(h, args)
+        chosen = _decoder(h, args)
         progress.stage("decode: reading the model outputs")
         probs = load_probs(args.probs, h, top_k=True)
+        if isinstance(probs, TopK) and chosen is None:  # --alpha: λ fitted on the fit rows' lists
+            _check_top_k_input(args)
+            num = int(probs.values.shape[0])
+            targets = load_targets(args.targets, h, num)
+            if num == 0:
+                raise CLIError("--alpha: --probs has no rows")
+            split, _, fit_rows, _ = _split(args, num, "fit λ on")
+            chosen = _fit_risk(args, h, TopK(probs.values[fit_rows], probs.indices[fit_rows]), targets[fit_rows],
+                               f"--calibration-split {split:g} of {num} rows", progress)
         if isinstance(probs, TopK):
+            key, decode, obj = chosen
             if getattr(obj, "kind", None) == "set" and output_format(args.output, args.names) == ".npy":
                 raise CLIError(SPARSE_NPY)  # before the decode
             out = _decode_top_k(args, probs, obj, decode, device, progress)
@@ -218,21 +268,32 @@ def run(args: argparse.Namespace, progress: Progress) -> int:
                            "is no unknown completion to certify (a certificate is of a top-k list, a .npz or .pt "
                            "with 'values' and 'indices')")
         B = probs.shape[0]
-        if args.calibrate:
+        if args.calibrate or args.alpha is not None:
             targets = load_targets(args.targets, h, B)
             if B == 0:
-                raise CLIError("--calibrate: --probs has no rows")
-            split = DEFAULT_CALIBRATION_SPLIT if args.calibration_split is None else args.calibration_split
-            seed = DEFAULT_SEED if args.seed is None else args.seed
-            fit_rows, other_rows = calibration_split(B, split, seed)
-            if fit_rows.numel() == 0:
-                raise CLIError(f"--calibration-split {split:g} of {B} rows selects no row to fit the calibration on")
-            progress.stage(f"decode: fitting the calibration ({args.calibrate})")
-            scaler, info = fit_calibration(h, probs, targets, fit_rows, other_rows, args.calibrate)
-            if scaler is not None:
-                with torch.no_grad():
-                    probs = scaler(probs.to(torch.float64)).to(probs.dtype)
-            progress.write(f"{args._parser.prog}: calibration: {calibration_report(info)}")
+                raise CLIError(f"{'--calibrate' if args.calibrate else '--alpha'}: --probs has no rows")
+            what = "fit the calibration on" if args.calibrate else "fit λ on"
+            split, seed, fit_rows, other_rows = _split(args, B, what)
+            t_rows = lam_rows = fit_rows
+            if args.calibrate and args.alpha is not None:  # T and λ each on half of the held-out rows
+                if fit_rows.numel() < 2:
+                    raise CLIError(f"--calibrate with --alpha fits the calibration and λ on half each of the "
+                                   f"--calibration-split {split:g} of {B} rows, but it holds {fit_rows.numel()} row")
+                t_pick, lam_pick = calibration_split(fit_rows.numel(), 0.5, seed)
+                t_rows, lam_rows = fit_rows[t_pick], fit_rows[lam_pick]
+            if args.calibrate:
+                progress.stage(f"decode: fitting the calibration ({args.calibrate})")
+                scaler, info = fit_calibration(h, probs, targets, t_rows, other_rows, args.calibrate)
+                if scaler is not None:
+                    with torch.no_grad():
+                        probs = scaler(probs.to(torch.float64)).to(probs.dtype)
+                progress.write(f"{args._parser.prog}: calibration: {calibration_report(info)}")
+            if args.alpha is not None:
+                cal = rows_probabilities(h, probs, lam_rows, from_logits=args.from_logits, normalize=args.normalize)
+                part = "half of " if args.calibrate else ""
+                chosen = _fit_risk(args, h, cal, targets[lam_rows],
+                                   f"{part}--calibration-split {split:g} of {B} rows", progress)
+        key, decode, obj = chosen
         probs = probs.to(device)
         progress.stage(f"decode: {key}", total=B)
         parts = []

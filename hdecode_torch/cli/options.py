@@ -249,7 +249,8 @@ def add_calibration_args(p, *, decode: bool) -> None:
                         "tree moves on its own), auto (hierarchical when the node probabilities of the fit rows "
                         "are miscalibrated beyond sampling noise, else none). The fitted parameters, the NLL and "
                         f"the node ECE per depth before/after are {where}")
-    add_split_arg(p, "--calibrate: the fraction of the rows, drawn at random (--seed), used to fit the calibration"
+    add_split_arg(p, "--calibrate, --alpha: the fraction of the rows, drawn at random (--seed), used to fit the "
+                     "calibration or λ (with both: half of them each); every row is decoded"
                   if decode else
                   "--calibrate, --alpha: the fraction of the rows, drawn at random (--seed), held out to fit the "
                   "calibration and λ (with both: half of them each) and not scored", hi_open=not decode)
