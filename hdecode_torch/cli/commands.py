@@ -189,7 +189,7 @@ def _add_decode(sub) -> None:
                      help="(B, L) probabilities (or logits with --from-logits): .npy, .pt, .csv, .tsv or .txt; "
                           "'-' reads standard input; or top-k lists of probabilities, a .npz (or a .pt dict) with "
                           "'values' and 'indices' (B, k), decoded exactly for their completed distribution by every "
-                          "metric and decoder (confidence_threshold with --tau >= 0.5)")
+                          "metric and decoder")
     add_input_kind_args(src)
     what = p.add_argument_group("what to decode (one of --metric, --decoder)")
     one = what.add_mutually_exclusive_group(required=True)
