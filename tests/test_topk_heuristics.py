@@ -3,9 +3,9 @@
 exactly, ties included (lists of dyadic masses whose completion is dyadic too, so both sums are exact), on
 small random trees (unbalanced, single-child chains) and on both bundled trees, under both plans, in
 float32 and float64, uniform and prior completions; k = L is the dense answer bit for bit; every entry point
-(the class, ``hd.functional``, ``DecodingHead``, the command line) takes the list; confidence_threshold below
-1/2 finds its off-support nodes anywhere in the tree; lca_height's (crm's) ties off the support are the dense rule's; a decode on a
-100k-leaf tree never grows with B × L."""
+(the class, ``hd.functional``, ``DecodingHead``, the command line) takes the list, confidence_threshold below
+1/2 too (its nodes then leave the root path); lca_height's (crm's) ties off the support are the dense rule's; a
+decode on a 100k-leaf tree never grows with B × L."""
 
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ from memory_testing import MiB, assert_growths_below
 #: The heuristics that decode top-k inputs, with their parameters (``info``: information_threshold's threshold
 #: as a fraction of a leaf's information log L, the most a tree allows).
 CASES = [("argmax_leaf", {}), ("top_down", {}), ("majority", {}), ("confidence_threshold", {"tau": 0.5}),
-         ("confidence_threshold", {"tau": 0.75}), ("confidence_threshold", {"tau": 0.95}), ("confidence_threshold", {"tau": 0.1}),
-         ("confidence_threshold", {"tau": 0.25}), ("confidence_threshold", {"tau": 0.4}), ("crm", {}),
+         ("confidence_threshold", {"tau": 0.75}), ("confidence_threshold", {"tau": 0.95}),
+         ("confidence_threshold", {"tau": 0.1}), ("confidence_threshold", {"tau": 0.25}),
+         ("confidence_threshold", {"tau": 0.4}), ("crm", {}),
          ("plurality", {}), ("hie", {}), ("darts", {"lam": 0.5}), ("darts", {"lam": 3.0}),
          ("expected_information", {}), ("information_threshold", {"info": 0.25}),
          ("information_threshold", {"info": 0.5}), ("information_threshold", {"info": 1.0})]
