@@ -151,11 +151,12 @@ def support_information_threshold(h, listed: Listed, weights: torch.Tensor, allo
 
 def _range_max_table(h, weights: torch.Tensor):
     """The sparse table of W along the informative order: ((E, N+1) float64, at (j, i) the largest W of the
-    order's positions i .. min(i + 2^j, N) − 1, −inf at i = N; (N+1,) int64 ⌊log2 x⌋ for x ≥ 1).
+    order's positions i .. min(i + 2^j, N) − 1, 0 at i = N; (N+1,) int64 ⌊log2 x⌋ for x ≥ 1).  W ≥ 0 and τ ≥ 0,
+    so the 0 past the end never passes, and r·0 is no NaN where r = 0.
     E = N.bit_length(): jumps of 2^j, j < E, cover any distance below 2^E > N.  O(N log N)."""
     n = h.num_nodes
     levels = max(n.bit_length(), 1)
-    row = torch.full((n + 1,), float("-inf"), dtype=torch.float64, device=h.device)
+    row = torch.zeros(n + 1, dtype=torch.float64, device=h.device)
     row[:n] = _at(weights, informative_order(h))
     table = [row]
     at = torch.arange(n + 1, device=h.device)
