@@ -48,6 +48,7 @@ METRICS = ["accuracy", "tree_distance", "tree_distance_c", "lca_height", "wu_pal
            "hf_beta[beta=0.5]", "jaccard"]
 #: The heuristic decoders that take a top-k list, at the command line's parameters.
 HEURISTICS = [("argmax_leaf", {}), ("top_down", {}), ("majority", {}), ("confidence_threshold", {"tau": 0.8}),
+              ("confidence_threshold[tau=0.3]", {}),
               ("crm", {}), ("plurality", {}), ("hie", {}), ("darts", {"lam": 1.0}), ("expected_information", {}),
               ("information_threshold", {"threshold": 2.0})]
 #: Largest dense (B, L) table built, in entries (1 GiB of float32).

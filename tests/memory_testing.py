@@ -134,6 +134,8 @@ params = {"confidence_threshold": {"tau": 0.8}, "darts": {"lam": 1.0}, "informat
 for name in ("argmax_leaf", "top_down", "majority", "confidence_threshold", "crm", "plurality", "hie", "darts",
              "expected_information", "information_threshold"):
     decode_on_plans("heuristics", hd.get_decoder(name, h, **params.get(name, {})), name)
+# below 1/2 the passing nodes leave the root path: another kernel
+decode_on_plans("heuristics", hd.get_decoder("confidence_threshold", h, tau=0.3), "confidence_threshold[tau=0.3]")
 rc = hd.decoders.RiskControl(h)
 rc.lam = 0.05
 decode_on_plans("heuristics", rc, "risk_control")

@@ -1,7 +1,7 @@
 """Top-k inputs through the entry points: ``DecodingHead``, ``HierarchicalMetric`` and ``hdecode decode``
 give the decision of the metric's top-k decode (the completed distribution's, equal by expected score to
 the dense decoder on the completed table, and the dense answer bit for bit at k = L), and clear errors for
-heuristic decoders, metrics without a top-k decoder and logits."""
+metrics without a top-k decoder and logits."""
 
 from __future__ import annotations
 
@@ -54,8 +54,6 @@ def test_decoding_head_refuses_what_it_cannot_decode_from_a_top_k_list():
     t = _probs(h).topk(10)
     with pytest.raises(ValueError, match=r"from_logits=True.*top-k of the probabilities"):
         hd.DecodingHead(h, "tree_distance", from_logits=True)(t)
-    with pytest.raises(ValueError, match=r"`tau` to be at least 0.5 for a top-k input"):
-        hd.DecodingHead(h, "tree_distance", decoder=("confidence_threshold", {"tau": 0.3}))(t)
     with pytest.raises(ValueError, match=r"`values_only` does not decode top-k inputs"):
         hd.DecodingHead(h, ValuesOnlyMetric(h))(t)  # its decoder reads the dense (N, L) matrix of values
     with pytest.raises(ValueError, match=r"`values` to be non-negative"):
@@ -87,8 +85,6 @@ def test_hierarchical_metric_updates_with_top_k_lists(name, params):
 def test_hierarchical_metric_refuses_what_it_cannot_decode_from_a_top_k_list():
     h, _ = bundled("inat19")
     t, target = _probs(h).topk(10), torch.zeros(32, dtype=torch.long)
-    with pytest.raises(ValueError, match=r"`tau` to be at least 0.5 for a top-k input"):
-        hd.HierarchicalMetric(h, "tree_distance", decoder=("confidence_threshold", {"tau": 0.3})).update(t, target)
     with pytest.raises(ValueError, match=r"`values_only` does not decode top-k inputs"):
         hd.HierarchicalMetric(h, ValuesOnlyMetric(h)).update(t, target)
     with pytest.raises(ValueError, match=r"from_logits=True"):
@@ -127,9 +123,7 @@ def test_cli_refuses_what_it_cannot_decode_from_a_top_k_file(tmp_path, capsys):
     path = tmp_path / "topk.npz"
     np.savez(path, values=t.values.numpy(), indices=t.indices.numpy())
     base = ["decode", "--hierarchy", "inat19", "--probs", path]
-    for extra, match in [(["--decoder", "confidence_threshold", "--tau", "0.3"],
-                          "Expected --tau to be at least 0.5 for a top-k input"),
-                         (["--metric", "tree_distance", "--from-logits"], "--from-logits: --probs holds a top-k list"),
+    for extra, match in [(["--metric", "tree_distance", "--from-logits"], "--from-logits: --probs holds a top-k list"),
                          (["--metric", "tree_distance", "--normalize"], "--normalize: --probs holds a top-k list")]:
         code, _, err = run_cli_on_cpu(base + extra, capsys)
         assert code == 2 and match in err, err

@@ -3,9 +3,9 @@
 exactly, ties included (lists of dyadic masses whose completion is dyadic too, so both sums are exact), on
 small random trees (unbalanced, single-child chains) and on both bundled trees, under both plans, in
 float32 and float64, uniform and prior completions; k = L is the dense answer bit for bit; every entry point
-(the class, ``hd.functional``, ``DecodingHead``, the command line) takes the list; confidence_threshold below
-1/2 says why it cannot; lca_height's (crm's) ties off the support are the dense rule's; a decode on a
-100k-leaf tree never grows with B × L."""
+(the class, ``hd.functional``, ``DecodingHead``, the command line) takes the list, confidence_threshold below
+1/2 too (its nodes then leave the root path); lca_height's (crm's) ties off the support are the dense rule's; a
+decode on a 100k-leaf tree never grows with B × L."""
 
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ from memory_testing import MiB, assert_growths_below
 #: The heuristics that decode top-k inputs, with their parameters (``info``: information_threshold's threshold
 #: as a fraction of a leaf's information log L, the most a tree allows).
 CASES = [("argmax_leaf", {}), ("top_down", {}), ("majority", {}), ("confidence_threshold", {"tau": 0.5}),
-         ("confidence_threshold", {"tau": 0.75}), ("confidence_threshold", {"tau": 0.95}), ("crm", {}),
+         ("confidence_threshold", {"tau": 0.75}), ("confidence_threshold", {"tau": 0.95}),
+         ("confidence_threshold", {"tau": 0.1}), ("confidence_threshold", {"tau": 0.25}),
+         ("confidence_threshold", {"tau": 0.4}), ("crm", {}),
          ("plurality", {}), ("hie", {}), ("darts", {"lam": 0.5}), ("darts", {"lam": 3.0}),
          ("expected_information", {}), ("information_threshold", {"info": 0.25}),
          ("information_threshold", {"info": 0.5}), ("information_threshold", {"info": 1.0})]
@@ -229,7 +231,8 @@ def test_cli_decodes_a_top_k_file_with_a_heuristic(tmp_path, capsys):
     path = tmp_path / "lists.npz"
     np.savez(path, values=topk.values.numpy(), indices=topk.indices.numpy())
     for name, flag, params in [("top_down", [], {}), ("majority", [], {}), ("argmax_leaf", [], {}),
-                               ("confidence_threshold", ["--tau", 0.8], {"tau": 0.8}), ("crm", [], {}),
+                               ("confidence_threshold", ["--tau", 0.8], {"tau": 0.8}),
+                               ("confidence_threshold", ["--tau", 0.3], {"tau": 0.3}), ("crm", [], {}),
                                ("plurality", [], {}), ("hie", [], {}), ("darts", ["--lam", 1.0], {"lam": 1.0}),
                                ("expected_information", [], {}),
                                ("information_threshold", ["--info-threshold", 2.0], {"threshold": 2.0})]:
@@ -243,12 +246,6 @@ def test_cli_decodes_a_top_k_file_with_a_heuristic(tmp_path, capsys):
         assert code == 0, err
         want = _decoder(name, h, params).decode(topk.completed(h.num_leaves, torch.float64))
         assert torch.equal(torch.from_numpy(np.load(out)), want), name
-
-
-def test_confidence_threshold_below_one_half_says_why():
-    h, _ = bundled("tieredimagenet-h")
-    with pytest.raises(ValueError, match=r"`tau` to be at least 0.5 for a top-k input .* but got 0.3"):
-        hd.get_decoder("confidence_threshold", h, tau=0.3).decode(torch.tensor([[0.5, 0.2]]).topk(2))
 
 
 def test_a_list_is_checked_against_the_tree():
@@ -266,4 +263,4 @@ def test_a_list_is_checked_against_the_tree():
 # ------------------------------------------------------------------------------------------ memory
 def test_a_top_k_decode_never_grows_with_B_times_L(top_k_growths):
     # 100k leaves, B = 1,024, k = 100: the dense (B, L) float32 table alone would be 390 MiB
-    assert_growths_below(top_k_growths("heuristics"), 22, 256 * MiB)  # RiskControl's too
+    assert_growths_below(top_k_growths("heuristics"), 24, 256 * MiB)  # RiskControl's too

@@ -22,7 +22,8 @@ from harness import bundled, model_like
 LIMITS = {"accuracy": (70, 2), "tree_distance": (250, 4), "tree_distance_c": (250, 4), "lca_height": (370, 6),
           "wu_palmer": (1000, 11), "zhao": (870, 11), "hamming": (300, 5), "hf_beta": (440, 14),
           "hf_beta[beta=0.5]": (440, 14), "jaccard": (470, 17), "argmax_leaf": (70, 2), "top_down": (1420, 4),
-          "majority": (250, 4), "confidence_threshold": (250, 4), "crm": (370, 6), "plurality": (2400, 4),
+          "majority": (250, 4), "confidence_threshold": (250, 4),
+          "confidence_threshold[tau=0.3]": (270, 3), "crm": (370, 6), "plurality": (2400, 4),
           "hie": (290, 5), "darts": (250, 4), "expected_information": (250, 4), "information_threshold": (250, 5)}
 #: Those whose operator counts depend on the rows as well as on the tree (a level loop that stops at the deepest
 #: listed leaf, the similarity metrics' bounded descent, the sets' candidate rounds); of them, those whose host

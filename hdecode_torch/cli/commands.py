@@ -195,8 +195,8 @@ def _add_decode(sub) -> None:
                      help="(B, L) probabilities (or logits with --from-logits): .npy, .pt, .csv, .tsv or .txt; "
                           "'-' reads standard input; or top-k lists of probabilities, a .npz (or a .pt dict) with "
                           "'values' and 'indices' (B, k), decoded exactly for their completed distribution by every "
-                          "metric and decoder (confidence_threshold with --tau >= 0.5) and by risk control (--alpha "
-                          "fits λ on the fit rows' lists, each read as its completed distribution)")
+                          "metric and decoder and by risk control (--alpha fits λ on the fit rows' lists, each read "
+                          "as its completed distribution)")
     add_input_kind_args(src)
     what = p.add_argument_group("what to decode (one of --metric, --decoder, --alpha, --risk-lambda)")
     # Not required=True: argparse would name only some of the four; check_decode names them all.

@@ -31,7 +31,7 @@ __all__ = ["TopK", "CompletedTopK", "TOPK_METRICS", "TOPK_DECODERS", "no_top_k_d
 #: The metrics whose decode and expected accept a top-k input.
 TOPK_METRICS = ("accuracy", "lca_height", "tree_distance", "tree_distance_c", "wu_palmer", "zhao", "hamming", "hf_beta",
                 "jaccard", "cost_matrix")
-#: The heuristic decoders that accept a top-k input (confidence_threshold with tau >= 1/2).
+#: The heuristic decoders that accept a top-k input (confidence_threshold at every tau).
 TOPK_DECODERS = ("argmax_leaf", "top_down", "majority", "confidence_threshold", "crm", "plurality", "hie", "darts",
                  "expected_information", "information_threshold", "risk_control")
 

@@ -19,10 +19,11 @@ same node, in any batch and any chunking):
 Top-k inputs (:class:`~hdecode_torch.TopK`): every rule here decodes the list on its support
 (:mod:`hdecode_torch.kernels.support`, :mod:`hdecode_torch.kernels.support_heuristics`), the node it picks on
 the completed table with the tie rules above, in O(B·k·D·log(B·k·D)) (masses and keys in float64: equal to the
-dense rule's node on the float64 completed table wherever its node sums are exact),
-except ``confidence_threshold`` below 1/2: the nodes above tau then need not lie on one root path, and the
-most informative of them may be any off-support node whose r·W(n) passes tau (a search by leaf counts
-within a mass band, not written).  ``crm`` is ``lca_height``'s support decoder.  Off the support
+dense rule's node on the float64 completed table wherever its node sums are exact).
+``confidence_threshold`` below 1/2: the nodes above tau then need not lie on one root path, and the most
+informative of them may be any off-support node whose r·W(n) passes tau: the first such node of the
+informative order, found between the row's support nodes by range maxima of W.  ``crm`` is ``lca_height``'s
+support decoder.  Off the support
 p̃(n) = r·W(n) and I(n) are tree tables, so each rule's best off-support node is the first node of a fixed
 order of the tree (by its key with p̃ = r·W, ties as above) missing from the row's support.
 
@@ -58,7 +59,8 @@ from ..kernels.ancestry import is_ancestor
 from ..kernels.descent import children_probs
 from ..kernels.selection import argbest, most_informative_where
 from ..kernels.support import support_best_leaf, support_deepest_above, support_least_lca_height, support_top_down
-from ..kernels.support_heuristics import support_darts, support_hie, support_information_threshold, support_plurality
+from ..kernels.support_heuristics import (support_darts, support_hie, support_information_threshold,
+                                          support_most_informative_above, support_plurality)
 from ..metrics.lca_height import lca_height_decode, lca_height_decode_fused
 from .base import Decoder
 
@@ -196,12 +198,12 @@ class ConfidenceThreshold(Decoder):
 
     def _decode_topk(self, ct) -> torch.Tensor:
         # Above tau >= 1/2 the nodes form one root path (two disjoint subtrees cannot both hold more than half
-        # the mass), whose deepest node is the most informative: the support kernel's search.  Below 1/2 they
-        # need not: the most informative of them may lie anywhere off the support, a search over the tree.
+        # the mass), whose deepest node is the most informative: the support kernel's descent.  Below 1/2 they
+        # need not: the most informative of them may lie anywhere off the support, a search of the informative
+        # order.
         if self.tau < 0.5:
-            raise ValueError(f"Expected `tau` to be at least 0.5 for a top-k input (the nodes above it then lie on "
-                             f"one root path, found on the list's support), but got {self.tau}: pass the dense "
-                             "(B, L) probabilities, e.g. TopK(values, indices).completed(L) on a small tree")
+            return support_most_informative_above(ct.h, ct.listed, ct.weights, self.tau,
+                                                  "topk_informative_max" if ct.prior is None else None)
         return support_deepest_above(ct.h, ct.listed, ct.weights, ct.indices, self.tau,
                                      "topk_heaviest" if ct.prior is None else None)
 

@@ -21,6 +21,14 @@ nodes in the order (:func:`~hdecode_torch.kernels.support.first_free_rank`):
 
 ``plurality`` walks the strict top-down path instead (:func:`support_plurality`).
 
+``confidence_threshold(τ)`` below 1/2 (:func:`support_most_informative_above`): the first node of the
+informative order (fewer leaves, then deeper, then smaller id) with p̃(n) > τ.  The order is a tree table
+but the test is not a key of it (off the support it is r·W(n) > τ, a different cut-off per row), so the
+best off-support node is the first position of the order, outside the row's support, where r·W passes: the
+support's ranks in the order cut it into at most k·(D+1) + 1 gaps, a range maximum of W (a sparse table)
+says which gaps hold a passing node, and a binary search by jumps of 2^j finds the first one in the first
+such gap.
+
 Ties are the dense rules': the deeper node, then the smaller id (``argbest``) for the node rules, the
 smaller leaf id for HiE.  The orders break equal K the same way, so the first free node is the one the
 dense rule prefers among the off-support nodes of equal key.  Keys are computed in float64: the rule's node on the
@@ -36,12 +44,12 @@ from __future__ import annotations
 
 import torch
 
-from .selection import argbest_pairs, tie_rank
+from .selection import argbest_pairs, informative_order, tie_rank
 from .support import (Listed, _at, _off_support_child, _where, child_order, first_free_rank, node_mass, num_children,
                       support_table)
 
 __all__ = ["node_order", "first_off_support", "support_best_key", "support_darts",
-           "support_information_threshold", "support_hie", "support_plurality"]
+           "support_information_threshold", "support_most_informative_above", "support_hie", "support_plurality"]
 
 
 def node_order(h, key: torch.Tensor | None, allowed: torch.Tensor | None = None,
@@ -139,6 +147,83 @@ def support_information_threshold(h, listed: Listed, weights: torch.Tensor, allo
     def key_of(nodes, p):
         return p
     return support_best_key(h, listed, weights, listed.rate.shape[0], key_of, order_pos, order_zero, allowed)
+
+
+def _range_max_table(h, weights: torch.Tensor):
+    """The sparse table of W along the informative order: ((E, N+1) float64, at (j, i) the largest W of the
+    order's positions i .. min(i + 2^j, N) − 1, 0 at i = N; (N+1,) int64 ⌊log2 x⌋ for x ≥ 1).  W ≥ 0 and τ ≥ 0,
+    so the 0 past the end never passes, and r·0 is no NaN where r = 0.
+    E = N.bit_length(): jumps of 2^j, j < E, cover any distance below 2^E > N.  O(N log N)."""
+    n = h.num_nodes
+    levels = max(n.bit_length(), 1)
+    row = torch.zeros(n + 1, dtype=torch.float64, device=h.device)
+    row[:n] = _at(weights, informative_order(h))
+    table = [row]
+    at = torch.arange(n + 1, device=h.device)
+    for j in range(1, levels):
+        table.append(torch.maximum(row, _at(row, (at + (1 << (j - 1))).clamp_max(n))))
+        row = table[-1]
+    log2 = torch.zeros(n + 1, dtype=torch.long, device=h.device)
+    for j in range(1, levels):
+        log2[1 << j:] += 1
+    return torch.stack(table), log2
+
+
+def support_most_informative_above(h, listed: Listed, weights: torch.Tensor, tau: float,
+                                   cache_name: str | None) -> torch.Tensor:
+    """(B,) int64 the most informative node with p̃(n) > ``tau`` (fewer leaves, then deeper, then smaller id),
+    the root if none: the dense ``confidence_threshold`` for any τ (below 1/2 the passing nodes need not lie on
+    one root path).
+
+    Candidates: the passing support nodes, and the first position j of the informative order O with
+    r·W(O[j]) > τ and O[j] off the row's support (module docstring).  Per row, the support's ranks in O,
+    sorted, bound the gaps [s_{i−1} + 1, s_i) and [s_last + 1, N); the largest W over a gap is two sparse-table
+    lookups (r·max W = max r·W: rounding is monotone); from the start of the first gap holding a passing
+    node, jumps of 2^j positions while the block jumped over has no passing node end on the first that
+    passes.  ``cache_name``: caches the O(N log N) table (None: built here, with a prior).
+    O(B·k·D·log(B·k·D)) for the sort of the support's ranks, then O(B·log N).
+    """
+    bsz = listed.rate.shape[0]
+    n = h.num_nodes
+    dev = listed.rate.device
+    order = informative_order(h)
+    rank = h.cached("topk_informative_rank", lambda: torch.empty_like(order).scatter_(
+        0, order, torch.arange(n, device=h.device)))
+    table, log2 = (_range_max_table(h, weights) if cache_name is None
+                   else h.cached(cache_name, lambda: _range_max_table(h, weights)))
+    flat = table.reshape(-1)
+    width = n + 1
+    rate = listed.rate
+    sup = support_table(h, listed, weights)
+    r = _at(rank, sup.nodes)
+    best = torch.where(sup.p > tau, n - 1 - r, -1)  # the earliest passing support node wins
+    best = torch.full((bsz,), -1, dtype=torch.long, device=dev).scatter_reduce(0, sup.rows, best, "amax")
+    # the gaps of each row's support ranks: the pairs are distinct (a node once per row), sorted by row, then rank
+    keys = torch.sort(sup.rows * n + r).values
+    rows, ranks = keys.div(n, rounding_mode="floor"), keys.remainder(n)
+    same = torch.zeros_like(rows, dtype=torch.bool)
+    torch.eq(rows[1:], rows[:-1], out=same[1:])
+    prev = torch.zeros_like(ranks)
+    prev[1:] = ranks[:-1] + 1
+    last = torch.zeros(bsz, dtype=torch.long, device=dev).scatter_reduce(0, rows, ranks + 1, "amax")
+    g_rows = torch.cat([rows, torch.arange(bsz, device=dev)])
+    lo = torch.cat([torch.where(same, prev, 0), last])
+    hi = torch.cat([ranks, torch.full_like(last, n)])
+    size = (hi - lo).clamp_min(1)
+    j = _at(log2, size)
+    start = lo.clamp_max(n)
+    top = torch.maximum(_at(flat, j * width + start), _at(flat, j * width + (hi - (1 << j)).clamp(0, n)))
+    g_rate = _at(rate, g_rows)
+    hit = (hi > lo) & (g_rate * top > tau)
+    pos = torch.full((bsz,), n, dtype=torch.long, device=dev).scatter_reduce(
+        0, g_rows, torch.where(hit, lo, n), "amin")
+    # the first passing position from pos: skip each block of 2^j positions with no passing node
+    for step in range(table.shape[0] - 1, -1, -1):
+        block = _at(flat, step * width + pos.clamp_max(n))
+        pos = torch.where(rate * block > tau, pos, pos + (1 << step))
+    off = torch.where(pos < n, n - 1 - pos.clamp_max(n - 1), -1)
+    best = torch.maximum(best, off)
+    return torch.where(best >= 0, _at(order, (n - 1 - best).clamp(0, n - 1)), h.root)
 
 
 def _hie_tables(h, weights_leaf: torch.Tensor, weights: torch.Tensor):
