@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-__all__ = ["chunk_ranges"]
+__all__ = ["chunk_ranges", "CPU_BLOCK_BYTES"]
+
+#: Temporaries of one block of rows on the CPU for the components that decode in cache-sized blocks
+#: (``HierarchyComponent.cpu_block_bytes``): about what a server core's share of the last-level cache holds.
+CPU_BLOCK_BYTES = 16 * 2**20
 
 
 def chunk_ranges(batch: int, bytes_per_sample: int, budget: int, chunk_size: int | None = None) -> list[tuple[int, int]]:

@@ -58,6 +58,13 @@ class HierarchyComponent:
     #: benchmarks time it against (``benchmarks.baselines:Baselines.<name>``, called as ``f(baselines,
     #: leaf_probs, **params)``).  ``None``: it has none.
     oracle: str | None = None
+    #: On the CPU plan, decode a batch in blocks of rows whose temporaries (``_bytes_per_sample``) stay
+    #: within this many bytes (and the memory budget), unless a chunk size is given; None: the memory
+    #: budget alone.  A component whose passes over (N, B) tables are each a few operations sets it to
+    #: ``CPU_BLOCK_BYTES``: blocks that stay in the cache (and in memory the allocator keeps) instead of
+    #: tables of the whole batch, fresh pages on every call.  Rows are independent, so a block's rows
+    #: are the bits of the whole batch.
+    cpu_block_bytes: int | None = None
     baseline: str | None = None
 
     def __init__(self, hierarchy, *args, validate: bool = True, **params):
@@ -126,7 +133,10 @@ class HierarchyComponent:
             return [(0, batch)]  # what chunk_ranges gives any budget: one row is never split
         if bytes_per_sample is None:
             bytes_per_sample = self._bytes_per_sample(post.h, post.plan)
-        return chunk_ranges(batch, bytes_per_sample, post.plan.budget, _chunk_size(chunk_size))
+        budget = post.plan.budget
+        if chunk_size is None and not post.plan.gpu and self.cpu_block_bytes:
+            budget = min(budget, self.cpu_block_bytes)
+        return chunk_ranges(batch, bytes_per_sample, budget, _chunk_size(chunk_size))
 
     def decode(self, leaf_probs, *, from_logits: bool | str = False, normalize: bool = False,
                validate: bool | None = None, chunk_size: int | None = None, within=None) -> torch.Tensor:

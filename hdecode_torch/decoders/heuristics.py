@@ -53,11 +53,12 @@ import math
 
 import torch
 
+from ..core.chunking import CPU_BLOCK_BYTES
 from ..core.params import Flag, Param
 from ..core.scalar_checks import check_nonnegative, check_unit_interval
 from ..kernels.ancestry import is_ancestor
 from ..kernels.descent import children_probs
-from ..kernels.selection import argbest, most_informative_where
+from ..kernels.selection import above, argbest, most_informative_where
 from ..kernels.support import support_best_leaf, support_deepest_above, support_least_lca_height, support_top_down
 from ..kernels.support_heuristics import (support_darts, support_hie, support_information_threshold,
                                           support_most_informative_above, support_plurality)
@@ -174,6 +175,7 @@ class ConfidenceThreshold(Decoder):
     """
 
     name = "confidence_threshold"
+    cpu_block_bytes = CPU_BLOCK_BYTES
     description = "most informative node with p(n) > tau"
     exact_on_dyadic = True
     algorithms = {"cpu": "most informative node above the threshold",
@@ -187,7 +189,7 @@ class ConfidenceThreshold(Decoder):
                     flag=Flag("--tau", 0.8, "the most informative node with p(n) > tau, 0 <= tau < 1")),)
 
     def _decode_default(self, post) -> torch.Tensor:
-        return most_informative_where(post.h, post.node > self.tau)
+        return most_informative_where(post.h, above(post.h, post.node, self.tau))
 
     def _decode_gpu(self, post) -> torch.Tensor:
         # A node whose mass lies in one child loses to that child in exact arithmetic (the same p, more
@@ -276,6 +278,7 @@ class Darts(Decoder):
     """
 
     name = "darts"
+    cpu_block_bytes = CPU_BLOCK_BYTES
     description = "argmax (I(n) + lam) p(n), Deng et al. 2012"
     exact_on_dyadic = False  # I(n) is a logarithm
     algorithms = {"cpu": "argmax of (I(n) + lam) p(n)",
@@ -321,6 +324,7 @@ class InformationThreshold(Decoder):
     """
 
     name = "information_threshold"
+    cpu_block_bytes = CPU_BLOCK_BYTES
     description = "most probable node with I(n) >= threshold"
     exact_on_dyadic = True
     algorithms = {"cpu": "most probable node among those with I(n) >= threshold",
@@ -369,6 +373,7 @@ class HiE(Decoder):
     """
 
     name = "hie"
+    cpu_block_bytes = CPU_BLOCK_BYTES
     description = "leaf maximising p(parent(l)) * p(l), Jain et al. 2023"
     kind = "leaf"
     exact_on_dyadic = True
@@ -409,6 +414,7 @@ class CRM(Decoder):
     """
 
     name = "crm"
+    cpu_block_bytes = CPU_BLOCK_BYTES
     description = "leaf minimising the expected LCA height (Karthik et al. 2021)"
     kind = "leaf"
     exact_on_dyadic = True

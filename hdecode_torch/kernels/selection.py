@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["argbest", "argbest_pairs", "deepest_where", "deepest_above", "deepest_above_from_leaves", "most_informative_where", "informative_order",
+__all__ = ["argbest", "argbest_pairs", "above", "deepest_where", "deepest_above", "deepest_above_from_leaves", "most_informative_where", "informative_order",
            "tie_rank", "preference_order"]
 
 
@@ -72,11 +72,12 @@ def argbest_pairs(h, values: torch.Tensor, sample: torch.Tensor, node: torch.Ten
 
 
 def _first_allowed(h, allowed: torch.Tensor, order: torch.Tensor, name: str) -> torch.Tensor:
-    """Per column of ``allowed`` (N, B) bool, the first allowed node in ``order`` (N,), the root if none.
+    """Per column of ``allowed`` (N, B), the first allowed node in ``order`` (N,), the root if none.
 
-    Each node carries a key, larger the earlier it comes in the order (0 for "none"): the largest key
-    among the allowed nodes names the answer, three operators whatever N and B (keys are distinct, so
-    no tie is left to the reduction).  ``name``: the order's cache key.
+    ``allowed``: bool, or 0/1 in a floating dtype (:func:`above`'s table).  Each node carries a key,
+    larger the earlier it comes in the order (0 for "none"): the largest key among the allowed nodes
+    names the answer, three operators whatever N and B (keys are distinct, so no tie is left to the
+    reduction).  ``name``: the order's cache key.
     """
     def build():
         n = order.numel()
@@ -85,12 +86,32 @@ def _first_allowed(h, allowed: torch.Tensor, order: torch.Tensor, name: str) -> 
         root = torch.full((1,), h.root, dtype=order.dtype, device=order.device)
         return key[:, None], torch.cat([root, order.flip(0)])  # node of key j >= 1: order[n - j]
     key, node_of = h.cached(("first_allowed", name), build)
-    best = (allowed * key).amax(dim=0)
-    return node_of.index_select(0, best)
+    if allowed.dtype == torch.bool:
+        return node_of.index_select(0, (allowed * key).amax(dim=0))
+    # keys as exact floats of the table's dtype (callers check N < 2^24 for float32)
+    keyf = h.cached(("first_allowed", name, allowed.dtype), lambda: key.to(allowed.dtype))
+    best = (allowed * keyf).amax(dim=0)
+    return node_of.index_select(0, best.to(torch.long))
+
+
+def above(h, p: torch.Tensor, threshold: float) -> torch.Tensor:
+    """``p > threshold`` as :func:`_first_allowed` reads it: 0/1 in p's floating dtype where its keys are
+    exact in it (N < 2^24 in float32) and B ≥ 32, else bool; the same comparison either way (the
+    threshold in p's dtype).  p: (N, B) float.
+
+    A CPU writes a bool table several times slower than a float one of the same shape (one
+    comparison per byte), which made the comparison the largest step of a closed-form decoder.
+    """
+    exact = p.dtype == torch.float64 or (p.dtype == torch.float32 and h.num_nodes < 2**24)
+    # A few columns: the bool table is cheaper (one operator fewer); both give the same answers.  A
+    # traced graph (symbolic batch): the plain comparison.
+    if not exact or p.dim() != 2 or torch.compiler.is_compiling() or p.shape[1] < 32:
+        return p > threshold
+    return torch.gt(p, threshold, out=torch.empty_like(p, memory_format=torch.preserve_format))
 
 
 def deepest_where(h, allowed: torch.Tensor) -> torch.Tensor:
-    """allowed: (N, B) bool.  Per column, the deepest allowed node (smallest id among equal depths),
+    """allowed: (N, B) bool (or 0/1 floats, as from :func:`above`).  Per column, the deepest allowed node (smallest id among equal depths),
     the root where none is allowed.  Returns (B,) int64."""
     order = h.cached("deepest_first", lambda: torch.sort(h.depth, descending=True, stable=True).indices)
     return _first_allowed(h, allowed, order, "deepest_first")
@@ -103,7 +124,7 @@ def deepest_above(h, p: torch.Tensor, threshold: float) -> torch.Tensor:
     root path, so for thresholds ≥ 1/2 there is no tie between nodes of equal depth; on a
     single-child chain the deeper node wins.
     """
-    return deepest_where(h, p > threshold)
+    return deepest_where(h, above(h, p, threshold))
 
 
 def deepest_above_from_leaves(h, leaf_probs: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -132,6 +153,6 @@ def informative_order(h) -> torch.Tensor:
 
 
 def most_informative_where(h, allowed: torch.Tensor) -> torch.Tensor:
-    """allowed: (N, B) bool.  Per column, the allowed node with the fewest leaves (largest I(n)), then
+    """allowed: (N, B) bool (or 0/1 floats, as from :func:`above`).  Per column, the allowed node with the fewest leaves (largest I(n)), then
     the deepest, then the smallest id; the root where none is allowed.  Returns (B,) int64."""
     return _first_allowed(h, allowed, informative_order(h), "informative_order")

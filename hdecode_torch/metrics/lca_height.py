@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from ..core.chunking import CPU_BLOCK_BYTES
 from ..kernels.ancestry import lca
 from ..kernels.certificate import certify_least_lca_height
 from ..kernels.fused import path_score_best, trust_indices
@@ -76,6 +77,7 @@ class LCAHeight(NodeMetric):
     """height(LCA(h, y)): 0 for a correct leaf, larger for mistakes that split higher up."""
 
     name = "lca_height"
+    cpu_block_bytes = CPU_BLOCK_BYTES
     kind = "leaf"
     higher_is_better = False
     description = "height of LCA(prediction, target), Karthik et al. 2021 (lower is better)"

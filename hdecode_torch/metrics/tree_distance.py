@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from ..core.chunking import CPU_BLOCK_BYTES
 from ..core.params import Flag, Param
 from ..core.conversion import warn_user
 from ..core.scalar_checks import check_nonnegative
@@ -63,6 +64,7 @@ class TreeDistance(NodeMetric):
     """Length of the tree path between prediction and target: d(h) + d(y) − 2 d(LCA)."""
 
     name = "tree_distance"
+    cpu_block_bytes = CPU_BLOCK_BYTES
     higher_is_better = False
     description = "path length between prediction and target (mistake severity; lower is better)"
     aliases = ("mistake_severity",)
