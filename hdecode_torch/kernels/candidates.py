@@ -119,14 +119,15 @@ def candidate_mask(h, p: torch.Tensor, stats: PruningStatistics) -> torch.Tensor
     rows = max(1, CANDIDATE_BLOCK_ENTRIES // max(1, b)) if cpu else n
     for a in range(0, n, rows):  # a loop over blocks of nodes (one block off the CPU)
         e = min(n, a + rows)
-        pa = p[a:e]
-        s = p.index_select(0, stats.top[a:e]) if stats.root_form else torch.ones_like(pa)
+        part = _whole if e - a == n else (lambda t, a=a, e=e: t[a:e])  # one block: no slicing operators
+        pa = part(p)
+        s = p.index_select(0, part(stats.top)) if stats.root_form else torch.ones_like(pa)
         rest = s.sub_(pa).clamp_(min=0)
         # n surely worse than its parent: M_in p < m_out (s − p).  The root's statistics are 0, so
         # neither test ever fires there.
-        torch.lt((up_in[a:e] * pa).add_(tiny), down_out[a:e] * rest, out=drop[a:e])
+        torch.lt((part(up_in) * pa).add_(tiny), part(down_out) * rest, out=part(drop))
         # n surely better than its parent: m_in p > M_out (s − p); then the parent is dropped.
-        torch.gt(down_in[a:e] * pa, (up_out[a:e] * rest).add_(tiny), out=beats[a:e])
+        torch.gt(part(down_in) * pa, (part(up_out) * rest).add_(tiny), out=part(beats))
     child, par = _nonroot_pairs(h)
     # A boolean accumulation is an OR; on a CPU it runs as one pass, index_add_ row by row.  Not under
     # torch.compile: torch 2.15's inductor emits C++ for it that does not compile (a VecMask plus a bool vector).
@@ -135,6 +136,10 @@ def candidate_mask(h, p: torch.Tensor, stats: PruningStatistics) -> torch.Tensor
     else:
         drop |= torch.zeros_like(p).index_add_(0, par, beats.index_select(0, child).to(dt)) > 0
     return drop.logical_not_()
+
+
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    return t
 
 
 def _nonroot_pairs(h) -> tuple[torch.Tensor, torch.Tensor]:

@@ -65,12 +65,19 @@ def preference_layout(h) -> tuple[torch.Tensor, torch.Tensor, list[tuple[torch.T
     """``(order, position, levels)`` (cached on ``h``): ``order`` (N,) int64 the nodes from most to least
     preferred among ties (:func:`~hdecode_torch.kernels.selection.preference_order`), ``position`` (N,)
     int64 each node's row in that order, and per level, root side first, the rows of its nodes and of
-    their parents in that order (the per-level pairs of the tree sums, renumbered)."""
+    their parents in that order (the per-level pairs of the tree sums, renumbered: ``(rows, span,
+    parent_rows)``, ``span`` the rows as a slice where they are consecutive, as they are in this order)."""
     def build():
         order = preference_order(h, h.num_nodes)
         position = torch.empty_like(order)
         position[order] = torch.arange(h.num_nodes, device=order.device)
-        levels = [(position[nodes], position[parents]) for nodes, parents in reversed(level_pairs(h))]
+        levels = []
+        for nodes, parents in reversed(level_pairs(h)):
+            rows, by_row = torch.sort(position[nodes])
+            start, stop = int(rows[0]), int(rows[-1]) + 1
+            # deeper nodes come first in the order, so a level is a run of rows: a slice as well
+            span = slice(start, stop) if stop - start == rows.numel() else None
+            levels.append((rows, span, position[parents][by_row]))
         return order, position, levels
     return h.cached("preference_layout", build)
 
@@ -87,9 +94,15 @@ def ordered_path_sum_(h, table: torch.Tensor, include_root: bool = True) -> torc
     if not include_root:
         table[position[h.root]] = 0
     # one column: a 1-D view, whose index_add_ skips the 2-D kernels' per-row bookkeeping (the same adds)
-    rows = table.view(table.shape[0]) if table.numel() == table.shape[0] and table.dim() > 1 else table
-    for nodes, parents in levels:
-        rows.index_add_(0, nodes, rows.index_select(0, parents))
+    one = table.numel() == table.shape[0]
+    rows = table.view(table.shape[0]) if one and table.dim() > 1 else table
+    for nodes, span, parents in levels:
+        # an add into a slice of rows (each entry once, as index_add_ adds it) is the faster kernel on many
+        # columns; on one, index_add_ saves the slice's operator
+        if span is None or one:
+            rows.index_add_(0, nodes, rows.index_select(0, parents))
+        else:
+            rows[span].add_(rows.index_select(0, parents))
     return table
 
 
