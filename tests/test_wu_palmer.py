@@ -254,3 +254,17 @@ def test_ordered_table_is_the_expected_table_in_preference_order_bit_for_bit(nam
         assert got.dtype == dtype and got.shape == (h.num_nodes, x.shape[0])
         assert torch.equal(got, want.index_select(0, order))
         assert metric.decode(x).tolist() == argbest(h, want, True).tolist()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("batch", [1, 9])
+def test_leaves_at_one_depth_masses_are_the_node_sums_bit_for_bit(dtype, batch):
+    """On a tree whose leaves sit at one depth (iNat19) the CPU plan's Wu-Palmer table starts from the
+    node sums p(n) instead of the per-leaf-depth table: both must hold the same bits."""
+    from hdecode_torch.core.posterior import Posterior
+
+    h = hd.load_hierarchy("inat19")
+    assert h.num_leaf_depths == 1
+    x = _tie_rows(h, dtype)[:batch]
+    with hd.plan_for("cpu"):
+        assert torch.equal(Posterior(h, x).by_leaf_depth()[:, 0], Posterior(h, x).node)

@@ -68,7 +68,11 @@ def wu_palmer_ordered_table(post) -> torch.Tensor:
     in place."""
     h = post.h
     order = preference_layout(h)[0]
-    s = ordered_path_sum_(h, post.by_leaf_depth().index_select(0, order), include_root=False)
+    # Leaves at one depth: Q is p(n), which the per-level sums build with the same additions as
+    # by_leaf_depth's table (leaf rows, zeros, the same level order and accumulation dtype), so the node
+    # sums other decoders of the batch share serve (tests/test_wu_palmer.py checks the bits).
+    q = post.node[:, None] if h.num_leaf_depths == 1 else post.by_leaf_depth()
+    s = ordered_path_sum_(h, q.index_select(0, order), include_root=False)
     w = h.cached(("wu_palmer_ordered_weights", post.dtype), lambda: (2.0 / (
         h.depth.to(post.dtype)[:, None] + post.leaf_depth_values().to(post.dtype)[None, :]))[order])
     if s.shape[1] == 1:
