@@ -117,17 +117,27 @@ def candidate_mask(h, p: torch.Tensor, stats: PruningStatistics) -> torch.Tensor
     beats = torch.empty(n, b, dtype=torch.bool, device=p.device)
     cpu = p.device.type == "cpu"
     rows = max(1, CANDIDATE_BLOCK_ENTRIES // max(1, b)) if cpu else n
+    # Several blocks: three (rows, B) buffers that every block reuses, so that they stay in the cache (fresh
+    # temporaries per operator cost 15-20% more at B = 4,000 on tieredImageNet-H); one block: fresh ones
+    # (out=None), three operators fewer.
+    bufs = [None] * 3 if rows >= n else [torch.empty(rows, b, dtype=dt, device=p.device) for _ in range(3)]
     for a in range(0, n, rows):  # a loop over blocks of nodes (one block off the CPU)
         e = min(n, a + rows)
         part = _whole if e - a == n else (lambda t, a=a, e=e: t[a:e])  # one block: no slicing operators
         pa = part(p)
-        s = p.index_select(0, part(stats.top)) if stats.root_form else torch.ones_like(pa)
-        rest = s.sub_(pa).clamp_(min=0)
+        rest, lhs, rhs = (t if t is None or t.shape[0] == e - a else t[:e - a] for t in bufs)
+        if stats.root_form:
+            rest = torch.index_select(p, 0, part(stats.top), out=rest)
+        else:
+            rest = torch.ones_like(pa) if rest is None else rest.fill_(1)
+        rest.sub_(pa).clamp_(min=0)
         # n surely worse than its parent: M_in p < m_out (s − p).  The root's statistics are 0, so
         # neither test ever fires there.
-        torch.lt((part(up_in) * pa).add_(tiny), part(down_out) * rest, out=part(drop))
+        torch.lt(torch.mul(part(up_in), pa, out=lhs).add_(tiny), torch.mul(part(down_out), rest, out=rhs),
+                 out=part(drop))
         # n surely better than its parent: m_in p > M_out (s − p); then the parent is dropped.
-        torch.gt(part(down_in) * pa, (part(up_out) * rest).add_(tiny), out=part(beats))
+        torch.gt(torch.mul(part(down_in), pa, out=lhs), torch.mul(part(up_out), rest, out=rhs).add_(tiny),
+                 out=part(beats))
     child, par = _nonroot_pairs(h)
     # A boolean accumulation is an OR; on a CPU it runs as one pass, index_add_ row by row.  Not under
     # torch.compile: torch 2.15's inductor emits C++ for it that does not compile (a VecMask plus a bool vector).
