@@ -61,7 +61,7 @@ def _blocked_product(rows: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
     return out.permute(1, 0, 2).reshape(rows.shape[0], -1)[:, :b]
 
 
-def preference_layout(h) -> tuple[torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+def preference_layout(h) -> tuple[torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, slice | None, torch.Tensor]]]:
     """``(order, position, levels)`` (cached on ``h``): ``order`` (N,) int64 the nodes from most to least
     preferred among ties (:func:`~hdecode_torch.kernels.selection.preference_order`), ``position`` (N,)
     int64 each node's row in that order, and per level, root side first, the rows of its nodes and of
