@@ -110,3 +110,21 @@ def test_jaccard_tau_cached_per_dtype(h, dtype):
         b = metric.decode(p)
     assert a.shape == (1, h.num_nodes) and bool(a[0, h.root])
     assert torch.allclose(metric.expected(p, a), metric.expected(p, b), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_candidate_slack_factors_cached_per_dtype(h, dtype):
+    """Wu-Palmer's candidates (the CPU plan's choice on tieredImageNet-H) compare with per-node factors
+    that depend on the tree only: built once per dtype, not again in every call (twenty operators)."""
+    metric = hd.get_metric("wu_palmer", h)
+    p = _row(h).to(dtype)
+    first = metric.decode(p)
+    with _Ops() as seen:
+        again = metric.decode(p)
+    assert "aten.abs.default" not in seen.ops
+    assert torch.equal(first, again)
+    stats = metric.dense_pruning(h)
+    up_in = stats.slack_factors(dtype)[0]
+    eps = 16 * torch.finfo(dtype).eps
+    assert up_in.shape == (h.num_nodes, 1) and up_in.dtype == dtype
+    assert torch.equal(up_in[:, 0], (stats.M_in + eps * stats.M_in.abs()).to(dtype))

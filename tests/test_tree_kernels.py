@@ -159,7 +159,11 @@ def test_candidate_mask_in_blocks_of_nodes_is_the_definition(monkeypatch, dtype,
     probs = torch.softmax(6 * torch.randn(37, h.num_leaves, generator=g, dtype=torch.float64), 1).to(dtype)
     p = hd.node_probabilities(h, probs).t().contiguous()
     m = hd.get_metric("wu_palmer", h)
-    for stats in (m.dense_pruning(h), m.pruning(h), hd.get_metric("zhao", h).pruning(h)):
+    exact = m.dense_pruning(h)
+    # and the form with s = 1 (costs that differ under the root), the blocks' buffers filled with ones
+    ones = candidates.PruningStatistics(exact.reasonable, False, exact.m_in, exact.M_in, exact.m_out, exact.M_out,
+                                        exact.top)
+    for stats in (exact, m.pruning(h), hd.get_metric("zhao", h).pruning(h), ones):
         got = candidates.candidate_mask(h, p, stats)
         want = _candidate_mask_definition(h, p, stats)
         assert torch.equal(got, want)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import torch
 
 import hdecode_torch as hd
@@ -216,3 +217,54 @@ def test_fused_decoder_stays_within_the_memory_budget():
             growth(lambda: m.decode(probs))
     """)
     assert len(got) == 2 and max(got) < 24 * MiB, got
+
+
+def _tie_rows(h, dtype):
+    # model-like rows, uniform rows (every node of a level tied) and two-leaf rows (ties between branches)
+    g = torch.Generator().manual_seed(3)
+    soft = torch.softmax(torch.randn(5, h.num_leaves, generator=g, dtype=torch.float64) * 4, 1)
+    pair = torch.zeros(3, h.num_leaves, dtype=torch.float64)
+    pair[torch.arange(3), torch.tensor([0, 1, 2])] = 0.5
+    pair[torch.arange(3), torch.tensor([h.num_leaves - 1, h.num_leaves - 2, 3])] += 0.5
+    return torch.cat([soft, torch.full((2, h.num_leaves), 1.0 / h.num_leaves, dtype=torch.float64), pair]).to(dtype)
+
+
+def _unary_tree():
+    # single-child chains (Zhao's equal rows) and leaves at three depths
+    return hd.Hierarchy.from_parents([9, 9, 10, 11, 11, 12, 12, 8, -1, 13, 8, 10, 14, 8, 7])
+
+
+@pytest.mark.parametrize("name", ["wu_palmer", "zhao"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("tree", ["tieredimagenet-h", "inat19", "unary"])
+def test_ordered_table_is_the_expected_table_in_preference_order_bit_for_bit(name, dtype, tree):
+    """The CPU plan's structural decoder builds its table with the rows in argbest's preference order: the
+    expected values bit for bit, and the same node as argbest over the expected table, at B = 1 and 10."""
+    from hdecode_torch.core.posterior import Posterior
+    from hdecode_torch.kernels.selection import argbest, preference_order
+
+    h = _unary_tree() if tree == "unary" else hd.load_hierarchy(tree)
+    metric = hd.get_metric(name, h, strategy="structural")
+    order = preference_order(h, h.num_nodes)
+    rows = _tie_rows(h, dtype)
+    for x in (rows, rows[:1]):
+        post = Posterior(h, x)
+        want = metric.expected_table(post)
+        got = metric.ordered_table(Posterior(h, x))
+        assert got.dtype == dtype and got.shape == (h.num_nodes, x.shape[0])
+        assert torch.equal(got, want.index_select(0, order))
+        assert metric.decode(x).tolist() == argbest(h, want, True).tolist()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("batch", [1, 9])
+def test_leaves_at_one_depth_masses_are_the_node_sums_bit_for_bit(dtype, batch):
+    """On a tree whose leaves sit at one depth (iNat19) the CPU plan's Wu-Palmer table starts from the
+    node sums p(n) instead of the per-leaf-depth table: both must hold the same bits."""
+    from hdecode_torch.core.posterior import Posterior
+
+    h = hd.load_hierarchy("inat19")
+    assert h.num_leaf_depths == 1
+    x = _tie_rows(h, dtype)[:batch]
+    with hd.plan_for("cpu"):
+        assert torch.equal(Posterior(h, x).by_leaf_depth()[:, 0], Posterior(h, x).node)

@@ -28,10 +28,11 @@ from ..core.params import Param
 from ..core.plan import get_memory_budget
 from ..kernels.ancestry import leaf_lca
 from ..kernels.candidates import PruningStatistics, candidate_mask, pruning_statistics, sampled_products
-from ..kernels.selection import argbest, argbest_pairs
+from ..kernels.selection import argbest, argbest_pairs, preference_order
+from ..kernels.tree_sums import level_pairs
 from .base import NodeMetric
 
-__all__ = ["StrategyNodeMetric", "dense_fits", "DENSE_MAX_ENTRIES"]
+__all__ = ["StrategyNodeMetric", "dense_fits", "DENSE_MAX_ENTRIES", "preference_layout", "ordered_path_sum_"]
 
 #: The dense (N, L) matrix is used while it has at most this many entries (16 MB in float64).
 DENSE_MAX_ENTRIES = 2_000_000
@@ -58,6 +59,51 @@ def _blocked_product(rows: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
     blocks = padded.reshape(-1, DENSE_BLOCK, probs.shape[1]).transpose(1, 2)  # (blocks, L, DENSE_BLOCK)
     out = torch.matmul(rows, blocks)  # one product per block, all of one shape
     return out.permute(1, 0, 2).reshape(rows.shape[0], -1)[:, :b]
+
+
+def preference_layout(h) -> tuple[torch.Tensor, torch.Tensor, list[tuple[torch.Tensor, slice | None, torch.Tensor]]]:
+    """``(order, position, levels)`` (cached on ``h``): ``order`` (N,) int64 the nodes from most to least
+    preferred among ties (:func:`~hdecode_torch.kernels.selection.preference_order`), ``position`` (N,)
+    int64 each node's row in that order, and per level, root side first, the rows of its nodes and of
+    their parents in that order (the per-level pairs of the tree sums, renumbered: ``(rows, span,
+    parent_rows)``, ``span`` the rows as a slice where they are consecutive, as they are in this order)."""
+    def build():
+        order = preference_order(h, h.num_nodes)
+        position = torch.empty_like(order)
+        position[order] = torch.arange(h.num_nodes, device=order.device)
+        levels = []
+        for nodes, parents in reversed(level_pairs(h)):
+            rows, by_row = torch.sort(position[nodes])
+            start, stop = int(rows[0]), int(rows[-1]) + 1
+            # deeper nodes come first in the order, so a level is a run of rows: a slice as well
+            span = slice(start, stop) if stop - start == rows.numel() else None
+            levels.append((rows, span, position[parents][by_row]))
+        return order, position, levels
+    return h.cached("preference_layout", build)
+
+
+def ordered_path_sum_(h, table: torch.Tensor, include_root: bool = True) -> torch.Tensor:
+    """In place, ``table[position[n]] = Σ_{a ∈ A(n)} table[position[a]]`` for a (N, *) table whose rows are
+    the nodes in :func:`preference_layout` order (the root's row left out of every sum with
+    ``include_root=False``, and set to 0).  Returns ``table``.
+
+    The per-level sums of ``kernels.tree_sums.path_sum`` (its ``"levels"`` layout and torch backend) on
+    renumbered rows: the same additions of the same values, so the same bits, O(N·B) in D steps.
+    """
+    _, position, levels = preference_layout(h)
+    if not include_root:
+        table[position[h.root]] = 0
+    # one column: a 1-D view, whose index_add_ skips the 2-D kernels' per-row bookkeeping (the same adds)
+    one = table.numel() == table.shape[0]
+    rows = table.view(table.shape[0]) if one and table.dim() > 1 else table
+    for nodes, span, parents in levels:
+        # an add into a slice of rows (each entry once, as index_add_ adds it) is the faster kernel on many
+        # columns; on one, index_add_ saves the slice's operator
+        if span is None or one:
+            rows.index_add_(0, nodes, rows.index_select(0, parents))
+        else:
+            rows[span].add_(rows.index_select(0, parents))
+    return table
 
 
 def dense_fits(h, max_entries: int | None = None) -> bool:
@@ -181,6 +227,13 @@ class StrategyNodeMetric(NodeMetric):
         strategy = self.resolved_strategy(post.plan, post.h)
         h = post.h
         if strategy == "structural":
+            if post.plan.tree_sums == "levels" and post.plan.backend == "torch" and not torch.compiler.is_compiling():
+                table = self.ordered_table(post)
+                if table is not None:
+                    # argbest's choice, the table's rows already in its preference order: the first best
+                    # row of a column is the tie winner (no reordered copy of the table)
+                    order = preference_layout(h)[0]
+                    return order.index_select(0, table.argmax(0) if self.higher_is_better else table.argmin(0))
             return super()._decode_default(post)
         if strategy == "dense":
             rows, row_of_node = self.distinct_rows(h, post.dtype)
@@ -199,6 +252,12 @@ class StrategyNodeMetric(NodeMetric):
             else:
                 values = torch.cat([self.pair_values(post, node[a:b], sample[a:b]) for a, b in blocks])
         return argbest_pairs(h, values, sample, node, post.batch_size, self.higher_is_better)
+
+    def ordered_table(self, post) -> torch.Tensor | None:
+        """(N, B) :meth:`expected_table`'s values, bit for bit, its rows the nodes in
+        :func:`preference_layout` order, built with :func:`ordered_path_sum_` (the CPU plan's per-level
+        sums); None where the metric has no such form (the structural decoder then reorders the table)."""
+        return None
 
     def pruning_bounds(self, h) -> PruningStatistics:
         raise NotImplementedError

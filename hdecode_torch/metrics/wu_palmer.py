@@ -35,7 +35,7 @@ from ..core.plan import resolve_plan
 from ..kernels.selection import tie_rank
 from ..kernels.support_similarity import expected_wu_palmer, similarity_best, wu_palmer_tables
 from ..kernels.tree_sums import tree_ranges
-from .strategies import StrategyNodeMetric
+from .strategies import StrategyNodeMetric, ordered_path_sum_, preference_layout
 
 __all__ = ["WuPalmer", "wu_palmer_values", "wu_palmer_table", "path_below_root", "similarity_topk_best"]
 
@@ -60,6 +60,24 @@ def wu_palmer_table(post) -> torch.Tensor:
     if s.shape[1] == 1:  # leaves at one depth: no sum to take (it would cost a zeroed table and a pass)
         return s[:, 0] * w[:, 0, None]
     return (s * w[:, :, None]).sum(1)
+
+
+def wu_palmer_ordered_table(post) -> torch.Tensor:
+    """:func:`wu_palmer_table` with its rows in preference order (bit for bit): the per-leaf-depth masses
+    gathered in that order (the copy the root-path sum would make), summed along root paths and weighted
+    in place."""
+    h = post.h
+    order = preference_layout(h)[0]
+    # Leaves at one depth: Q is p(n), which the per-level sums build with the same additions as
+    # by_leaf_depth's table (leaf rows, zeros, the same level order and accumulation dtype), so the node
+    # sums other decoders of the batch share serve (tests/test_wu_palmer.py checks the bits).
+    q = post.node[:, None] if h.num_leaf_depths == 1 else post.by_leaf_depth()
+    s = ordered_path_sum_(h, q.index_select(0, order), include_root=False)
+    w = h.cached(("wu_palmer_ordered_weights", post.dtype), lambda: (2.0 / (
+        h.depth.to(post.dtype)[:, None] + post.leaf_depth_values().to(post.dtype)[None, :]))[order])
+    if s.shape[1] == 1:
+        return s[:, 0].mul_(w[:, 0, None])
+    return s.mul_(w[:, :, None]).sum(1)
 
 
 def path_below_root(h, node: torch.Tensor) -> torch.Tensor:
@@ -165,6 +183,9 @@ class WuPalmer(StrategyNodeMetric):
 
     def expected_table(self, post):
         return wu_palmer_table(post)
+
+    def ordered_table(self, post):
+        return wu_palmer_ordered_table(post)
 
     def pruning_bounds(self, h) -> PruningStatistics:
         k = h.depth.to(torch.float64)

@@ -31,7 +31,7 @@ from ..kernels.fused import path_score_best, trust_indices
 from ..kernels.selection import tie_rank
 from ..kernels.support_similarity import expected_zhao, zhao_tables
 from ..kernels.tree_sums import tree_ranges
-from .strategies import StrategyNodeMetric
+from .strategies import StrategyNodeMetric, ordered_path_sum_, preference_layout
 from .wu_palmer import path_below_root, similarity_topk_best
 
 __all__ = ["Zhao", "zhao_values", "zhao_table", "information_gain"]
@@ -59,11 +59,30 @@ def information_gain(h) -> torch.Tensor:
 def zhao_table(post) -> torch.Tensor:
     """(N, B) ``2 / (I(h) + log L) · Σ_{a ∈ A(h)} (I(a) − I(parent(a))) p(a)``."""
     h = post.h
-    s = post.path_sum(information_gain(h).to(post.dtype)[:, None] * post.node)
+    s = post.path_sum(information_gain(h).to(post.dtype)[:, None] * post.node, overwrite=True)
     if h.num_leaves == 1:
         return torch.ones_like(s)
     den = (h.information + math.log(h.num_leaves)).to(post.dtype)[:, None]
     return 2 * s / den
+
+
+def _ordered_factors(h, dtype):
+    """(ΔI, (I + log L) / 2) in ``dtype``, (N, 1) each, rows in preference order (cached): the halved
+    denominator is exact (a power of two), so ``S / ((I + log L) / 2)`` rounds as ``2·S / (I + log L)``."""
+    def build():
+        order = preference_layout(h)[0]
+        den = (h.information + math.log(h.num_leaves)).to(dtype)
+        return information_gain(h).to(dtype)[order, None], (den / 2)[order, None]
+    return h.cached(("zhao_ordered_factors", dtype), build)
+
+
+def zhao_ordered_table(post) -> torch.Tensor:
+    """:func:`zhao_table` with its rows in preference order (bit for bit): the node sums gathered in that
+    order, scaled, summed along root paths and divided in place."""
+    h = post.h
+    gain, half_den = _ordered_factors(h, post.dtype)
+    s = ordered_path_sum_(h, post.node.index_select(0, preference_layout(h)[0]).mul_(gain))
+    return s.div_(half_den)
 
 
 def _fused_args(h):
@@ -107,6 +126,9 @@ class Zhao(StrategyNodeMetric):
 
     def expected_table(self, post):
         return zhao_table(post)
+
+    def ordered_table(self, post):
+        return zhao_ordered_table(post) if post.h.num_leaves > 1 else None
 
     def pruning_bounds(self, h) -> PruningStatistics:
         info = h.information
