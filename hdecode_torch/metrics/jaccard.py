@@ -446,7 +446,8 @@ def _screen(h, T, p, thr, batch_major):
             if a <= h.root < a + step:
                 keep[h.root - a] = True
             at = keep.nonzero()
-            at[:, 0] += a
+            if a:
+                at[:, 0] += a
             found.append(at)
         node, sample = (found[0] if len(found) == 1 else torch.cat(found)).unbind(1)
         count = torch.bincount(sample, minlength=p.shape[1])
