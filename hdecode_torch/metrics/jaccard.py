@@ -283,15 +283,15 @@ def _depth_prefix(post) -> torch.Tensor:
     one row.  Made a block of rows at a time in place, so that the (B, L + 1) result is the only large
     allocation (whole-batch temporaries beside it were fresh pages at every call, whose faults cost more
     than the sums)."""
-    if post.plan.batch_major:
-        return post.depth_prefix()
     h, probs = post.h, post.probs
+    if post.plan.batch_major or probs.numel() < _PREFIX_BLOCK:  # small batches: fewer operators
+        return post.depth_prefix()
     order = depth_ranges(h).leaf_order
     bsz = probs.shape[0]
     out = torch.empty(bsz, h.num_leaves + 1, dtype=torch.float64, device=probs.device)
     out[:, 0] = 0
     cpu = probs.device.type == "cpu"
-    src, at = (_numpy(probs.detach()), _numpy(order)) if cpu else (probs, order)
+    src, at = (_numpy(probs.detach() if probs.requires_grad else probs), _numpy(order)) if cpu else (probs, order)
     step = max(1, _PREFIX_BLOCK // max(h.num_leaves, 1))
     for a in range(0, bsz, step):
         part = out[a:a + step, 1:]
@@ -311,6 +311,9 @@ _PREFIX_BLOCK = 1 << 17
 _numpy = torch.Tensor.numpy
 
 
+#: (B, C) cells of a candidate table from which :class:`_Cands` finds positions by one search of its flat
+#: keys rather than a search along each row.
+_FLAT_SEARCH = 1 << 12
 #: Entries of the (nodes, B) screen of :func:`_screen` made at a time on the CPU plan.
 _SCREEN_BLOCK = 1 << 20
 #: Bytes of the masses' temporaries at a time (the ends, their positions and the gathered sums): their
@@ -369,11 +372,16 @@ class _Cands:
         entry = torch.full((bsz, c), m, dtype=torch.long, device=dev)
         entry[sample, slot] = torch.arange(m, device=dev)
         self.ids, self.entry = ids, entry
+        self.T, self._nxt = T, None
         # The entries' keys sample·N + preorder position ascend (sample-major, preorder within a
-        # sample), so a position within a sample's row is one search of the flat (M,) keys less the
-        # row's start: the same integers as a search along each (B, C) row, without the table.
-        self.T, self.key = T, sample * n + T.pre[node]
-        self._nxt = None
+        # sample), so on large batches a position within a sample's row is one search of the flat (M,)
+        # keys less the row's start, the same integers as a search along each (B, C) row of preorder
+        # positions (a batched search, several times slower there); small ones keep the row search,
+        # fewer operators.
+        if bsz * c >= _FLAT_SEARCH:
+            self.key, self.pre = sample * n + T.pre[node], None
+        else:
+            self.key, self.pre = None, T.pre[ids]
 
     def _row_position(self, pre):
         """(M,) the number of entries of each entry's sample whose preorder position is below ``pre`` (M,)."""
@@ -383,14 +391,20 @@ class _Cands:
     def nxt(self):
         """(B, C) int64 the column after each entry's subtree (C at padding), made when first read."""
         if self._nxt is None:
-            bsz = self.count.numel()
-            nxt = torch.full((bsz, self.c), self.c, dtype=torch.long, device=self.sample.device)
-            nxt[self.sample, self.slot] = self._row_position(self.T.end[self.node])
-            self._nxt = nxt
+            if self.key is None:  # padding: T.end[N] = N + 1, above every position, so C
+                self._nxt = torch.searchsorted(self.pre, self.T.end[self.ids])
+            else:
+                bsz = self.count.numel()
+                nxt = torch.full((bsz, self.c), self.c, dtype=torch.long, device=self.sample.device)
+                nxt[self.sample, self.slot] = self._row_position(self.T.end[self.node])
+                self._nxt = nxt
         return self._nxt
 
     def parent_entry(self, T):
         """(M,) the entry of each entry's parent (the root entry: itself)."""
+        if self.key is None:
+            ppos = torch.searchsorted(self.pre, T.pre[T.parent[self.ids]])
+            return self.start[self.sample] + ppos[self.sample, self.slot]
         return self.start[self.sample] + self._row_position(T.pre[T.parent[self.node]])
 
     def subset(self, T, keep, dt):
@@ -406,12 +420,17 @@ class _Cands:
         return torch.cat([values, values.new_full((1,), fill)])[self.entry]
 
 
+#: Entries from which :func:`_argmax_rows` takes NumPy's (below it ``argmax``'s smaller fixed cost wins).
+_NUMPY_ARGMAX = 1 << 14
+
+
 def _argmax_rows(probs) -> torch.Tensor:
     """(B,) int64 the first column of each row's largest value: NumPy's on CPU tensors (several times
     faster than ``argmax`` along the rows of a (B, L) table there), the same index."""
-    if probs.device.type != "cpu":
+    if probs.device.type != "cpu" or probs.numel() < _NUMPY_ARGMAX:
         return probs.argmax(1)
-    return torch.from_numpy(np.argmax(_numpy(probs.detach()), axis=1).astype(np.int64, copy=False))
+    return torch.from_numpy(np.argmax(_numpy(probs.detach() if probs.requires_grad else probs), axis=1).astype(
+        np.int64, copy=False))
 
 
 def _tau_as(h, T, dt) -> torch.Tensor:
@@ -436,20 +455,25 @@ def _screen(h, T, p, thr, batch_major):
         total, c = torch.stack([count.sum(), count.max()]).tolist()
         sample, node = torch.nonzero_static(keep, size=total).unbind(1)
     else:
-        # A block of nodes at a time: the (nodes, B) product and mask stay small enough for reused heap
-        # memory (whole, they were fresh pages at every call); listed node-major as one ``nonzero`` would.
+        # A block of nodes at a time on large batches: the (nodes, B) product and mask stay small enough
+        # for reused heap memory (whole, they were fresh pages at every call); listed node-major as one
+        # ``nonzero`` would.
         thr_dt = thr.to(dt)[None, :]
         step = max(1, _SCREEN_BLOCK // max(p.shape[1], 1))
-        found = []
-        for a in range(0, p.shape[0], step):
-            keep = p[a:a + step] >= tau[a:a + step, None] * thr_dt
-            if a <= h.root < a + step:
-                keep[h.root - a] = True
-            at = keep.nonzero()
-            if a:
+        if step >= p.shape[0]:
+            keep = p >= tau[:, None] * thr_dt
+            keep[h.root] = True
+            node, sample = keep.nonzero().unbind(1)
+        else:
+            found = []
+            for a in range(0, p.shape[0], step):
+                keep = p[a:a + step] >= tau[a:a + step, None] * thr_dt
+                if a <= h.root < a + step:
+                    keep[h.root - a] = True
+                at = keep.nonzero()
                 at[:, 0] += a
-            found.append(at)
-        node, sample = (found[0] if len(found) == 1 else torch.cat(found)).unbind(1)
+                found.append(at)
+            node, sample = torch.cat(found).unbind(1)
         count = torch.bincount(sample, minlength=p.shape[1])
         c = int(count.max())
     # Sample-major, then preorder: the keys are distinct.
