@@ -74,8 +74,10 @@ def _cands(h, T, rng, B):
     return J._Cands(T, B, sample, node, q, torch.float64, count, int(count.max()))
 
 
+@pytest.mark.parametrize("flat", [True, False])
 @pytest.mark.parametrize("tree", ["tieredimagenet-h", "random"])
-def test_candidates_next_columns_and_parents_are_the_row_searches(tree):
+def test_candidates_next_columns_and_parents_are_the_row_searches(tree, flat, monkeypatch):
+    monkeypatch.setattr(J, "_FLAT_SEARCH", 1 if flat else 1 << 40)  # the flat keys' search, or the rows'
     if tree == "random":
         par = ref.random_tree(np.random.default_rng(5), num_nodes_max=60, min_leaves=1, unary_prob=0.3,
                               deep_bias=0.6)
@@ -84,6 +86,7 @@ def test_candidates_next_columns_and_parents_are_the_row_searches(tree):
         h, _ = bundled(tree)
     T = J._tables(h)
     c = _cands(h, T, np.random.default_rng(7), 23)
+    assert (c.key is not None) == flat
     # the formulas they replace: a sorted search along each (B, C) row of preorder positions
     pre = T.pre[c.ids]
     assert torch.equal(c.nxt, torch.searchsorted(pre, T.end[c.ids]))
