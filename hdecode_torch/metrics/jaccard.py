@@ -294,9 +294,9 @@ def _depth_prefix(post) -> torch.Tensor:
     src, at = (_numpy(probs.detach() if probs.requires_grad else probs), _numpy(order)) if cpu else (probs, order)
     step = max(1, _PREFIX_BLOCK // max(h.num_leaves, 1))
     for a in range(0, bsz, step):
-        part = out[a:a + step, 1:]
+        part, rows = out[a:a + step, 1:], src[a:a + step]
         # NumPy's take along rows is a few times faster than index_select's on a CPU
-        part.copy_(torch.from_numpy(np.take(src[a:a + step], at, axis=1)) if cpu else src[a:a + step].index_select(1, at))
+        part.copy_(torch.from_numpy(np.take(rows, at, axis=1)) if cpu else rows.index_select(1, at))
         part.cumsum_(1)
     return out.t()
 
