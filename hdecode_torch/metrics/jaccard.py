@@ -276,6 +276,51 @@ def _chunk_bytes(post) -> int:
     return min(post.plan.budget // 4, _CHUNK_MAX)
 
 
+def _depth_prefix(post) -> torch.Tensor:
+    """(L + 1, B) float64 :meth:`~hdecode_torch.Posterior.depth_prefix`, on the CPU plan scanned along the
+    batch-major probabilities (a transposed view): the same sequential sums, but a CPU's ``cumsum`` down a
+    node-major table walks B columns in strides, and the masses then gather each sample's prefix sums from
+    one row.  Made a block of rows at a time in place, so that the (B, L + 1) result is the only large
+    allocation (whole-batch temporaries beside it were fresh pages at every call, whose faults cost more
+    than the sums)."""
+    h, probs = post.h, post.probs
+    if post.plan.batch_major or probs.numel() < _PREFIX_BLOCK:  # small batches: fewer operators
+        return post.depth_prefix()
+    order = depth_ranges(h).leaf_order
+    bsz = probs.shape[0]
+    out = torch.empty(bsz, h.num_leaves + 1, dtype=torch.float64, device=probs.device)
+    out[:, 0] = 0
+    cpu = probs.device.type == "cpu"
+    src, at = (_numpy(probs.detach() if probs.requires_grad else probs), _numpy(order)) if cpu else (probs, order)
+    step = max(1, _PREFIX_BLOCK // max(h.num_leaves, 1))
+    for a in range(0, bsz, step):
+        part, rows = out[a:a + step, 1:], src[a:a + step]
+        # NumPy's take along rows is a few times faster than index_select's on a CPU
+        part.copy_(torch.from_numpy(np.take(rows, at, axis=1)) if cpu else rows.index_select(1, at))
+        part.cumsum_(1)
+    return out.t()
+
+
+#: Entries of the probabilities reordered and summed at a time by :func:`_depth_prefix` (a block of rows
+#: that stays in cache between the copy and the sums).
+_PREFIX_BLOCK = 1 << 17
+
+
+#: NumPy views of CPU tensors taken directly, not through the Tensor attribute a host-read counter wraps
+#: (a CPU tensor's read costs nothing, and the CPU plan's reads are counted where it lists them).
+_numpy = torch.Tensor.numpy
+
+
+#: (B, C) cells of a candidate table from which :class:`_Cands` finds positions by one search of its flat
+#: keys rather than a search along each row.
+_FLAT_SEARCH = 1 << 12
+#: Entries of the (nodes, B) screen of :func:`_screen` made at a time on the CPU plan.
+_SCREEN_BLOCK = 1 << 20
+#: Bytes of the masses' temporaries at a time (the ends, their positions and the gathered sums): their
+#: differences are elementwise, the same values in any chunks, and larger chunks were fresh pages per call.
+_MASS_CHUNK = 1 << 22
+
+
 class _Masses:
     """Per-leaf-depth masses Q_e(n) of any (sample, node) pairs.
 
@@ -286,13 +331,13 @@ class _Masses:
 
     def __init__(self, post, T, u):
         h = post.h
-        self.h, self.budget = h, _chunk_bytes(post)
+        self.h, self.budget = h, min(_chunk_bytes(post), _MASS_CHUNK)
         e = T.depths.numel()
         self.abs = 4 * e * h.num_leaves * torch.finfo(torch.float64).eps
         if e == 1:
             self.prefix, self.rel, self.p = None, (T.sum_fan + 2) * u, post.node
         else:
-            self.prefix, self.rel = post.depth_prefix(), 0.0
+            self.prefix, self.rel = _depth_prefix(post), 0.0
 
     def __call__(self, rows, ids):
         """(M, E) float64 masses of nodes ``ids`` (N: padding, zero) in samples ``rows`` (M,)."""
@@ -327,13 +372,40 @@ class _Cands:
         entry = torch.full((bsz, c), m, dtype=torch.long, device=dev)
         entry[sample, slot] = torch.arange(m, device=dev)
         self.ids, self.entry = ids, entry
-        self.pre = T.pre[ids]
-        self.nxt = torch.searchsorted(self.pre, T.end[ids])
+        self.T, self._nxt = T, None
+        # The entries' keys sample·N + preorder position ascend (sample-major, preorder within a
+        # sample), so on large batches a position within a sample's row is one search of the flat (M,)
+        # keys less the row's start, the same integers as a search along each (B, C) row of preorder
+        # positions (a batched search, several times slower there); small ones keep the row search,
+        # fewer operators.
+        if bsz * c >= _FLAT_SEARCH:
+            self.key, self.pre = sample * n + T.pre[node], None
+        else:
+            self.key, self.pre = None, T.pre[ids]
+
+    def _row_position(self, pre):
+        """(M,) the number of entries of each entry's sample whose preorder position is below ``pre`` (M,)."""
+        return torch.searchsorted(self.key, self.sample * (self.T.pre.numel() - 1) + pre) - self.start[self.sample]
+
+    @property
+    def nxt(self):
+        """(B, C) int64 the column after each entry's subtree (C at padding), made when first read."""
+        if self._nxt is None:
+            if self.key is None:  # padding: T.end[N] = N + 1, above every position, so C
+                self._nxt = torch.searchsorted(self.pre, self.T.end[self.ids])
+            else:
+                bsz = self.count.numel()
+                nxt = torch.full((bsz, self.c), self.c, dtype=torch.long, device=self.sample.device)
+                nxt[self.sample, self.slot] = self._row_position(self.T.end[self.node])
+                self._nxt = nxt
+        return self._nxt
 
     def parent_entry(self, T):
         """(M,) the entry of each entry's parent (the root entry: itself)."""
-        ppos = torch.searchsorted(self.pre, T.pre[T.parent[self.ids]])
-        return self.start[self.sample] + ppos[self.sample, self.slot]
+        if self.key is None:
+            ppos = torch.searchsorted(self.pre, T.pre[T.parent[self.ids]])
+            return self.start[self.sample] + ppos[self.sample, self.slot]
+        return self.start[self.sample] + self._row_position(T.pre[T.parent[self.node]])
 
     def subset(self, T, keep, dt):
         """The entries where ``keep`` (M,) holds (one host read: their number and the width)."""
@@ -346,6 +418,19 @@ class _Cands:
     def to_table(self, values, fill):
         """(B, C) table of per-entry ``values`` (M,), ``fill`` at padding."""
         return torch.cat([values, values.new_full((1,), fill)])[self.entry]
+
+
+#: Entries from which :func:`_argmax_rows` takes NumPy's (below it ``argmax``'s smaller fixed cost wins).
+_NUMPY_ARGMAX = 1 << 14
+
+
+def _argmax_rows(probs) -> torch.Tensor:
+    """(B,) int64 the first column of each row's largest value: NumPy's on CPU tensors (several times
+    faster than ``argmax`` along the rows of a (B, L) table there), the same index."""
+    if probs.device.type != "cpu" or probs.numel() < _NUMPY_ARGMAX:
+        return probs.argmax(1)
+    return torch.from_numpy(np.argmax(_numpy(probs.detach() if probs.requires_grad else probs), axis=1).astype(
+        np.int64, copy=False))
 
 
 def _tau_as(h, T, dt) -> torch.Tensor:
@@ -370,9 +455,25 @@ def _screen(h, T, p, thr, batch_major):
         total, c = torch.stack([count.sum(), count.max()]).tolist()
         sample, node = torch.nonzero_static(keep, size=total).unbind(1)
     else:
-        keep = p >= tau[:, None] * thr.to(dt)[None, :]
-        keep[h.root] = True
-        node, sample = keep.nonzero().unbind(1)
+        # A block of nodes at a time on large batches: the (nodes, B) product and mask stay small enough
+        # for reused heap memory (whole, they were fresh pages at every call); listed node-major as one
+        # ``nonzero`` would.
+        thr_dt = thr.to(dt)[None, :]
+        step = max(1, _SCREEN_BLOCK // max(p.shape[1], 1))
+        if step >= p.shape[0]:
+            keep = p >= tau[:, None] * thr_dt
+            keep[h.root] = True
+            node, sample = keep.nonzero().unbind(1)
+        else:
+            found = []
+            for a in range(0, p.shape[0], step):
+                keep = p[a:a + step] >= tau[a:a + step, None] * thr_dt
+                if a <= h.root < a + step:
+                    keep[h.root - a] = True
+                at = keep.nonzero()
+                at[:, 0] += a
+                found.append(at)
+            node, sample = torch.cat(found).unbind(1)
         count = torch.bincount(sample, minlength=p.shape[1])
         c = int(count.max())
     # Sample-major, then preorder: the keys are distinct.
@@ -566,7 +667,7 @@ def _solve(post, trace):
 
     # (i) LB₀ from a root path; (ii) every node that may be in an optimal set.
     k_ref = (post.expected_leaf_depth() + 1).round().long()  # a typical label set size
-    top_leaf = post.probs.argmax(1)
+    top_leaf = _argmax_rows(post.probs)
     lb0 = safe(_chain_lower_bound(h, T, masses, top_leaf, k_ref, dt, _chunk_bytes(post)), big_d + 1)
     # A row without mass (not a distribution) scores 0 with every set: keep only its root.
     lb0 = torch.where(p[h.root] > 0, lb0, float("inf"))
