@@ -31,9 +31,12 @@ def _component(name, h):
     return hd.get_decoder(name, h, **params)
 
 
-def _blocked_names():
+def _blocked_names(tree="tieredimagenet-h"):
     names = sorted(set(hd.list_metrics()) | (set(hd.list_decoders()) - {"optimal"}))
-    return [n for n in names if _component(n, hd.load_hierarchy("tieredimagenet-h")).cpu_block_bytes]
+    h = hd.load_hierarchy(tree)
+    with hd.plan_for("cpu"):
+        post = hd.Posterior(h, torch.full((2, h.num_leaves), 1 / h.num_leaves))
+    return [n for n in names if _component(n, h)._cpu_block_bytes(post)]
 
 
 def _probs(h, batch, dtype, seed=0):
@@ -50,13 +53,14 @@ def test_the_closed_forms_declare_blocks():
     got = _blocked_names()
     assert {"tree_distance", "tree_distance_c", "lca_height", "zhao", "hamming", "majority",
             "confidence_threshold", "darts", "crm", "hie"} <= set(got), got
-    assert "jaccard" not in got and "argmax_leaf" not in got and "top_down" not in got
+    assert not {"jaccard", "argmax_leaf", "top_down", "wu_palmer"} & set(got)  # tieredImageNet-H's Wu-Palmer:
+    assert "wu_palmer" in _blocked_names("inat19")  # the candidates there, the structural sums on iNat19
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("name", _blocked_names())
-def test_blocks_give_the_whole_batch_bits(name, dtype):
-    h = hd.load_hierarchy("tieredimagenet-h")
+@pytest.mark.parametrize("tree,name", [("tieredimagenet-h", n) for n in _blocked_names()] + [("inat19", "wu_palmer")])
+def test_blocks_give_the_whole_batch_bits(tree, name, dtype):
+    h = hd.load_hierarchy(tree)
     m = _component(name, h)
     probs = _probs(h, 37, dtype)
     whole = _dense(m.decode(probs, chunk_size=37))  # one chunk: the tables of the whole batch

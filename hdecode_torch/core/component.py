@@ -134,9 +134,14 @@ class HierarchyComponent:
         if bytes_per_sample is None:
             bytes_per_sample = self._bytes_per_sample(post.h, post.plan)
         budget = post.plan.budget
-        if chunk_size is None and not post.plan.gpu and self.cpu_block_bytes:
-            budget = min(budget, self.cpu_block_bytes)
+        block = None if (chunk_size is not None or post.plan.gpu) else self._cpu_block_bytes(post)
+        if block:
+            budget = min(budget, block)
         return chunk_ranges(batch, bytes_per_sample, budget, _chunk_size(chunk_size))
+
+    def _cpu_block_bytes(self, post) -> int | None:
+        """The CPU plan's block of rows for ``post``'s batch, in bytes of temporaries (``cpu_block_bytes``)."""
+        return self.cpu_block_bytes
 
     def decode(self, leaf_probs, *, from_logits: bool | str = False, normalize: bool = False,
                validate: bool | None = None, chunk_size: int | None = None, within=None) -> torch.Tensor:

@@ -23,7 +23,7 @@ import copy
 
 import torch
 
-from ..core.chunking import chunk_ranges
+from ..core.chunking import CPU_BLOCK_BYTES, chunk_ranges
 from ..core.params import Param
 from ..core.plan import get_memory_budget
 from ..kernels.ancestry import leaf_lca
@@ -125,6 +125,7 @@ class StrategyNodeMetric(NodeMetric):
                     doc="how the exact decoder searches: auto, structural, dense or candidates"),)
     #: Overridable per instance (tests set 0 to take the path of trees too large for the dense matrix).
     DENSE_MAX_ENTRIES = DENSE_MAX_ENTRIES
+    cpu_block_bytes = CPU_BLOCK_BYTES  # the structural strategy's (see _cpu_block_bytes)
 
     def resolved_strategy(self, plan, h=None) -> str:
         """The strategy ``decode`` runs under ``plan`` on ``h`` (default: this metric's hierarchy).
@@ -138,6 +139,11 @@ class StrategyNodeMetric(NodeMetric):
         if plan.gpu:
             return "dense" if self._dense_fits(h) else "structural"
         return "candidates" if self.candidates_are_faster(h, self._dense_fits(h)) else "structural"
+
+    def _cpu_block_bytes(self, post) -> int | None:
+        # the structural sums are passes over (N, B) tables (and (N, E, B) ones), which cache-sized blocks
+        # speed up; the candidates' and the dense product's work is per pair or per row
+        return self.cpu_block_bytes if self.resolved_strategy(post.plan, post.h) == "structural" else None
 
     def _dense_fits(self, h) -> bool:
         return dense_fits(h, self.DENSE_MAX_ENTRIES)

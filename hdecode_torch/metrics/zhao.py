@@ -24,7 +24,6 @@ import math
 
 import torch
 
-from ..core.chunking import CPU_BLOCK_BYTES
 from ..kernels.ancestry import lca, top_ancestor
 from ..kernels.candidates import PruningStatistics
 from ..kernels.fused import path_score_best, trust_indices
@@ -104,7 +103,6 @@ class Zhao(StrategyNodeMetric):
     """Zhao et al.'s information-content similarity 2 I(LCA) / (I(h) + I(y))."""
 
     name = "zhao"
-    cpu_block_bytes = CPU_BLOCK_BYTES
     higher_is_better = True
     description = "Zhao similarity 2 I(LCA) / (I(h) + I(y)), information content I"
     algorithms = {"cpu": "I(LCA) telescoped along root paths (strategy 'auto')",
