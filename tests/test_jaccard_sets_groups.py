@@ -147,3 +147,19 @@ def test_gains_window_is_the_unfolded_rows():
         assert torch.equal(torch.isinf(g), depth[:, None] >= torch.arange(1, kmax + 1))
         assert torch.allclose(g, want, rtol=1e-15, atol=0) and torch.equal(g.isinf(), want.isinf())
 
+
+def test_gpu_plan_one_leaf_depth_copies_no_node_table():
+    """With one leaf depth the GPU plan's masses are the node sums gathered where needed: no padded
+    (B, N + 1) copy of the node table (a concatenation), and the CPU plan's sets."""
+    from benchmarks.plan_cost import cost_of
+
+    h, _ = bundled("inat19")
+    rng = np.random.default_rng(3)
+    x = torch.as_tensor(np.concatenate([model_like(rng, h, 40, kind) for kind in ("peaked", "confused")]))
+    m = hd.get_metric("jaccard", h)
+    cost = cost_of(m.decode, x, "cuda")
+    assert "cat" not in cost.by_op and cost.ops <= 51, (cost.ops, cost.by_op)
+    with hd.plan_for("cpu"):
+        cpu = m.decode(x)
+    with hd.plan_for("cuda"):
+        assert torch.equal(m.decode(x), cpu)
