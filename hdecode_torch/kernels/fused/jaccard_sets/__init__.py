@@ -525,6 +525,26 @@ def row_slacks(count: torch.Tensor, num_e: int, u: float, mass_rel: float, mass_
     return 2 * ((num_e + 16 + c) * u + mass_rel), 4 * c * mass_abs
 
 
+#: (kmax, max_depth, device) -> the tables of :func:`_size_tables`: tree- and width-only, made once rather
+#: than per call (a call of one row runs a few dozen small operators; these were five of them).
+_SIZE_TABLES: dict = {}
+
+
+def _size_tables(kmax: int, max_depth: int, dev: torch.device):
+    """``(kf, tau_k, span)``: the sizes 1..K (float64), τ_k = max(k, v)/(2k + D − 1) for v = 0..D + 1 (rows)
+    and k = 1..K, flattened ((D + 2)·K float64), and 0..K − 1 (int64); cached."""
+    key = (kmax, max_depth, dev)
+    got = _SIZE_TABLES.get(key)
+    if got is None:
+        kf = torch.arange(1, kmax + 1, device=dev, dtype=torch.float64)
+        levels = torch.arange(max_depth + 2, device=dev, dtype=torch.float64)
+        tau_k = (torch.maximum(kf, levels[:, None]) / (2 * kf + max_depth - 1)).view(-1)
+        if len(_SIZE_TABLES) >= 64:  # widths vary from call to call: keep a bounded few
+            _SIZE_TABLES.clear()
+        got = _SIZE_TABLES[key] = (kf, tau_k, torch.arange(kmax, device=dev))
+    return got
+
+
 def _solve(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget,
            tolist=None):
     """:func:`jaccard_sets_torch` of rows whose counts fit q's width, each with its own rounding slacks;
@@ -553,11 +573,9 @@ def _solve(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, 
     # The nodes allowed at each size: τ_k(n) = max(k, d_min(n) + 1)/(2k + D − 1).  d_min(n) + 1 takes
     # D + 1 values: τ_k is a (D + 2, K) table (the same quotients as made per cell) read per cell, for
     # 2^20 (row, column, size) cells at a time, and g masked in place.
-    kf = torch.arange(1, kmax + 1, device=dev, dtype=torch.float64)
-    levels = torch.arange(max_depth + 2, device=dev, dtype=torch.float64)
-    tau_k = (torch.maximum(kf, levels[:, None]) / (2 * kf + max_depth - 1)).view(-1)  # (D + 2) × K
+    kf, tau_k, span = _size_tables(kmax, max_depth, dev)
     level = dmin1[safe_ids].clamp(max=max_depth + 1).long()  # (B, C) d_min + 1 in 1..D + 1 (padding: 0)
-    at_level = level.mul_(kmax)[:, :, None] + torch.arange(kmax, device=dev)  # each cell's entry of τ_k
+    at_level = level.mul_(kmax)[:, :, None] + span  # each cell's entry of τ_k
     scale = (lb * (1 - mass_rel))[:, None, None]
     above = (pv + mass_abs)[:, :, None]
     step = max(1, (1 << 20) // (bsz * kmax))
