@@ -95,3 +95,71 @@ def test_cpu_table_budget_keeps_the_sets(tree, monkeypatch):
         solved[budget] = sum(chunks)  # knapsack chunks over all groups of pairs
     assert solved[1 << 12] > 10 * solved[1 << 62], solved
     assert int(capped.sum()) > capped.shape[0]  # more than the roots: real sets
+
+
+def test_group_widths():
+    """Two width classes per doubling from 8, the batch's width last: a row's (C, K) tables are at most
+    (3/2)² its own count's square beyond 8 columns."""
+    assert JS.group_widths(9) == [8, 9]
+    assert JS.group_widths(42) == [8, 12, 16, 24, 32, 42]
+    assert JS.group_widths(100) == [8, 12, 16, 24, 32, 48, 64, 96, 100]
+    for c in range(9, 300):
+        w = JS.group_widths(c)
+        assert w[-1] == c and all(a < b <= 3 * a // 2 for a, b in zip(w, w[1:])), (c, w)
+
+
+@pytest.mark.parametrize("tree", ["tieredimagenet-h", "inat19"])
+def test_narrow_groups_are_the_whole_table(tree, monkeypatch):
+    """Rows of 8 candidates or fewer, of 9-12 and of 13-16 solved in groups of their own, merged into wider
+    ones (the default) or all at once: the same sets, bit for bit."""
+    h, _ = bundled(tree)
+    rng = np.random.default_rng(47)
+    P = np.concatenate([model_like(rng, h, 200, kind) for kind in ("peaked", "diffuse", "confused", "shallow")])
+    args = op_args(h, P)
+    bsz, c, _ = args[0].shape
+    counts = args[2]
+    classes = torch.searchsorted(counts.new_tensor(JS.group_widths(c)), counts)
+    assert len(set(classes.tolist()) & {0, 1, 2}) >= 2 and bsz * c * c >= JS.GROUP_CELLS
+    default = JS.jaccard_sets_torch(*args)
+    monkeypatch.setattr(JS, "GROUP_MERGE_CELLS", 0)  # every width class its own group
+    separate = JS.jaccard_sets_torch(*args)
+    monkeypatch.setattr(JS, "GROUP_CELLS", 1 << 62)
+    whole = JS.jaccard_sets_torch(*args)
+    assert torch.equal(default, whole) and torch.equal(separate, whole)
+    assert int(whole.sum()) > bsz
+
+
+def test_gains_window_is_the_unfolded_rows():
+    """:func:`gains` reads each entry's window of sizes by a gather: the entries of the strided rows
+    ``t[r, K − d(r) : 2K − d(r)]`` it was read from before, -inf for k ≤ d, whatever the block of rows."""
+    rng = np.random.default_rng(5)
+    for kmax, e, rows in ((7, 1, 300), (12, 3, 70_000), (30, 10, 500)):
+        q = torch.as_tensor(rng.random((rows, e)))
+        depth = torch.as_tensor(rng.integers(0, kmax + 3, rows))
+        depths = torch.as_tensor(np.sort(rng.choice(np.arange(1.0, 20.0), e, replace=False)))
+        g = JS.gains(q, depth, depths, kmax)
+        w = JS.gain_weights(depths, kmax, torch.float64)
+        s = q @ w.t()
+        d = depth.clamp(max=kmax)
+        t = torch.cat([torch.full((rows, kmax), float("-inf"), dtype=torch.float64),
+                       torch.addcmul(s[:, :kmax], d.double()[:, None], s[:, kmax:])], 1)
+        want = t.unfold(1, kmax, 1)[torch.arange(rows), kmax - d]
+        assert torch.equal(torch.isinf(g), depth[:, None] >= torch.arange(1, kmax + 1))
+        assert torch.allclose(g, want, rtol=1e-15, atol=0) and torch.equal(g.isinf(), want.isinf())
+
+
+def test_gpu_plan_one_leaf_depth_copies_no_node_table():
+    """With one leaf depth the GPU plan's masses are the node sums gathered where needed: no padded
+    (B, N + 1) copy of the node table (a concatenation), and the CPU plan's sets."""
+    from benchmarks.plan_cost import cost_of
+
+    h, _ = bundled("inat19")
+    rng = np.random.default_rng(3)
+    x = torch.as_tensor(np.concatenate([model_like(rng, h, 40, kind) for kind in ("peaked", "confused")]))
+    m = hd.get_metric("jaccard", h)
+    cost = cost_of(m.decode, x, "cuda")
+    assert "cat" not in cost.by_op and cost.ops <= 51, (cost.ops, cost.by_op)
+    with hd.plan_for("cpu"):
+        cpu = m.decode(x)
+    with hd.plan_for("cuda"):
+        assert torch.equal(m.decode(x), cpu)

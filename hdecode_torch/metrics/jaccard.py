@@ -835,10 +835,10 @@ def jaccard_decode_packed(post) -> torch.Tensor:
         prefix = post.depth_prefix().t()  # (B, L + 1) float64
         masses = lambda ids: _masses_packed(h, prefix, ids, _chunk_bytes(post))  # noqa: E731
     else:
-        # (B, N + 1), column N: padding; only the gathered (B, C) entries made float64 (exact), not the
-        # whole table (on a CPU its fresh pages cost more than the knapsack at B = 4,096).
-        p_pad = torch.cat([p.t(), p.new_zeros(bsz, 1)], 1)
-        masses = lambda ids: p_pad.gather(1, ids).double()[:, :, None]  # noqa: E731
+        # Gathered from the batch-major (B, N) node sums, no padded copy of them (the packed candidates are
+        # nodes, the root paths' past their leaf masked below); only the gathered entries made float64 (exact).
+        p_rows = p.t()
+        masses = lambda ids: p_rows.gather(1, ids).double()[:, :, None]  # noqa: E731
     # (i) LB₀, a value certainly at most that of an achieved set: the root-path prefixes A(a) of the
     # most probable leaf, every size on shallow trees, the sizes around E[d(y)] + 1 and the leaf's own
     # on deep ones; {root} where even the ancestors-by-depth table is too large.
@@ -848,14 +848,20 @@ def jaccard_decode_packed(post) -> torch.Tensor:
         values, k = post.probs.double() @ (1 / (h.leaf_depth.double() + 1)), 1  # E[J({root})]
     else:
         top = post.probs.argmax(1)
-        chain = _root_paths(h, T, top)  # (B, D + 1), N past the leaf; no (N, D + 1) table
-        q = masses(chain)  # (B, D + 1, E)
+        if num_e > 1:
+            chain = _root_paths(h, T, top)  # (B, D + 1), N past the leaf; no (N, D + 1) table
+            q = masses(chain)  # (B, D + 1, E)
+        else:  # p(n) at the ancestors, 0 past the leaf
+            chain, inside = _root_paths_within(h, T, top)
+            q = torch.where(inside, p_rows.gather(1, chain), 0).double()[:, :, None]
         if k ** 2 * num_e <= _CHAIN_TABLE_MAX:
             # Past the leaf the masses are 0 and the other gains only fall with k: never the maximum.
             values = torch.tensordot(q, _chain_weights(h, T), dims=([1, 2], [0, 1])).amax(1)
         else:
             ks = torch.cat([k_ref[:, None] + torch.arange(-3, 4, device=dev), (T.depth[top] + 1)[:, None]], 1)
             ks = ks.clamp(min=1, max=k)  # (B, W)
+            if num_e == 1:  # padding N past the leaf, as _root_paths gives: no gain there
+                chain = torch.where(inside, chain, h.num_nodes)
             g = _gains_at(T, q.view(-1, num_e), T.depth[chain.view(-1)], ks.repeat_interleave(k, 0), k,
                           _chunk_bytes(post))
             inside = torch.arange(k, device=dev)[None, :, None] < ks[:, None, :]  # A(a) is the first k chain nodes
@@ -880,6 +886,14 @@ def jaccard_decode_packed(post) -> torch.Tensor:
     out.scatter_(1, chosen, True)
     out[:, h.root] = True
     return out[:, :n]
+
+
+def _root_paths_within(h, T, leaf):
+    """``(anc, inside)``, (B, D + 1) each: :func:`_root_paths` as the ancestors of each leaf (B,) at every
+    depth (past the leaf: any node) and whether the depth is within the leaf's."""
+    levels = torch.arange(T.max_depth + 1, device=leaf.device)
+    idx = torch.searchsorted(T.dp_key, levels[None, :] * h.num_nodes + T.pre[leaf][:, None], right=True) - 1
+    return T.dp_node[idx.clamp(min=0)], levels[None, :] <= T.depth[leaf][:, None]
 
 
 def _preorder_rank(h, T) -> torch.Tensor:

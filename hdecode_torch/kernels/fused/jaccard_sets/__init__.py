@@ -19,7 +19,7 @@ import torch
 from .._checks import check_bounds, check_float_tensor, check_vector
 from .._registry import register
 
-__all__ = ["jaccard_sets", "jaccard_sets_torch", "row_slacks", "gains", "gain_weights", "size_bound", "knapsack", "knapsack_sets", "knapsack_band", "walk", "walk_band", "closed_prefix_bound", "SCHEMA"]
+__all__ = ["jaccard_sets", "jaccard_sets_torch", "row_slacks", "gains", "gain_weights", "size_bound", "knapsack", "knapsack_sets", "knapsack_band", "walk", "walk_band", "closed_prefix_bound", "group_widths", "SCHEMA"]
 
 SCHEMA = ("jaccard_sets(Tensor q, Tensor ids, Tensor count, Tensor lb, Tensor k_ref, Tensor pre, Tensor end, "
           "Tensor depth, Tensor dmin1, Tensor depths, int max_depth, float mass_rel, float mass_abs, int budget) -> Tensor")
@@ -130,20 +130,24 @@ def gains(q: torch.Tensor, depth: torch.Tensor, depths: torch.Tensor, kmax: int,
     if rows > block and 2 * kmax * depths.numel() <= 1 << 20:
         weights = [gain_weights(depths, kmax, dt, m0, min(kmax, m0 + GAIN_SIZES))
                    for m0 in range(0, kmax, GAIN_SIZES)]
+    span = torch.arange(kmax, device=dev)
     for a in range(0, rows, block):
         b = min(rows, a + block)
         qa, sa, ta = q[a:b], s[: b - a], t[: b - a]
         for i, m0 in enumerate(range(0, kmax, GAIN_SIZES)):
             m1 = min(kmax, m0 + GAIN_SIZES)
             w = weights[i] if weights is not None else gain_weights(depths, kmax, dt, m0, m1)
+            if kmax <= GAIN_SIZES:  # one block of sizes: the product is S1 | S2 already (no copy)
+                torch.mm(qa, w.t(), out=sa)
+                continue
             part = qa @ w.t()  # (rows, 2(m1 − m0))
             sa[:, m0:m1] = part[:, : m1 - m0]
             sa[:, kmax + m0:kmax + m1] = part[:, m1 - m0:]
         d = d_all[a:b]
         # t[r, K + m − 1] = S1 + d·S2 at m, and -inf in the first K columns (m < 1): row r reads the
-        # window t[r, K − d(r) : 2K − d(r)], one strided row copy instead of K index computations.
+        # window t[r, K − d(r) : 2K − d(r)], one gather (cheaper on a CPU than indexing its unfolded rows).
         torch.addcmul(sa[:, :kmax], d.to(dt)[:, None], sa[:, kmax:], out=ta[:, kmax:])
-        g[a:b] = ta.unfold(1, kmax, 1)[torch.arange(b - a, device=dev), kmax - d]
+        torch.gather(ta, 1, (kmax - d)[:, None] + span, out=g[a:b])
     return g
 
 
@@ -437,10 +441,24 @@ def walk(dec, nx, kidx):
 
 
 #: Batches of CPU tensors of at least this many (row, candidate, size) cells B·C² are solved in groups
-#: of rows by candidate count (at most 16, 32, 64, ... columns, each group's tables that wide), where
-#: the widest row would otherwise set every row's width; smaller ones in one go.  Not on a GPU, where
-#: the groups' sizes would be one more host read (and the Triton kernel solves each row alone).
+#: of rows by candidate count (at most 8, 12, 16, 24, 32, 48, ... columns, each group's tables that
+#: wide), where the widest row would otherwise set every row's width; smaller ones in one go.  Not on a
+#: GPU, where the groups' sizes would be one more host read (and the Triton kernel solves each row alone).
 GROUP_CELLS = 1 << 16
+
+#: A group of rows joins the next wider one when that costs fewer extra (row, candidate, size) cells
+#: than this: about what one more group's fixed cost (its operators and host reads) buys on a CPU.
+GROUP_MERGE_CELLS = 1 << 16
+
+
+def group_widths(c: int) -> list[int]:
+    """The widths of the row groups of a batch of width ``c``: 8, 12, 16, 24, 32, 48, ... below c, then c
+    (two steps per doubling: a row's tables cost C² cells, so a row is at most 2.25× its own)."""
+    widths, w = [], 8
+    while w < c:
+        widths.append(w)
+        w = w * 3 // 2 if w & (w - 1) == 0 else w * 4 // 3
+    return widths + [c]
 
 
 #: The knapsack tables' budget on a CPU, below glibc's largest mmap threshold (32 MiB): tables that size
@@ -461,11 +479,11 @@ def _walk_steps_numpy(flat, nxt, at, pos, members) -> None:
 def jaccard_sets_torch(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget):
     """The torch implementation of :func:`jaccard_sets` (every device).
 
-    Large batches of CPU tensors are solved in groups of rows of at most 16, 32, 64, ... candidates,
-    each group on its first columns; the rounding slacks are each row's own (:func:`row_slacks`), so a
-    row's choice between sizes is the same formula alone, in any group and in any batch.  On CPU
-    tensors the knapsack and its walk step NumPy views of their tables (the same float64 operations),
-    and the tables take at most ``CPU_BUDGET`` bytes at a time whatever ``budget`` says (each pair's
+    Large batches of CPU tensors are solved in groups of rows of at most 8, 12, 16, 24, ... candidates
+    (:func:`group_widths`), each group on its first columns; the rounding slacks are each row's own
+    (:func:`row_slacks`), so a row's choice between sizes is the same formula alone, in any group and in
+    any batch.  On CPU tensors the knapsack and its walk step NumPy views of their tables (the same float64
+    operations), and the tables take at most ``CPU_BUDGET`` bytes at a time whatever ``budget`` says (each pair's
     knapsack is its own: the same sets in any chunks).
     """
     check_args(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget)
@@ -473,21 +491,22 @@ def jaccard_sets_torch(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths,
     if q.device.type == "cpu":  # the same sets in any chunks (each pair's knapsack is its own)
         budget = min(budget, CPU_BUDGET)
     tables = (pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget)
-    if q.device.type != "cpu" or bsz * c * c < GROUP_CELLS or c <= 16:
+    if q.device.type != "cpu" or bsz * c * c < GROUP_CELLS or c <= 8:
         return _solve(q, ids, count, lb, k_ref, *tables)
-    groups = (c - 1).bit_length() - 3  # 16·2^(groups − 1) ≥ c
-    group = ((count - 1).clamp(min=0) >> 4).add(1).log2().ceil().long().clamp(max=groups - 1)
+    widths = group_widths(c)
+    group = torch.searchsorted(count.new_tensor(widths), count)  # the narrowest width that holds the row
     order = torch.sort(group, stable=True).indices
     # one host read, as the ungrouped call makes: the groups' own reads of CPU tensors go uncounted
-    sizes = torch.zeros(groups, dtype=torch.long, device=q.device).index_add_(0, group, torch.ones_like(group)).tolist()
+    sizes = torch.bincount(group, minlength=len(widths)).tolist()
     out = torch.zeros(bsz, c, dtype=torch.bool, device=q.device)
-    a = 0
-    for g, n in enumerate(sizes):
-        if n:
-            rows, w = order[a:a + n], min(c, 16 << g)
-            out[rows, :w] = _solve(q[rows, :w], ids[rows, :w], count[rows], lb[rows], k_ref[rows], *tables,
-                                   _tolist)
-            a += n
+    a, n = 0, 0
+    for g, w in enumerate(widths):
+        n += sizes[g]
+        if not n or (g + 1 < len(widths) and n * (widths[g + 1] ** 2 - w * w) < GROUP_MERGE_CELLS):
+            continue  # none, or cheaper in the next group
+        rows = order[a:a + n]
+        out[rows, :w] = _solve(q[rows, :w], ids[rows, :w], count[rows], lb[rows], k_ref[rows], *tables, _tolist)
+        a, n = a + n, 0
     return out
 
 
@@ -504,6 +523,26 @@ def row_slacks(count: torch.Tensor, num_e: int, u: float, mass_rel: float, mass_
     """
     c = count.to(torch.float64)
     return 2 * ((num_e + 16 + c) * u + mass_rel), 4 * c * mass_abs
+
+
+#: (kmax, max_depth, device) -> the tables of :func:`_size_tables`: tree- and width-only, made once rather
+#: than per call (a call of one row runs a few dozen small operators; these were five of them).
+_SIZE_TABLES: dict = {}
+
+
+def _size_tables(kmax: int, max_depth: int, dev: torch.device):
+    """``(kf, tau_k, span)``: the sizes 1..K (float64), τ_k = max(k, v)/(2k + D − 1) for v = 0..D + 1 (rows)
+    and k = 1..K, flattened ((D + 2)·K float64), and 0..K − 1 (int64); cached."""
+    key = (kmax, max_depth, dev)
+    got = _SIZE_TABLES.get(key)
+    if got is None:
+        kf = torch.arange(1, kmax + 1, device=dev, dtype=torch.float64)
+        levels = torch.arange(max_depth + 2, device=dev, dtype=torch.float64)
+        tau_k = (torch.maximum(kf, levels[:, None]) / (2 * kf + max_depth - 1)).view(-1)
+        if len(_SIZE_TABLES) >= 64:  # widths vary from call to call: keep a bounded few
+            _SIZE_TABLES.clear()
+        got = _SIZE_TABLES[key] = (kf, tau_k, torch.arange(kmax, device=dev))
+    return got
 
 
 def _solve(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget,
@@ -531,17 +570,21 @@ def _solve(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, 
     # the CPU plan's own closed-prefix bound lets them.
     lb = torch.maximum(lb, closed_prefix_bound(g, node_depth, count, k_ref, slack_v, slack_abs,
                                                     max_depth))
-    # The nodes allowed at each size: τ_k(n) = max(k, d_min(n) + 1)/(2k + D − 1), made for 2^20
-    # (row, column, size) cells at a time (elementwise: the same values), g masked in place.
-    kf = torch.arange(1, kmax + 1, device=dev, dtype=torch.float64)
-    dmin = dmin1[safe_ids].clamp(max=max_depth + 1)  # (B, C)
+    # The nodes allowed at each size: τ_k(n) = max(k, d_min(n) + 1)/(2k + D − 1).  d_min(n) + 1 takes
+    # D + 1 values: τ_k is a (D + 2, K) table (the same quotients as made per cell) read per cell, for
+    # 2^20 (row, column, size) cells at a time, and g masked in place.
+    kf, tau_k, span = _size_tables(kmax, max_depth, dev)
+    level = dmin1[safe_ids].clamp(max=max_depth + 1).long()  # (B, C) d_min + 1 in 1..D + 1 (padding: 0)
+    at_level = level.mul_(kmax)[:, :, None] + span  # each cell's entry of τ_k
     scale = (lb * (1 - mass_rel))[:, None, None]
+    above = (pv + mass_abs)[:, :, None]
     step = max(1, (1 << 20) // (bsz * kmax))
     for a in range(0, c, step):
         e = slice(a, a + step)
-        tau_k = torch.maximum(kf, dmin[:, e, None]) / (2 * kf + max_depth - 1)  # (B, C', K)
-        allowed = ((pv[:, e] + mass_abs)[:, :, None] >= tau_k * scale) | (cols[e] == 0)[None, :, None]
-        g[:, e].masked_fill_(~(allowed & real[:, e, None]), float("-inf"))
+        allowed = above[:, e] >= tau_k[at_level[:, e]] * scale  # (B, C', K)
+        if a == 0:
+            allowed[:, 0] = True
+        g[:, e].masked_fill_(~allowed.logical_and_(real[:, e, None]), float("-inf"))
     # The sizes whose bound reaches lb: min(the Lagrangian top-k bound, G(k)), λ_k the gain at k of the
     # candidate ranked k-th by its gain at the typical size.
     col = (k_ref.clamp(min=1, max=kmax) - 1)
