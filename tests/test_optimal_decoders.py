@@ -404,7 +404,8 @@ def test_hf_beta_settled_set_sizes_pass_the_test_they_skip(beta, dtype, k_ref):
     from hdecode_torch.metrics.hf_beta import _PrefixSolver, hf_beta_bound
     h, _ = bundled("tieredimagenet-h")
     rng = np.random.default_rng(34)
-    P = torch.as_tensor(np.concatenate([model_like(rng, h, 50, k) for k in ("peaked", "diffuse", "confused", "shallow")]))
+    kinds = ("peaked", "diffuse", "confused", "shallow")
+    P = torch.as_tensor(np.concatenate([model_like(rng, h, 50, k) for k in kinds]))
     post = hd.Posterior(h, P.to(dtype))
     p = post.node
     keep = p >= hf_beta_bound(h, beta).to(dtype)[:, None]
