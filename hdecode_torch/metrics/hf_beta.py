@@ -40,7 +40,9 @@ stage's value.  In stage 1 that is all (any achieved value is a valid LB).  In s
 value is certified: a k can only beat it if an upper bound on V(k) does (Δ_k ≤ ρ(k) Δ_k̂ for the
 largest ratio ρ(k) of the depth weights, and the coverage bound G(k)); for each such k, if the
 length-k prefix is itself a top-k set of Δ_k (its smallest Δ_k is at least the largest outside
-it), then V(k) = PV(k) is already counted.  Only the remaining (sample, k) pairs, rare because
+it), then V(k) = PV(k) is already counted.  Most such k show it from the order at k̂ alone (Δ_k/Δ_k̂
+lies between the smallest and the largest weight ratio, so a wide enough gap after the k-th Δ_k̂
+suffices); the others compute their Δ_k.  Only the remaining (sample, k) pairs, rare because
 the order barely moves with k, are solved by a sort.  When all leaves share one depth the order
 does not depend on k and every pair passes.  Host syncs: the two stages' C, the pairs to check.
 
