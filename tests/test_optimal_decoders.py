@@ -392,6 +392,44 @@ def test_hf_beta_certification_survives_a_bad_reference_order(beta, k_ref):
     assert torch.equal(best_k, want_k + 1)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("beta", [0.5, 1.0, 2.0])
+@pytest.mark.parametrize("k_ref", ["one", "expected"])
+def test_hf_beta_settled_set_sizes_pass_the_test_they_skip(beta, dtype, k_ref):
+    """The certification settles most set sizes k from Δ_k̂ alone (Δ_k/Δ_k̂ between ρ_min(k) and ρ_max(k)).
+    Every k it settles must be one whose test on the rounded Δ_k, as the certification computes them, passes
+    (the smallest Δ_k in the length-k prefix at least the largest after it): else skipping that test could
+    change a decision.  Negative masses (an unchecked input) settle nothing."""
+    from hdecode_torch.kernels.candidates import candidate_pairs
+    from hdecode_torch.metrics.hf_beta import _PrefixSolver, hf_beta_bound
+    h, _ = bundled("tieredimagenet-h")
+    rng = np.random.default_rng(34)
+    kinds = ("peaked", "diffuse", "confused", "shallow")
+    P = torch.as_tensor(np.concatenate([model_like(rng, h, 50, k) for k in kinds]))
+    post = hd.Posterior(h, P.to(dtype))
+    p = post.node
+    keep = p >= hf_beta_bound(h, beta).to(dtype)[:, None]
+    keep[h.root] = True
+    sample, node, _ = candidate_pairs(h, keep, p)
+    solver = _PrefixSolver(post, 1 / (1 + beta * beta))
+    count = torch.bincount(sample, minlength=P.shape[0])
+    guess = {"one": torch.ones_like(count), "expected": (post.expected_leaf_depth() + 1).round().long()}[k_ref]
+    _, _, _, q, d_ref, k_hat, _, count, _ = solver.solve(solver.from_pairs(sample, node), guess)
+    c, e = q.shape[1:]
+    w = solver.weights_upto(c)
+    ratio = w[None, :, [0, e - 1]] / solver.weights_at(k_hat, c)[:, None, [0, e - 1]]
+    cols = torch.arange(c)
+    settled = solver._settled(ratio, d_ref, q) & (cols[None, :] < count[:, None])
+    b, kk = settled.nonzero().unbind(1)
+    assert b.numel() > 0.1 * count.sum()  # not an empty claim, even with the poor order of k̂ = 1
+    dk = torch.bmm(q.index_select(0, b), w.index_select(0, kk)[:, :, None])[:, :, 0]  # Δ_k as the certification has it
+    prefix = cols[None, :] <= kk[:, None]
+    inside = dk.masked_fill(~prefix, float("inf")).amin(1)
+    after = dk.masked_fill(prefix | (cols[None, :] >= count[b][:, None]), float("-inf")).amax(1)
+    assert (inside >= after).all()
+    assert not solver._settled(ratio, d_ref, -q).any()
+
+
 @pytest.mark.parametrize("name", CANDIDATE_METRICS)
 def test_structural_pruning_bounds_are_safe(name):
     """The per-node bounds behind strategy="candidates" enclose the exact Lemma 4.3 / Prop. E.6

@@ -40,7 +40,9 @@ stage's value.  In stage 1 that is all (any achieved value is a valid LB).  In s
 value is certified: a k can only beat it if an upper bound on V(k) does (Δ_k ≤ ρ(k) Δ_k̂ for the
 largest ratio ρ(k) of the depth weights, and the coverage bound G(k)); for each such k, if the
 length-k prefix is itself a top-k set of Δ_k (its smallest Δ_k is at least the largest outside
-it), then V(k) = PV(k) is already counted.  Only the remaining (sample, k) pairs, rare because
+it), then V(k) = PV(k) is already counted.  Most such k show it from the order at k̂ alone (Δ_k/Δ_k̂
+lies between the smallest and the largest weight ratio, so a wide enough gap after the k-th Δ_k̂
+suffices); the others compute their Δ_k.  Only the remaining (sample, k) pairs, rare because
 the order barely moves with k, are solved by a sort.  When all leaves share one depth the order
 does not depend on k and every pair passes.  Host syncs: the two stages' C, the pairs to check.
 
@@ -122,11 +124,34 @@ def hf_beta_decode(post, beta: float) -> torch.Tensor:
     sample, node, value = candidate_pairs(h, keep, p)
     tau = bounds.tau[node]
     is_root = node == h.root
-    first = (value >= tau * slack) | is_root
-    lower, k_ref = solver.solve(solver.from_pairs(sample[first], node[first]), k_ref)[:2]
-    second = (value >= tau * lower[sample] * wide) | is_root
-    ids, count, best_k, delta = solver.certified_sets(solver.from_pairs(sample[second], node[second]), k_ref)
+    at1 = ((value >= tau * slack) | is_root).nonzero().squeeze(1)
+    s1, n1 = sample.index_select(0, at1), node.index_select(0, at1)
+    q1 = solver.masses(s1, n1)
+    lower, k_ref = solver.solve(solver.from_pairs(s1, n1, q1), k_ref)[:2]
+    at2 = ((value >= tau * lower.index_select(0, sample) * wide) | is_root).nonzero().squeeze(1)
+    s2, n2 = sample.index_select(0, at2), node.index_select(0, at2)
+    q2 = None if solver.prefix is None else _reused_masses(solver, sample.numel(), at1, q1, at2, s2, n2)
+    ids, count, best_k, delta = solver.certified_sets(solver.from_pairs(s2, n2, q2), k_ref)
     return _best_sets(h, ids, count, best_k, delta)
+
+
+def _reused_masses(solver, m: int, at1: torch.Tensor, q1: torch.Tensor, at2: torch.Tensor, s2: torch.Tensor,
+                   n2: torch.Tensor) -> torch.Tensor:
+    """(M2, E) the masses of stage 2's pairs ``at2`` (positions in the M listed pairs; samples ``s2``, nodes
+    ``n2``), those of stage 1's pairs ``at1`` copied from its masses ``q1`` (M1, E), the others read.
+
+    Stage 1's pairs are (all but rounding) a subset of stage 2's, and a pair's masses are its own values
+    whatever pairs are read with it: the copy is what reading them again gives, without the (M1, 2E) gathers
+    from the prefix sums.  (With one leaf depth a mass is one gather: nothing to save.)
+    """
+    where = torch.full((m,), -1, dtype=torch.long, device=at1.device)
+    where.index_copy_(0, at1, torch.arange(at1.numel(), device=at1.device))
+    src = where.index_select(0, at2)
+    old, new = (src >= 0).nonzero().squeeze(1), (src < 0).nonzero().squeeze(1)
+    q2 = q1.new_empty(at2.numel(), q1.shape[1])
+    q2[old] = q1.index_select(0, src.index_select(0, old))
+    q2[new] = solver.masses(s2.index_select(0, new), n2.index_select(0, new))
+    return q2
 
 
 def _best_sets(h, ids: torch.Tensor, count: torch.Tensor, best_k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
@@ -251,7 +276,10 @@ def _depth_prefix(post) -> torch.Tensor:
     h, probs = post.h, post.probs
     out = torch.empty(probs.shape[0], h.num_leaves + 1, dtype=torch.float64, device=probs.device)
     out[:, 0] = 0
-    torch.cumsum(probs.index_select(1, depth_ranges(h).leaf_order).to(torch.float64), dim=1, out=out[:, 1:])
+    # Converted while copied into place and summed there: no (B, L) float64 temporary beside the output.
+    body = out[:, 1:]
+    body.copy_(probs.index_select(1, depth_ranges(h).leaf_order))
+    body.cumsum_(1)
     return out.t()
 
 
@@ -332,16 +360,21 @@ class _PrefixSolver:
             return self._w.index_select(0, k - 1)
         return self.weights(k)
 
-    def from_pairs(self, sample: torch.Tensor, node: torch.Tensor) -> "_Candidates":
-        """The candidates of sample-major (sample, node) pairs (M,), packed, and their masses (read for
-        the M pairs only)."""
+    def masses(self, sample: torch.Tensor, node: torch.Tensor) -> torch.Tensor:
+        """(M, E) the per-leaf-depth masses in ``dt`` of (sample, node) pairs (M,), each pair's values
+        independent of the others read with it."""
+        if self.prefix is None:
+            return self.p.reshape(-1).index_select(0, node * self.p.shape[1] + sample)[:, None]
+        return depth_masses(self.h, self.prefix, sample, node, self.budget, self.dt)
+
+    def from_pairs(self, sample: torch.Tensor, node: torch.Tensor, flat: torch.Tensor | None = None) -> "_Candidates":
+        """The candidates of sample-major (sample, node) pairs (M,), packed, and their masses ``flat``
+        (M, E) (default: :meth:`masses`, read for the M pairs only)."""
         h = self.h
         bsz = self.p.shape[1]
         ids, count, slot = pack_candidates(h, sample, node, bsz)
-        if self.prefix is None:
-            flat = self.p.reshape(-1).index_select(0, node * bsz + sample)[:, None]
-        else:
-            flat = depth_masses(h, self.prefix, sample, node, self.budget, self.dt)
+        if flat is None:
+            flat = self.masses(sample, node)
         q = torch.zeros(bsz, ids.shape[1], flat.shape[1], dtype=self.dt, device=ids.device)
         q[sample, slot] = flat
         return _Candidates(ids, count, q)
@@ -394,6 +427,24 @@ class _PrefixSolver:
         del q, order  # the sorted (B, C, E) masses: not held beside the product below
         return ids, count, best_k, (q0 * self.weights_at(best_k, q0.shape[1])[:, None, :]).sum(2)
 
+    def _settled(self, ratio: torch.Tensor, d_ref: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """(B, C) bool: the k = column + 1 whose length-k prefix is shown a top-k set of Δ_k without Δ_k.
+
+        ratio: (B, C, 2) w_e(k)/w_e(k̂) at the shallowest and the deepest leaf depth; d_ref: (B, C) Δ_k̂
+        sorted in descending order (−inf past the count); q: (B, C, E) the masses in that order.  With
+        non-negative masses Δ_k(n)/Δ_k̂(n) lies between the smallest and the largest ratio, so the prefix
+        holds the k largest Δ_k where ρ_min(k) times its smallest Δ_k̂ (the k-th) exceeds ρ_max(k) times
+        the next one.  The margin covers the rounding of Δ_k̂, of the Δ_k that :meth:`_check` computes
+        (sums of E products, each within γ_E of its exact value) and of ρ: a k settled here is one whose
+        test on the rounded Δ_k passes, so skipping that test changes no result.  O(B·C·E).
+        """
+        dt = self.dt
+        bsz, c, e = q.shape
+        tight = 4 * (e + 2) * torch.finfo(dt).eps
+        after = torch.cat([d_ref[:, 1:], d_ref.new_full((bsz, 1), float("-inf"))], 1)
+        settled = ratio.amin(2) * d_ref * (1 - tight) > ratio.amax(2) * after * (1 + tight) + torch.finfo(dt).tiny
+        return settled & (q.amin((1, 2)) >= 0)[:, None]
+
     def _check(self, value, best_k, w, root_ub, q, d_ref, k_ref, count):
         """Certify (value, best_k) from :meth:`solve`, solving exactly the k it cannot exclude.  w: (C, E)
         the weights of k = 1..C; root_ub: (B, C) the coverage bound G(k)."""
@@ -405,11 +456,13 @@ class _PrefixSolver:
         # So V(k) ≤ ρ(k)·(sum of the k largest Δ_k̂).  And V(k) ≤ G(k) = Σ_e w_e(k) min(k, d_e+1) Q_e(root):
         # a closed set of size k holds at most min(k, d+1) ancestors of a depth-d leaf.
         ends = [0, e - 1]
-        rho = (w[None, :, ends] / self.weights_at(k_ref, c)[:, None, ends]).amax(2)  # (B, C)
+        ratio = w[None, :, ends] / self.weights_at(k_ref, c)[:, None, ends]  # (B, C, 2)
+        rho = ratio.amax(2)  # (B, C)
         ub = torch.minimum(rho * d_ref.clamp(min=0).cumsum(1), root_ub)
         eps = _VALUE_SLACK * torch.finfo(dt).eps  # both sides are rounded sums over candidates
         # best_k itself is checked too: its prefix value may be below V(best_k), and another k in between.
         check = (ub >= value[:, None] * (1 - eps)) & (ks[None, :] <= count[:, None])
+        check &= ~self._settled(ratio, d_ref, q)
         b, kk = check.nonzero().unbind(1)  # (P,) pairs (sample, k - 1)
         if not b.numel():
             return value, best_k
