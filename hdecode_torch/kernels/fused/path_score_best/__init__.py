@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_bounds, check_index_values, check_ranges, check_vector, check_tables_once, derived
+from .._checks import (check_bounds, check_float_tensor, check_index_values, check_ranges, check_vector,
+                      check_tables_once, derived)
 from .._registry import call, register
-from ..gathered_prefix import range_sums
 
 __all__ = ["path_score_best", "path_score_best_torch", "SCHEMA"]
 
@@ -51,7 +51,7 @@ def path_score_best(x: torch.Tensor, src: torch.Tensor, hi: torch.Tensor, lo: to
         +inf when lower), is never chosen; -1 for a row with no node left (e.g. none allowed; a NaN
         input reaches the root's p and with it every root-path sum of its row).  Only these B
         integers are written.  O(B·(J + T + N)), any J, N and T.  The torch implementation holds
-        about (B, 2J + 2T + 6N) float64 at once: callers bound B.
+        about (B, 2J + 3T + 4N) float64 at once: callers bound B.
     Raises:
         ValueError / TypeError naming the argument for a wrong shape, dtype, device or index.
     """
@@ -90,20 +90,38 @@ def check(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta
                                               allowed, rank), tables)
 
 
-def _preference_order(hi, lo, parent, alpha, beta, euler_src, at, gamma, delta, allowed, rank):
-    """The node tables with the nodes in preference order (rank descending, then id): the first best
-    column of a row is then the answer, one max and no tie pass.  Reordering changes no value."""
+def _prepared(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank):
+    """The index and coefficient tables of the torch implementation, derived once per set of tables
+    (and per device and row length of ``x``, against which the tables' indices are checked), so that
+    a call pays one lookup and its arithmetic: at one row, Python and per-operator costs are most of
+    the call (benchmarks/README.md, "One row (B = 1)").
+
+    Nodes are scored in preference order (rank descending, then id), the allowed ones only: the
+    first best column of a row is the answer, one min/max and no tie pass.  ``hi``, ``lo`` index
+    the table ``[0 | C | g]`` (a one-entry range reads ``g[lo] − 0``, exactly), p holds the allowed
+    nodes first, and the tour's terms are gathered from p at the tour's nodes and their parents:
+    ``(sign·alpha)[e]·p(parent(e)) + (sign·beta)[e]·p(e)`` is ``sign·v(e)`` bit for bit (sign is
+    ±1: negation is exact and rounding symmetric; a zero's sign may differ, which a prefix that
+    starts at +0 does not see).  Reordering and composing change no value."""
     def build():
-        n = hi.shape[0]
+        check(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank)
+        n, j = hi.shape[0], src.shape[0]
+        one = hi - lo == 1
+        hi_t, lo_t = torch.where(one, lo + (j + 1), hi), torch.where(one, 0, lo)
         order = torch.sort(rank, descending=True, stable=True).indices  # stable: smaller ids first among ties
-        pos = torch.empty_like(order)
-        pos[order] = torch.arange(n, device=order.device)
-        pick = lambda t: t.index_select(0, order)  # noqa: E731
-        return dict(order=order, hi=pick(hi), lo=pick(lo), parent=pos.index_select(0, pick(parent)),
-                    alpha=pick(alpha), beta=pick(beta), gamma=pick(gamma), delta=pick(delta),
-                    excluded=~pick(allowed), euler_src=pos.index_select(0, euler_src), at=pick(at))
-    return derived("preference_order", (hi, lo, parent, alpha, beta, euler_src, at, gamma, delta, allowed, rank),
-                   build)
+        ok = allowed.index_select(0, order)
+        keep = order[ok]  # the allowed nodes in preference order, then the others
+        perm = torch.cat([keep, order[~ok]])
+        pos = torch.empty_like(perm)
+        pos[perm] = torch.arange(n, device=perm.device)
+        g = gamma.index_select(0, keep)
+        return dict(t=euler_src.shape[0], keep=keep, hi=hi_t.index_select(0, perm), lo=lo_t.index_select(0, perm),
+                    tour_parent=pos.index_select(0, parent.index_select(0, euler_src)),
+                    tour_node=pos.index_select(0, euler_src), sign_alpha=sign * alpha.index_select(0, euler_src),
+                    sign_beta=sign * beta.index_select(0, euler_src), at=at.index_select(0, keep),
+                    gamma=None if bool((g == 1).all()) else g, delta=delta.index_select(0, keep))
+    return derived(("path_score_best", x.device, x.shape[1]),
+                   (src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank), build)
 
 
 def path_score_best_torch(x: torch.Tensor, src: torch.Tensor, hi: torch.Tensor, lo: torch.Tensor,
@@ -111,19 +129,40 @@ def path_score_best_torch(x: torch.Tensor, src: torch.Tensor, hi: torch.Tensor, 
                           sign: torch.Tensor, at: torch.Tensor, gamma: torch.Tensor, delta: torch.Tensor,
                           allowed: torch.Tensor, rank: torch.Tensor, higher_is_better: bool) -> torch.Tensor:
     """The torch implementation of :func:`path_score_best` (every device): all rows at once."""
-    check(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank)
-    b, n = x.shape[0], hi.shape[0]
-    if b == 0 or n == 0:
+    check_float_tensor(x, "x")
+    tables = (src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank)
+    if not all(isinstance(a, torch.Tensor) for a in tables):
+        check(x, *tables)  # raises the argument's error
+    o = _prepared(x, *tables)
+    b, k, j, t = x.shape[0], o["keep"].shape[0], src.shape[0], o["t"]
+    if b == 0 or k == 0:
         return torch.full((b,), -1, dtype=torch.int64, device=x.device)
-    o = _preference_order(hi, lo, parent, alpha, beta, euler_src, at, gamma, delta, allowed, rank)
-    p = range_sums(x, src, None, o["hi"], o["lo"])  # (B, N) node sums, nodes in preference order
-    # in place where the order of operations allows it: (B, N) temporaries dominate the memory
-    v = torch.gather(p, 1, o["parent"].expand(b, -1)).mul_(o["alpha"]).add_(p * o["beta"])
-    score = range_sums(v, o["euler_src"], sign, o["at"], None).mul_(o["gamma"]).add_(p * o["delta"])
+    # [0 | C | g] in float64: C the exclusive prefix of g = x[:, src] (sequential: the same bits on every call)
+    table = x.new_empty((b, 2 * j + 1), dtype=torch.float64)
+    table[:, 0] = 0
+    g = table[:, j + 1:]
+    if x.dtype == torch.float64:
+        torch.index_select(x, 1, src, out=g)
+    else:
+        g.copy_(x.index_select(1, src))
+    torch.cumsum(g, dim=1, out=table[:, 1:j + 1])
+    # p(n), the allowed nodes first (in preference order), then the tour's terms from p at its nodes' parents
+    # and at its nodes, each (B, T) contiguous
+    p = torch.gather(table, 1, o["hi"].expand(b, -1)).sub_(torch.gather(table, 1, o["lo"].expand(b, -1)))
+    terms = torch.gather(p, 1, o["tour_parent"].expand(b, -1)).mul_(o["sign_alpha"])
+    terms.add_(torch.gather(p, 1, o["tour_node"].expand(b, -1)).mul_(o["sign_beta"]))
+    # the root-path sums S: exclusive prefix of the tour's terms, read at each allowed node's entry + 1
+    tour = x.new_empty((b, t + 1), dtype=torch.float64)
+    tour[:, 0] = 0
+    torch.cumsum(terms, dim=1, out=tour[:, 1:])
+    score = torch.gather(tour, 1, o["at"].expand(b, -1))
+    if o["gamma"] is not None:  # × 1 is exact: skipped
+        score.mul_(o["gamma"])
+    score.add_(p[:, :k] * o["delta"])
     worst = float("-inf") if higher_is_better else float("inf")
-    score.nan_to_num_(nan=worst, posinf=float("inf"), neginf=float("-inf")).masked_fill_(o["excluded"], worst)
+    score.nan_to_num_(nan=worst, posinf=float("inf"), neginf=float("-inf"))
     best, first = score.max(1) if higher_is_better else score.min(1)  # the first best column
-    return torch.where(best != worst, o["order"].index_select(0, first), -1)
+    return torch.where(best != worst, o["keep"].index_select(0, first), -1)
 
 
 def _fake(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank, higher_is_better):
