@@ -6,6 +6,7 @@ import torch
 
 from .._checks import (check_bounds, check_float_tensor, check_index_values, check_ranges, check_vector,
                       check_tables_once, derived)
+from .._node_sums import node_sums, table_endpoints
 from .._registry import call, register
 
 __all__ = ["path_score_best", "path_score_best_torch", "SCHEMA"]
@@ -97,17 +98,15 @@ def _prepared(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, d
     the call (benchmarks/README.md, "One row (B = 1)").
 
     Nodes are scored in preference order (rank descending, then id), the allowed ones only: the
-    first best column of a row is the answer, one min/max and no tie pass.  ``hi``, ``lo`` index
-    the table ``[0 | C | g]`` (a one-entry range reads ``g[lo] − 0``, exactly), p holds the allowed
-    nodes first, and the tour's terms are gathered from p at the tour's nodes and their parents:
+    first best column of a row is the answer, one min/max and no tie pass.  p (``_node_sums``) holds
+    the allowed nodes first, and the tour's terms are gathered from p at the tour's nodes and their parents:
     ``(sign·alpha)[e]·p(parent(e)) + (sign·beta)[e]·p(e)`` is ``sign·v(e)`` bit for bit (sign is
     ±1: negation is exact and rounding symmetric; a zero's sign may differ, which a prefix that
     starts at +0 does not see).  Reordering and composing change no value."""
     def build():
         check(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank)
-        n, j = hi.shape[0], src.shape[0]
-        one = hi - lo == 1
-        hi_t, lo_t = torch.where(one, lo + (j + 1), hi), torch.where(one, 0, lo)
+        n = hi.shape[0]
+        hi_t, lo_t = table_endpoints(hi, lo, src.shape[0])
         order = torch.sort(rank, descending=True, stable=True).indices  # stable: smaller ids first among ties
         ok = allowed.index_select(0, order)
         keep = order[ok]  # the allowed nodes in preference order, then the others
@@ -134,21 +133,12 @@ def path_score_best_torch(x: torch.Tensor, src: torch.Tensor, hi: torch.Tensor, 
     if not all(isinstance(a, torch.Tensor) for a in tables):
         check(x, *tables)  # raises the argument's error
     o = _prepared(x, *tables)
-    b, k, j, t = x.shape[0], o["keep"].shape[0], src.shape[0], o["t"]
+    b, k, t = x.shape[0], o["keep"].shape[0], o["t"]
     if b == 0 or k == 0:
         return torch.full((b,), -1, dtype=torch.int64, device=x.device)
-    # [0 | C | g] in float64: C the exclusive prefix of g = x[:, src] (sequential: the same bits on every call)
-    table = x.new_empty((b, 2 * j + 1), dtype=torch.float64)
-    table[:, 0] = 0
-    g = table[:, j + 1:]
-    if x.dtype == torch.float64:
-        torch.index_select(x, 1, src, out=g)
-    else:
-        g.copy_(x.index_select(1, src))
-    torch.cumsum(g, dim=1, out=table[:, 1:j + 1])
     # p(n), the allowed nodes first (in preference order), then the tour's terms from p at its nodes' parents
     # and at its nodes, each (B, T) contiguous
-    p = torch.gather(table, 1, o["hi"].expand(b, -1)).sub_(torch.gather(table, 1, o["lo"].expand(b, -1)))
+    p = node_sums(x, src, o["hi"], o["lo"])
     terms = torch.gather(p, 1, o["tour_parent"].expand(b, -1)).mul_(o["sign_alpha"])
     terms.add_(torch.gather(p, 1, o["tour_node"].expand(b, -1)).mul_(o["sign_beta"]))
     # the root-path sums S: exclusive prefix of the tour's terms, read at each allowed node's entry + 1
