@@ -82,9 +82,11 @@ def best_ranked_above_torch(x: torch.Tensor, src: torch.Tensor, hi: torch.Tensor
                             rank: torch.Tensor, threshold: float, fallback: int) -> torch.Tensor:
     """The torch implementation of :func:`best_ranked_above` (every device): all rows at once."""
     check_float_tensor(x, "x")
-    if not all(isinstance(a, torch.Tensor) for a in (src, hi, rank) + (() if lo is None else (lo,))):
-        check(x, src, hi, lo, rank)  # raises the argument's error
-    o = _prepared(x, src, hi, lo, rank, int(fallback))
+    try:
+        o = _prepared(x, src, hi, lo, rank, int(fallback))
+    except AttributeError:  # a table that is not a tensor
+        check(x, src, hi, lo, rank)
+        raise
     b, k = x.shape[0], hi.shape[0]
     if b == 0 or k == 0:
         return torch.full((b,), int(fallback), dtype=torch.int64, device=x.device)

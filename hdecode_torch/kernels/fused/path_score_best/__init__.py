@@ -129,10 +129,11 @@ def path_score_best_torch(x: torch.Tensor, src: torch.Tensor, hi: torch.Tensor, 
                           allowed: torch.Tensor, rank: torch.Tensor, higher_is_better: bool) -> torch.Tensor:
     """The torch implementation of :func:`path_score_best` (every device): all rows at once."""
     check_float_tensor(x, "x")
-    tables = (src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank)
-    if not all(isinstance(a, torch.Tensor) for a in tables):
-        check(x, *tables)  # raises the argument's error
-    o = _prepared(x, *tables)
+    try:
+        o = _prepared(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank)
+    except AttributeError:  # a table that is not a tensor
+        check(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank)
+        raise
     b, k, t = x.shape[0], o["keep"].shape[0], o["t"]
     if b == 0 or k == 0:
         return torch.full((b,), -1, dtype=torch.int64, device=x.device)
@@ -143,12 +144,12 @@ def path_score_best_torch(x: torch.Tensor, src: torch.Tensor, hi: torch.Tensor, 
     terms.add_(torch.gather(p, 1, o["tour_node"].expand(b, -1)).mul_(o["sign_beta"]))
     # the root-path sums S: exclusive prefix of the tour's terms, read at each allowed node's entry + 1
     tour = x.new_empty((b, t + 1), dtype=torch.float64)
-    tour[:, 0] = 0
-    torch.cumsum(terms, dim=1, out=tour[:, 1:])
+    tour.select(1, 0).zero_()
+    torch.cumsum(terms, dim=1, out=tour.narrow(1, 1, t))
     score = torch.gather(tour, 1, o["at"].expand(b, -1))
     if o["gamma"] is not None:  # × 1 is exact: skipped
         score.mul_(o["gamma"])
-    score.add_(p[:, :k] * o["delta"])
+    score.add_(p.narrow(1, 0, k) * o["delta"])
     worst = float("-inf") if higher_is_better else float("inf")
     score.nan_to_num_(nan=worst, posinf=float("inf"), neginf=float("-inf"))
     best, first = score.max(1) if higher_is_better else score.min(1)  # the first best column
