@@ -52,7 +52,7 @@ def path_score_best(x: torch.Tensor, src: torch.Tensor, hi: torch.Tensor, lo: to
         +inf when lower), is never chosen; -1 for a row with no node left (e.g. none allowed; a NaN
         input reaches the root's p and with it every root-path sum of its row).  Only these B
         integers are written.  O(B·(J + T + N)), any J, N and T.  The torch implementation holds
-        about (B, 2J + 3T + 4N) float64 at once: callers bound B.
+        about (B, 2J + 2T + 6N) float64 at once: callers bound B.
     Raises:
         ValueError / TypeError naming the argument for a wrong shape, dtype, device or index.
     """
@@ -98,11 +98,8 @@ def _prepared(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, d
     the call (benchmarks/README.md, "One row (B = 1)").
 
     Nodes are scored in preference order (rank descending, then id), the allowed ones only: the
-    first best column of a row is the answer, one min/max and no tie pass.  p (``_node_sums``) holds
-    the allowed nodes first, and the tour's terms are gathered from p at the tour's nodes and their parents:
-    ``(sign·alpha)[e]·p(parent(e)) + (sign·beta)[e]·p(e)`` is ``sign·v(e)`` bit for bit (sign is
-    ±1: negation is exact and rounding symmetric; a zero's sign may differ, which a prefix that
-    starts at +0 does not see).  Reordering and composing change no value."""
+    first best column of a row is the answer, one min/max and no tie pass.  p and v hold the allowed
+    nodes first.  Reordering changes no value."""
     def build():
         check(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank)
         n = hi.shape[0]
@@ -115,10 +112,10 @@ def _prepared(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, d
         pos[perm] = torch.arange(n, device=perm.device)
         g = gamma.index_select(0, keep)
         return dict(t=euler_src.shape[0], keep=keep, hi=hi_t.index_select(0, perm), lo=lo_t.index_select(0, perm),
-                    tour_parent=pos.index_select(0, parent.index_select(0, euler_src)),
-                    tour_node=pos.index_select(0, euler_src), sign_alpha=sign * alpha.index_select(0, euler_src),
-                    sign_beta=sign * beta.index_select(0, euler_src), at=at.index_select(0, keep),
-                    gamma=None if bool((g == 1).all()) else g, delta=delta.index_select(0, keep))
+                    parent=pos.index_select(0, parent.index_select(0, perm)), alpha=alpha.index_select(0, perm),
+                    beta=beta.index_select(0, perm), euler_src=pos.index_select(0, euler_src), sign=sign,
+                    at=at.index_select(0, keep), gamma=None if bool((g == 1).all()) else g,
+                    delta=delta.index_select(0, keep))
     return derived(("path_score_best", x.device, x.shape[1]),
                    (src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank), build)
 
@@ -137,15 +134,14 @@ def path_score_best_torch(x: torch.Tensor, src: torch.Tensor, hi: torch.Tensor, 
     b, k, t = x.shape[0], o["keep"].shape[0], o["t"]
     if b == 0 or k == 0:
         return torch.full((b,), -1, dtype=torch.int64, device=x.device)
-    # p(n), the allowed nodes first (in preference order), then the tour's terms from p at its nodes' parents
-    # and at its nodes, each (B, T) contiguous
+    # p(n) and v(n), the allowed nodes first (in preference order)
     p = node_sums(x, src, o["hi"], o["lo"])
-    terms = torch.gather(p, 1, o["tour_parent"].expand(b, -1)).mul_(o["sign_alpha"])
-    terms.add_(torch.gather(p, 1, o["tour_node"].expand(b, -1)).mul_(o["sign_beta"]))
-    # the root-path sums S: exclusive prefix of the tour's terms, read at each allowed node's entry + 1
+    v = torch.gather(p, 1, o["parent"].expand(b, -1)).mul_(o["alpha"]).add_(p * o["beta"])
+    # the root-path sums S: exclusive prefix of the tour's terms sign·v(e), read at each allowed node's entry + 1
     tour = x.new_empty((b, t + 1), dtype=torch.float64)
     tour.select(1, 0).zero_()
-    torch.cumsum(terms, dim=1, out=tour.narrow(1, 1, t))
+    terms = tour.narrow(1, 1, t)
+    torch.index_select(v, 1, o["euler_src"], out=terms).mul_(o["sign"]).cumsum_(dim=1)
     score = torch.gather(tour, 1, o["at"].expand(b, -1))
     if o["gamma"] is not None:  # × 1 is exact: skipped
         score.mul_(o["gamma"])
