@@ -128,3 +128,35 @@ def test_candidate_slack_factors_cached_per_dtype(h, dtype):
     eps = 16 * torch.finfo(dtype).eps
     assert up_in.shape == (h.num_nodes, 1) and up_in.dtype == dtype
     assert torch.equal(up_in[:, 0], (stats.M_in + eps * stats.M_in.abs()).to(dtype))
+
+@pytest.mark.parametrize("name, op", [("lca_height", "path_score_best"), ("tree_distance", "best_ranked_above")])
+def test_fused_decoder_looks_its_tables_up_once_per_call(h, monkeypatch, name, op):
+    """The GPU plan's fused decoders, run by their torch implementations on a CPU, find their checked and
+    derived tree tables with one cache lookup per call (each lookup costs about an operator at one row),
+    and decide as before: the CPU plan's node, which their float64 sums agree with on these rows."""
+    import importlib
+
+    checks = importlib.import_module("hdecode_torch.kernels.fused._checks")
+    module = importlib.import_module(f"hdecode_torch.kernels.fused.{op}")
+    metric = hd.get_metric(name, h)
+    lookups = []
+    original = checks.derived
+
+    def counted(tag, sources, build):
+        lookups.append(tag)
+        return original(tag, sources, build)
+
+    # every module that looks tables up by this name (the shared checks, the op, the range sums)
+    for mod in (checks, module, importlib.import_module("hdecode_torch.kernels.fused.gathered_prefix")):
+        monkeypatch.setattr(mod, "derived", counted)
+    for seed in range(3):
+        p = _row(h, seed)
+        with hd.plan_for("cuda"):
+            got = metric.decode(p)
+        with hd.plan_for("cpu"):
+            want = metric.decode(p)
+        assert torch.equal(got, want), (seed, got, want)
+    lookups.clear()
+    with hd.plan_for("cuda"):
+        metric.decode(_row(h, 4))
+    assert len(lookups) == 1, lookups

@@ -8,8 +8,9 @@ the CPU, a device-side assert on CUDA) and remember it until the tensor changes.
 
 from __future__ import annotations
 
+import operator
 import weakref
-from typing import Callable
+from typing import Callable, Hashable
 
 import torch
 
@@ -131,22 +132,26 @@ def check_bounds(checks, remember: bool = True, trusted_ok: bool = False) -> Non
 #: Tables derived from index tensors, by (tag, ids of the sources): (weak references, versions, value).
 _DERIVED: dict[tuple, tuple] = {}
 
+_version = operator.attrgetter("_version")
 
-def derived(tag: str, sources: tuple, build: Callable[[], object]):
+
+def derived(tag: Hashable, sources: tuple, build: Callable[[], object]):
     """``build()``, computed once per set of ``sources`` tensors and reused while none of them changes.
 
     For index tables an op derives from its index arguments (reordered ranges, remapped endpoints):
     the library passes the same cached tree tables on every call, so the derivation runs once per
-    tree rather than once per call.  ``tag`` names the derivation and holds every non-tensor input
-    of ``build``.  Inference tensors (no version counter) are never cached.
+    tree rather than once per call.  ``tag`` (hashable) names the derivation and holds every
+    non-tensor input of ``build``.  Inference tensors (no version counter) are never cached.
     """
     try:
-        versions = tuple(t._version for t in sources)
+        versions = tuple(map(_version, sources))
     except RuntimeError:
         return build()
-    key = (tag,) + tuple(id(t) for t in sources)
+    key = (tag, *map(id, sources))
     entry = _DERIVED.get(key)
-    if entry is not None and entry[1] == versions and all(ref() is t for ref, t in zip(entry[0], sources)):
+    # An entry's sources are alive (a dead one's weak reference removes the entry before its id can
+    # be reused), so equal ids are the same tensors.
+    if entry is not None and entry[1] == versions:
         return entry[2]
     value = build()
     refs = tuple(weakref.ref(t, lambda _, key=key, table=_DERIVED: table.pop(key, None)) for t in sources)

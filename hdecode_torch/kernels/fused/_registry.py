@@ -92,8 +92,10 @@ def call(name: str, x: torch.Tensor, *args):
     dispatcher would run just that (see the module docstring): ``x`` a plain CPU tensor that needs no
     gradient, nothing tracing and no dispatch mode active.  The other tensor arguments are the tree's
     index tables, on ``x``'s device (the implementation checks them)."""
-    if (type(x) is torch.Tensor and x.device.type == "cpu" and not (x.requires_grad and torch.is_grad_enabled())
-            and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
+    # is_cpu and torch._C._is_tracing: a fifth of a microsecond each, where x.device.type and
+    # torch.jit.is_tracing() take 1 and 0.3 (a call at one row costs tens)
+    if (type(x) is torch.Tensor and x.is_cpu and not (x.requires_grad and torch.is_grad_enabled())
+            and not torch.compiler.is_compiling() and not torch._C._is_tracing()
             and _get_current_dispatch_mode() is None and not torch._C._is_torch_function_mode_enabled()
             and not _functorch_wrapped(x)):
         return OPS[name].torch_impl(x, *args)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_index_values, check_ranges, check_vector, check_tables_once, derived
+from .._checks import check_float_tensor, check_index_values, check_ranges, check_vector, check_tables_once, derived
+from .._node_sums import node_sums, table_endpoints
 from .._registry import call, register
-from ..gathered_prefix import range_sums
 
 __all__ = ["best_ranked_above", "best_ranked_above_torch", "SCHEMA"]
 
@@ -54,11 +54,17 @@ def check(x, src, hi, lo, rank, threshold=None, fallback=None) -> None:
     check_tables_once("best_ranked_above", x, (src, hi, lo, rank), tables)
 
 
-def _dense_rank(rank: torch.Tensor, fallback: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(dense, answer)``: distinct ranks 0..K-1 in the order of ``rank``, the smallest k highest among
-    equal ranks (so the largest of ``where(v > threshold, dense, -1)`` names the answer), and (K + 1,)
-    the range of each dense rank shifted by one, ``fallback`` first: ``answer[best + 1]``."""
+def _prepared(x, src, hi, lo, rank, fallback: int) -> dict:
+    """The tables of the torch implementation, derived once per set of tables, ``fallback``, device
+    and row length of ``x`` (against which the tables' indices are checked): at one row, each lookup
+    or check costs as much as an operator.
+
+    ``hi``, ``lo``: the endpoints of :func:`~hdecode_torch.kernels.fused._node_sums.table_endpoints`;
+    ``dense``: distinct ranks 0..K-1 in the order of ``rank``, the smallest k highest among equal
+    ranks (so the largest of ``where(v > threshold, dense, -1)`` names the answer); ``answer``:
+    (K + 1,) the range of each dense rank shifted by one, ``fallback`` first: ``answer[best + 1]``."""
     def build():
+        check(x, src, hi, lo, rank)
         k = rank.shape[0]
         order = torch.argsort(rank.flip(0), stable=True)
         dense = torch.empty_like(rank)
@@ -66,20 +72,26 @@ def _dense_rank(rank: torch.Tensor, fallback: int) -> tuple[torch.Tensor, torch.
         answer = torch.empty(k + 1, dtype=torch.int64, device=rank.device)
         answer[0] = fallback
         answer[1:][dense] = torch.arange(k, device=rank.device)
-        return dense, answer
-    return derived(f"dense_rank/{fallback}", (rank,), build)
+        hi_t, lo_t = table_endpoints(hi, torch.zeros_like(hi) if lo is None else lo, src.shape[0])
+        return dict(hi=hi_t, lo=lo_t, dense=dense, answer=answer)
+    tables = (src, hi, rank) if lo is None else (src, hi, lo, rank)
+    return derived(("best_ranked_above", fallback, x.device, x.shape[1]), tables, build)
 
 
 def best_ranked_above_torch(x: torch.Tensor, src: torch.Tensor, hi: torch.Tensor, lo: torch.Tensor | None,
                             rank: torch.Tensor, threshold: float, fallback: int) -> torch.Tensor:
     """The torch implementation of :func:`best_ranked_above` (every device): all rows at once."""
-    check(x, src, hi, lo, rank)
+    check_float_tensor(x, "x")
+    try:
+        o = _prepared(x, src, hi, lo, rank, int(fallback))
+    except AttributeError:  # a table that is not a tensor
+        check(x, src, hi, lo, rank)
+        raise
     b, k = x.shape[0], hi.shape[0]
     if b == 0 or k == 0:
         return torch.full((b,), int(fallback), dtype=torch.int64, device=x.device)
-    dense, answer = _dense_rank(rank, int(fallback))
-    key = torch.where(range_sums(x, src, None, hi, lo) > threshold, dense, -1)
-    return answer.index_select(0, key.amax(dim=1).add_(1))
+    key = torch.where(node_sums(x, src, o["hi"], o["lo"]) > threshold, o["dense"], -1)
+    return o["answer"].index_select(0, key.amax(dim=1).add_(1))
 
 
 def _fake(x, src, hi, lo, rank, threshold, fallback):

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_bounds, check_index_values, check_ranges, check_vector, check_tables_once, derived
+from .._checks import (check_bounds, check_float_tensor, check_index_values, check_ranges, check_vector,
+                      check_tables_once, derived)
+from .._node_sums import node_sums, table_endpoints
 from .._registry import call, register
-from ..gathered_prefix import range_sums
 
 __all__ = ["path_score_best", "path_score_best_torch", "SCHEMA"]
 
@@ -90,20 +91,33 @@ def check(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta
                                               allowed, rank), tables)
 
 
-def _preference_order(hi, lo, parent, alpha, beta, euler_src, at, gamma, delta, allowed, rank):
-    """The node tables with the nodes in preference order (rank descending, then id): the first best
-    column of a row is then the answer, one max and no tie pass.  Reordering changes no value."""
+def _prepared(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank):
+    """The index and coefficient tables of the torch implementation, derived once per set of tables
+    (and per device and row length of ``x``, against which the tables' indices are checked), so that
+    a call pays one lookup and its arithmetic: at one row, Python and per-operator costs are most of
+    the call (benchmarks/README.md, "One row (B = 1)").
+
+    Nodes are scored in preference order (rank descending, then id), the allowed ones only: the
+    first best column of a row is the answer, one min/max and no tie pass.  p and v hold the allowed
+    nodes first.  Reordering changes no value."""
     def build():
+        check(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank)
         n = hi.shape[0]
+        hi_t, lo_t = table_endpoints(hi, lo, src.shape[0])
         order = torch.sort(rank, descending=True, stable=True).indices  # stable: smaller ids first among ties
-        pos = torch.empty_like(order)
-        pos[order] = torch.arange(n, device=order.device)
-        pick = lambda t: t.index_select(0, order)  # noqa: E731
-        return dict(order=order, hi=pick(hi), lo=pick(lo), parent=pos.index_select(0, pick(parent)),
-                    alpha=pick(alpha), beta=pick(beta), gamma=pick(gamma), delta=pick(delta),
-                    excluded=~pick(allowed), euler_src=pos.index_select(0, euler_src), at=pick(at))
-    return derived("preference_order", (hi, lo, parent, alpha, beta, euler_src, at, gamma, delta, allowed, rank),
-                   build)
+        ok = allowed.index_select(0, order)
+        keep = order[ok]  # the allowed nodes in preference order, then the others
+        perm = torch.cat([keep, order[~ok]])
+        pos = torch.empty_like(perm)
+        pos[perm] = torch.arange(n, device=perm.device)
+        g = gamma.index_select(0, keep)
+        return dict(t=euler_src.shape[0], keep=keep, hi=hi_t.index_select(0, perm), lo=lo_t.index_select(0, perm),
+                    parent=pos.index_select(0, parent.index_select(0, perm)), alpha=alpha.index_select(0, perm),
+                    beta=beta.index_select(0, perm), euler_src=pos.index_select(0, euler_src), sign=sign,
+                    at=at.index_select(0, keep), gamma=None if bool((g == 1).all()) else g,
+                    delta=delta.index_select(0, keep))
+    return derived(("path_score_best", x.device, x.shape[1]),
+                   (src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank), build)
 
 
 def path_score_best_torch(x: torch.Tensor, src: torch.Tensor, hi: torch.Tensor, lo: torch.Tensor,
@@ -111,19 +125,31 @@ def path_score_best_torch(x: torch.Tensor, src: torch.Tensor, hi: torch.Tensor, 
                           sign: torch.Tensor, at: torch.Tensor, gamma: torch.Tensor, delta: torch.Tensor,
                           allowed: torch.Tensor, rank: torch.Tensor, higher_is_better: bool) -> torch.Tensor:
     """The torch implementation of :func:`path_score_best` (every device): all rows at once."""
-    check(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank)
-    b, n = x.shape[0], hi.shape[0]
-    if b == 0 or n == 0:
+    check_float_tensor(x, "x")
+    try:
+        o = _prepared(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank)
+    except AttributeError:  # a table that is not a tensor
+        check(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank)
+        raise
+    b, k, t = x.shape[0], o["keep"].shape[0], o["t"]
+    if b == 0 or k == 0:
         return torch.full((b,), -1, dtype=torch.int64, device=x.device)
-    o = _preference_order(hi, lo, parent, alpha, beta, euler_src, at, gamma, delta, allowed, rank)
-    p = range_sums(x, src, None, o["hi"], o["lo"])  # (B, N) node sums, nodes in preference order
-    # in place where the order of operations allows it: (B, N) temporaries dominate the memory
+    # p(n) and v(n), the allowed nodes first (in preference order)
+    p = node_sums(x, src, o["hi"], o["lo"])
     v = torch.gather(p, 1, o["parent"].expand(b, -1)).mul_(o["alpha"]).add_(p * o["beta"])
-    score = range_sums(v, o["euler_src"], sign, o["at"], None).mul_(o["gamma"]).add_(p * o["delta"])
+    # the root-path sums S: exclusive prefix of the tour's terms sign·v(e), read at each allowed node's entry + 1
+    tour = x.new_empty((b, t + 1), dtype=torch.float64)
+    tour.select(1, 0).zero_()
+    terms = tour.narrow(1, 1, t)
+    torch.index_select(v, 1, o["euler_src"], out=terms).mul_(o["sign"]).cumsum_(dim=1)
+    score = torch.gather(tour, 1, o["at"].expand(b, -1))
+    if o["gamma"] is not None:  # × 1 is exact: skipped
+        score.mul_(o["gamma"])
+    score.add_(p.narrow(1, 0, k) * o["delta"])
     worst = float("-inf") if higher_is_better else float("inf")
-    score.nan_to_num_(nan=worst, posinf=float("inf"), neginf=float("-inf")).masked_fill_(o["excluded"], worst)
+    score.nan_to_num_(nan=worst, posinf=float("inf"), neginf=float("-inf"))
     best, first = score.max(1) if higher_is_better else score.min(1)  # the first best column
-    return torch.where(best != worst, o["order"].index_select(0, first), -1)
+    return torch.where(best != worst, o["keep"].index_select(0, first), -1)
 
 
 def _fake(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank, higher_is_better):
