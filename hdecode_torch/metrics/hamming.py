@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import torch
 
-from ..core.chunking import CPU_BLOCK_BYTES
 from ..core.node_sets import sparse_node_sets
 from ..kernels.support import walk_up
 from ..kernels.support_hamming import (flat_node_mass, hamming_certificate, inverse_depth_listed,
@@ -59,7 +58,6 @@ class Hamming(SetMetric):
     """Hamming loss |h⁺ Δ y⁺| / |y⁺| (lower is better)."""
 
     name = "hamming"
-    cpu_block_bytes = CPU_BLOCK_BYTES
     higher_is_better = False
     description = "symmetric difference |h+ xor y+| / |y+| (lower is better)"
     algorithms = {"cpu": "closed form: W(n) > W(root)/2", "gpu": "closed form: W(n) > W(root)/2"}
