@@ -329,16 +329,18 @@ class _PrefixSolver:
         h, p = post.h, post.node
         self.h, self.r, self.dt, self.p = h, r, p.dtype, p
         self.budget = post.plan.budget
+        self.settle = not post.plan.gpu  # see _check
         # With one leaf depth the masses are p itself.
         self.prefix = _depth_prefix(post) if h.num_leaf_depths > 1 else None
         self.depths, self.a, self._w = _solver_tables(h, r, self.dt)
 
     @classmethod
-    def on_candidates(cls, h, r: float, dt: torch.dtype, budget: int) -> "_PrefixSolver":
+    def on_candidates(cls, h, r: float, dt: torch.dtype, budget: int, settle: bool = True) -> "_PrefixSolver":
         """A solver for candidates whose masses the caller packs itself (top-k inputs): :meth:`solve` and
-        :meth:`certified_sets` only, not :meth:`from_pairs`."""
+        :meth:`certified_sets` only, not :meth:`from_pairs`.  ``settle``: see :meth:`_check`."""
         self = cls.__new__(cls)
         self.h, self.r, self.dt, self.p, self.budget, self.prefix = h, r, dt, None, budget, None
+        self.settle = settle
         self.depths, self.a, self._w = _solver_tables(h, r, dt)
         return self
 
@@ -462,7 +464,8 @@ class _PrefixSolver:
         eps = _VALUE_SLACK * torch.finfo(dt).eps  # both sides are rounded sums over candidates
         # best_k itself is checked too: its prefix value may be below V(best_k), and another k in between.
         check = (ub >= value[:, None] * (1 - eps)) & (ks[None, :] <= count[:, None])
-        check &= ~self._settled(ratio, d_ref, q)
+        if self.settle:  # not on the GPU plan: its ~7 operators are launches, which a few pairs do not repay
+            check &= ~self._settled(ratio, d_ref, q)
         b, kk = check.nonzero().unbind(1)  # (P,) pairs (sample, k - 1)
         if not b.numel():
             return value, best_k
@@ -550,8 +553,9 @@ def hf_beta_decode_topk(ct, beta: float) -> torch.Tensor:
     order = torch.sort(rows * n + pos.index_select(0, nodes)).indices
     rows, nodes, p = rows.index_select(0, order), nodes.index_select(0, order), p.index_select(0, order)
     dl = depth_listed(h, ct.values, ct.indices, ct.listed, ct.prior)
-    budget = resolve_plan(h, rows.device).budget
-    solver = _PrefixSolver.on_candidates(h, r, dt, budget)
+    plan = resolve_plan(h, rows.device)
+    budget = plan.budget
+    solver = _PrefixSolver.on_candidates(h, r, dt, budget, settle=not plan.gpu)
     num_e = depth_ranges(h).depths.numel()
     tau = bounds.tau.index_select(0, nodes)
     is_root = nodes == h.root
