@@ -63,9 +63,9 @@ def test_blocks_give_the_whole_batch_bits(tree, name, dtype):
     h = hd.load_hierarchy(tree)
     m = _component(name, h)
     probs = _probs(h, 37, dtype)
-    whole = _dense(m.decode(probs, chunk_size=37))  # one chunk: the tables of the whole batch
-    m.cpu_block_bytes = 5 * m._bytes_per_sample(h, resolve_plan(h, probs.device))
-    with hd.plan_for("cpu"):
+    with hd.plan_for("cpu"):  # blocks are the CPU plan's (the suite also runs under the GPU plan)
+        whole = _dense(m.decode(probs, chunk_size=37))  # one chunk: the tables of the whole batch
+        m.cpu_block_bytes = 5 * m._bytes_per_sample(h, resolve_plan(h, probs.device))
         post = hd.Posterior(h, probs)
         assert len(m._chunks(post)) == 8  # blocks of 5 rows
         assert torch.equal(_dense(m.decode(probs)), whole)
