@@ -141,7 +141,7 @@ def hf_beta_decode(post, beta: float) -> torch.Tensor:
     else:
         q2 = every.index_select(0, at2)
     ids, count, best_k, delta = solver.certified_sets(solver.from_pairs(s2, n2, q2), k_ref)
-    return _best_sets(h, ids, count, best_k, delta)
+    return _best_sets(h, ids, count, best_k, delta, full=bsz == 1)  # from_pairs packs one row without padding
 
 
 #: Entries (pairs × leaf depths) up to which :func:`hf_beta_decode` reads the masses of every listed pair
@@ -168,12 +168,15 @@ def _reused_masses(solver, m: int, at1: torch.Tensor, q1: torch.Tensor, at2: tor
     return q2
 
 
-def _best_sets(h, ids: torch.Tensor, count: torch.Tensor, best_k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+def _best_sets(h, ids: torch.Tensor, count: torch.Tensor, best_k: torch.Tensor, delta: torch.Tensor,
+               full: bool = False) -> torch.Tensor:
     """(B, N) bool: the best k* of the first ``count`` candidates ``ids`` (B, C) by Δ_{k*} ``delta``
-    (B, C); a stable sort keeps the candidates' (depth, id) order among ties, so ancestors come first."""
+    (B, C); a stable sort keeps the candidates' (depth, id) order among ties, so ancestors come first.
+    ``full``: every count is C (no padding column to mask)."""
     bsz, c = ids.shape
     cols = torch.arange(c, device=ids.device)
-    delta = delta.masked_fill(cols >= count[:, None], float("-inf"))
+    if not full:
+        delta = delta.masked_fill(cols >= count[:, None], float("-inf"))
     rank = torch.sort(delta, dim=1, descending=True, stable=True).indices
     take = cols < best_k[:, None]
     chosen = torch.where(take, ids.gather(1, rank), h.num_nodes)
@@ -298,11 +301,13 @@ def _depth_prefix(post) -> torch.Tensor:
 
 
 class _Candidates(NamedTuple):
-    """Packed candidates: ids (B, C) int64 (padding N), count (B,), masses q (B, C, E)."""
+    """Packed candidates: ids (B, C) int64 (padding N), count (B,), masses q (B, C, E); ``full``: known to
+    have no padding (every count is C), so that the masks of padding columns, all false, are skipped."""
 
     ids: torch.Tensor
     count: torch.Tensor
     q: torch.Tensor
+    full: bool = False
 
 
 def _bound_slack(dt: torch.dtype) -> float:
@@ -407,7 +412,7 @@ class _PrefixSolver:
         if flat is None:
             flat = self.masses(sample, node)
         if bsz == 1:  # one row: its pairs are its packed candidates, in order (what the packing gives)
-            return _Candidates(node[None], node.new_full((1,), node.numel()), flat[None])
+            return _Candidates(node[None], node.new_full((1,), node.numel()), flat[None], True)
         ids, count, slot = pack_candidates(h, sample, node, bsz)
         q = torch.zeros(bsz, ids.shape[1], flat.shape[1], dtype=self.dt, device=ids.device)
         q[sample, slot] = flat
@@ -423,12 +428,14 @@ class _PrefixSolver:
         ids, count, q = cands.ids, cands.count, cands.q
         c = ids.shape[1]
         k_ref = torch.minimum(k_ref.clamp(min=1), count)
-        d_ref = (q * self.weights_at(k_ref, c)[:, None, :]).sum(2).masked_fill(ids == self.h.num_nodes, float("-inf"))
+        d_ref = (q * self.weights_at(k_ref, c)[:, None, :]).sum(2)
+        if not cands.full:
+            d_ref = d_ref.masked_fill(ids == self.h.num_nodes, float("-inf"))
         srt = torch.sort(d_ref, dim=1, descending=True, stable=True)
         qs = q.gather(1, srt.indices[:, :, None].expand_as(q))
-        ks = torch.arange(1, c + 1, device=ids.device)
         pv = qs.cumsum(1).mul_(self.weights_upto(c)).sum(2)  # (B, C) value of each prefix
-        pv.masked_fill_(ks[None, :] > count[:, None], -1.0)
+        if not cands.full:
+            pv.masked_fill_(torch.arange(1, c + 1, device=ids.device) > count[:, None], -1.0)
         value, k = pv.max(1)  # first max: the smallest k
         return value, k + 1, q, qs, srt.values, k_ref, ids, count, srt.indices
 
@@ -440,6 +447,7 @@ class _PrefixSolver:
     def certified_sets(self, cands: "_Candidates", k_ref):
         """:meth:`certified`, returning (ids, count, k*, Δ_{k*}); ``cands`` is not used after the call."""
         value, best_k, q0, q, d_ref, k_ref, ids, count, order = self.solve(cands, k_ref)
+        full = cands.full
         del cands
         if self.depths.numel() > 1:  # with one leaf depth the order never moves: PV(k) = V(k)
             c = q.shape[1]
@@ -458,7 +466,7 @@ class _PrefixSolver:
             drop = q0.numel() * q0.element_size() > self.budget // 8
             if drop:
                 q0 = None
-            value, best_k = self._check(value, best_k, w, root_ub, q, d_ref, k_ref, count)
+            value, best_k = self._check(value, best_k, w, root_ub, q, d_ref, k_ref, count, full)
             if drop:
                 q0 = torch.empty_like(q).scatter_(1, order[:, :, None].expand_as(q), q)
         del q, order  # the sorted (B, C, E) masses: not held beside the product below
@@ -482,9 +490,9 @@ class _PrefixSolver:
         settled = ratio.amin(2) * d_ref * (1 - tight) > ratio.amax(2) * after * (1 + tight) + torch.finfo(dt).tiny
         return settled & (q.amin((1, 2)) >= 0)[:, None]
 
-    def _check(self, value, best_k, w, root_ub, q, d_ref, k_ref, count):
+    def _check(self, value, best_k, w, root_ub, q, d_ref, k_ref, count, full=False):
         """Certify (value, best_k) from :meth:`solve`, solving exactly the k it cannot exclude.  w: (C, E)
-        the weights of k = 1..C; root_ub: (B, C) the coverage bound G(k)."""
+        the weights of k = 1..C; root_ub: (B, C) the coverage bound G(k); full: no padding columns."""
         dt, dev = self.dt, q.device
         bsz, c, e = q.shape
         ks = torch.arange(1, c + 1, device=dev)
@@ -502,7 +510,9 @@ class _PrefixSolver:
         ub = torch.minimum(rho * d_ref.clamp(min=0).cumsum(1), root_ub)
         eps = _VALUE_SLACK * torch.finfo(dt).eps  # both sides are rounded sums over candidates
         # best_k itself is checked too: its prefix value may be below V(best_k), and another k in between.
-        check = (ub >= value[:, None] * (1 - eps)) & (ks[None, :] <= count[:, None])
+        check = ub >= value[:, None] * (1 - eps)
+        if not full:
+            check &= ks <= count[:, None]
         if self.settle:  # not on the GPU plan: its ~7 operators are launches, which a few pairs do not repay
             check &= ~self._settled(ratio, d_ref, q)
         b, kk = check.nonzero().unbind(1)  # (P,) pairs (sample, k - 1)
@@ -515,12 +525,12 @@ class _PrefixSolver:
         for a in range(0, b.numel(), step):
             bb, kc = (b, kk) if step >= b.numel() else (b[a:a + step], kk[a:a + step])
             dk = torch.bmm(q.view(bsz, c * e).index_select(0, bb).view(-1, c, e), w.index_select(0, kc)[:, :, None])[:, :, 0]
-            pad = ks[None, :] > count.index_select(0, bb)[:, None]
-            prefix = ks[None, :] <= kc[:, None] + 1
+            pad = None if full else ks > count.index_select(0, bb)[:, None]
+            prefix = ks <= kc[:, None] + 1
             inside = dk.masked_fill(~prefix, float("inf")).amin(1)
-            after = dk.masked_fill(prefix | pad, float("-inf")).amax(1)
+            after = dk.masked_fill(prefix if full else prefix | pad, float("-inf")).amax(1)
             bad = (inside < after).nonzero()[:, 0]
-            kept.append((bb[bad], kc[bad], dk[bad].masked_fill(pad[bad], float("-inf"))))
+            kept.append((bb[bad], kc[bad], dk[bad] if full else dk[bad].masked_fill(pad[bad], float("-inf"))))
         b, kk, dk = kept[0] if len(kept) == 1 else (torch.cat(parts) for parts in zip(*kept))
         if not b.numel():
             return value, best_k
