@@ -122,7 +122,7 @@ def hf_beta_decode(post, beta: float) -> torch.Tensor:
     keep = p >= bounds.bound_slack
     keep[h.root] = True
     sample, node, value = candidate_pairs(h, keep, p)
-    tau = bounds.tau[node]
+    tau = bounds.tau.index_select(0, node)
     is_root = node == h.root
     # A pair's masses are its own values whatever pairs are read with them: a few listed pairs (one row)
     # have theirs read in one piece for both stages, many have each stage read its own (most listed
@@ -130,12 +130,14 @@ def hf_beta_decode(post, beta: float) -> torch.Tensor:
     every = value[:, None] if solver.prefix is None else None
     if every is None and value.numel() * h.num_leaf_depths <= _MASS_ONCE_ENTRIES:
         every = solver.masses(sample, node)
+    # One row packs its pairs as they are (from_pairs) and has one bound: no sample index is read.
+    rows = bsz > 1 or every is None
     at1 = ((value >= tau * slack) | is_root).nonzero().squeeze(1)
-    s1, n1 = sample.index_select(0, at1), node.index_select(0, at1)
+    s1, n1 = sample.index_select(0, at1) if rows else None, node.index_select(0, at1)
     q1 = solver.masses(s1, n1) if every is None else every.index_select(0, at1)
     lower, k_ref = solver.solve(solver.from_pairs(s1, n1, q1), k_ref)[:2]
-    at2 = ((value >= tau * lower.index_select(0, sample) * wide) | is_root).nonzero().squeeze(1)
-    s2, n2 = sample.index_select(0, at2), node.index_select(0, at2)
+    at2 = ((value >= tau * (lower.index_select(0, sample) if bsz > 1 else lower) * wide) | is_root).nonzero().squeeze(1)
+    s2, n2 = sample.index_select(0, at2) if rows else None, node.index_select(0, at2)
     if every is None:
         q2 = _reused_masses(solver, sample.numel(), at1, q1, at2, s2, n2)
     else:
@@ -143,6 +145,11 @@ def hf_beta_decode(post, beta: float) -> torch.Tensor:
     ids, count, best_k, delta = solver.certified_sets(solver.from_pairs(s2, n2, q2), k_ref)
     return _best_sets(h, ids, count, best_k, delta, full=bsz == 1)  # from_pairs packs one row without padding
 
+
+#: (B, C, E) entries from which :meth:`_PrefixSolver._check` settles k from the order at k̂ before checking
+#: pairs: below, one chunk of pairs checks every k in about as many operators (at one row on
+#: tieredImageNet-H half the rows have some k left after settling, so both ran).
+_SETTLE_MIN_ENTRIES = 1 << 12
 
 #: Entries (pairs × leaf depths) up to which :func:`hf_beta_decode` reads the masses of every listed pair
 #: once rather than each stage's own: a row's few dozen pairs, whose two reads cost two calls' operators.
@@ -179,6 +186,8 @@ def _best_sets(h, ids: torch.Tensor, count: torch.Tensor, best_k: torch.Tensor, 
         delta = delta.masked_fill(cols >= count[:, None], float("-inf"))
     rank = torch.sort(delta, dim=1, descending=True, stable=True).indices
     take = cols < best_k[:, None]
+    if full:  # distinct real nodes in every column: each one's flag written in place
+        return torch.zeros(bsz, h.num_nodes, dtype=torch.bool, device=ids.device).scatter_(1, ids.gather(1, rank), take)
     chosen = torch.where(take, ids.gather(1, rank), h.num_nodes)
     out = torch.zeros(bsz, h.num_nodes + 1, dtype=torch.bool, device=ids.device)
     out.scatter_(1, chosen, True)
@@ -291,6 +300,9 @@ def _depth_prefix(post) -> torch.Tensor:
     if post.plan.batch_major:
         return post.depth_prefix()
     h, probs = post.h, post.probs
+    if probs.shape[0] * h.num_leaves <= _SMALL_PREFIX_ENTRIES:  # a few rows: four operators fewer, the same sums
+        return torch.nn.functional.pad(probs.index_select(1, depth_ranges(h).leaf_order).to(torch.float64).cumsum(1),
+                                       (1, 0)).t()
     out = torch.empty(probs.shape[0], h.num_leaves + 1, dtype=torch.float64, device=probs.device)
     out[:, 0] = 0
     # Converted while copied into place and summed there: no (B, L) float64 temporary beside the output.
@@ -298,6 +310,11 @@ def _depth_prefix(post) -> torch.Tensor:
     body.copy_(probs.index_select(1, depth_ranges(h).leaf_order))
     body.cumsum_(1)
     return out.t()
+
+
+#: (B, L) entries up to which :func:`_depth_prefix` sums a converted copy and pads it (a (B, L) float64
+#: temporary beside the output, a few rows' worth) rather than summing in place in the output.
+_SMALL_PREFIX_ENTRIES = 1 << 16
 
 
 class _Candidates(NamedTuple):
@@ -513,7 +530,9 @@ class _PrefixSolver:
         check = ub >= value[:, None] * (1 - eps)
         if not full:
             check &= ks <= count[:, None]
-        if self.settle:  # not on the GPU plan: its ~7 operators are launches, which a few pairs do not repay
+        # Not on the GPU plan: its ~7 operators are launches, which a few pairs do not repay; nor on a few
+        # rows' small tables, where the pairs' check below is as many operators and settles as many k.
+        if self.settle and bsz * c * e >= _SETTLE_MIN_ENTRIES:
             check &= ~self._settled(ratio, d_ref, q)
         b, kk = check.nonzero().unbind(1)  # (P,) pairs (sample, k - 1)
         if not b.numel():
