@@ -228,7 +228,7 @@ def hf_beta_decode_exact(post, beta: float) -> torch.Tensor:
     ids = pack_rows(keep, depth_rank(h), width)
     trust_indices(count, width)  # 0 <= count <= width by construction: the solver need not read it
     best_k, delta = hf_beta_best_k(_masses_bm(h, prefix, ids, post.plan.budget, dt), count, tables.depths, r)
-    return _best_sets(h, ids, count, best_k, delta)
+    return _best_sets(h, ids, count, best_k, delta, full=bsz == 1)  # one row: its width is its count
 
 
 class _ExactTables(NamedTuple):

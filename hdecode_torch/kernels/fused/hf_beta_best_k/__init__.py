@@ -76,7 +76,7 @@ def hf_beta_weights(k: torch.Tensor, depths: torch.Tensor, r: float, dtype: torc
     The operation order of the hF_β solver's own weights, so that both round alike.
     """
     a = (1 - r) * (depths.to(dtype) + 1)
-    return 1 / (r * k.to(dtype)[..., None] + a)
+    return (r * k.to(dtype)[..., None] + a).reciprocal_()  # the bits of 1 / x (x.reciprocal() * 1), one operator fewer
 
 
 def hf_beta_best_k_torch(q: torch.Tensor, count: torch.Tensor, depths: torch.Tensor, r: float):
@@ -88,7 +88,7 @@ def hf_beta_best_k_torch(q: torch.Tensor, count: torch.Tensor, depths: torch.Ten
         return torch.ones(bsz, dtype=torch.int64, device=q.device), q.new_empty((bsz, 0))
     ks = torch.arange(1, c + 1, device=q.device)
     # -inf: padding never enters the k largest of a row of count >= k
-    pad = ks[None, :] > count[:, None]
+    pad = ks > count[:, None]
     # One product for every k: BLAS rounds a block of k differently from the whole (its kernels follow
     # the shape), so only the sorts, which hold the most memory, go by blocks of k.  The weights of every
     # k, computed once: Δ at the best k reads its row.
