@@ -135,14 +135,22 @@ def hf_beta_decode(post, beta: float) -> torch.Tensor:
     at1 = ((value >= tau * slack) | is_root).nonzero().squeeze(1)
     s1, n1 = sample.index_select(0, at1) if rows else None, node.index_select(0, at1)
     q1 = solver.masses(s1, n1) if every is None else every.index_select(0, at1)
-    lower, k_ref = solver.solve(solver.from_pairs(s1, n1, q1), k_ref)[:2]
+    cands1 = solver.from_pairs(s1, n1, q1)
+    solved1 = solver.solve(cands1, k_ref)
+    lower, k_ref = solved1[:2]
     at2 = ((value >= tau * (lower.index_select(0, sample) if bsz > 1 else lower) * wide) | is_root).nonzero().squeeze(1)
-    s2, n2 = sample.index_select(0, at2) if rows else None, node.index_select(0, at2)
-    if every is None:
-        q2 = _reused_masses(solver, sample.numel(), at1, q1, at2, s2, n2)
+    if at2.shape == at1.shape and torch.equal(at2, at1):
+        # Stage 2 kept stage 1's pairs (often, at one row): its solve would repeat stage 1's bit for bit
+        # (the same candidates and masses, and k̂ already clamped to their count).
+        ids, count, best_k, delta = solver.certified_sets(cands1, k_ref, solved=solved1)
     else:
-        q2 = every.index_select(0, at2)
-    ids, count, best_k, delta = solver.certified_sets(solver.from_pairs(s2, n2, q2), k_ref)
+        del cands1, solved1
+        s2, n2 = sample.index_select(0, at2) if rows else None, node.index_select(0, at2)
+        if every is None:
+            q2 = _reused_masses(solver, sample.numel(), at1, q1, at2, s2, n2)
+        else:
+            q2 = every.index_select(0, at2)
+        ids, count, best_k, delta = solver.certified_sets(solver.from_pairs(s2, n2, q2), k_ref)
     return _best_sets(h, ids, count, best_k, delta, full=bsz == 1)  # from_pairs packs one row without padding
 
 
@@ -461,11 +469,12 @@ class _PrefixSolver:
         best prefix value certified k by k.  Returns (k* (B,), Δ_{k*} of the candidates (B, C))."""
         return self.certified_sets(cands, k_ref)[2:]
 
-    def certified_sets(self, cands: "_Candidates", k_ref):
-        """:meth:`certified`, returning (ids, count, k*, Δ_{k*}); ``cands`` is not used after the call."""
-        value, best_k, q0, q, d_ref, k_ref, ids, count, order = self.solve(cands, k_ref)
+    def certified_sets(self, cands: "_Candidates", k_ref, solved: tuple | None = None):
+        """:meth:`certified`, returning (ids, count, k*, Δ_{k*}); ``cands`` is not used after the call.
+        ``solved``: :meth:`solve`'s result on ``cands`` at ``k_ref`` where the caller has it already."""
+        value, best_k, q0, q, d_ref, k_ref, ids, count, order = self.solve(cands, k_ref) if solved is None else solved
         full = cands.full
-        del cands
+        del cands, solved
         if self.depths.numel() > 1:  # with one leaf depth the order never moves: PV(k) = V(k)
             c = q.shape[1]
             w = self.weights_upto(c)  # (C, E)
