@@ -184,17 +184,18 @@ def _reused_masses(solver, m: int, at1: torch.Tensor, q1: torch.Tensor, at2: tor
 
 
 def _best_sets(h, ids: torch.Tensor, count: torch.Tensor, best_k: torch.Tensor, delta: torch.Tensor,
-               full: bool = False) -> torch.Tensor:
+               full: bool = False, distinct: bool = False) -> torch.Tensor:
     """(B, N) bool: the best k* of the first ``count`` candidates ``ids`` (B, C) by Δ_{k*} ``delta``
     (B, C); a stable sort keeps the candidates' (depth, id) order among ties, so ancestors come first.
-    ``full``: every count is C (no padding column to mask)."""
+    ``full``: every count is C (no padding column to mask); ``distinct``: each row's ids are distinct
+    nodes (< N), padding included, so every column's flag can be written in place."""
     bsz, c = ids.shape
     cols = torch.arange(c, device=ids.device)
     if not full:
         delta = delta.masked_fill(cols >= count[:, None], float("-inf"))
     rank = torch.sort(delta, dim=1, descending=True, stable=True).indices
     take = cols < best_k[:, None]
-    if full:  # distinct real nodes in every column: each one's flag written in place
+    if full or distinct:  # distinct nodes in every column: each one's flag written in place
         return torch.zeros(bsz, h.num_nodes, dtype=torch.bool, device=ids.device).scatter_(1, ids.gather(1, rank), take)
     chosen = torch.where(take, ids.gather(1, rank), h.num_nodes)
     out = torch.zeros(bsz, h.num_nodes + 1, dtype=torch.bool, device=ids.device)
@@ -236,7 +237,8 @@ def hf_beta_decode_exact(post, beta: float) -> torch.Tensor:
     ids = pack_rows(keep, depth_rank(h), width)
     trust_indices(count, width)  # 0 <= count <= width by construction: the solver need not read it
     best_k, delta = hf_beta_best_k(_masses_bm(h, prefix, ids, post.plan.budget, dt), count, tables.depths, r)
-    return _best_sets(h, ids, count, best_k, delta, full=bsz == 1)  # one row: its width is its count
+    # pack_rows's columns are distinct nodes (a top-k's indices); one row's width is its count
+    return _best_sets(h, ids, count, best_k, delta, full=bsz == 1, distinct=True)
 
 
 class _ExactTables(NamedTuple):
