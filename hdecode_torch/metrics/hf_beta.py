@@ -44,7 +44,8 @@ it), then V(k) = PV(k) is already counted.  Most such k show it from the order a
 lies between the smallest and the largest weight ratio, so a wide enough gap after the k-th Δ_k̂
 suffices); the others compute their Δ_k.  Only the remaining (sample, k) pairs, rare because
 the order barely moves with k, are solved by a sort.  When all leaves share one depth the order
-does not depend on k and every pair passes.  Host syncs: the two stages' C, the pairs to check.
+does not depend on k and every pair passes.  Host syncs: the two stages' C, whether stage 2 kept
+stage 1's pairs (then its solve is stage 1's), the pairs to check.
 
 Top-k inputs (:func:`hf_beta_decode_topk`): the same stages and solver on the completed distribution,
 their candidates and per-depth masses read from the listed leaves and tree tables
@@ -102,8 +103,9 @@ def hf_beta_decode(post, beta: float) -> torch.Tensor:
     Returns (B, N) bool, ancestor-closed.  Ties: among sets of equal expected score the smallest k
     wins; within a k, nodes of equal Δ_k are taken shallowest first, then by smallest id.  Prefix
     sets certified per k, the few k left solved by a sort (fewest operations, where a host read
-    costs nothing): host reads, one per stage (its candidate count) and the (sample, k) pairs to
-    check.
+    costs nothing): host reads, one per stage (its candidate count), whether stage 2 kept stage 1's
+    pairs where it kept as many, and the (sample, k) pairs to check.  One row takes shortcuts that give
+    the same values with fewer operators (its pairs packed as listed, their masses read once).
     """
     h, p = post.h, post.node
     dt = p.dtype
