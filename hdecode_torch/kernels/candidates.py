@@ -239,6 +239,9 @@ def candidate_pairs(h, keep: torch.Tensor, p: torch.Tensor):
     int64 and p at the pair.  One host sync (M, through ``nonzero``).
     """
     order = depth_order(h)
+    if keep.shape[1] == 1:  # one sample: its kept nodes in depth order, no (sample, rank) pairs to split
+        node = order.masked_select(keep.reshape(-1).index_select(0, order))
+        return torch.zeros_like(node), node, p.reshape(-1).index_select(0, node)
     # nonzero walks its input in logical order: a batch-major copy of the mask is read in sequence, where
     # the transposed view was read in strides of B (a quarter less time at B = 4,000 on a CPU).
     pairs = keep.index_select(0, order).t().contiguous().nonzero()  # (M, 2): (sample, rank in depth order)

@@ -44,7 +44,8 @@ it), then V(k) = PV(k) is already counted.  Most such k show it from the order a
 lies between the smallest and the largest weight ratio, so a wide enough gap after the k-th Δ_k̂
 suffices); the others compute their Δ_k.  Only the remaining (sample, k) pairs, rare because
 the order barely moves with k, are solved by a sort.  When all leaves share one depth the order
-does not depend on k and every pair passes.  Host syncs: the two stages' C, the pairs to check.
+does not depend on k and every pair passes.  Host syncs: the two stages' C, whether stage 2 kept
+stage 1's pairs (then its solve is stage 1's), the pairs to check.
 
 Top-k inputs (:func:`hf_beta_decode_topk`): the same stages and solver on the completed distribution,
 their candidates and per-depth masses read from the listed leaves and tree tables
@@ -102,8 +103,9 @@ def hf_beta_decode(post, beta: float) -> torch.Tensor:
     Returns (B, N) bool, ancestor-closed.  Ties: among sets of equal expected score the smallest k
     wins; within a k, nodes of equal Δ_k are taken shallowest first, then by smallest id.  Prefix
     sets certified per k, the few k left solved by a sort (fewest operations, where a host read
-    costs nothing): host reads, one per stage (its candidate count) and the (sample, k) pairs to
-    check.
+    costs nothing): host reads, one per stage (its candidate count), whether stage 2 kept stage 1's
+    pairs where it kept as many, and the (sample, k) pairs to check.  One row takes shortcuts that give
+    the same values with fewer operators (its pairs packed as listed, their masses read once).
     """
     h, p = post.h, post.node
     dt = p.dtype
@@ -122,17 +124,46 @@ def hf_beta_decode(post, beta: float) -> torch.Tensor:
     keep = p >= bounds.bound_slack
     keep[h.root] = True
     sample, node, value = candidate_pairs(h, keep, p)
-    tau = bounds.tau[node]
+    tau = bounds.tau.index_select(0, node)
     is_root = node == h.root
+    # A pair's masses are its own values whatever pairs are read with them: a few listed pairs (one row)
+    # have theirs read in one piece for both stages, many have each stage read its own (most listed
+    # pairs are in neither stage at batch).  With one leaf depth a mass is p itself, listed already.
+    every = value[:, None] if solver.prefix is None else None
+    if every is None and value.numel() * h.num_leaf_depths <= _MASS_ONCE_ENTRIES:
+        every = solver.masses(sample, node)
+    # One row packs its pairs as they are (from_pairs) and has one bound: no sample index is read.
+    rows = bsz > 1 or every is None
     at1 = ((value >= tau * slack) | is_root).nonzero().squeeze(1)
-    s1, n1 = sample.index_select(0, at1), node.index_select(0, at1)
-    q1 = solver.masses(s1, n1)
-    lower, k_ref = solver.solve(solver.from_pairs(s1, n1, q1), k_ref)[:2]
-    at2 = ((value >= tau * lower.index_select(0, sample) * wide) | is_root).nonzero().squeeze(1)
-    s2, n2 = sample.index_select(0, at2), node.index_select(0, at2)
-    q2 = None if solver.prefix is None else _reused_masses(solver, sample.numel(), at1, q1, at2, s2, n2)
-    ids, count, best_k, delta = solver.certified_sets(solver.from_pairs(s2, n2, q2), k_ref)
-    return _best_sets(h, ids, count, best_k, delta)
+    s1, n1 = sample.index_select(0, at1) if rows else None, node.index_select(0, at1)
+    q1 = solver.masses(s1, n1) if every is None else every.index_select(0, at1)
+    cands1 = solver.from_pairs(s1, n1, q1)
+    solved1 = solver.solve(cands1, k_ref)
+    lower, k_ref = solved1[:2]
+    at2 = ((value >= tau * (lower.index_select(0, sample) if bsz > 1 else lower) * wide) | is_root).nonzero().squeeze(1)
+    if at2.shape == at1.shape and torch.equal(at2, at1):
+        # Stage 2 kept stage 1's pairs (often, at one row): its solve would repeat stage 1's bit for bit
+        # (the same candidates and masses, and k̂ already clamped to their count).
+        ids, count, best_k, delta = solver.certified_sets(cands1, k_ref, solved=solved1)
+    else:
+        del cands1, solved1
+        s2, n2 = sample.index_select(0, at2) if rows else None, node.index_select(0, at2)
+        if every is None:
+            q2 = _reused_masses(solver, sample.numel(), at1, q1, at2, s2, n2)
+        else:
+            q2 = every.index_select(0, at2)
+        ids, count, best_k, delta = solver.certified_sets(solver.from_pairs(s2, n2, q2), k_ref)
+    return _best_sets(h, ids, count, best_k, delta, full=bsz == 1)  # from_pairs packs one row without padding
+
+
+#: (B, C, E) entries from which :meth:`_PrefixSolver._check` settles k from the order at k̂ before checking
+#: pairs: below, one chunk of pairs checks every k in about as many operators (at one row on
+#: tieredImageNet-H half the rows have some k left after settling, so both ran).
+_SETTLE_MIN_ENTRIES = 1 << 12
+
+#: Entries (pairs × leaf depths) up to which :func:`hf_beta_decode` reads the masses of every listed pair
+#: once rather than each stage's own: a row's few dozen pairs, whose two reads cost two calls' operators.
+_MASS_ONCE_ENTRIES = 1 << 12
 
 
 def _reused_masses(solver, m: int, at1: torch.Tensor, q1: torch.Tensor, at2: torch.Tensor, s2: torch.Tensor,
@@ -154,14 +185,20 @@ def _reused_masses(solver, m: int, at1: torch.Tensor, q1: torch.Tensor, at2: tor
     return q2
 
 
-def _best_sets(h, ids: torch.Tensor, count: torch.Tensor, best_k: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+def _best_sets(h, ids: torch.Tensor, count: torch.Tensor, best_k: torch.Tensor, delta: torch.Tensor,
+               full: bool = False, distinct: bool = False) -> torch.Tensor:
     """(B, N) bool: the best k* of the first ``count`` candidates ``ids`` (B, C) by Δ_{k*} ``delta``
-    (B, C); a stable sort keeps the candidates' (depth, id) order among ties, so ancestors come first."""
+    (B, C); a stable sort keeps the candidates' (depth, id) order among ties, so ancestors come first.
+    ``full``: every count is C (no padding column to mask); ``distinct``: each row's ids are distinct
+    nodes (< N), padding included, so every column's flag can be written in place."""
     bsz, c = ids.shape
     cols = torch.arange(c, device=ids.device)
-    delta = delta.masked_fill(cols >= count[:, None], float("-inf"))
+    if not full:
+        delta = delta.masked_fill(cols >= count[:, None], float("-inf"))
     rank = torch.sort(delta, dim=1, descending=True, stable=True).indices
     take = cols < best_k[:, None]
+    if full or distinct:  # distinct nodes in every column: each one's flag written in place
+        return torch.zeros(bsz, h.num_nodes, dtype=torch.bool, device=ids.device).scatter_(1, ids.gather(1, rank), take)
     chosen = torch.where(take, ids.gather(1, rank), h.num_nodes)
     out = torch.zeros(bsz, h.num_nodes + 1, dtype=torch.bool, device=ids.device)
     out.scatter_(1, chosen, True)
@@ -202,7 +239,8 @@ def hf_beta_decode_exact(post, beta: float) -> torch.Tensor:
     ids = pack_rows(keep, depth_rank(h), width)
     trust_indices(count, width)  # 0 <= count <= width by construction: the solver need not read it
     best_k, delta = hf_beta_best_k(_masses_bm(h, prefix, ids, post.plan.budget, dt), count, tables.depths, r)
-    return _best_sets(h, ids, count, best_k, delta)
+    # pack_rows's columns are distinct nodes (a top-k's indices); one row's width is its count
+    return _best_sets(h, ids, count, best_k, delta, full=bsz == 1, distinct=True)
 
 
 class _ExactTables(NamedTuple):
@@ -274,6 +312,9 @@ def _depth_prefix(post) -> torch.Tensor:
     if post.plan.batch_major:
         return post.depth_prefix()
     h, probs = post.h, post.probs
+    if probs.shape[0] * h.num_leaves <= _SMALL_PREFIX_ENTRIES:  # a few rows: four operators fewer, the same sums
+        return torch.nn.functional.pad(probs.index_select(1, depth_ranges(h).leaf_order).to(torch.float64).cumsum(1),
+                                       (1, 0)).t()
     out = torch.empty(probs.shape[0], h.num_leaves + 1, dtype=torch.float64, device=probs.device)
     out[:, 0] = 0
     # Converted while copied into place and summed there: no (B, L) float64 temporary beside the output.
@@ -283,12 +324,19 @@ def _depth_prefix(post) -> torch.Tensor:
     return out.t()
 
 
+#: (B, L) entries up to which :func:`_depth_prefix` sums a converted copy and pads it (a (B, L) float64
+#: temporary beside the output, a few rows' worth) rather than summing in place in the output.
+_SMALL_PREFIX_ENTRIES = 1 << 16
+
+
 class _Candidates(NamedTuple):
-    """Packed candidates: ids (B, C) int64 (padding N), count (B,), masses q (B, C, E)."""
+    """Packed candidates: ids (B, C) int64 (padding N), count (B,), masses q (B, C, E); ``full``: known to
+    have no padding (every count is C), so that the masks of padding columns, all false, are skipped."""
 
     ids: torch.Tensor
     count: torch.Tensor
     q: torch.Tensor
+    full: bool = False
 
 
 def _bound_slack(dt: torch.dtype) -> float:
@@ -311,14 +359,28 @@ def _prefix_bounds(h, beta: float, dt: torch.dtype) -> _PrefixBounds:
         hf_beta_bound(h, beta).to(dt)[:, None] * _bound_slack(dt), hf_beta_value_bound(h, beta).to(dt)))
 
 
-def _solver_tables(h, r: float, dt: torch.dtype):
-    """(depths (E,), a(d) = (1 − r)(d + 1) (E,), w_e(k) (K, E) for k = 1..K) in ``dt``, cached per r."""
+class _SolverTables(NamedTuple):
+    """Tree tables of :class:`_PrefixSolver` in one dtype, per r (cached on the hierarchy).  Row k of
+    ``w_at`` is w(k): a table read at k needs no k − 1 (one operator fewer a read, at one row a fifth of
+    the solver's are such)."""
+
+    depths: torch.Tensor  # (E,) leaf depths
+    a: torch.Tensor  # (E,) a(d) = (1 − r)(d + 1)
+    w_at: torch.Tensor  # (K + 1, E) w_e(k) for k = 0..K (row 0 unused)
+    w_ends: torch.Tensor  # (K + 1, 2) w_at's first and last columns (the shallowest and deepest leaf depth)
+    cover_w: torch.Tensor  # (K, E) min(k, d_e + 1)·w_e(k) for k = 1..K, the coverage bound's weights
+
+
+def _solver_tables(h, r: float, dt: torch.dtype) -> _SolverTables:
     def build():
         depths = depth_ranges(h).depths.to(dt)
         a = (1 - r) * (depths + 1)
         rows = min(h.num_nodes, max(1, _WEIGHT_TABLE_ENTRIES // depths.numel()))
-        k = torch.arange(1, rows + 1, device=h.device)
-        return depths, a, (r * k.to(dt)[..., None] + a).reciprocal_()  # _PrefixSolver.weights's operations
+        k = torch.arange(0, rows + 1, device=h.device)
+        w_at = (r * k.to(dt)[..., None] + a).reciprocal_()  # _PrefixSolver.weights's operations
+        # certified_sets's operations on k = 1..K, entry by entry: the same bits as per call
+        cover = torch.minimum(k[1:].to(dt)[:, None], depths[None, :] + 1)
+        return _SolverTables(depths, a, w_at, w_at[:, [0, depths.numel() - 1]].contiguous(), cover.mul_(w_at[1:]))
     return h.cached(("hf_beta_solver_tables", r, dt), build)
 
 
@@ -332,7 +394,8 @@ class _PrefixSolver:
         self.settle = not post.plan.gpu  # see _check
         # With one leaf depth the masses are p itself.
         self.prefix = _depth_prefix(post) if h.num_leaf_depths > 1 else None
-        self.depths, self.a, self._w = _solver_tables(h, r, self.dt)
+        self.tables = _solver_tables(h, r, self.dt)
+        self.depths, self.a, self._w = self.tables.depths, self.tables.a, self.tables.w_at[1:]
 
     @classmethod
     def on_candidates(cls, h, r: float, dt: torch.dtype, budget: int, settle: bool = True) -> "_PrefixSolver":
@@ -341,7 +404,8 @@ class _PrefixSolver:
         self = cls.__new__(cls)
         self.h, self.r, self.dt, self.p, self.budget, self.prefix = h, r, dt, None, budget, None
         self.settle = settle
-        self.depths, self.a, self._w = _solver_tables(h, r, dt)
+        self.tables = _solver_tables(h, r, dt)
+        self.depths, self.a, self._w = self.tables.depths, self.tables.a, self.tables.w_at[1:]
         return self
 
     def weights(self, k: torch.Tensor) -> torch.Tensor:
@@ -359,7 +423,7 @@ class _PrefixSolver:
     def weights_at(self, k: torch.Tensor, c: int) -> torch.Tensor:
         """(B, E) w_e(k) of k (B,) in 1..c: rows of the cached table where it is long enough."""
         if c <= self._w.shape[0]:
-            return self._w.index_select(0, k - 1)
+            return self.tables.w_at.index_select(0, k)
         return self.weights(k)
 
     def masses(self, sample: torch.Tensor, node: torch.Tensor) -> torch.Tensor:
@@ -374,9 +438,11 @@ class _PrefixSolver:
         (M, E) (default: :meth:`masses`, read for the M pairs only)."""
         h = self.h
         bsz = self.p.shape[1]
-        ids, count, slot = pack_candidates(h, sample, node, bsz)
         if flat is None:
             flat = self.masses(sample, node)
+        if bsz == 1:  # one row: its pairs are its packed candidates, in order (what the packing gives)
+            return _Candidates(node[None], node.new_full((1,), node.numel()), flat[None], True)
+        ids, count, slot = pack_candidates(h, sample, node, bsz)
         q = torch.zeros(bsz, ids.shape[1], flat.shape[1], dtype=self.dt, device=ids.device)
         q[sample, slot] = flat
         return _Candidates(ids, count, q)
@@ -391,12 +457,14 @@ class _PrefixSolver:
         ids, count, q = cands.ids, cands.count, cands.q
         c = ids.shape[1]
         k_ref = torch.minimum(k_ref.clamp(min=1), count)
-        d_ref = (q * self.weights_at(k_ref, c)[:, None, :]).sum(2).masked_fill(ids == self.h.num_nodes, float("-inf"))
+        d_ref = (q * self.weights_at(k_ref, c)[:, None, :]).sum(2)
+        if not cands.full:
+            d_ref = d_ref.masked_fill(ids == self.h.num_nodes, float("-inf"))
         srt = torch.sort(d_ref, dim=1, descending=True, stable=True)
         qs = q.gather(1, srt.indices[:, :, None].expand_as(q))
-        ks = torch.arange(1, c + 1, device=ids.device)
         pv = qs.cumsum(1).mul_(self.weights_upto(c)).sum(2)  # (B, C) value of each prefix
-        pv = torch.where(ks[None, :] <= count[:, None], pv, torch.full_like(pv, -1.0))
+        if not cands.full:
+            pv.masked_fill_(torch.arange(1, c + 1, device=ids.device) > count[:, None], -1.0)
         value, k = pv.max(1)  # first max: the smallest k
         return value, k + 1, q, qs, srt.values, k_ref, ids, count, srt.indices
 
@@ -405,17 +473,22 @@ class _PrefixSolver:
         best prefix value certified k by k.  Returns (k* (B,), Δ_{k*} of the candidates (B, C))."""
         return self.certified_sets(cands, k_ref)[2:]
 
-    def certified_sets(self, cands: "_Candidates", k_ref):
-        """:meth:`certified`, returning (ids, count, k*, Δ_{k*}); ``cands`` is not used after the call."""
-        value, best_k, q0, q, d_ref, k_ref, ids, count, order = self.solve(cands, k_ref)
-        del cands
+    def certified_sets(self, cands: "_Candidates", k_ref, solved: tuple | None = None):
+        """:meth:`certified`, returning (ids, count, k*, Δ_{k*}); ``cands`` is not used after the call.
+        ``solved``: :meth:`solve`'s result on ``cands`` at ``k_ref`` where the caller has it already."""
+        value, best_k, q0, q, d_ref, k_ref, ids, count, order = self.solve(cands, k_ref) if solved is None else solved
+        full = cands.full
+        del cands, solved
         if self.depths.numel() > 1:  # with one leaf depth the order never moves: PV(k) = V(k)
             c = q.shape[1]
             w = self.weights_upto(c)  # (C, E)
             # G(k) = Σ_e w_e(k) min(k, d_e+1) Q_e(root) (see _check), from the candidates' own order.
-            ks = torch.arange(1, c + 1, device=q.device)
-            cover = torch.minimum(ks.to(self.dt)[:, None], self.depths[None, :] + 1)
-            root_ub = q0[:, 0, :] @ cover.mul_(w).t()
+            if c <= self._w.shape[0]:
+                cover = self.tables.cover_w[:c]
+            else:
+                ks = torch.arange(1, c + 1, device=q.device)
+                cover = torch.minimum(ks.to(self.dt)[:, None], self.depths[None, :] + 1).mul_(w)
+            root_ub = q0[:, 0, :] @ cover.t()
             del cover
             # On deep trees the (B, C, E) masses in both orders are the largest tables: only the sorted ones
             # are held while they are checked, the candidates' order put back after by the sort's
@@ -423,7 +496,7 @@ class _PrefixSolver:
             drop = q0.numel() * q0.element_size() > self.budget // 8
             if drop:
                 q0 = None
-            value, best_k = self._check(value, best_k, w, root_ub, q, d_ref, k_ref, count)
+            value, best_k = self._check(value, best_k, w, root_ub, q, d_ref, k_ref, count, full)
             if drop:
                 q0 = torch.empty_like(q).scatter_(1, order[:, :, None].expand_as(q), q)
         del q, order  # the sorted (B, C, E) masses: not held beside the product below
@@ -447,9 +520,9 @@ class _PrefixSolver:
         settled = ratio.amin(2) * d_ref * (1 - tight) > ratio.amax(2) * after * (1 + tight) + torch.finfo(dt).tiny
         return settled & (q.amin((1, 2)) >= 0)[:, None]
 
-    def _check(self, value, best_k, w, root_ub, q, d_ref, k_ref, count):
+    def _check(self, value, best_k, w, root_ub, q, d_ref, k_ref, count, full=False):
         """Certify (value, best_k) from :meth:`solve`, solving exactly the k it cannot exclude.  w: (C, E)
-        the weights of k = 1..C; root_ub: (B, C) the coverage bound G(k)."""
+        the weights of k = 1..C; root_ub: (B, C) the coverage bound G(k); full: no padding columns."""
         dt, dev = self.dt, q.device
         bsz, c, e = q.shape
         ks = torch.arange(1, c + 1, device=dev)
@@ -457,14 +530,22 @@ class _PrefixSolver:
         # the leaf depths: the ratio is monotone in d_e, so it peaks at the shallowest or the deepest.
         # So V(k) ≤ ρ(k)·(sum of the k largest Δ_k̂).  And V(k) ≤ G(k) = Σ_e w_e(k) min(k, d_e+1) Q_e(root):
         # a closed set of size k holds at most min(k, d+1) ancestors of a depth-d leaf.
-        ends = [0, e - 1]
-        ratio = w[None, :, ends] / self.weights_at(k_ref, c)[:, None, ends]  # (B, C, 2)
+        if c <= self._w.shape[0]:
+            ends = self.tables.w_ends
+            ratio = ends[1:c + 1][None] / ends.index_select(0, k_ref)[:, None]  # (B, C, 2)
+        else:
+            ends = [0, e - 1]
+            ratio = w[None, :, ends] / self.weights_at(k_ref, c)[:, None, ends]
         rho = ratio.amax(2)  # (B, C)
         ub = torch.minimum(rho * d_ref.clamp(min=0).cumsum(1), root_ub)
         eps = _VALUE_SLACK * torch.finfo(dt).eps  # both sides are rounded sums over candidates
         # best_k itself is checked too: its prefix value may be below V(best_k), and another k in between.
-        check = (ub >= value[:, None] * (1 - eps)) & (ks[None, :] <= count[:, None])
-        if self.settle:  # not on the GPU plan: its ~7 operators are launches, which a few pairs do not repay
+        check = ub >= value[:, None] * (1 - eps)
+        if not full:
+            check &= ks <= count[:, None]
+        # Not on the GPU plan: its ~7 operators are launches, which a few pairs do not repay; nor on a few
+        # rows' small tables, where the pairs' check below is as many operators and settles as many k.
+        if self.settle and bsz * c * e >= _SETTLE_MIN_ENTRIES:
             check &= ~self._settled(ratio, d_ref, q)
         b, kk = check.nonzero().unbind(1)  # (P,) pairs (sample, k - 1)
         if not b.numel():
@@ -474,15 +555,15 @@ class _PrefixSolver:
         step = max(1, self.budget // (16 * c * e))
         kept = []
         for a in range(0, b.numel(), step):
-            bb, kc = b[a:a + step], kk[a:a + step]
+            bb, kc = (b, kk) if step >= b.numel() else (b[a:a + step], kk[a:a + step])
             dk = torch.bmm(q.view(bsz, c * e).index_select(0, bb).view(-1, c, e), w.index_select(0, kc)[:, :, None])[:, :, 0]
-            pad = ks[None, :] > count.index_select(0, bb)[:, None]
-            prefix = ks[None, :] <= kc[:, None] + 1
+            pad = None if full else ks > count.index_select(0, bb)[:, None]
+            prefix = ks <= kc[:, None] + 1
             inside = dk.masked_fill(~prefix, float("inf")).amin(1)
-            after = dk.masked_fill(prefix | pad, float("-inf")).amax(1)
+            after = dk.masked_fill(prefix if full else prefix | pad, float("-inf")).amax(1)
             bad = (inside < after).nonzero()[:, 0]
-            kept.append((bb[bad], kc[bad], dk[bad].masked_fill(pad[bad], float("-inf"))))
-        b, kk, dk = (torch.cat(parts) for parts in zip(*kept))
+            kept.append((bb[bad], kc[bad], dk[bad] if full else dk[bad].masked_fill(pad[bad], float("-inf"))))
+        b, kk, dk = kept[0] if len(kept) == 1 else (torch.cat(parts) for parts in zip(*kept))
         if not b.numel():
             return value, best_k
         exact = torch.sort(dk, dim=1, descending=True).values.clamp(min=0).cumsum(1).gather(1, kk[:, None])[:, 0]

@@ -76,7 +76,7 @@ def hf_beta_weights(k: torch.Tensor, depths: torch.Tensor, r: float, dtype: torc
     The operation order of the hF_β solver's own weights, so that both round alike.
     """
     a = (1 - r) * (depths.to(dtype) + 1)
-    return 1 / (r * k.to(dtype)[..., None] + a)
+    return (r * k.to(dtype)[..., None] + a).reciprocal_()  # the bits of 1 / x (x.reciprocal() * 1), one operator fewer
 
 
 def hf_beta_best_k_torch(q: torch.Tensor, count: torch.Tensor, depths: torch.Tensor, r: float):
@@ -88,10 +88,12 @@ def hf_beta_best_k_torch(q: torch.Tensor, count: torch.Tensor, depths: torch.Ten
         return torch.ones(bsz, dtype=torch.int64, device=q.device), q.new_empty((bsz, 0))
     ks = torch.arange(1, c + 1, device=q.device)
     # -inf: padding never enters the k largest of a row of count >= k
-    pad = (ks[None, :] > count[:, None])[:, None, :]
+    pad = ks > count[:, None]
     # One product for every k: BLAS rounds a block of k differently from the whole (its kernels follow
-    # the shape), so only the sorts, which hold the most memory, go by blocks of k.
-    dk = torch.einsum("bce,ke->bkc", q, hf_beta_weights(ks, depths, r, q.dtype)).masked_fill_(pad, float("-inf"))
+    # the shape), so only the sorts, which hold the most memory, go by blocks of k.  The weights of every
+    # k, computed once: Δ at the best k reads its row.
+    w = hf_beta_weights(ks, depths, r, q.dtype)  # (C, E)
+    dk = torch.einsum("bce,ke->bkc", q, w).masked_fill_(pad[:, None, :], float("-inf"))
     kb = sort_block(c)
     if kb >= c:
         top = torch.sort(dk, dim=2, descending=True).values.cumsum_(2)  # (B, k, C) sums of the j best
@@ -103,10 +105,9 @@ def hf_beta_best_k_torch(q: torch.Tensor, count: torch.Tensor, depths: torch.Ten
             v[:, k0:k0 + kb] = top.diagonal(offset=k0, dim1=1, dim2=2)  # the k best of Δ_k, k = k0+1, ...
         del top
     del dk
-    v = torch.where(ks[None, :] <= count[:, None], v, -1.0)
-    best_k = v.argmax(1) + 1  # first maximum: the smallest k
-    delta = (q * hf_beta_weights(best_k, depths, r, q.dtype)[:, None, :]).sum(2)
-    return best_k, delta
+    at = v.masked_fill(pad, -1.0).argmax(1)  # first maximum: the smallest k
+    delta = (q * w.index_select(0, at)[:, None, :]).sum(2)
+    return at + 1, delta
 
 
 def _fake(q, count, depths, r):
