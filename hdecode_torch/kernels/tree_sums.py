@@ -24,8 +24,8 @@ import torch
 from .segment import index_add_rows
 
 __all__ = ["subtree_sum", "subtree_sum_", "accumulation_dtype", "leaf_to_node_sum", "path_sum", "level_pairs",
-           "internal_level_pairs", "tree_ranges", "default_layout", "blocked_gathered_prefix", "prefix_bytes_per_row", "copy_transposed_",
-           "MAX_LEVELS", "LAYOUTS", "TRANSPOSE_MIN_COLUMNS", "TRANSPOSE_BLOCK_BYTES"]
+           "internal_level_pairs", "tree_ranges", "default_layout", "blocked_gathered_prefix", "prefix_bytes_per_row",
+           "copy_transposed_", "MAX_LEVELS", "LAYOUTS", "TRANSPOSE_MIN_COLUMNS", "TRANSPOSE_BLOCK_BYTES"]
 
 #: Trees of up to this many levels (depth + 1) are summed per level by default, by prefix sums beyond:
 #: each level costs a fixed overhead, which the prefix sums' larger per-entry cost outweighs only on
