@@ -182,12 +182,18 @@ def subtree_sum_(h, values: torch.Tensor, backend: str = "torch") -> torch.Tenso
     (ids 0..L−1) come before their internal siblings, so one call adds every leaf's row into its
     parent, straight from the leaves' rows (no gathered copy), and one call per level then adds the
     internal nodes: the additions, in the order and the bits of a call per level over all its nodes.
+    A single sample (a 1-D table) keeps one call per level over all its nodes: there the gathers
+    move a few entries, and the leaves' two views would cost more than they save.
     """
     rows = _as_rows(values)
-    if backend == "torch":  # index_add_rows inlined: one call fewer per level
+    if backend == "torch" and rows.dim() > 1:  # index_add_rows inlined: one call fewer per level
         leaf_parent, pairs = internal_level_pairs(h)
         rows[h.num_leaves:].index_add_(0, leaf_parent, rows[: h.num_leaves])
         for nodes, parents in pairs:
+            rows.index_add_(0, parents, rows.index_select(0, nodes))
+        return values
+    if backend == "torch":  # one sample: the gathers are a few entries, the two views would cost more
+        for nodes, parents in level_pairs(h):
             rows.index_add_(0, parents, rows.index_select(0, nodes))
         return values
     for nodes, parents in level_pairs(h):
@@ -233,7 +239,10 @@ def leaf_to_node_sum(h, leaf_values: torch.Tensor, layout: str | None = None, ba
     # the leaves' rows, then zeros for the internal nodes (ids L..N-1): F.pad would be one copy, but torch
     # 2.8's exported pad refuses an empty batch
     out = torch.empty((h.num_nodes,) + tuple(leaf_values.shape[1:]), dtype=acc, device=leaf_values.device)
-    copy_transposed_(out[: h.num_leaves], leaf_values)
+    if _fast_transpose(leaf_values, acc):
+        _transpose_blocks(out[: h.num_leaves], leaf_values)
+    else:  # one sample: the assignment costs one view fewer than copy_transposed_
+        out[: h.num_leaves] = leaf_values
     out[h.num_leaves:] = 0
     out = subtree_sum_(h, out, backend)
     return out if acc == dtype else out.to(dtype)
@@ -269,8 +278,12 @@ def copy_transposed_(out: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     ``TRANSPOSE_BLOCK_BYTES`` of input rows: several times faster than ``copy_``'s transposition of
     60 × 60 tiles element by element.  Either way every entry is copied, bit for bit; O(M·B).
     """
-    if not _fast_transpose(out, values):
+    if not _fast_transpose(values, out.dtype):
         return out.copy_(values)
+    return _transpose_blocks(out, values)
+
+
+def _transpose_blocks(out: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     m, b = values.shape
     x = values.t()  # (B, M) contiguous
     rows = max(1, TRANSPOSE_BLOCK_BYTES // (4 * m))
@@ -283,13 +296,14 @@ def copy_transposed_(out: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _fast_transpose(out: torch.Tensor, values: torch.Tensor) -> bool:
-    if values.dim() != 2 or torch.compiler.is_compiling():  # a traced graph's sizes are symbolic
+def _fast_transpose(values: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether :func:`copy_transposed_` copies ``values`` into a ``dtype`` table with the SIMD kernel."""
+    # a traced graph's sizes are symbolic: no test on them
+    if values.dim() != 2 or torch.compiler.is_compiling() or values.shape[1] < TRANSPOSE_MIN_COLUMNS:
         return False
-    m, b = values.shape
-    return (b >= TRANSPOSE_MIN_COLUMNS and m > 1 and values.dtype == out.dtype == torch.float32
-            and values.device.type == "cpu" and values.stride() == (1, m) and not values.requires_grad
-            and _simd_transpose())
+    m = values.shape[0]
+    return (m > 1 and values.dtype == dtype == torch.float32 and values.device.type == "cpu"
+            and values.stride() == (1, m) and not values.requires_grad and _simd_transpose())
 
 
 def accumulation_dtype(h, dtype: torch.dtype) -> torch.dtype:
