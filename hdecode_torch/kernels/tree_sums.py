@@ -251,9 +251,10 @@ def leaf_to_node_sum(h, leaf_values: torch.Tensor, layout: str | None = None, ba
 #: Fewest columns from which :func:`copy_transposed_` transposes with the SIMD kernel: below it the
 #: kernel's fixed cost outweighs what it saves on the copy.
 TRANSPOSE_MIN_COLUMNS = 8
-#: Bytes of the batch-major input :func:`copy_transposed_` transposes at a time: a block and its
-#: transpose stay in a core's L2 cache.
-TRANSPOSE_BLOCK_BYTES = 2**18
+#: Bytes of the batch-major input :func:`copy_transposed_` transposes at a time: a decoder's block of
+#: rows (``CPU_BLOCK_BYTES`` of temporaries) is one, and a larger table's temporary stays this size.
+#: Smaller blocks cost more than they save: each is copied into strided rows of the output.
+TRANSPOSE_BLOCK_BYTES = 2**22
 
 
 def _simd_transpose() -> bool:
@@ -275,8 +276,9 @@ def copy_transposed_(out: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     out: (M, *) node-major; values: (M, *), any dtype and strides.  When ``values`` is float32 (M, B),
     B ≥ ``TRANSPOSE_MIN_COLUMNS``, the transpose of a contiguous (B, M) CPU table, the copy runs as
     ``native_channel_shuffle`` (whose channels-last kernel is FBGEMM's SIMD transposition) in blocks of
-    ``TRANSPOSE_BLOCK_BYTES`` of input rows: several times faster than ``copy_``'s transposition of
-    60 × 60 tiles element by element.  Either way every entry is copied, bit for bit; O(M·B).
+    ``TRANSPOSE_BLOCK_BYTES`` of input rows, faster than ``copy_``'s transposition of 60 × 60 tiles
+    element by element (where the build has no FBGEMM, the shuffle's own loop is the slower one, and
+    ``copy_`` runs).  Either way every entry is copied, bit for bit; O(M·B).
     """
     if not _fast_transpose(values, out.dtype):
         return out.copy_(values)
