@@ -84,11 +84,17 @@ def test_leaves_are_added_in_one_call_and_levels_of_leaves_only_are_skipped():
     assert leaf_parent.tolist() == [0] and pairs == []
 
 
-@pytest.mark.parametrize("batch,width", [(8, 3), (9, 608), (300, 1010), (1000, 77), (5, 40), (64, 1)])
+@pytest.mark.parametrize("batch,width", [(8, 3), (9, 608), (300, 1010), (1000, 77), (5, 40), (64, 1), (130, 2)])
 def test_transposed_copy_is_a_copy(batch, width, monkeypatch):
     """The SIMD transposition (where this build has it) in blocks, a last short block included, equals
-    ``copy_``; whatever it cannot take (float64, a node-major input, few columns) goes to ``copy_``."""
-    monkeypatch.setattr(tree_sums, "TRANSPOSE_BLOCK_BYTES", 4 * width * 7)  # blocks of 7 rows
+    ``copy_``; whatever it cannot take (float64, a node-major input, few columns, too wide a table for
+    blocks of 64 rows) goes to ``copy_``."""
+    monkeypatch.setattr(tree_sums, "TRANSPOSE_BLOCK_BYTES", 4 * width * 64)  # blocks of 64 rows
+    assert tree_sums._fast_transpose(torch.empty(batch, width).t(), torch.float32) == (
+        batch >= 8 and width > 1 and tree_sums._simd_transpose())
+    monkeypatch.setattr(tree_sums, "TRANSPOSE_BLOCK_BYTES", 4 * width * 63)
+    assert not tree_sums._fast_transpose(torch.empty(batch, width).t(), torch.float32)
+    monkeypatch.setattr(tree_sums, "TRANSPOSE_BLOCK_BYTES", 4 * width * 64)
     g = torch.Generator().manual_seed(width)
     x = torch.randn(batch, width, generator=g)
     for values in (x.t(), x.t().contiguous(), x.t().double(), x[:, : max(1, width // 2)].t()):

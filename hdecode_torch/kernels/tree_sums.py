@@ -25,7 +25,8 @@ from .segment import index_add_rows
 
 __all__ = ["subtree_sum", "subtree_sum_", "accumulation_dtype", "leaf_to_node_sum", "path_sum", "level_pairs",
            "internal_level_pairs", "tree_ranges", "default_layout", "blocked_gathered_prefix", "prefix_bytes_per_row",
-           "copy_transposed_", "MAX_LEVELS", "LAYOUTS", "TRANSPOSE_MIN_COLUMNS", "TRANSPOSE_BLOCK_BYTES"]
+           "copy_transposed_", "MAX_LEVELS", "LAYOUTS", "TRANSPOSE_MIN_COLUMNS", "TRANSPOSE_BLOCK_BYTES",
+           "TRANSPOSE_MIN_BLOCK_ROWS"]
 
 #: Trees of up to this many levels (depth + 1) are summed per level by default, by prefix sums beyond:
 #: each level costs a fixed overhead, which the prefix sums' larger per-entry cost outweighs only on
@@ -255,6 +256,9 @@ TRANSPOSE_MIN_COLUMNS = 8
 #: rows (``CPU_BLOCK_BYTES`` of temporaries) is one, and a larger table's temporary stays this size.
 #: Smaller blocks cost more than they save: each is copied into strided rows of the output.
 TRANSPOSE_BLOCK_BYTES = 2**22
+#: Fewest rows of a block: a wider table (over 16k leaves in float32) is copied by ``copy_``, not in a
+#: loop of many small blocks.
+TRANSPOSE_MIN_BLOCK_ROWS = 64
 
 
 def _simd_transpose() -> bool:
@@ -304,7 +308,8 @@ def _fast_transpose(values: torch.Tensor, dtype: torch.dtype) -> bool:
     if values.dim() != 2 or torch.compiler.is_compiling() or values.shape[1] < TRANSPOSE_MIN_COLUMNS:
         return False
     m = values.shape[0]
-    return (m > 1 and values.dtype == dtype == torch.float32 and values.device.type == "cpu"
+    return (m > 1 and TRANSPOSE_BLOCK_BYTES // (4 * m) >= TRANSPOSE_MIN_BLOCK_ROWS
+            and values.dtype == dtype == torch.float32 and values.device.type == "cpu"
             and values.stride() == (1, m) and not values.requires_grad and _simd_transpose())
 
 
