@@ -15,7 +15,8 @@ import torch
 import hdecode_torch as hd
 from hdecode_torch.kernels import tree_sums
 from hdecode_torch.kernels.tree_sums import (
-    FLOAT32_MAX_FAN_IN, copy_transposed_, internal_level_pairs, leaf_to_node_sum, level_pairs, subtree_sum,
+    FLOAT32_MAX_FAN_IN, copy_transposed_, internal_level_pairs, leaf_to_node_sum, level_pairs, node_major,
+    subtree_sum,
 )
 
 from harness import bundled, random_trees
@@ -100,6 +101,12 @@ def test_transposed_copy_is_a_copy(batch, width, monkeypatch):
     for values in (x.t(), x.t().contiguous(), x.t().double(), x[:, : max(1, width // 2)].t()):
         out = torch.full(values.shape, float("nan"), dtype=values.dtype)
         assert copy_transposed_(out, values) is out and torch.equal(out, values)
+    for values in (x.t(), x.t().double()):
+        for dtype in (torch.float32, torch.float64):
+            got = node_major(values, dtype)
+            assert got.dtype == dtype and torch.equal(got, values.to(dtype))
+            if not tree_sums._fast_transpose(values, dtype):
+                assert (got.data_ptr() == values.data_ptr()) == (values.dtype == dtype)  # .to(): no copy
     x.requires_grad_()
     out = torch.empty(width, batch)
     assert torch.equal(copy_transposed_(out, x.t()), x.detach().t())  # a tensor that needs a gradient: copy_

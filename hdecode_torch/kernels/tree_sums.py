@@ -25,7 +25,7 @@ from .segment import index_add_rows
 
 __all__ = ["subtree_sum", "subtree_sum_", "accumulation_dtype", "leaf_to_node_sum", "path_sum", "level_pairs",
            "internal_level_pairs", "tree_ranges", "default_layout", "blocked_gathered_prefix", "prefix_bytes_per_row",
-           "copy_transposed_", "MAX_LEVELS", "LAYOUTS", "TRANSPOSE_MIN_COLUMNS", "TRANSPOSE_BLOCK_BYTES",
+           "copy_transposed_", "node_major", "MAX_LEVELS", "LAYOUTS", "TRANSPOSE_MIN_COLUMNS", "TRANSPOSE_BLOCK_BYTES",
            "TRANSPOSE_MIN_BLOCK_ROWS"]
 
 #: Trees of up to this many levels (depth + 1) are summed per level by default, by prefix sums beyond:
@@ -287,6 +287,15 @@ def copy_transposed_(out: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     if not _fast_transpose(values, out.dtype):
         return out.copy_(values)
     return _transpose_blocks(out, values)
+
+
+def node_major(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``values`` (M, B) in ``dtype``: a new node-major table (:func:`copy_transposed_`) where the SIMD
+    transposition takes it, else ``values.to(dtype)`` (``values`` itself when in ``dtype`` already: a
+    single sample's column costs no copy)."""
+    if not _fast_transpose(values, dtype):
+        return values.to(dtype)
+    return _transpose_blocks(values.new_empty(values.shape, dtype=dtype), values)
 
 
 def _transpose_blocks(out: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
