@@ -242,7 +242,7 @@ def leaf_to_node_sum(h, leaf_values: torch.Tensor, layout: str | None = None, ba
     out = torch.empty((h.num_nodes,) + tuple(leaf_values.shape[1:]), dtype=acc, device=leaf_values.device)
     if _fast_transpose(leaf_values, acc):
         _transpose_blocks(out[: h.num_leaves], leaf_values)
-    else:  # one sample: the assignment costs one view fewer than copy_transposed_
+    else:  # copy_'s cases (one sample among them): assigned, one view fewer than copy_transposed_
         out[: h.num_leaves] = leaf_values
     out[h.num_leaves:] = 0
     out = subtree_sum_(h, out, backend)
@@ -261,6 +261,9 @@ TRANSPOSE_BLOCK_BYTES = 2**22
 TRANSPOSE_MIN_BLOCK_ROWS = 64
 
 
+_SIMD: bool | None = None
+
+
 def _simd_transpose() -> bool:
     """Whether ``native_channel_shuffle`` transposes float32 with FBGEMM's SIMD kernel on this build and
     CPU (else it runs an element-by-element loop, slower than ``copy_``'s blocked transposition)."""
@@ -268,9 +271,6 @@ def _simd_transpose() -> bool:
     if _SIMD is None:
         _SIMD = "fbgemm" in torch.backends.quantized.supported_engines
     return _SIMD
-
-
-_SIMD: bool | None = None
 
 
 def copy_transposed_(out: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -301,7 +301,7 @@ def node_major(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def _transpose_blocks(out: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     m, b = values.shape
     x = values.t()  # (B, M) contiguous
-    rows = max(1, TRANSPOSE_BLOCK_BYTES // (4 * m))
+    rows = TRANSPOSE_BLOCK_BYTES // (4 * m)  # at least TRANSPOSE_MIN_BLOCK_ROWS
     for a in range(0, b, rows):
         block = x[a:a + rows]
         k = block.shape[0]
