@@ -110,3 +110,20 @@ def test_transposed_copy_is_a_copy(batch, width, monkeypatch):
     x.requires_grad_()
     out = torch.empty(width, batch)
     assert torch.equal(copy_transposed_(out, x.t()), x.detach().t())  # a tensor that needs a gradient: copy_
+
+
+def test_node_sums_keep_their_gradient():
+    """A table that records a gradient is summed one call per level over all its nodes (autograd refuses
+    the leaves' rows added in place into their own table): values and gradients as the definition's."""
+    h = bundled("tieredimagenet-h")[0]
+    g = torch.Generator().manual_seed(2)
+    x = _order_sensitive(g, (h.num_leaves, 3), torch.float64).requires_grad_()
+    w = torch.randn(h.num_nodes, 3, generator=g, dtype=torch.float64)
+    got = leaf_to_node_sum(h, x, "levels")
+    (got * w).sum().backward()
+    want = _leaf_sums_by_definition(h, x.detach())
+    assert torch.equal(got.detach(), want)
+    # d/dx_l of Σ_n w_n p(n) is the sum of w over the leaf's root path
+    anc = h.ancestors[: h.num_leaves]
+    path_w = torch.where((anc < h.num_nodes)[..., None], w[anc.clamp(max=h.num_nodes - 1)], 0.0).sum(1)
+    assert torch.allclose(x.grad, path_w)

@@ -184,10 +184,13 @@ def subtree_sum_(h, values: torch.Tensor, backend: str = "torch") -> torch.Tenso
     parent, straight from the leaves' rows (no gathered copy), and one call per level then adds the
     internal nodes: the additions, in the order and the bits of a call per level over all its nodes.
     A single sample (a 1-D table) keeps one call per level over all its nodes: there the gathers
-    move a few entries, and the leaves' two views would cost more than they save.
+    move a few entries, and the leaves' two views would cost more than they save.  So does a table
+    that records a gradient: autograd cannot differentiate the leaves' rows read by an in-place add
+    into their own table.
     """
     rows = _as_rows(values)
-    if backend == "torch" and rows.dim() > 1:  # index_add_rows inlined: one call fewer per level
+    # index_add_rows inlined: one call fewer per level
+    if backend == "torch" and rows.dim() > 1 and not rows.requires_grad:
         leaf_parent, pairs = internal_level_pairs(h)
         rows[h.num_leaves:].index_add_(0, leaf_parent, rows[: h.num_leaves])
         for nodes, parents in pairs:
