@@ -26,7 +26,7 @@ from ..hierarchy import Hierarchy
 from ..kernels.depth_ranges import depth_prefix_sums, depth_range_ends, depth_ranges
 from ..kernels.fused import trust_indices
 from ..kernels.tree_sums import (
-    accumulation_dtype, blocked_gathered_prefix, leaf_to_node_sum, path_sum, subtree_sum, subtree_sum_,
+    accumulation_dtype, blocked_gathered_prefix, leaf_to_node_sum, node_major, path_sum, subtree_sum, subtree_sum_,
 )
 from .plan import Plan, resolve_plan
 from .conversion import as_tensor
@@ -198,7 +198,8 @@ class Posterior:
             acc = accumulation_dtype(h, self.dtype)
             out = torch.zeros(h.num_nodes, e, self.batch_size, dtype=acc, device=self.device)
             rows = torch.arange(h.num_leaves, device=group.device) * e + group  # row (leaf, its depth group)
-            out.view(h.num_nodes * e, self.batch_size).index_copy_(0, rows, self.probs.t().to(acc))
+            # index_copy_ reads a transposed view element by element: transposed first (in blocks, SIMD)
+            out.view(h.num_nodes * e, self.batch_size).index_copy_(0, rows, node_major(self.probs.t(), acc))
             return subtree_sum_(h, out, self.plan.backend).to(self.dtype)
         return self._get("by_leaf_depth", build)
 

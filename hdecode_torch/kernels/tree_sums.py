@@ -24,7 +24,9 @@ import torch
 from .segment import index_add_rows
 
 __all__ = ["subtree_sum", "subtree_sum_", "accumulation_dtype", "leaf_to_node_sum", "path_sum", "level_pairs",
-           "tree_ranges", "default_layout", "blocked_gathered_prefix", "prefix_bytes_per_row", "MAX_LEVELS", "LAYOUTS"]
+           "internal_level_pairs", "tree_ranges", "default_layout", "blocked_gathered_prefix", "prefix_bytes_per_row",
+           "copy_transposed_", "node_major", "MAX_LEVELS", "LAYOUTS", "TRANSPOSE_MIN_COLUMNS", "TRANSPOSE_BLOCK_BYTES",
+           "TRANSPOSE_MIN_BLOCK_ROWS"]
 
 #: Trees of up to this many levels (depth + 1) are summed per level by default, by prefix sums beyond:
 #: each level costs a fixed overhead, which the prefix sums' larger per-entry cost outweighs only on
@@ -161,10 +163,40 @@ def subtree_sum(h, values: torch.Tensor, layout: str | None = None, backend: str
     return subtree_sum_(h, values.clone(), backend)
 
 
+def internal_level_pairs(h) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+    """``(parent(leaves) − L, [(internal nodes_d, parent(internal nodes_d)) for d = D..1])``, levels
+    without an internal node left out, cached on the hierarchy: the per-level sums with every leaf
+    added at once, straight from the leaves' rows (a tree's root is never a leaf)."""
+    def build():
+        num_leaves = h.num_leaves
+        leaf_parent = h.parent[:num_leaves] - num_leaves
+        pairs = [(nodes[nodes >= num_leaves], parents[nodes >= num_leaves]) for nodes, parents in level_pairs(h)]
+        return leaf_parent, [(nodes, parents) for nodes, parents in pairs if nodes.numel()]
+    return h.cached("internal_level_pairs", build)
+
+
 def subtree_sum_(h, values: torch.Tensor, backend: str = "torch") -> torch.Tensor:
-    """In-place per-level :func:`subtree_sum` (overwrites and returns ``values``)."""
+    """In-place per-level :func:`subtree_sum` (overwrites and returns ``values``).
+
+    Each node's sum is its own value plus its children's sums added one after the other in
+    ascending id order (``index_add_`` adds the rows of one call in index order).  The leaves
+    (ids 0..L−1) come before their internal siblings, so one call adds every leaf's row into its
+    parent, straight from the leaves' rows (no gathered copy), and one call per level then adds the
+    internal nodes: the additions, in the order and the bits of a call per level over all its nodes.
+    A single sample (a 1-D table) keeps one call per level over all its nodes: there the gathers
+    move a few entries, and the leaves' two views would cost more than they save.  So does a table
+    that records a gradient: autograd cannot differentiate the leaves' rows read by an in-place add
+    into their own table.
+    """
     rows = _as_rows(values)
-    if backend == "torch":  # index_add_rows inlined: one call fewer per level
+    # index_add_rows inlined: one call fewer per level
+    if backend == "torch" and rows.dim() > 1 and not rows.requires_grad:
+        leaf_parent, pairs = internal_level_pairs(h)
+        rows[h.num_leaves:].index_add_(0, leaf_parent, rows[: h.num_leaves])
+        for nodes, parents in pairs:
+            rows.index_add_(0, parents, rows.index_select(0, nodes))
+        return values
+    if backend == "torch":  # one sample: the gathers are a few entries, the two views would cost more
         for nodes, parents in level_pairs(h):
             rows.index_add_(0, parents, rows.index_select(0, nodes))
         return values
@@ -211,10 +243,86 @@ def leaf_to_node_sum(h, leaf_values: torch.Tensor, layout: str | None = None, ba
     # the leaves' rows, then zeros for the internal nodes (ids L..N-1): F.pad would be one copy, but torch
     # 2.8's exported pad refuses an empty batch
     out = torch.empty((h.num_nodes,) + tuple(leaf_values.shape[1:]), dtype=acc, device=leaf_values.device)
-    out[: h.num_leaves] = leaf_values
+    if _fast_transpose(leaf_values, acc):
+        _transpose_blocks(out[: h.num_leaves], leaf_values)
+    else:  # copy_'s cases (one sample among them): assigned, one view fewer than copy_transposed_
+        out[: h.num_leaves] = leaf_values
     out[h.num_leaves:] = 0
     out = subtree_sum_(h, out, backend)
     return out if acc == dtype else out.to(dtype)
+
+
+#: Fewest columns from which :func:`copy_transposed_` transposes with the SIMD kernel: below it the
+#: kernel's fixed cost outweighs what it saves on the copy.
+TRANSPOSE_MIN_COLUMNS = 8
+#: Bytes of the batch-major input :func:`copy_transposed_` transposes at a time: a decoder's block of
+#: rows (``CPU_BLOCK_BYTES`` of temporaries) is one, and a larger table's temporary stays this size.
+#: Smaller blocks cost more than they save: each is copied into strided rows of the output.
+TRANSPOSE_BLOCK_BYTES = 2**22
+#: Fewest rows of a block: a wider table (over 16k leaves in float32) is copied by ``copy_``, not in a
+#: loop of many small blocks.
+TRANSPOSE_MIN_BLOCK_ROWS = 64
+
+
+_SIMD: bool | None = None
+
+
+def _simd_transpose() -> bool:
+    """Whether ``native_channel_shuffle`` transposes float32 with FBGEMM's SIMD kernel on this build and
+    CPU (else it runs an element-by-element loop, slower than ``copy_``'s blocked transposition)."""
+    global _SIMD
+    if _SIMD is None:
+        _SIMD = "fbgemm" in torch.backends.quantized.supported_engines
+    return _SIMD
+
+
+def copy_transposed_(out: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``out.copy_(values)`` (in place, returns ``out``), where ``values`` is often the transposed view
+    of a batch-major table, such as leaf probabilities (B, L) read leaf-major.
+
+    out: (M, *) node-major; values: (M, *), any dtype and strides.  When ``values`` is float32 (M, B),
+    B ≥ ``TRANSPOSE_MIN_COLUMNS``, the transpose of a contiguous (B, M) CPU table, the copy runs as
+    ``native_channel_shuffle`` (whose channels-last kernel is FBGEMM's SIMD transposition) in blocks of
+    ``TRANSPOSE_BLOCK_BYTES`` of input rows, faster than ``copy_``'s transposition of 60 × 60 tiles
+    element by element (where the build has no FBGEMM, the shuffle's own loop is the slower one, and
+    ``copy_`` runs).  Either way every entry is copied, bit for bit; O(M·B).
+    """
+    if not _fast_transpose(values, out.dtype):
+        return out.copy_(values)
+    return _transpose_blocks(out, values)
+
+
+def node_major(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``values`` (M, B) in ``dtype``: a new node-major table (:func:`copy_transposed_`) where the SIMD
+    transposition takes it, else ``values.to(dtype)`` (``values`` itself when in ``dtype`` already: a
+    single sample's column costs no copy)."""
+    if not _fast_transpose(values, dtype):
+        return values.to(dtype)
+    return _transpose_blocks(values.new_empty(values.shape, dtype=dtype), values)
+
+
+def _transpose_blocks(out: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    m, b = values.shape
+    x = values.t()  # (B, M) contiguous
+    rows = TRANSPOSE_BLOCK_BYTES // (4 * m)  # at least TRANSPOSE_MIN_BLOCK_ROWS
+    for a in range(0, b, rows):
+        block = x[a:a + rows]
+        k = block.shape[0]
+        # (1, k·M, 1, 1) channels-last: one pixel whose k groups of M channels become M groups of k
+        shuffled = torch.native_channel_shuffle(block.as_strided((1, k * m, 1, 1), (k * m, 1, k * m, k * m)), k)
+        out[:, a:a + k] = shuffled.view(m, k)
+    return out
+
+
+def _fast_transpose(values: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether :func:`copy_transposed_` copies ``values`` into a ``dtype`` table with the SIMD kernel."""
+    # a traced graph's sizes are symbolic: no test on them
+    if values.dim() != 2 or torch.compiler.is_compiling() or values.shape[1] < TRANSPOSE_MIN_COLUMNS:
+        return False
+    m = values.shape[0]
+    return (m > 1 and TRANSPOSE_BLOCK_BYTES // (4 * m) >= TRANSPOSE_MIN_BLOCK_ROWS
+            and values.dtype == dtype == torch.float32 and values.device.type == "cpu"
+            and values.stride() == (1, m) and not values.requires_grad and _simd_transpose())
 
 
 def accumulation_dtype(h, dtype: torch.dtype) -> torch.dtype:
