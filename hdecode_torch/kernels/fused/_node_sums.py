@@ -24,8 +24,8 @@ def table_endpoints(hi: torch.Tensor, lo: torch.Tensor, j: int) -> torch.Tensor:
 
 def node_sums(x: torch.Tensor, src: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
     """(B, K) float64 range sums of x (B, M) over the leaves ``src`` (J,), from the (2K,) endpoints of
-    :func:`table_endpoints` (unchecked): a view of row stride 2K (the first half of the gathered ends, the
-    second subtracted in place).  O(B·(J + K)); holds the (B, 2J + 1) float64 table."""
+    :func:`table_endpoints` (unchecked); at one row a view of the (1, 2K) gathered ends.  O(B·(J + K));
+    holds the (B, 2J + 1) float64 table.  The same differences, hence the same bits, at every B."""
     b, j = x.shape[0], src.shape[0]
     table = x.new_empty((b, 2 * j + 1), dtype=torch.float64)
     table.select(1, 0).zero_()  # not table[:, 0] = 0: Python's indexing costs a few µs a call
@@ -35,8 +35,12 @@ def node_sums(x: torch.Tensor, src: torch.Tensor, ends: torch.Tensor) -> torch.T
     else:
         g.copy_(x.index_select(1, src))
     torch.cumsum(g, dim=1, out=table.narrow(1, 1, j))
-    # gather with stride-0 indices: faster on the CPU than index_select along dim 1; both ends in one
-    # gather (one operator fewer, a few µs at one row), their difference in place
+    # gather with stride-0 indices: faster on the CPU than index_select along dim 1
     k = ends.shape[0] // 2
-    both = torch.gather(table, 1, ends.expand(b, -1))
-    return both.narrow(1, 0, k).sub_(both.narrow(1, k, k))
+    if b == 1:
+        # one row: both ends in one gather (one operator fewer, a few µs), the difference in place; on many
+        # rows two contiguous (B, K) gathers are faster than a (B, 2K) one and its strided halves
+        both = torch.gather(table, 1, ends.expand(b, -1))
+        return both.narrow(1, 0, k).sub_(both.narrow(1, k, k))
+    return torch.gather(table, 1, ends.narrow(0, 0, k).expand(b, -1)).sub_(
+        torch.gather(table, 1, ends.narrow(0, k, k).expand(b, -1)))
