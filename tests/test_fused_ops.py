@@ -416,6 +416,25 @@ def test_row_check_against_numpy(dtype):
     assert F.row_check(torch.empty(3, 0, dtype=dtype), *POSITIVE_FINITE).tolist() == [False] * 3
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_row_check_of_one_row_is_its_flag_in_the_table(dtype):
+    """One row on a CPU is judged on the host (its float64 sum and its minimum read back): the flag the
+    torch implementation gives that row within the table and the definition's, for every special row
+    (NaN, infinities, -0.0, a negative entry), at every bound (its own exact sum, one float64 beyond it,
+    none, empty, reversed) and view (sliced, column-major)."""
+    rng = np.random.default_rng(9)
+    for m in [1, 2, 17, 300]:
+        y = dyadic_rows(rng, 9, m, dtype)
+        for lo, hi in row_check_bounds(y):
+            for vname, v in row_check_views(y)[:3]:
+                whole = row_check_torch(v, lo, hi)
+                want = numpy_row_check(v, lo, hi)
+                for b in range(v.shape[0]):
+                    got = F.row_check(v[b:b + 1], lo, hi)
+                    assert got.dtype == torch.bool and got.shape == (1,)
+                    assert got.item() == whole[b].item() == bool(want[b]), (m, lo, hi, vname, b)
+
+
 @needs_triton
 def test_row_check_bounds_are_never_compile_time_constants():
     """The lower bound of "positive" is the smallest subnormal, whose bits are 1, and Triton turns an integer

@@ -80,6 +80,34 @@ def test_argbest_pairs_matches_argbest_on_masked_tables(device, higher):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("higher", [True, False])
+def test_argbest_pairs_of_one_sample_is_its_answer_in_the_batch(device, higher):
+    """One sample takes whole-list reductions instead of the scatters: each sample's pairs alone give its
+    answer in the batch, with exact ties, infinities, NaN (the root, as in a batch) and a single pair."""
+    rng = np.random.default_rng(7)
+    for h, info in random_trees(31, 20, num_nodes_max=16):
+        h = h.to(device)
+        values = rng.integers(0, 3, size=(info.N, 7)).astype(np.float64)
+        values[rng.integers(0, info.N), 3] = np.inf
+        values[rng.integers(0, info.N), 4] = -np.inf
+        nan_row = rng.integers(0, info.N)
+        values[nan_row, 5] = np.nan
+        mask = torch.as_tensor(rng.random((info.N, 7)) < 0.6, device=device)
+        mask[0] = True
+        mask[nan_row, 5] = True
+        mask[1:, 6] = False  # a sample with one pair
+        node, sample = mask.nonzero().unbind(1)
+        v = torch.as_tensor(values, device=device)[node, sample]
+        batch = argbest_pairs(h, v, sample, node, 7, higher)
+        for b in range(7):
+            one = sample == b
+            got = argbest_pairs(h, v[one], sample[one] - b, node[one], 1, higher)
+            assert got.shape == (1,) and got.dtype == torch.int64
+            assert got.item() == batch[b].item(), (info.parents, b)
+        assert batch[5].item() == h.root  # a NaN value: no entry equals the best
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_sampled_products_equal_the_dense_product(device, dtype):
     from hdecode_torch.kernels.candidates import sampled_products

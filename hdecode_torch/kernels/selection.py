@@ -59,12 +59,19 @@ def argbest_pairs(h, values: torch.Tensor, sample: torch.Tensor, node: torch.Ten
 
     values, sample, node: (M,) float, int64, int64 (every sample has at least one entry).  Returns
     (B,) int64.  Two scatter reductions: the best value per sample, then the most preferred node
-    among the entries that reach it.
+    among the entries that reach it; one sample: two whole-list reductions, the same maxima without the
+    scatters' (B,) starting tables (six operators fewer, a third of the call at one row).
     """
+    n = h.num_nodes
+    if batch_size == 1 and values.numel() and not torch.compiler.is_compiling():
+        # NaN propagates through amax/amin as through the scatter's amax, so a NaN value gives the root here too
+        best = values.amax() if higher_is_better else values.amin()  # = −amax(−values): negation is exact
+        key = torch.where(values == best, tie_rank(h).index_select(0, node), -1)
+        top = key.amax(0, keepdim=True)
+        return torch.where(top >= 0, n - 1 - top % n, h.root)
     v = values if higher_is_better else -values
     best = torch.full((batch_size,), float("-inf"), dtype=v.dtype, device=v.device)
     best = best.scatter_reduce(0, sample, v, "amax")
-    n = h.num_nodes
     rank = tie_rank(h)[node]
     key = torch.where(v == best[sample], rank, torch.full_like(rank, -1))
     top = torch.full((batch_size,), -1, dtype=torch.long, device=v.device).scatter_reduce(0, sample, key, "amax")

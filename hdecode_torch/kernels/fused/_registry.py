@@ -34,7 +34,7 @@ from typing import Callable
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-__all__ = ["SCHEMAS", "OPS", "Op", "register", "call", "triton_available", "set_triton_enabled"]
+__all__ = ["SCHEMAS", "OPS", "Op", "register", "call", "direct", "triton_available", "set_triton_enabled"]
 
 #: name -> schema of every registered op (as passed to ``torch.library``, without the namespace).
 SCHEMAS: dict[str, str] = {}
@@ -92,14 +92,20 @@ def call(name: str, x: torch.Tensor, *args):
     dispatcher would run just that (see the module docstring): ``x`` a plain CPU tensor that needs no
     gradient, nothing tracing and no dispatch mode active.  The other tensor arguments are the tree's
     index tables, on ``x``'s device (the implementation checks them)."""
-    # is_cpu and torch._C._is_tracing: a fifth of a microsecond each, where x.device.type and
-    # torch.jit.is_tracing() take 1 and 0.3 (a call at one row costs tens)
-    if (type(x) is torch.Tensor and x.is_cpu and not (x.requires_grad and torch.is_grad_enabled())
-            and not torch.compiler.is_compiling() and not torch._C._is_tracing()
-            and _get_current_dispatch_mode() is None and not torch._C._is_torch_function_mode_enabled()
-            and not _functorch_wrapped(x)):
+    if direct(x):
         return OPS[name].torch_impl(x, *args)
     return getattr(torch.ops.hdecode, name)(x, *args)
+
+
+def direct(x: torch.Tensor) -> bool:
+    """Whether :func:`call` runs an op on ``x`` by its torch implementation directly: a plain CPU tensor
+    that needs no gradient, nothing tracing and no dispatch mode active (so no operator count either)."""
+    # is_cpu and torch._C._is_tracing: a fifth of a microsecond each, where x.device.type and
+    # torch.jit.is_tracing() take 1 and 0.3 (a call at one row costs tens)
+    return (type(x) is torch.Tensor and x.is_cpu and not (x.requires_grad and torch.is_grad_enabled())
+            and not torch.compiler.is_compiling() and not torch._C._is_tracing()
+            and _get_current_dispatch_mode() is None and not torch._C._is_torch_function_mode_enabled()
+            and not _functorch_wrapped(x))
 
 
 def _functorch_wrapped(x: torch.Tensor) -> bool:

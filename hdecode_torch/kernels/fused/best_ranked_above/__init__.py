@@ -59,21 +59,21 @@ def _prepared(x, src, hi, lo, rank, fallback: int) -> dict:
     and row length of ``x`` (against which the tables' indices are checked): at one row, each lookup
     or check costs as much as an operator.
 
-    ``hi``, ``lo``: the endpoints of :func:`~hdecode_torch.kernels.fused._node_sums.table_endpoints`;
-    ``dense``: distinct ranks 0..K-1 in the order of ``rank``, the smallest k highest among equal
-    ranks (so the largest of ``where(v > threshold, dense, -1)`` names the answer); ``answer``:
-    (K + 1,) the range of each dense rank shifted by one, ``fallback`` first: ``answer[best + 1]``."""
+    ``ends``: the endpoints of :func:`~hdecode_torch.kernels.fused._node_sums.table_endpoints`;
+    ``dense``: distinct ranks 1..K in the order of ``rank``, the smallest k highest among equal ranks
+    (so the largest of ``where(v > threshold, dense, 0)`` names the answer, 0 none); ``answer``: (K + 1,)
+    the range of each dense rank, ``fallback`` at 0: ``answer[best]``."""
     def build():
         check(x, src, hi, lo, rank)
         k = rank.shape[0]
         order = torch.argsort(rank.flip(0), stable=True)
         dense = torch.empty_like(rank)
-        dense[k - 1 - order] = torch.arange(k, device=rank.device)
+        dense[k - 1 - order] = torch.arange(1, k + 1, device=rank.device)
         answer = torch.empty(k + 1, dtype=torch.int64, device=rank.device)
         answer[0] = fallback
-        answer[1:][dense] = torch.arange(k, device=rank.device)
-        hi_t, lo_t = table_endpoints(hi, torch.zeros_like(hi) if lo is None else lo, src.shape[0])
-        return dict(hi=hi_t, lo=lo_t, dense=dense, answer=answer)
+        answer[dense] = torch.arange(k, device=rank.device)
+        ends = table_endpoints(hi, torch.zeros_like(hi) if lo is None else lo, src.shape[0])
+        return dict(ends=ends, dense=dense, answer=answer)
     tables = (src, hi, rank) if lo is None else (src, hi, lo, rank)
     return derived(("best_ranked_above", fallback, x.device, x.shape[1]), tables, build)
 
@@ -90,8 +90,8 @@ def best_ranked_above_torch(x: torch.Tensor, src: torch.Tensor, hi: torch.Tensor
     b, k = x.shape[0], hi.shape[0]
     if b == 0 or k == 0:
         return torch.full((b,), int(fallback), dtype=torch.int64, device=x.device)
-    key = torch.where(node_sums(x, src, o["hi"], o["lo"]) > threshold, o["dense"], -1)
-    return o["answer"].index_select(0, key.amax(dim=1).add_(1))
+    key = torch.where(node_sums(x, src, o["ends"]) > threshold, o["dense"], 0)
+    return o["answer"].index_select(0, key.amax(dim=1))
 
 
 def _fake(x, src, hi, lo, rank, threshold, fallback):

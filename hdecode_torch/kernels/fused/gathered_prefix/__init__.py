@@ -74,6 +74,12 @@ def _endpoints(hi: torch.Tensor, lo: torch.Tensor | None, j: int):
     return derived(f"endpoints/{j}", (hi, lo), build)
 
 
+def _both_ends(hi: torch.Tensor, lo: torch.Tensor, j: int) -> torch.Tensor:
+    """(2K,) ``[hi' | lo']`` of :func:`_endpoints` side by side (cached per set of ranges), so that one gather
+    reads both ends of every range."""
+    return derived(f"both_ends/{j}", (hi, lo), lambda: torch.cat(_endpoints(hi, lo, j)))
+
+
 def range_sums(x: torch.Tensor, src: torch.Tensor, weight: torch.Tensor | None, hi: torch.Tensor,
                lo: torch.Tensor | None, out: torch.Tensor | None = None) -> torch.Tensor:
     """(B, K) float64 range sums of :func:`gathered_prefix` (in ``out`` if given, float32 or float64: the
@@ -86,8 +92,9 @@ def range_sums(x: torch.Tensor, src: torch.Tensor, weight: torch.Tensor | None, 
     b, j = x.shape[0], src.shape[0]
     one_entry = lo is not None
     table = x.new_empty((b, 2 * j + 1 if one_entry else j + 1), dtype=torch.float64)
-    table[:, 0] = 0
-    g = table[:, j + 1:] if one_entry else table[:, 1:]
+    # select, narrow: Python's indexing costs a few µs a call, which at one row is an operator's cost
+    table.select(1, 0).zero_()
+    g = table.narrow(1, j + 1, j) if one_entry else table.narrow(1, 1, j)
     if x.dtype == torch.float64:
         torch.index_select(x, 1, src, out=g)
     else:
@@ -95,21 +102,19 @@ def range_sums(x: torch.Tensor, src: torch.Tensor, weight: torch.Tensor | None, 
     if weight is not None:
         g.mul_(weight)
     if one_entry:
-        torch.cumsum(g, dim=1, out=table[:, 1:j + 1])
+        torch.cumsum(g, dim=1, out=table.narrow(1, 1, j))
     else:
         g.cumsum_(dim=1)
-    hi, lo = _endpoints(hi, lo, j)
     # gather with stride-0 indices: faster on the CPU than index_select along dim 1, and no (B, K) index table
-    if out is not None and out.dtype != torch.float64:
-        # the float64 difference rounded once on its way into ``out``: the bits of a cast after it
-        v = torch.gather(table, 1, hi.expand(b, -1))
-        if lo is None:
-            return out.copy_(v)
-        return torch.sub(v, torch.gather(table, 1, lo.expand(b, -1)), out=out)
-    v = torch.gather(table, 1, hi.expand(b, -1), out=out)
-    if lo is not None:
-        v.sub_(torch.gather(table, 1, lo.expand(b, -1)))
-    return v
+    if lo is None:
+        if out is not None and out.dtype != torch.float64:
+            return out.copy_(torch.gather(table, 1, hi.expand(b, -1)))  # the float64 sum rounded once
+        return torch.gather(table, 1, hi.expand(b, -1), out=out)
+    # both ends in one gather, then one float64 difference per range, rounded once on its way into a
+    # float32 ``out`` (the bits of a cast after it)
+    k = hi.shape[0]
+    both = torch.gather(table, 1, _both_ends(hi, lo, j).expand(b, -1))
+    return torch.sub(both.narrow(1, 0, k), both.narrow(1, k, k), out=out)
 
 
 #: Bytes of the float64 table of :func:`range_sums` per block of rows on a CPU.  A table of a whole
@@ -131,7 +136,10 @@ def gathered_prefix_torch(x: torch.Tensor, src: torch.Tensor, weight: torch.Tens
     rows = b
     if x.device.type == "cpu":
         rows = max(1, CPU_BLOCK_BYTES // (8 * (2 * src.shape[0] + 1)))
-    for a in range(0, b, rows):  # one block off the CPU
+    if rows >= b:  # one block: no slicing operators
+        range_sums(x, src, weight, hi, lo, out=out)
+        return out
+    for a in range(0, b, rows):  # blocks of rows on a CPU
         range_sums(x[a:a + rows], src, weight, hi, lo, out=out[a:a + rows])
     return out
 

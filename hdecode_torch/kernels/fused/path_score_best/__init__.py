@@ -103,7 +103,8 @@ def _prepared(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, d
     def build():
         check(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank)
         n = hi.shape[0]
-        hi_t, lo_t = table_endpoints(hi, lo, src.shape[0])
+        ends = table_endpoints(hi, lo, src.shape[0])
+        k2 = hi.shape[0]  # both halves of the ends in preference order
         order = torch.sort(rank, descending=True, stable=True).indices  # stable: smaller ids first among ties
         ok = allowed.index_select(0, order)
         keep = order[ok]  # the allowed nodes in preference order, then the others
@@ -111,7 +112,7 @@ def _prepared(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, d
         pos = torch.empty_like(perm)
         pos[perm] = torch.arange(n, device=perm.device)
         g = gamma.index_select(0, keep)
-        return dict(t=euler_src.shape[0], keep=keep, hi=hi_t.index_select(0, perm), lo=lo_t.index_select(0, perm),
+        return dict(t=euler_src.shape[0], keep=keep, ends=ends.index_select(0, torch.cat([perm, perm + k2])),
                     parent=pos.index_select(0, parent.index_select(0, perm)), alpha=alpha.index_select(0, perm),
                     beta=beta.index_select(0, perm), euler_src=pos.index_select(0, euler_src), sign=sign,
                     at=at.index_select(0, keep), gamma=None if bool((g == 1).all()) else g,
@@ -135,7 +136,7 @@ def path_score_best_torch(x: torch.Tensor, src: torch.Tensor, hi: torch.Tensor, 
     if b == 0 or k == 0:
         return torch.full((b,), -1, dtype=torch.int64, device=x.device)
     # p(n) and v(n), the allowed nodes first (in preference order)
-    p = node_sums(x, src, o["hi"], o["lo"])
+    p = node_sums(x, src, o["ends"])
     v = torch.gather(p, 1, o["parent"].expand(b, -1)).mul_(o["alpha"]).add_(p * o["beta"])
     # the root-path sums S: exclusive prefix of the tour's terms sign·v(e), read at each allowed node's entry + 1
     tour = x.new_empty((b, t + 1), dtype=torch.float64)

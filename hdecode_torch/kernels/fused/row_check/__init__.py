@@ -10,7 +10,7 @@ import sys
 import torch
 
 from .._checks import check_float_tensor
-from .._registry import call, register
+from .._registry import call, direct, register
 
 __all__ = ["row_check", "row_check_torch", "unit_sum_bounds", "POSITIVE_FINITE", "SCHEMA"]
 
@@ -41,7 +41,20 @@ def row_check(x: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
     Raises:
         ValueError / TypeError naming the argument for a wrong shape or dtype of ``x`` or a NaN bound.
     """
-    return call("row_check", x, float(lo), float(hi))
+    lo, hi = float(lo), float(hi)
+    if x.dim() == 2 and x.shape[0] == 1 and x.shape[1] and direct(x) and x.is_floating_point():
+        return _one_row(x, lo, hi)
+    return call("row_check", x, lo, hi)
+
+
+def _one_row(x: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
+    """:func:`row_check` of a single non-empty row on a CPU, its two statistics compared on the host:
+    reading a CPU tensor costs a fifth of a microsecond, each elementwise operator a few.  The same
+    statistics and the same float64 comparisons as :func:`row_check_torch`: a float64 sum and a
+    float16/bfloat16/float32/float64 minimum are exact as Python floats, and NaN fails both tests."""
+    check(x, lo, hi)
+    s, v = x.sum(dim=1, dtype=torch.float64).item(), x.amin().item()
+    return torch.full((1,), lo <= s <= hi and v >= 0, dtype=torch.bool)
 
 
 def check(x, lo, hi) -> None:
