@@ -747,17 +747,20 @@ def _solve(post, trace):
         eligible = near
     else:
         contested = near & (torch.zeros(bsz, dtype=torch.long, device=dev).index_add_(0, b, near.long()) >= 2)[b]
-        if post.plan.gpu:  # every pair re-scored: no host read
-            val64 = _values64(T, cands, b, kidx + 1, members).masked_fill(~contested, float("-inf"))
-        else:  # the few contested pairs, listed (a host read costs nothing on a CPU)
-            ci = contested.nonzero()[:, 0]
-            val64 = torch.full((b.numel(),), float("-inf"), dtype=torch.float64, device=dev)
-            val64[ci] = _values64(T, cands, b[ci], kidx[ci] + 1, members[ci])
-        best64 = torch.full((bsz,), float("-inf"), dtype=torch.float64, device=dev).scatter_reduce(
-            0, b, val64, "amax")
-        rel64, abs64 = row_slacks(cands.count, num_e, u64, 0.0, masses.abs)
-        tol64 = rel64 * best64.abs() + abs64
-        eligible = torch.where(contested, val64 >= best64[b] - tol64[b], near)
+        ci = None if post.plan.gpu else contested.nonzero()[:, 0]  # a host read costs nothing on a CPU
+        if ci is not None and not ci.numel():  # no pair contested (often so for one row): eligible = near
+            eligible = near
+        else:
+            if ci is None:  # every pair re-scored: no host read
+                val64 = _values64(T, cands, b, kidx + 1, members).masked_fill(~contested, float("-inf"))
+            else:  # the few contested pairs, listed
+                val64 = torch.full((b.numel(),), float("-inf"), dtype=torch.float64, device=dev)
+                val64[ci] = _values64(T, cands, b[ci], kidx[ci] + 1, members[ci])
+            best64 = torch.full((bsz,), float("-inf"), dtype=torch.float64, device=dev).scatter_reduce(
+                0, b, val64, "amax")
+            rel64, abs64 = row_slacks(cands.count, num_e, u64, 0.0, masses.abs)
+            tol64 = rel64 * best64.abs() + abs64
+            eligible = torch.where(contested, val64 >= best64[b] - tol64[b], near)
     kbest = torch.full((bsz,), kmax, dtype=torch.long, device=dev).scatter_reduce(
         0, b, torch.where(eligible, kidx, kmax), "amin")
     first = eligible & (kidx == kbest[b])

@@ -93,9 +93,40 @@ def check_args(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_dep
     check_vector(depths, "depths", torch.float64, dev, e)
 
 
+#: Tables of the leaf depths alone (a tree's) and a width, made once rather than per call (a call of one row
+#: runs a few dozen small operators; these were about a dozen of them a call): key -> (depths, its version,
+#: table).  Looked up by the depths tensor's identity and version, so a changed or other tensor misses.
+_DEPTH_TABLES: dict = {}
+
+
+def _depth_table(kind: str, depths: torch.Tensor, args: tuple, build):
+    """The cached table ``build()`` of ``depths`` and ``args`` (see ``_DEPTH_TABLES``)."""
+    key = (kind, id(depths), args)
+    got = _DEPTH_TABLES.get(key)
+    if got is not None and got[0] is depths and got[1] == depths._version:
+        return got[2]
+    table = build()
+    if table.numel() > _DEPTH_TABLE_CELLS:  # a deep tree's: remade per call rather than held
+        return table
+    if len(_DEPTH_TABLES) >= 64:  # widths vary from call to call: keep a bounded few
+        _DEPTH_TABLES.clear()
+    _DEPTH_TABLES[key] = (depths, depths._version, table)
+    return table
+
+
+#: Largest table ``_DEPTH_TABLES`` holds (cells): 64 of them stay within 32 MiB of float64.
+_DEPTH_TABLE_CELLS = 1 << 16
+
+
 def gain_weights(depths: torch.Tensor, kmax: int, dtype: torch.dtype, m0: int = 0,
                  m1: int | None = None) -> torch.Tensor:
-    """(2(m1 − m0), E): 1/x and 1/(x(x+1)) for x = m + d_e, m = m0 + 1..m1 (m1 = kmax by default)."""
+    """(2(m1 − m0), E): 1/x and 1/(x(x+1)) for x = m + d_e, m = m0 + 1..m1 (m1 = kmax by default); cached
+    per ``depths`` tensor (read it, never write it)."""
+    return _depth_table("gain_weights", depths, (kmax, dtype, m0, m1),
+                        lambda: _gain_weights(depths, kmax, dtype, m0, m1))
+
+
+def _gain_weights(depths, kmax, dtype, m0, m1):
     m = torch.arange(m0 + 1, (kmax if m1 is None else m1) + 1, device=depths.device, dtype=torch.float64)
     x = m[:, None] + depths[None, :]
     return torch.cat([1 / x, 1 / (x * (x + 1))]).to(dtype)
@@ -155,16 +186,21 @@ def size_bound(q_root: torch.Tensor, depths: torch.Tensor, kmax: int) -> torch.T
     """(B, K) G(k) = Σ_e Q_e(root) min(k, d_e + 1)/max(k, d_e + 1) for k = 1..kmax, an upper bound on
     the value of any set of size k, from the root's masses q_root (B, E) float64.
 
-    One (K, E) float64 table, its quotients made in place a block of 2^20 cells at a time (the same
-    values as in one piece), and one product with it.
+    One (K, E) float64 table (cached per ``depths`` tensor where small), its quotients made in place a
+    block of 2^20 cells at a time (the same values as in one piece), and one product with it.
     """
+    return q_root @ _depth_table("size_bound", depths, (kmax,), lambda: _size_cover(depths, kmax)).t()
+
+
+def _size_cover(depths, kmax):
+    """(K, E) float64 min(k, d_e + 1)/max(k, d_e + 1)."""
     kf = torch.arange(1, kmax + 1, device=depths.device, dtype=torch.float64)[:, None]
     d1 = depths + 1
     cover = torch.minimum(kf, d1)
     step = max(1, (1 << 20) // max(d1.numel(), 1))
     for a in range(0, kmax, step):
         cover[a:a + step].div_(torch.maximum(kf[a:a + step], d1))
-    return q_root @ cover.t()
+    return cover
 
 
 def knapsack(gp, nx, kidx, jmax, active, space=None):
