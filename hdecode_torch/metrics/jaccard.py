@@ -154,6 +154,7 @@ from ..kernels.depth_ranges import depth_masses, depth_masses_packed, depth_rang
 from ..kernels.fused import jaccard_sets, trust_indices
 from ..kernels.fused.jaccard_sets import PAD_DEPTH as _PAD_DEPTH
 from ..kernels.fused.jaccard_sets import GAIN_CELLS, GAIN_ROWS, gains, knapsack_sets, row_slacks, size_bound
+from ..kernels.fused.jaccard_sets import DEPTH_TABLE_CELLS, depth_table
 from ..core.node_sets import sparse_node_sets
 from ..core.plan import resolve_plan
 from ..kernels.support import support_best_leaf, support_table
@@ -485,8 +486,10 @@ def _gains_at(T, q, depth, ks, kmax, budget=1 << 29):
     """(M, J) g_k(n) at per-entry sizes ks (M, J) int64 in 1..kmax; -inf where k ≤ d(n).
 
     The weights w[d, k, e] come from a (D' + 1, K, E) table of every (depth, size) when it is no larger
-    than the weights of the (entry, size) pairs, from those pairs otherwise (deep trees, where the
-    table would not fit): O(min(D'·K, M·J)·E) memory, the same float64 values either way.  The
+    than the weights of the (entry, size) pairs or small enough to be cached with the tree's leaf depths
+    (2^16 cells: one row's call then reads it rather than making its pairs' weights), from those pairs
+    otherwise (deep trees, where the table would not fit): O(min(D'·K, M·J)·E) memory, the same float64
+    values either way.  The
     (entries, J, E) weights of the products are made for as many entries at a time as ``budget``
     bytes hold (at least two: a batch of one is a different product, rounded differently).
     """
@@ -494,11 +497,13 @@ def _gains_at(T, q, depth, ks, kmax, budget=1 << 29):
     dcap = min(T.max_depth, kmax)
     rows, j, e = q.shape[0], ks.shape[1], q.shape[1]
     table = None
-    if (dcap + 1) * kmax <= ks.numel():
-        dd = torch.arange(dcap + 1, device=dev, dtype=torch.float64)[:, None, None]
-        m = torch.arange(1, kmax + 1, device=dev, dtype=torch.float64)[None, :, None] - dd  # (D'+1, K, 1)
-        x = m + T.depths
-        table = torch.where(m >= 1, (x + 1 + dd) / (x * (x + 1)), 0).to(dt).view(-1, e)  # w[d, k − 1, e]
+    if (dcap + 1) * kmax <= ks.numel() or (dcap + 1) * kmax * e <= DEPTH_TABLE_CELLS:
+        def build():
+            dd = torch.arange(dcap + 1, device=dev, dtype=torch.float64)[:, None, None]
+            m = torch.arange(1, kmax + 1, device=dev, dtype=torch.float64)[None, :, None] - dd  # (D'+1, K, 1)
+            x = m + T.depths
+            return torch.where(m >= 1, (x + 1 + dd) / (x * (x + 1)), 0).to(dt).view(-1, e)  # w[d, k − 1, e]
+        table = depth_table("gains_at", T.depths, (dcap, kmax, dt), build)  # tree- and width-only: cached
     # Two (rows, J, E) float64 buffers, made once and refilled for every chunk: fresh temporaries
     # per chunk leave the allocator's heap fragmented (a 4,001-node caterpillar at a 64 MiB budget: +216 MiB).
     step = max(2, budget // (16 * max(j * e, 1)))

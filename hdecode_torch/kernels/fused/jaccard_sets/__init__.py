@@ -99,14 +99,14 @@ def check_args(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_dep
 _DEPTH_TABLES: dict = {}
 
 
-def _depth_table(kind: str, depths: torch.Tensor, args: tuple, build):
+def depth_table(kind: str, depths: torch.Tensor, args: tuple, build):
     """The cached table ``build()`` of ``depths`` and ``args`` (see ``_DEPTH_TABLES``)."""
     key = (kind, id(depths), args)
     got = _DEPTH_TABLES.get(key)
     if got is not None and got[0] is depths and got[1] == depths._version:
         return got[2]
     table = build()
-    if table.numel() > _DEPTH_TABLE_CELLS:  # a deep tree's: remade per call rather than held
+    if table.numel() > DEPTH_TABLE_CELLS:  # a deep tree's: remade per call rather than held
         return table
     if len(_DEPTH_TABLES) >= 64:  # widths vary from call to call: keep a bounded few
         _DEPTH_TABLES.clear()
@@ -115,14 +115,14 @@ def _depth_table(kind: str, depths: torch.Tensor, args: tuple, build):
 
 
 #: Largest table ``_DEPTH_TABLES`` holds (cells): 64 of them stay within 32 MiB of float64.
-_DEPTH_TABLE_CELLS = 1 << 16
+DEPTH_TABLE_CELLS = 1 << 16
 
 
 def gain_weights(depths: torch.Tensor, kmax: int, dtype: torch.dtype, m0: int = 0,
                  m1: int | None = None) -> torch.Tensor:
     """(2(m1 − m0), E): 1/x and 1/(x(x+1)) for x = m + d_e, m = m0 + 1..m1 (m1 = kmax by default); cached
     per ``depths`` tensor (read it, never write it)."""
-    return _depth_table("gain_weights", depths, (kmax, dtype, m0, m1),
+    return depth_table("gain_weights", depths, (kmax, dtype, m0, m1),
                         lambda: _gain_weights(depths, kmax, dtype, m0, m1))
 
 
@@ -161,10 +161,10 @@ def gains(q: torch.Tensor, depth: torch.Tensor, depths: torch.Tensor, kmax: int,
     if rows > block and 2 * kmax * depths.numel() <= 1 << 20:
         weights = [gain_weights(depths, kmax, dt, m0, min(kmax, m0 + GAIN_SIZES))
                    for m0 in range(0, kmax, GAIN_SIZES)]
-    span = torch.arange(kmax, device=dev)
+    span = _span(kmax, dev)
     for a in range(0, rows, block):
         b = min(rows, a + block)
-        qa, sa, ta = q[a:b], s[: b - a], t[: b - a]
+        qa, sa, ta = (q, s, t) if b - a == s.shape[0] == q.shape[0] else (q[a:b], s[: b - a], t[: b - a])
         for i, m0 in enumerate(range(0, kmax, GAIN_SIZES)):
             m1 = min(kmax, m0 + GAIN_SIZES)
             w = weights[i] if weights is not None else gain_weights(depths, kmax, dt, m0, m1)
@@ -174,12 +174,26 @@ def gains(q: torch.Tensor, depth: torch.Tensor, depths: torch.Tensor, kmax: int,
             part = qa @ w.t()  # (rows, 2(m1 − m0))
             sa[:, m0:m1] = part[:, : m1 - m0]
             sa[:, kmax + m0:kmax + m1] = part[:, m1 - m0:]
-        d = d_all[a:b]
+        d = d_all if qa is q else d_all[a:b]
         # t[r, K + m − 1] = S1 + d·S2 at m, and -inf in the first K columns (m < 1): row r reads the
         # window t[r, K − d(r) : 2K − d(r)], one gather (cheaper on a CPU than indexing its unfolded rows).
         torch.addcmul(sa[:, :kmax], d.to(dt)[:, None], sa[:, kmax:], out=ta[:, kmax:])
-        torch.gather(ta, 1, (kmax - d)[:, None] + span, out=g[a:b])
+        torch.gather(ta, 1, (kmax - d)[:, None] + span, out=g if qa is q and g.shape[0] == rows else g[a:b])
     return g
+
+
+#: (K, device) -> arange(K): the gains' window offsets, made once per width rather than per call.
+_SPANS: dict = {}
+
+
+def _span(kmax: int, dev: torch.device) -> torch.Tensor:
+    """(K,) int64 0..K − 1 (cached; read it, never write it)."""
+    got = _SPANS.get((kmax, dev))
+    if got is None:
+        if len(_SPANS) >= 64:
+            _SPANS.clear()
+        got = _SPANS[(kmax, dev)] = torch.arange(kmax, device=dev)
+    return got
 
 
 def size_bound(q_root: torch.Tensor, depths: torch.Tensor, kmax: int) -> torch.Tensor:
@@ -189,7 +203,7 @@ def size_bound(q_root: torch.Tensor, depths: torch.Tensor, kmax: int) -> torch.T
     One (K, E) float64 table (cached per ``depths`` tensor where small), its quotients made in place a
     block of 2^20 cells at a time (the same values as in one piece), and one product with it.
     """
-    return q_root @ _depth_table("size_bound", depths, (kmax,), lambda: _size_cover(depths, kmax)).t()
+    return q_root @ depth_table("size_bound", depths, (kmax,), lambda: _size_cover(depths, kmax)).t()
 
 
 def _size_cover(depths, kmax):
@@ -697,7 +711,12 @@ def row_slacks(count: torch.Tensor, num_e: int, u: float, mass_rel: float, mass_
     the one rounding of each product, the same operations as the Triton kernel's.
     """
     c = count.to(torch.float64)
-    return 2 * ((num_e + 16 + c) * u + mass_rel), 4 * c * mass_abs
+    # The factors 2 and 4 folded into the scalars: scaling by a power of two is exact, so these are the
+    # same roundings of the same values as 2·((E + 16 + c)·u + mass_rel) and (4·c)·mass_abs, in fewer operators.
+    rel = torch.add(c, num_e + 16).mul_(2 * u)
+    if mass_rel:
+        rel.add_(2 * mass_rel)
+    return rel, c.mul_(4 * mass_abs)
 
 
 #: (kmax, max_depth, device) -> the tables of :func:`_size_tables`: tree- and width-only, made once rather
