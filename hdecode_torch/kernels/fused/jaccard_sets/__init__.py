@@ -336,7 +336,9 @@ def _solve_pairs_numpy(gp, nx, kidx, budget: int):
     count = rank[:, -1]
     # pairs with more allowed candidates first, stable (the order of the torch path's stable sort)
     order = np.argsort(-np.where(count > kidx, count, 0), kind="stable")
-    counts, ks = count[order].tolist(), kidx[order].tolist()
+    # read as the torch path reads them (Tensor.tolist), so that a host-read count of a call on CPU tensors
+    # is what the call reads on a GPU
+    counts, ks = torch.from_numpy(np.stack([count[order], kidx[order]])).tolist()
     live = sum(1 for x, y in zip(counts, ks) if x > y)
     val = np.full(r, neg, dtype=gp.dtype)
     members = np.zeros((r, c), dtype=bool)
