@@ -721,12 +721,12 @@ def row_slacks(count: torch.Tensor, num_e: int, u: float, mass_rel: float, mass_
     return rel, c.mul_(4 * mass_abs)
 
 
-#: (kmax, max_depth, device) -> the tables of :func:`_size_tables`: tree- and width-only, made once rather
+#: (kmax, max_depth, device) -> the tables of :func:`size_tables`: tree- and width-only, made once rather
 #: than per call (a call of one row runs a few dozen small operators; these were five of them).
 _SIZE_TABLES: dict = {}
 
 
-def _size_tables(kmax: int, max_depth: int, dev: torch.device):
+def size_tables(kmax: int, max_depth: int, dev: torch.device):
     """``(kf, tau_k, span)``: the sizes 1..K (float64), τ_k = max(k, v)/(2k + D − 1) for v = 0..D + 1 (rows)
     and k = 1..K, flattened ((D + 2)·K float64), and 0..K − 1 (int64); cached."""
     key = (kmax, max_depth, dev)
@@ -769,7 +769,7 @@ def _solve(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, 
     # The nodes allowed at each size: τ_k(n) = max(k, d_min(n) + 1)/(2k + D − 1).  d_min(n) + 1 takes
     # D + 1 values: τ_k is a (D + 2, K) table (the same quotients as made per cell) read per cell, for
     # 2^20 (row, column, size) cells at a time, and g masked in place.
-    kf, tau_k, span = _size_tables(kmax, max_depth, dev)
+    kf, tau_k, span = size_tables(kmax, max_depth, dev)
     level = dmin1[safe_ids].clamp(max=max_depth + 1).long()  # (B, C) d_min + 1 in 1..D + 1 (padding: 0)
     at_level = level.mul_(kmax)[:, :, None] + span  # each cell's entry of τ_k
     scale = (lb * (1 - mass_rel))[:, None, None]
