@@ -473,6 +473,10 @@ def pair_chunks(counts: list[int], ks: list[int], es: int, budget: int) -> list[
     windows from a that grow 4× until one holds it, O(pairs) in all and no Python step per pair (one
     per pair took 20-50 ms at B = 4,096; taking the maxima over a..b anew at each b, seconds).
     """
+    live = len(counts)
+    whole = _table_cost(counts[0], max(ks), max(c - k for c, k in zip(counts, ks)), live, es) if live else None
+    if whole is not None and whole[0] * es + whole[1] <= budget:  # every pair in one chunk (one row's few pairs)
+        return [(0, live, whole)]
     cnt, kk = np.asarray(counts, dtype=np.int64), np.asarray(ks, dtype=np.int64)
     bands = cnt - kk
     chunks, a, live = [], 0, len(counts)
