@@ -154,6 +154,7 @@ from ..kernels.depth_ranges import depth_masses, depth_masses_packed, depth_rang
 from ..kernels.fused import jaccard_sets, trust_indices
 from ..kernels.fused.jaccard_sets import PAD_DEPTH as _PAD_DEPTH
 from ..kernels.fused.jaccard_sets import GAIN_CELLS, GAIN_ROWS, gains, knapsack_sets, row_slacks, size_bound
+from ..kernels.fused.jaccard_sets import DEPTH_TABLE_CELLS, depth_table, size_tables
 from ..core.node_sets import sparse_node_sets
 from ..core.plan import resolve_plan
 from ..kernels.support import support_best_leaf, support_table
@@ -411,7 +412,11 @@ class _Cands:
         """The entries where ``keep`` (M,) holds (one host read: their number and the width)."""
         bsz = self.count.numel()
         count = torch.zeros(bsz, dtype=torch.long, device=keep.device).index_add_(0, self.sample, keep.long())
-        total, c = torch.stack([count.sum(), count.max()]).tolist()
+        if count.device.type == "cpu":  # a NumPy view: no operators for the read
+            got = _numpy(count)
+            total, c = int(got.sum()), int(got.max())
+        else:
+            total, c = torch.stack([count.sum(), count.max()]).tolist()
         idx = torch.nonzero_static(keep, size=total)[:, 0]
         return _Cands(T, bsz, self.sample[idx], self.node[idx], self.q64[idx], dt, count, c)
 
@@ -431,6 +436,11 @@ def _argmax_rows(probs) -> torch.Tensor:
         return probs.argmax(1)
     return torch.from_numpy(np.argmax(_numpy(probs.detach() if probs.requires_grad else probs), axis=1).astype(
         np.int64, copy=False))
+
+
+def _dmin1_index(h, T) -> torch.Tensor:
+    """(N + 1,) int64 d_min(n) + 1, the row of a node in the size screen's τ_k table (cached)."""
+    return h.cached("jaccard_dmin1_index", lambda: T.dmin1.long())
 
 
 def _tau_as(h, T, dt) -> torch.Tensor:
@@ -485,8 +495,10 @@ def _gains_at(T, q, depth, ks, kmax, budget=1 << 29):
     """(M, J) g_k(n) at per-entry sizes ks (M, J) int64 in 1..kmax; -inf where k ≤ d(n).
 
     The weights w[d, k, e] come from a (D' + 1, K, E) table of every (depth, size) when it is no larger
-    than the weights of the (entry, size) pairs, from those pairs otherwise (deep trees, where the
-    table would not fit): O(min(D'·K, M·J)·E) memory, the same float64 values either way.  The
+    than the weights of the (entry, size) pairs or small enough to be cached with the tree's leaf depths
+    (2^16 cells: one row's call then reads it rather than making its pairs' weights), from those pairs
+    otherwise (deep trees, where the table would not fit): O(min(D'·K, M·J)·E) memory, the same float64
+    values either way.  The
     (entries, J, E) weights of the products are made for as many entries at a time as ``budget``
     bytes hold (at least two: a batch of one is a different product, rounded differently).
     """
@@ -494,11 +506,13 @@ def _gains_at(T, q, depth, ks, kmax, budget=1 << 29):
     dcap = min(T.max_depth, kmax)
     rows, j, e = q.shape[0], ks.shape[1], q.shape[1]
     table = None
-    if (dcap + 1) * kmax <= ks.numel():
-        dd = torch.arange(dcap + 1, device=dev, dtype=torch.float64)[:, None, None]
-        m = torch.arange(1, kmax + 1, device=dev, dtype=torch.float64)[None, :, None] - dd  # (D'+1, K, 1)
-        x = m + T.depths
-        table = torch.where(m >= 1, (x + 1 + dd) / (x * (x + 1)), 0).to(dt).view(-1, e)  # w[d, k − 1, e]
+    if (dcap + 1) * kmax <= ks.numel() or (dcap + 1) * kmax * e <= DEPTH_TABLE_CELLS:
+        def build():
+            dd = torch.arange(dcap + 1, device=dev, dtype=torch.float64)[:, None, None]
+            m = torch.arange(1, kmax + 1, device=dev, dtype=torch.float64)[None, :, None] - dd  # (D'+1, K, 1)
+            x = m + T.depths
+            return torch.where(m >= 1, (x + 1 + dd) / (x * (x + 1)), 0).to(dt).view(-1, e)  # w[d, k − 1, e]
+        table = depth_table("gains_at", T.depths, (dcap, kmax, dt), build)  # tree- and width-only: cached
     # Two (rows, J, E) float64 buffers, made once and refilled for every chunk: fresh temporaries
     # per chunk leave the allocator's heap fragmented (a 4,001-node caterpillar at a 64 MiB budget: +216 MiB).
     step = max(2, budget // (16 * max(j * e, 1)))
@@ -692,30 +706,32 @@ def _solve(post, trace):
     gpad = gains(cands.q, cands.depth, T.depths, kmax, out=torch.empty(m + 1, kmax, dtype=dt, device=dev))
     gpad[m] = float("-inf")
     g = gpad[:m]
-    kf = torch.arange(1, kmax + 1, device=dev, dtype=torch.float64)
-    # τ_k(n) = max(k, d_min(n) + 1)/(2k + D − 1).
+    # τ_k(n) = max(k, d_min(n) + 1)/(2k + D − 1), read from the cached (D + 2, K) table of every d_min(n) + 1
+    # (the same quotients of the same integers as made per entry).
+    kf, tau_tab, span = size_tables(kmax, big_d, dev)
+    tau_tab = tau_tab.view(-1, kmax)
     scale = lb * (1 - masses.rel)
-    dmin1 = T.dmin1[cands.node]
+    level = _dmin1_index(h, T).index_select(0, cands.node)
     allowed_all = torch.empty(m, kmax, dtype=torch.bool, device=dev) if trace else None
     blk = max(GAIN_ROWS, GAIN_CELLS // kmax)
     for a in range(0, m, blk):
-        e = slice(a, a + blk)
-        tau_k = torch.maximum(kf, dmin1[e][:, None]) / (2 * kf + big_d - 1)
-        allowed = (cands.pv[e] + masses.abs)[:, None] >= tau_k * scale[cands.sample[e]][:, None]
-        allowed |= (cands.slot[e] == 0)[:, None]
-        g[e].masked_fill_(~allowed, float("-inf"))
+        pv, smp, slot, lev, ga = (cands.pv, cands.sample, cands.slot, level, g) if m <= blk else (
+            t[a:a + blk] for t in (cands.pv, cands.sample, cands.slot, level, g))  # one block: no views
+        allowed = (pv + masses.abs)[:, None] >= tau_tab[lev] * scale[smp][:, None]
+        allowed |= (slot == 0)[:, None]
+        ga.masked_fill_(~allowed, float("-inf"))
         if trace:
-            allowed_all[e] = allowed
+            allowed_all[a:a + blk] = allowed
     # (v) the sizes that pass G(k) and the Lagrangian top-k bound, λ_k the gain at k of the
     # candidate ranked k-th by its gain at the typical size k̂.
     col = (k_ref.clamp(min=1, max=kmax) - 1)[cands.sample]
     order = torch.sort(cands.to_table(g.gather(1, col[:, None])[:, 0], float("-inf")), dim=1, descending=True).indices
     kth = cands.entry.gather(1, order)  # (B, C = K) the entry ranked k-th
-    lam = gpad.view(-1)[kth * kmax + torch.arange(kmax, device=dev)].clamp(min=0).nan_to_num(nan=0.0)
+    lam = gpad.view(-1)[kth * kmax + span].clamp(min=0).nan_to_num(nan=0.0)
     ub = torch.zeros(bsz, kmax, dtype=dt, device=dev)
     for a in range(0, m, blk):
-        e = slice(a, a + blk)
-        ub.index_add_(0, cands.sample[e], (g[e] - lam[cands.sample[e]]).clamp_(min=0))
+        smp, ga = (cands.sample, g) if m <= blk else (cands.sample[a:a + blk], g[a:a + blk])
+        ub.index_add_(0, smp, (ga - lam[smp]).clamp_(min=0))
     ub += lam * kf.to(dt)
     ub = torch.minimum(ub, cover.to(dt))
     if dt == torch.float64:  # the (M, E) masses are read again only to re-score float32 values
@@ -747,17 +763,20 @@ def _solve(post, trace):
         eligible = near
     else:
         contested = near & (torch.zeros(bsz, dtype=torch.long, device=dev).index_add_(0, b, near.long()) >= 2)[b]
-        if post.plan.gpu:  # every pair re-scored: no host read
-            val64 = _values64(T, cands, b, kidx + 1, members).masked_fill(~contested, float("-inf"))
-        else:  # the few contested pairs, listed (a host read costs nothing on a CPU)
-            ci = contested.nonzero()[:, 0]
-            val64 = torch.full((b.numel(),), float("-inf"), dtype=torch.float64, device=dev)
-            val64[ci] = _values64(T, cands, b[ci], kidx[ci] + 1, members[ci])
-        best64 = torch.full((bsz,), float("-inf"), dtype=torch.float64, device=dev).scatter_reduce(
-            0, b, val64, "amax")
-        rel64, abs64 = row_slacks(cands.count, num_e, u64, 0.0, masses.abs)
-        tol64 = rel64 * best64.abs() + abs64
-        eligible = torch.where(contested, val64 >= best64[b] - tol64[b], near)
+        ci = None if post.plan.gpu else contested.nonzero()[:, 0]  # a host read costs nothing on a CPU
+        if ci is not None and not ci.numel():  # no pair contested (often so for one row): eligible = near
+            eligible = near
+        else:
+            if ci is None:  # every pair re-scored: no host read
+                val64 = _values64(T, cands, b, kidx + 1, members).masked_fill(~contested, float("-inf"))
+            else:  # the few contested pairs, listed
+                val64 = torch.full((b.numel(),), float("-inf"), dtype=torch.float64, device=dev)
+                val64[ci] = _values64(T, cands, b[ci], kidx[ci] + 1, members[ci])
+            best64 = torch.full((bsz,), float("-inf"), dtype=torch.float64, device=dev).scatter_reduce(
+                0, b, val64, "amax")
+            rel64, abs64 = row_slacks(cands.count, num_e, u64, 0.0, masses.abs)
+            tol64 = rel64 * best64.abs() + abs64
+            eligible = torch.where(contested, val64 >= best64[b] - tol64[b], near)
     kbest = torch.full((bsz,), kmax, dtype=torch.long, device=dev).scatter_reduce(
         0, b, torch.where(eligible, kidx, kmax), "amin")
     first = eligible & (kidx == kbest[b])

@@ -93,9 +93,40 @@ def check_args(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_dep
     check_vector(depths, "depths", torch.float64, dev, e)
 
 
+#: Tables of the leaf depths alone (a tree's) and a width, made once rather than per call (a call of one row
+#: runs a few dozen small operators; these were about a dozen of them a call): key -> (depths, its version,
+#: table).  Looked up by the depths tensor's identity and version, so a changed or other tensor misses.
+_DEPTH_TABLES: dict = {}
+
+
+def depth_table(kind: str, depths: torch.Tensor, args: tuple, build):
+    """The cached table ``build()`` of ``depths`` and ``args`` (see ``_DEPTH_TABLES``)."""
+    key = (kind, id(depths), args)
+    got = _DEPTH_TABLES.get(key)
+    if got is not None and got[0] is depths and got[1] == depths._version:
+        return got[2]
+    table = build()
+    if table.numel() > DEPTH_TABLE_CELLS:  # a deep tree's: remade per call rather than held
+        return table
+    if len(_DEPTH_TABLES) >= 64:  # widths vary from call to call: keep a bounded few
+        _DEPTH_TABLES.clear()
+    _DEPTH_TABLES[key] = (depths, depths._version, table)
+    return table
+
+
+#: Largest table ``_DEPTH_TABLES`` holds (cells): 64 of them stay within 32 MiB of float64.
+DEPTH_TABLE_CELLS = 1 << 16
+
+
 def gain_weights(depths: torch.Tensor, kmax: int, dtype: torch.dtype, m0: int = 0,
                  m1: int | None = None) -> torch.Tensor:
-    """(2(m1 − m0), E): 1/x and 1/(x(x+1)) for x = m + d_e, m = m0 + 1..m1 (m1 = kmax by default)."""
+    """(2(m1 − m0), E): 1/x and 1/(x(x+1)) for x = m + d_e, m = m0 + 1..m1 (m1 = kmax by default); cached
+    per ``depths`` tensor (read it, never write it)."""
+    return depth_table("gain_weights", depths, (kmax, dtype, m0, m1),
+                        lambda: _gain_weights(depths, kmax, dtype, m0, m1))
+
+
+def _gain_weights(depths, kmax, dtype, m0, m1):
     m = torch.arange(m0 + 1, (kmax if m1 is None else m1) + 1, device=depths.device, dtype=torch.float64)
     x = m[:, None] + depths[None, :]
     return torch.cat([1 / x, 1 / (x * (x + 1))]).to(dtype)
@@ -130,10 +161,10 @@ def gains(q: torch.Tensor, depth: torch.Tensor, depths: torch.Tensor, kmax: int,
     if rows > block and 2 * kmax * depths.numel() <= 1 << 20:
         weights = [gain_weights(depths, kmax, dt, m0, min(kmax, m0 + GAIN_SIZES))
                    for m0 in range(0, kmax, GAIN_SIZES)]
-    span = torch.arange(kmax, device=dev)
+    span = _span(kmax, dev)
     for a in range(0, rows, block):
         b = min(rows, a + block)
-        qa, sa, ta = q[a:b], s[: b - a], t[: b - a]
+        qa, sa, ta = (q, s, t) if b - a == s.shape[0] == q.shape[0] else (q[a:b], s[: b - a], t[: b - a])
         for i, m0 in enumerate(range(0, kmax, GAIN_SIZES)):
             m1 = min(kmax, m0 + GAIN_SIZES)
             w = weights[i] if weights is not None else gain_weights(depths, kmax, dt, m0, m1)
@@ -143,28 +174,47 @@ def gains(q: torch.Tensor, depth: torch.Tensor, depths: torch.Tensor, kmax: int,
             part = qa @ w.t()  # (rows, 2(m1 − m0))
             sa[:, m0:m1] = part[:, : m1 - m0]
             sa[:, kmax + m0:kmax + m1] = part[:, m1 - m0:]
-        d = d_all[a:b]
+        d = d_all if qa is q else d_all[a:b]
         # t[r, K + m − 1] = S1 + d·S2 at m, and -inf in the first K columns (m < 1): row r reads the
         # window t[r, K − d(r) : 2K − d(r)], one gather (cheaper on a CPU than indexing its unfolded rows).
         torch.addcmul(sa[:, :kmax], d.to(dt)[:, None], sa[:, kmax:], out=ta[:, kmax:])
-        torch.gather(ta, 1, (kmax - d)[:, None] + span, out=g[a:b])
+        torch.gather(ta, 1, (kmax - d)[:, None] + span, out=g if qa is q and g.shape[0] == rows else g[a:b])
     return g
+
+
+#: (K, device) -> arange(K): the gains' window offsets, made once per width rather than per call.
+_SPANS: dict = {}
+
+
+def _span(kmax: int, dev: torch.device) -> torch.Tensor:
+    """(K,) int64 0..K − 1 (cached; read it, never write it)."""
+    got = _SPANS.get((kmax, dev))
+    if got is None:
+        if len(_SPANS) >= 64:
+            _SPANS.clear()
+        got = _SPANS[(kmax, dev)] = torch.arange(kmax, device=dev)
+    return got
 
 
 def size_bound(q_root: torch.Tensor, depths: torch.Tensor, kmax: int) -> torch.Tensor:
     """(B, K) G(k) = Σ_e Q_e(root) min(k, d_e + 1)/max(k, d_e + 1) for k = 1..kmax, an upper bound on
     the value of any set of size k, from the root's masses q_root (B, E) float64.
 
-    One (K, E) float64 table, its quotients made in place a block of 2^20 cells at a time (the same
-    values as in one piece), and one product with it.
+    One (K, E) float64 table (cached per ``depths`` tensor where small), its quotients made in place a
+    block of 2^20 cells at a time (the same values as in one piece), and one product with it.
     """
+    return q_root @ depth_table("size_bound", depths, (kmax,), lambda: _size_cover(depths, kmax)).t()
+
+
+def _size_cover(depths, kmax):
+    """(K, E) float64 min(k, d_e + 1)/max(k, d_e + 1)."""
     kf = torch.arange(1, kmax + 1, device=depths.device, dtype=torch.float64)[:, None]
     d1 = depths + 1
     cover = torch.minimum(kf, d1)
     step = max(1, (1 << 20) // max(d1.numel(), 1))
     for a in range(0, kmax, step):
         cover[a:a + step].div_(torch.maximum(kf[a:a + step], d1))
-    return q_root @ cover.t()
+    return cover
 
 
 def knapsack(gp, nx, kidx, jmax, active, space=None):
@@ -177,6 +227,12 @@ def knapsack(gp, nx, kidx, jmax, active, space=None):
     """
     r, c = gp.shape
     dev, dt = gp.device, gp.dtype
+    if dev.type == "cpu":  # the same float additions and comparisons, at NumPy's cost per call
+        cells = (c + 1) * r * (jmax + 1)
+        bufs = (np.empty(cells, dtype=_numpy(gp).dtype), np.empty(cells, dtype=bool)) if space is None else (
+            _numpy(space[0]), _numpy(space[1]))
+        v, dec = _knapsack_numpy(_numpy(gp), _numpy(nx), _numpy(kidx), jmax, active, bufs)
+        return torch.from_numpy(v), torch.from_numpy(dec)
     shape = (c + 1, r, jmax + 1)
     if space is None:
         hist = torch.full(shape, float("-inf"), dtype=dt, device=dev)
@@ -190,9 +246,6 @@ def knapsack(gp, nx, kidx, jmax, active, space=None):
     # Row of F(nxt(i), ·) of every pair and position, laid out position-major for contiguous slices.
     skip_rows = (nx * r + rows[:, None]).t().contiguous()  # (C, R)
     gcols = gp.t().contiguous()  # (C, R)
-    if dev.type == "cpu":  # the same float64 additions and comparisons, at NumPy's cost per call
-        _knapsack_steps_numpy(_numpy(hist), _numpy(dec), _numpy(skip_rows), _numpy(gcols), active)
-        return gp[:, 0] + hist[1][rows, kidx], dec
     for i in range(c - 1, 0, -1):
         a = active[i]  # the rows past it keep F(i, ·) = F(C, ·)
         take = hist[i + 1, :a, :-1] + gcols[i, :a, None]  # j ≥ 1 nodes with v_i among them
@@ -202,16 +255,27 @@ def knapsack(gp, nx, kidx, jmax, active, space=None):
     return gp[:, 0] + hist[1][rows, kidx], dec
 
 
-def _knapsack_steps_numpy(hist, dec, skip_rows, gcols, active) -> None:
-    """The position loop of :func:`knapsack` on NumPy views of its CPU tables (in place)."""
-    c1, r, w = hist.shape
-    flat = hist.reshape(c1 * r, w)
-    for i in range(c1 - 2, 0, -1):
-        a = active[i]
+def _knapsack_numpy(gp, nx, kidx, jmax, active, bufs):
+    """:func:`knapsack` on NumPy arrays (its CPU path): the same tables, float additions and comparisons,
+    without an operator's fixed cost per step; ``bufs``: flat (float, bool) arrays holding the tables."""
+    r, c = gp.shape
+    w = jmax + 1
+    hist = bufs[0][: (c + 1) * r * w].reshape(c + 1, r, w)
+    hist.fill(float("-inf"))
+    hist[:, :, 0] = 0  # choosing no node is always possible
+    dec = bufs[1][: c * r * w].reshape(c, r, w)
+    dec.fill(False)
+    rows = np.arange(r)
+    flat = hist.reshape((c + 1) * r, w)
+    skip_rows = (nx * r + rows[:, None]).T.copy()  # (C, R) row of F(nxt(i), ·) of every pair and position
+    gcols = gp.T
+    for i in range(c - 1, 0, -1):
+        a = active[i]  # the rows past it keep F(i, ·) = F(C, ·)
         take = hist[i + 1, :a, :-1] + gcols[i, :a, None]
         skip = flat[skip_rows[i, :a], 1:]
         np.greater_equal(take, skip, out=dec[i, :a, 1:])
         np.copyto(hist[i, :a, 1:], np.where(dec[i, :a, 1:], take, skip))
+    return gp[:, 0] + hist[1][rows, kidx], dec
 
 
 def knapsack_sets(gains, entry, nxt, b, kidx, budget: int):
@@ -242,10 +306,82 @@ def knapsack_sets(gains, entry, nxt, b, kidx, budget: int):
         return val, members
     kk = gains.shape[1]
     step = max(1, budget // (2 * 128 * (c + 1)))  # ~13 (pair, position) temporaries of ≤ 8 bytes each
+    if dev.type == "cpu":  # the same steps on NumPy views: a few dozen operators fewer per call
+        flat, ent, nx, bn, kn = (_numpy(t) for t in (gains.view(-1), entry, nxt, b, kidx))
+        vn, mn = _numpy(val), _numpy(members)
+        for a in range(0, r, step):
+            e = slice(a, a + step)
+            vn[e], mn[e] = _solve_pairs_numpy(flat[ent[bn[e]] * kk + kn[e, None]], nx[bn[e]], kn[e], budget // 2)
+        return val, members
     for a in range(0, r, step):
         e = slice(a, a + step)
         gp = gains.view(-1)[entry[b[e]] * kk + kidx[e, None]]  # (R', C)
         val[e], members[e] = _solve_pairs(gp, nxt[b[e]], kidx[e], budget // 2)
+    return val, members
+
+
+def _solve_pairs_numpy(gp, nx, kidx, budget: int):
+    """:func:`_solve_pairs` on NumPy arrays (the CPU path): the same integers, gains and tables, step for step."""
+    r, c = gp.shape
+    neg = float("-inf")
+    bad = ~(gp > neg)
+    bad[:, 0] = False
+    # the disallowed candidates' subtrees by one difference array: +1 at each, −1 past its subtree
+    cover = np.zeros((r, c + 1), dtype=np.int64)
+    cover[:, :c] = bad
+    ends = np.maximum(nx, np.arange(1, c + 1)) + (c + 1) * np.arange(r)[:, None]
+    cover -= np.bincount(ends[bad], minlength=r * (c + 1)).reshape(r, c + 1)
+    keep = np.cumsum(cover, 1)[:, :c] == 0
+    rank = np.cumsum(keep, 1, dtype=np.int64)
+    count = rank[:, -1]
+    # pairs with more allowed candidates first, stable (the order of the torch path's stable sort)
+    order = np.argsort(-np.where(count > kidx, count, 0), kind="stable")
+    # read as the torch path reads them (Tensor.tolist), so that a host-read count of a call on CPU tensors
+    # is what the call reads on a GPU
+    counts, ks = torch.from_numpy(np.stack([count[order], kidx[order]])).tolist()
+    live = sum(1 for x, y in zip(counts, ks) if x > y)
+    val = np.full(r, neg, dtype=gp.dtype)
+    members = np.zeros((r, c), dtype=bool)
+    members[:, 0] = True
+    if not live:
+        return val, members
+    sel = order[:live]
+    width = counts[0]
+    pr, ps = np.nonzero(keep[sel])
+    dst = rank[sel][pr, ps] - 1
+    cg = np.full((live, width), neg, dtype=gp.dtype)
+    cg[pr, dst] = gp[sel][pr, ps]
+    before = np.concatenate([np.zeros((r, 1), dtype=np.int64), rank], 1)[sel]
+    cnx = np.full((live, width), width, dtype=np.int64)
+    cnx[pr, dst] = np.take_along_axis(before, nx[sel], 1)[pr, ps]
+    where = np.full((live, width), c, dtype=np.int64)
+    where[pr, dst] = ps
+    counts, ks = counts[:live], ks[:live]
+    chunks = pair_chunks(counts, ks, gp.itemsize, budget)
+    bufs = (np.empty(max(t[0] for _, _, t in chunks), dtype=gp.dtype),
+            np.empty(max(t[1] for _, _, t in chunks), dtype=bool))
+    vals = []
+    got = np.zeros((live, c + 1), dtype=bool)
+    for a, b, (_, _, banded) in chunks:
+        top = counts[a]
+        part, j = [], b - a
+        for i in range(top):
+            while j and counts[a + j - 1] <= i:
+                j -= 1
+            part.append(j)
+        kr = np.asarray(ks[a:b], dtype=np.int64)
+        g, x = cg[a:b, :top], np.minimum(cnx[a:b, :top], top)
+        if banded:
+            band = max(x - y for x, y in zip(counts[a:b], ks[a:b]))
+            v, dec = _knapsack_band_numpy(g, x, kr, np.asarray(counts[a:b], dtype=np.int64), band, part, bufs)
+            m = _walk_band_numpy(dec, x)
+        else:
+            v, dec = _knapsack_numpy(g, x, kr, max(ks[a:b]), part, bufs)
+            m = _walk_numpy(dec, x, kr)
+        vals.append(v)
+        got[np.arange(a, b)[:, None], where[a:b, :top]] = m
+    val[sel] = np.concatenate(vals)
+    members[sel] = got[:, :c]
     return val, members
 
 
@@ -337,6 +473,10 @@ def pair_chunks(counts: list[int], ks: list[int], es: int, budget: int) -> list[
     windows from a that grow 4× until one holds it, O(pairs) in all and no Python step per pair (one
     per pair took 20-50 ms at B = 4,096; taking the maxima over a..b anew at each b, seconds).
     """
+    live = len(counts)
+    whole = _table_cost(counts[0], max(ks), max(c - k for c, k in zip(counts, ks)), live, es) if live else None
+    if whole is not None and whole[0] * es + whole[1] <= budget:  # every pair in one chunk (one row's few pairs)
+        return [(0, live, whole)]
     cnt, kk = np.asarray(counts, dtype=np.int64), np.asarray(ks, dtype=np.int64)
     bands = cnt - kk
     chunks, a, live = [], 0, len(counts)
@@ -373,6 +513,10 @@ def knapsack_band(gp, nx, kidx, count, band: int, active, space):
     r, c = gp.shape
     dev = gp.device
     w = band
+    if dev.type == "cpu":  # the same float additions and comparisons, at NumPy's cost per call
+        v, dec = _knapsack_band_numpy(_numpy(gp), _numpy(nx), _numpy(kidx), _numpy(count), w, active,
+                                      (_numpy(space[0]), _numpy(space[1])))
+        return torch.from_numpy(v), torch.from_numpy(dec)
     # Each row holds the band and as many -inf cells after it: the skip reads a window of w cells
     # from offset nxt(i) − i ≤ w of its row, past the band -inf (more skips than candidates).
     hist = space[0][: (c + 1) * r * 2 * w].view(c + 1, r, 2 * w).fill_(float("-inf"))
@@ -394,10 +538,36 @@ def knapsack_band(gp, nx, kidx, count, band: int, active, space):
     return gp[:, 0] + hist[1, :, 0], dec
 
 
+def _knapsack_band_numpy(gp, nx, kidx, count, w, active, bufs):
+    """:func:`knapsack_band` on NumPy arrays (its CPU path): the same tables, integers, float additions and
+    comparisons, without an operator's fixed cost per step; ``bufs``: flat (float, bool) arrays."""
+    r, c = gp.shape
+    hist = bufs[0][: (c + 1) * r * 2 * w].reshape(c + 1, r, 2 * w)
+    hist.fill(float("-inf"))
+    dec = bufs[1][: c * r * w].reshape(c, r, w)
+    dec.fill(False)
+    rows = np.arange(r)
+    hist[count, rows, count - 1 - kidx] = 0
+    flat = hist.reshape(-1)
+    # the windows of w cells from every offset of the flat table, as ``unfold`` makes them (a view)
+    windows = np.lib.stride_tricks.as_strided(flat, (flat.size - w + 1, w), (flat.strides[0],) * 2, writeable=False)
+    start = (nx * (r * 2 * w) + rows[:, None] * (2 * w) + np.minimum(nx - np.arange(c), w)).T.copy()  # (C, R)
+    gcols = gp.T
+    for i in range(c - 1, 0, -1):
+        a = active[i]
+        take = hist[i + 1, :a, :w] + gcols[i, :a, None]
+        skip = windows[start[i, :a]]
+        np.greater_equal(take, skip, out=dec[i, :a])
+        np.copyto(hist[i, :a, :w], np.where(dec[i, :a], take, skip))
+    return gp[:, 0] + hist[1, :, 0], dec
+
+
 def walk_band(dec, nx, kidx):
     """:func:`walk` for :func:`knapsack_band`'s decisions: (R, C) bool the set of each pair."""
     c, r, w = dec.shape
     dev = nx.device
+    if dev.type == "cpu":  # the same steps at NumPy's cost per call
+        return torch.from_numpy(_walk_band_numpy(_numpy(dec), _numpy(nx)))
     s = torch.zeros(r, dtype=torch.long, device=dev)
     pos = torch.ones(r, dtype=torch.long, device=dev)
     members = torch.zeros(c, r, dtype=torch.bool, device=dev)
@@ -414,10 +584,30 @@ def walk_band(dec, nx, kidx):
     return members.t()
 
 
+def _walk_band_numpy(dec, nx):
+    """:func:`walk_band` on NumPy arrays (its CPU path): (R, C) bool, the same integer steps."""
+    c, r, w = dec.shape
+    s = np.zeros(r, dtype=np.int64)
+    pos = np.ones(r, dtype=np.int64)
+    members = np.zeros((c, r), dtype=bool)
+    members[0] = True
+    rows = np.arange(r) * w
+    flat = dec.reshape(c, -1)
+    nxt = nx.T
+    for i in range(1, c):
+        here = pos == i
+        t = np.logical_and(flat[i][rows + np.minimum(s, w - 1)], here, out=members[i])
+        s = np.where(here & ~t, s + nxt[i] - i, s)
+        pos = np.where(here, np.where(t, i + 1, nxt[i]), pos)
+    return members.T
+
+
 def walk(dec, nx, kidx):
     """(R, C) bool the set of each pair, by following its decisions forward from the root."""
     r, c = nx.shape
     dev = nx.device
+    if dev.type == "cpu":  # the same steps at NumPy's cost per call
+        return torch.from_numpy(_walk_numpy(_numpy(dec), _numpy(nx), _numpy(kidx)))
     # Per pair: the entry of dec[i] for its row and the nodes j left to take (j = 0 is never
     # taken: dec[:, :, 0] is False), and the position it has reached.
     at = torch.arange(r, device=dev) * dec.shape[2] + kidx
@@ -426,9 +616,6 @@ def walk(dec, nx, kidx):
     members[0] = True
     flat = dec.view(c, -1)
     nxt = nx.t().contiguous()  # (C, R)
-    if dev.type == "cpu":  # the same steps at NumPy's cost per call
-        _walk_steps_numpy(_numpy(flat), _numpy(nxt), _numpy(at), _numpy(pos), _numpy(members))
-        return members.t()
     for i in range(1, c):
         # A pair at position i takes v_i as decided, else skips v_i's subtree.
         here = pos == i
@@ -467,13 +654,21 @@ def group_widths(c: int) -> list[int]:
 CPU_BUDGET = 1 << 24
 
 
-def _walk_steps_numpy(flat, nxt, at, pos, members) -> None:
-    """The position loop of :func:`walk` on NumPy views of its CPU tensors (in place)."""
-    for i in range(1, flat.shape[0]):
+def _walk_numpy(dec, nx, kidx):
+    """:func:`walk` on NumPy arrays (its CPU path): (R, C) bool, the same integer steps."""
+    c, r, w = dec.shape
+    at = np.arange(r) * w + kidx
+    pos = np.ones(r, dtype=np.int64)
+    members = np.zeros((c, r), dtype=bool)
+    members[0] = True
+    flat = dec.reshape(c, -1)
+    nxt = nx.T
+    for i in range(1, c):
         here = pos == i
         t = np.logical_and(flat[i][at], here, out=members[i])
         at -= t
-        pos[:] = np.where(here, np.where(t, i + 1, nxt[i]), pos)
+        pos = np.where(here, np.where(t, i + 1, nxt[i]), pos)
+    return members.T
 
 
 def jaccard_sets_torch(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget):
@@ -522,15 +717,20 @@ def row_slacks(count: torch.Tensor, num_e: int, u: float, mass_rel: float, mass_
     the one rounding of each product, the same operations as the Triton kernel's.
     """
     c = count.to(torch.float64)
-    return 2 * ((num_e + 16 + c) * u + mass_rel), 4 * c * mass_abs
+    # The factors 2 and 4 folded into the scalars: scaling by a power of two is exact, so these are the
+    # same roundings of the same values as 2·((E + 16 + c)·u + mass_rel) and (4·c)·mass_abs, in fewer operators.
+    rel = torch.add(c, num_e + 16).mul_(2 * u)
+    if mass_rel:
+        rel.add_(2 * mass_rel)
+    return rel, c.mul_(4 * mass_abs)
 
 
-#: (kmax, max_depth, device) -> the tables of :func:`_size_tables`: tree- and width-only, made once rather
+#: (kmax, max_depth, device) -> the tables of :func:`size_tables`: tree- and width-only, made once rather
 #: than per call (a call of one row runs a few dozen small operators; these were five of them).
 _SIZE_TABLES: dict = {}
 
 
-def _size_tables(kmax: int, max_depth: int, dev: torch.device):
+def size_tables(kmax: int, max_depth: int, dev: torch.device):
     """``(kf, tau_k, span)``: the sizes 1..K (float64), τ_k = max(k, v)/(2k + D − 1) for v = 0..D + 1 (rows)
     and k = 1..K, flattened ((D + 2)·K float64), and 0..K − 1 (int64); cached."""
     key = (kmax, max_depth, dev)
@@ -573,7 +773,7 @@ def _solve(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, 
     # The nodes allowed at each size: τ_k(n) = max(k, d_min(n) + 1)/(2k + D − 1).  d_min(n) + 1 takes
     # D + 1 values: τ_k is a (D + 2, K) table (the same quotients as made per cell) read per cell, for
     # 2^20 (row, column, size) cells at a time, and g masked in place.
-    kf, tau_k, span = _size_tables(kmax, max_depth, dev)
+    kf, tau_k, span = size_tables(kmax, max_depth, dev)
     level = dmin1[safe_ids].clamp(max=max_depth + 1).long()  # (B, C) d_min + 1 in 1..D + 1 (padding: 0)
     at_level = level.mul_(kmax)[:, :, None] + span  # each cell's entry of τ_k
     scale = (lb * (1 - mass_rel))[:, None, None]
