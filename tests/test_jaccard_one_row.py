@@ -133,3 +133,22 @@ def test_one_row_operators(tree):
     with hd.plan_for("cpu"):
         assert torch.equal(gpu, metric.decode(x))
     assert cpu_ops <= 440 and op_ops <= 235, (cpu_ops, op_ops)
+
+
+@pytest.mark.parametrize("plan", ["cpu", "cuda"])
+def test_tables_first_built_under_inference_mode(plan):
+    """A tree whose tables are first built under ``torch.inference_mode`` (a Lightning validation loop) decodes
+    inside and outside it, twice, as a tree built outside it: the op's cached width tables read the version
+    counter of the tree's leaf depths, which inference tensors do not have (a RuntimeError on the first merge
+    of its one-row tables)."""
+    h, _ = bundled("inat19")
+    x = torch.as_tensor(model_like(np.random.default_rng(4), h, 3, "confused"), dtype=torch.float32)
+    with hd.plan_for(plan):
+        want = hd.get_metric("jaccard", h).decode(x)
+        fresh = hd.Hierarchy.from_parents(h.parent.tolist())
+        metric = hd.get_metric("jaccard", fresh)
+        with torch.inference_mode():
+            got = [metric.decode(x), metric.decode(x)]
+        got += [metric.decode(x), metric.decode(x)]
+    for g in got:
+        assert torch.equal(g, want)

@@ -102,16 +102,23 @@ _DEPTH_TABLES: dict = {}
 def depth_table(kind: str, depths: torch.Tensor, args: tuple, build):
     """The cached table ``build()`` of ``depths`` and ``args`` (see ``_DEPTH_TABLES``)."""
     key = (kind, id(depths), args)
+    version = _version(depths)
     got = _DEPTH_TABLES.get(key)
-    if got is not None and got[0] is depths and got[1] == depths._version:
+    if got is not None and got[0] is depths and version is not None and got[1] == version:
         return got[2]
     table = build()
-    if table.numel() > DEPTH_TABLE_CELLS:  # a deep tree's: remade per call rather than held
+    if table.numel() > DEPTH_TABLE_CELLS or version is None:  # a deep tree's, or no version to check
         return table
     if len(_DEPTH_TABLES) >= 64:  # widths vary from call to call: keep a bounded few
         _DEPTH_TABLES.clear()
-    _DEPTH_TABLES[key] = (depths, depths._version, table)
+    _DEPTH_TABLES[key] = (depths, version, table)
     return table
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """``t``'s version counter, or None for a tensor that has none (made under ``torch.inference_mode``, as
+    a tree's tables are when first built during a Lightning validation loop)."""
+    return None if t.is_inference() else t._version
 
 
 #: Largest table ``_DEPTH_TABLES`` holds (cells): 64 of them stay within 32 MiB of float64.
