@@ -99,19 +99,39 @@ def check_args(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_dep
 _DEPTH_TABLES: dict = {}
 
 
+#: Entries each of this module's caches keeps (widths vary from call to call: a bounded few).
+CACHE_ENTRIES = 64
+
+
+def _recall(cache: dict, key):
+    """``cache[key]`` (None if absent), made the most recently used."""
+    got = cache.pop(key, None)
+    if got is not None:
+        cache[key] = got
+    return got
+
+
+def _remember(cache: dict, key, value):
+    """``cache[key] = value``, the least recently used entry dropped beyond ``CACHE_ENTRIES``: one call reads
+    and inserts several keys, and clearing the whole cache when full dropped the first ones before the call's
+    next read (a warm call's tables missed again by the following call)."""
+    cache[key] = value
+    for old in list(cache)[: len(cache) - CACHE_ENTRIES]:  # a snapshot: another thread may insert meanwhile
+        cache.pop(old, None)
+    return value
+
+
 def depth_table(kind: str, depths: torch.Tensor, args: tuple, build):
     """The cached table ``build()`` of ``depths`` and ``args`` (see ``_DEPTH_TABLES``)."""
     key = (kind, id(depths), args)
     version = _version(depths)
-    got = _DEPTH_TABLES.get(key)
+    got = _recall(_DEPTH_TABLES, key)
     if got is not None and got[0] is depths and version is not None and got[1] == version:
         return got[2]
     table = build()
     if table.numel() > DEPTH_TABLE_CELLS or version is None:  # a deep tree's, or no version to check
         return table
-    if len(_DEPTH_TABLES) >= 64:  # widths vary from call to call: keep a bounded few
-        _DEPTH_TABLES.clear()
-    _DEPTH_TABLES[key] = (depths, version, table)
+    _remember(_DEPTH_TABLES, key, (depths, version, table))
     return table
 
 
@@ -195,11 +215,9 @@ _SPANS: dict = {}
 
 def _span(kmax: int, dev: torch.device) -> torch.Tensor:
     """(K,) int64 0..K − 1 (cached; read it, never write it)."""
-    got = _SPANS.get((kmax, dev))
+    got = _recall(_SPANS, (kmax, dev))
     if got is None:
-        if len(_SPANS) >= 64:
-            _SPANS.clear()
-        got = _SPANS[(kmax, dev)] = torch.arange(kmax, device=dev)
+        got = _remember(_SPANS, (kmax, dev), torch.arange(kmax, device=dev))
     return got
 
 
@@ -741,14 +759,12 @@ def size_tables(kmax: int, max_depth: int, dev: torch.device):
     """``(kf, tau_k, span)``: the sizes 1..K (float64), τ_k = max(k, v)/(2k + D − 1) for v = 0..D + 1 (rows)
     and k = 1..K, flattened ((D + 2)·K float64), and 0..K − 1 (int64); cached."""
     key = (kmax, max_depth, dev)
-    got = _SIZE_TABLES.get(key)
+    got = _recall(_SIZE_TABLES, key)
     if got is None:
         kf = torch.arange(1, kmax + 1, device=dev, dtype=torch.float64)
         levels = torch.arange(max_depth + 2, device=dev, dtype=torch.float64)
         tau_k = (torch.maximum(kf, levels[:, None]) / (2 * kf + max_depth - 1)).view(-1)
-        if len(_SIZE_TABLES) >= 64:  # widths vary from call to call: keep a bounded few
-            _SIZE_TABLES.clear()
-        got = _SIZE_TABLES[key] = (kf, tau_k, torch.arange(kmax, device=dev))
+        got = _remember(_SIZE_TABLES, key, (kf, tau_k, torch.arange(kmax, device=dev)))
     return got
 
 
