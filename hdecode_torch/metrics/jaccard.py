@@ -266,15 +266,22 @@ def jaccard_size_bound(h, k: int) -> torch.Tensor:
 
 
 # --------------------------------------------------------------------------- batch pieces
-#: Largest temporaries of one chunk of masses or lower-bound weights: they sit on top of their
-#: (rows, E) results, and beyond a few MiB a larger chunk buys no speed (the gathers and the batched
-#: products are memory-bound); the knapsacks alone take the whole budget.
+#: Largest temporaries of one chunk of masses or lower-bound weights on the CPU plan: they sit on top
+#: of their (rows, E) results, and on a CPU beyond a few MiB a larger chunk buys no speed (the gathers
+#: and the batched products are memory-bound); the knapsacks alone take the whole budget.
 _CHUNK_MAX = 32 << 20
 
 
 def _chunk_bytes(post) -> int:
-    # A quarter of the budget: a chunk's temporaries sit beside one sample's tables.
-    return min(post.plan.budget // 4, _CHUNK_MAX)
+    return _chunk_budget(post.plan)
+
+
+def _chunk_budget(plan) -> int:
+    # A quarter of the budget: a chunk's temporaries sit beside one sample's tables.  On the GPU plan
+    # no smaller cap: every chunk is one more round of kernel launches (tieredImageNet-H at B = 40,737
+    # took 49 rounds of the masses' gathers under the CPU's cap).
+    quarter = plan.budget // 4
+    return quarter if plan.gpu else min(quarter, _CHUNK_MAX)
 
 
 def _depth_prefix(post) -> torch.Tensor:
@@ -938,7 +945,7 @@ def _topk_masses(ct):
     dl = depth_listed(h, ct.values, ct.indices, ct.listed.rate, ct.prior)
     wprefix = completion_prefix(h, ct.prior)
     # A quarter of the budget, as the dense decoder's masses: the temporaries sit beside a row's tables.
-    budget = min(resolve_plan(h, ct.values.device).budget // 4, _CHUNK_MAX)
+    budget = _chunk_budget(resolve_plan(h, ct.values.device))
     eps = torch.finfo(torch.float64).eps
     mass_abs = 4 * eps * (ct.k + 2)
     if ct.prior is not None and ct.batch_size:
