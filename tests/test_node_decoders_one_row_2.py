@@ -1,0 +1,158 @@
+"""Node decoders at one row, round two: the one-row shortcuts compute the batch path's bits, so a row's
+decision never depends on the batch it came in (both trees, both plans, float32 and float64, every row
+of a batch decoded on its own); and what each shortcut spares a one-row call (operators dispatched)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import hdecode_torch as hd
+from hdecode_torch.core.posterior import Posterior
+from hdecode_torch.kernels import fused as F
+from hdecode_torch.kernels.fused.path_score_best import path_score_best_torch
+from hdecode_torch.kernels.selection import preference_order
+from hdecode_torch.kernels.tree_sums import tree_ranges
+from hdecode_torch.metrics import lca_height as lca_module
+from harness import batch, bundled, model_like, random_trees
+from test_fused_decoders import dyadic_rows, numpy_best
+from test_one_row import _Ops
+from testing import PLANS
+
+TREES = ["tieredimagenet-h", "inat19"]
+DTYPES = [torch.float32, torch.float64]
+
+
+def _rows(h, dtype, seed=0, count=48):
+    """Model-like rows and rows with exact ties (uniform, one-hot, dyadic), in ``dtype``."""
+    rng = np.random.default_rng(seed)
+    kinds = ["peaked", "diffuse", "confused", "shallow"]
+    like = np.concatenate([model_like(rng, h, count // 8, kind) for kind in kinds])
+    tied = batch(rng, count // 2, h.num_leaves, kinds=("uniform", "onehot", "dyadic", "sparse"))
+    return torch.as_tensor(np.concatenate([like, tied]), dtype=dtype)
+
+
+def _each_row(metric, p):
+    return torch.cat([metric.decode(p[b:b + 1]) for b in range(p.shape[0])])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("plan", PLANS)
+@pytest.mark.parametrize("tree", TREES)
+def test_lca_height_one_row_decides_as_its_batch(tree, plan, dtype):
+    """Every row of a batch decoded alone (the CPU plan's one-row shortcut) gets its batch decision."""
+    h, _ = bundled(tree)
+    p = _rows(h, dtype)
+    metric = hd.get_metric("lca_height", h)
+    with hd.plan_for(plan):
+        assert torch.equal(_each_row(metric, p), metric.decode(p))
+        assert torch.equal(metric.decode(p[0]), metric.decode(p[:1])[0])  # unbatched: the same row
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tree", TREES)
+def test_lca_height_one_row_sums_are_the_per_level_bits(tree, dtype):
+    """The shortcut's leaf scores are the per-level split sums bit for bit (not merely the same argmin)."""
+    h, _ = bundled(tree)
+    p = _rows(h, dtype, seed=1, count=16)
+    leaves = preference_order(h, h.num_leaves)
+    with hd.plan_for("cpu"):
+        table = lca_module.split_sums(Posterior(h, p))[: h.num_leaves].index_select(0, leaves)
+        for b in range(p.shape[0]):
+            post = Posterior(h, p[b:b + 1])
+            assert lca_module._one_row(post)
+            src, dst, alpha, order, parents = lca_module._one_row_tables(h, dtype)
+            v = post.node.view(-1).index_select(0, h.parent_or_root).sub_(post.node.view(-1)).mul_(alpha)
+            s = torch.full_like(v, -0.0).index_add_(0, dst, v.index_select(0, src))
+            got = v.index_select(0, order).add_(s.index_select(0, parents))
+            assert torch.equal(got, table[:, b]) and torch.equal(torch.signbit(got), torch.signbit(table[:, b]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_lca_height_one_row_on_random_trees(dtype):
+    """Unbalanced trees with single-child chains, depth 1 and up: each row alone decides as its batch,
+    on the CPU plan (the shortcut) and with the shortcut turned off (the per-level sums)."""
+    rng = np.random.default_rng(7)
+    for h, _ in random_trees(3, 30, num_nodes_max=40):
+        p = torch.as_tensor(batch(rng, 12, h.num_leaves), dtype=dtype)
+        metric = hd.get_metric("lca_height", h)
+        with hd.plan_for("cpu"):
+            want = metric.decode(p)
+            assert torch.equal(_each_row(metric, p), want)
+
+
+def test_lca_height_beyond_the_bound_takes_the_per_level_sums(monkeypatch):
+    """A tree over the shortcut's bound decodes one row with the per-level sums, to the same leaf."""
+    h, _ = bundled("tieredimagenet-h")
+    p = _rows(h, torch.float32, seed=2, count=8)
+    metric = hd.get_metric("lca_height", h)
+    with hd.plan_for("cpu"):
+        fast = _each_row(metric, p)
+        monkeypatch.setattr(lca_module, "ONE_ROW_MAX_TERMS", 0)
+        assert not lca_module._one_row(Posterior(h, p[:1]))
+        assert torch.equal(_each_row(metric, p), fast)
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_lca_height_one_row_operators(tree):
+    """The CPU plan's one-row decision after the node sums: a dozen operators whatever the depth (the
+    per-level root-path sums took two a level: 32 on tieredImageNet-H, 22 on iNat19)."""
+    h, _ = bundled(tree)
+    p = _rows(h, torch.float32, count=8)[:1]
+    with hd.plan_for("cpu"):
+        post = Posterior(h, p)
+        post.node
+        lca_module.lca_height_decode(post)
+        with _Ops() as seen:
+            lca_module.lca_height_decode(post)
+    assert len(seen.ops) <= 12, seen.ops
+
+
+def _definition(h, x, alpha, beta, euler_src, sign, at, gamma, delta) -> np.ndarray:
+    """(B, N) float64 ``path_score_best``'s scores as its docstring defines them: E the exclusive prefix of
+    sign·v(euler_src), S(n) = E[at[n]] (at = 0 reads E[0] = 0)."""
+    src, _, hi, lo = tree_ranges(h, "leaves")
+    c = np.concatenate([np.zeros((x.shape[0], 1)), np.cumsum(x.double().numpy()[:, src.numpy()], 1)], 1)
+    p = c[:, hi.numpy()] - c[:, lo.numpy()]
+    v = alpha.numpy() * p[:, h.parent_or_root.numpy()] + beta.numpy() * p
+    e = np.concatenate([np.zeros((x.shape[0], 1)), np.cumsum(sign.numpy() * v[:, euler_src.numpy()], 1)], 1)
+    return gamma.numpy() * e[:, at.numpy()] + delta.numpy() * p
+
+
+def test_path_score_best_reads_both_prefixes_as_defined():
+    """Library tables (every node's entry ≥ 1: the inclusive prefix read one entry earlier) and tables where
+    allowed nodes read E[0] = 0 (the zero column kept): each the definition's best node exactly (dyadic
+    rows, small integer coefficients), at one row as in the batch."""
+    rng = np.random.default_rng(11)
+    for h, _ in random_trees(12, 12, num_nodes_max=30):
+        n = h.num_nodes
+        src, _, hi, lo = tree_ranges(h, "leaves")
+        euler_src, sign, at, _ = tree_ranges(h, "path")
+        zero_at = at.clone()
+        zero_at[torch.as_tensor(rng.random(n) < 0.3)] = 0
+        parent = h.parent_or_root
+        x = dyadic_rows(rng, 6, h.num_leaves)
+        alpha, beta, gamma, delta = (torch.as_tensor(rng.integers(-2, 3, n).astype(np.float64)) for _ in range(4))
+        allowed = torch.ones(n, dtype=torch.bool)
+        rank = torch.as_tensor(rng.permutation(n))
+        for entries in (at, zero_at):
+            want = numpy_best(_definition(h, x, alpha, beta, euler_src, sign, entries, gamma, delta),
+                              allowed.numpy(), rank.numpy(), False)
+            args = (src, hi, lo, parent, alpha, beta, euler_src, sign, entries, gamma, delta, allowed, rank, False)
+            assert F.path_score_best(x, *args).tolist() == want.tolist()
+            assert [int(F.path_score_best(x[b:b + 1], *args)) for b in range(x.shape[0])] == want.tolist()
+
+
+@pytest.mark.parametrize("tree", TREES)
+def test_path_score_best_one_row_operators(tree):
+    """The torch implementation of ``hdecode::path_score_best`` on one row of the LCA height (the GPU plan on a
+    CPU): no zero column for the root-path prefix, columns read by one ``index_select`` (36 operators before)."""
+    h, _ = bundled(tree)
+    p = _rows(h, torch.float32, count=8)[:1]
+    args = lca_module._fused_args(h)
+    want = path_score_best_torch(p, *args)
+    with _Ops() as seen:
+        got = path_score_best_torch(p, *args)
+    assert torch.equal(got, want)
+    assert len(seen.ops) <= 29, seen.ops
