@@ -156,3 +156,79 @@ def test_path_score_best_one_row_operators(tree):
         got = path_score_best_torch(p, *args)
     assert torch.equal(got, want)
     assert len(seen.ops) <= 29, seen.ops
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("plan", PLANS)
+@pytest.mark.parametrize("tree", TREES)
+@pytest.mark.parametrize("name", ["wu_palmer", "zhao"])
+def test_candidates_one_row_decides_as_its_batch(name, tree, plan, dtype):
+    """The pruned candidates of one row (the CPU plan's Wu-Palmer on tieredImageNet-H): listed in preference
+    order, scored on their own pattern, the first best: every row alone gets its batch decision."""
+    h, _ = bundled(tree)
+    p = _rows(h, dtype, seed=3)
+    metric = hd.get_metric(name, h, strategy="candidates")
+    with hd.plan_for(plan):
+        assert torch.equal(_each_row(metric, p), metric.decode(p))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ["wu_palmer", "zhao"])
+def test_candidates_one_row_on_random_trees(name, dtype):
+    """Unbalanced random trees with chains (exact ties among a chain's nodes): the one-row candidates decide as
+    the batch's, on the CPU plan."""
+    rng = np.random.default_rng(5)
+    for h, _ in random_trees(4, 25, num_nodes_max=40):
+        if h.num_leaves < 2:
+            continue
+        p = torch.as_tensor(batch(rng, 12, h.num_leaves), dtype=dtype)
+        metric = hd.get_metric(name, h, strategy="candidates")
+        with hd.plan_for("cpu"):
+            assert torch.equal(_each_row(metric, p), metric.decode(p))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_candidate_mask_one_row_is_the_blocks_mask(dtype):
+    """One sample's paired comparison keeps exactly the nodes the blocked tests keep, row by row."""
+    from hdecode_torch.kernels import candidates as C
+
+    h, _ = bundled("tieredimagenet-h")
+    stats = hd.get_metric("wu_palmer", h).dense_pruning(h)
+    p = _rows(h, dtype, seed=4, count=16)
+    with hd.plan_for("cpu"):
+        node = Posterior(h, p).node
+        whole = C.candidate_mask(h, node, stats)
+        for b in range(p.shape[0]):
+            one = C.candidate_mask(h, node[:, b:b + 1].contiguous(), stats)
+            assert torch.equal(one, whole[:, b:b + 1])
+
+
+def test_sampled_rows_are_the_sampled_products():
+    """Candidates' values scored on their own (M, 1) pattern, in any order, are the (N, 1) pattern's bits."""
+    from hdecode_torch.kernels.candidates import sampled_products, sampled_rows
+
+    h, _ = bundled("tieredimagenet-h")
+    metric = hd.get_metric("wu_palmer", h)
+    rng = np.random.default_rng(6)
+    for dtype in DTYPES:
+        cost = metric.similarity_matrix(h, dtype)
+        p = _rows(h, dtype, seed=6, count=8)
+        for b in range(p.shape[0]):
+            node = torch.as_tensor(np.sort(rng.choice(h.num_nodes, 40, replace=False)))
+            want = sampled_products(cost, p[b:b + 1], node, torch.zeros_like(node))
+            shuffled = torch.as_tensor(rng.permutation(40))
+            got = sampled_rows(cost, p[b:b + 1], node.index_select(0, shuffled))
+            assert torch.equal(got, want.index_select(0, shuffled))
+
+
+def test_wu_palmer_one_row_operators():
+    """Wu-Palmer's one-row candidates on tieredImageNet-H (the CPU plan): the paired comparison, the list in
+    preference order, its first best (74 operators a validated call before)."""
+    h, _ = bundled("tieredimagenet-h")
+    p = _rows(h, torch.float32, count=8)[:1]
+    metric = hd.get_metric("wu_palmer", h)
+    with hd.plan_for("cpu"):
+        metric.decode(p)
+        with _Ops() as seen:
+            metric.decode(p)
+    assert len(seen.ops) <= 67, seen.ops

@@ -27,7 +27,8 @@ from ..core.chunking import CPU_BLOCK_BYTES, chunk_ranges
 from ..core.params import Param
 from ..core.plan import get_memory_budget
 from ..kernels.ancestry import leaf_lca
-from ..kernels.candidates import PruningStatistics, candidate_mask, pruning_statistics, sampled_products
+from ..kernels.candidates import (PruningStatistics, candidate_mask, pruning_statistics, sampled_products,
+                                 sampled_rows)
 from ..kernels.selection import argbest, argbest_pairs, preference_order
 from ..kernels.tree_sums import level_pairs
 from .base import NodeMetric
@@ -247,6 +248,8 @@ class StrategyNodeMetric(NodeMetric):
             return argbest(h, table, self.higher_is_better)
         if self._dense_fits(h):
             # The dense matrix fits: exact statistics, and the candidates' values are sampled products.
+            if post.batch_size == 1 and post.device.type == "cpu" and not torch.compiler.is_compiling():
+                return self._decode_candidates_one_row(post)
             node, sample = candidate_mask(h, post.node, self.dense_pruning(h)).nonzero().unbind(1)
             values = sampled_products(self.similarity_matrix(h, post.dtype), post.probs, node, sample)
         else:
@@ -258,6 +261,23 @@ class StrategyNodeMetric(NodeMetric):
             else:
                 values = torch.cat([self.pair_values(post, node[a:b], sample[a:b]) for a, b in blocks])
         return argbest_pairs(h, values, sample, node, post.batch_size, self.higher_is_better)
+
+    def _decode_candidates_one_row(self, post) -> torch.Tensor:
+        """The dense-statistics candidates of one sample on a CPU, deciding as :func:`argbest_pairs` does:
+        the candidates listed in preference order (:func:`preference_order`), each one's sampled product
+        (:func:`sampled_rows`: the same bits as :func:`sampled_products`'), and the first best of the list,
+        the root where that is NaN (as the scatter's maximum propagates it).  Four operators fewer than
+        the batch path's pairs and scatters (one sample's cost is per operator)."""
+        h = post.h
+        keep = candidate_mask(h, post.node, self.dense_pruning(h)).reshape(-1)
+        order = preference_order(h, h.num_nodes)
+        node = order.masked_select(keep.index_select(0, order))
+        if node.numel() == 0:  # every node dropped (not for a distribution): no best, the root
+            return torch.full((1,), h.root, dtype=torch.long, device=node.device)
+        values = sampled_rows(self.similarity_matrix(h, post.dtype), post.probs, node)
+        first = values.argmax(0, keepdim=True) if self.higher_is_better else values.argmin(0, keepdim=True)
+        best = values.index_select(0, first)
+        return torch.where(best == best, node.index_select(0, first), h.root)
 
     def ordered_table(self, post) -> torch.Tensor | None:
         """(N, B) :meth:`expected_table`'s values, bit for bit, its rows the nodes in
