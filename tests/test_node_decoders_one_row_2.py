@@ -14,7 +14,7 @@ from hdecode_torch.kernels import fused as F
 from hdecode_torch.kernels.fused.path_score_best import path_score_best_torch
 from hdecode_torch.kernels.selection import preference_order
 from hdecode_torch.kernels.tree_sums import tree_ranges
-from hdecode_torch.metrics import lca_height as lca_module
+from hdecode_torch.metrics import lca_height as lca_module, strategies, zhao as zhao_module
 from harness import batch, bundled, model_like, random_trees
 from test_fused_decoders import dyadic_rows, numpy_best
 from test_one_row import _Ops
@@ -61,10 +61,10 @@ def test_lca_height_one_row_sums_are_the_per_level_bits(tree, dtype):
         table = lca_module.split_sums(Posterior(h, p))[: h.num_leaves].index_select(0, leaves)
         for b in range(p.shape[0]):
             post = Posterior(h, p[b:b + 1])
-            assert lca_module._one_row(post)
-            src, dst, alpha, order, parents = lca_module._one_row_tables(h, dtype)
+            assert strategies.one_row_path_sums(post)
+            alpha, order, parents = lca_module._one_row_tables(h, dtype)
             v = post.node.view(-1).index_select(0, h.parent_or_root).sub_(post.node.view(-1)).mul_(alpha)
-            s = torch.full_like(v, -0.0).index_add_(0, dst, v.index_select(0, src))
+            s = strategies.internal_path_sums_one_row(h, v)
             got = v.index_select(0, order).add_(s.index_select(0, parents))
             assert torch.equal(got, table[:, b]) and torch.equal(torch.signbit(got), torch.signbit(table[:, b]))
 
@@ -89,8 +89,8 @@ def test_lca_height_beyond_the_bound_takes_the_per_level_sums(monkeypatch):
     metric = hd.get_metric("lca_height", h)
     with hd.plan_for("cpu"):
         fast = _each_row(metric, p)
-        monkeypatch.setattr(lca_module, "ONE_ROW_MAX_TERMS", 0)
-        assert not lca_module._one_row(Posterior(h, p[:1]))
+        monkeypatch.setattr(strategies, "ONE_ROW_MAX_TERMS", 0)
+        assert not strategies.one_row_path_sums(Posterior(h, p[:1]))
         assert torch.equal(_each_row(metric, p), fast)
 
 
@@ -232,3 +232,43 @@ def test_wu_palmer_one_row_operators():
         with _Ops() as seen:
             metric.decode(p)
     assert len(seen.ops) <= 67, seen.ops
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("plan", PLANS)
+@pytest.mark.parametrize("tree", TREES)
+def test_zhao_one_row_decides_as_its_batch(tree, plan, dtype):
+    """Zhao's structural table of one row (the internal nodes' sums at once on tieredImageNet-H's CPU plan,
+    per level on iNat19's): every row alone gets its batch decision."""
+    h, _ = bundled(tree)
+    p = _rows(h, dtype, seed=8)
+    metric = hd.get_metric("zhao", h)
+    with hd.plan_for(plan):
+        assert torch.equal(_each_row(metric, p), metric.decode(p))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_zhao_one_row_table_is_the_per_level_bits(dtype):
+    """The one-row table is the batch table's column bit for bit, on tieredImageNet-H (deep enough)."""
+    h, _ = bundled("tieredimagenet-h")
+    assert h.max_depth >= zhao_module.ONE_ROW_MIN_DEPTH
+    p = _rows(h, dtype, seed=9, count=16)
+    with hd.plan_for("cpu"):
+        table = zhao_module.zhao_ordered_table(Posterior(h, p))
+        for b in range(p.shape[0]):
+            got = zhao_module.zhao_ordered_table(Posterior(h, p[b:b + 1]))
+            assert torch.equal(got, table[:, b:b + 1]) and torch.equal(got.signbit(), table[:, b:b + 1].signbit())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_zhao_one_row_on_random_trees(monkeypatch, dtype):
+    """Unbalanced random trees with chains, the shortcut taken at every depth: each row decides as its batch."""
+    monkeypatch.setattr(zhao_module, "ONE_ROW_MIN_DEPTH", 1)
+    rng = np.random.default_rng(10)
+    for h, _ in random_trees(13, 25, num_nodes_max=40):
+        if h.num_leaves < 2:
+            continue
+        p = torch.as_tensor(batch(rng, 12, h.num_leaves), dtype=dtype)
+        metric = hd.get_metric("zhao", h, strategy="structural")
+        with hd.plan_for("cpu"):
+            assert torch.equal(_each_row(metric, p), metric.decode(p))

@@ -22,6 +22,7 @@ from ..kernels.selection import argbest, preference_order, tie_rank
 from ..kernels.support import lca_height_candidates, least_lca_height_of, support_least_lca_height
 from ..kernels.tree_sums import tree_ranges
 from .base import NodeMetric
+from .strategies import internal_path_sums_one_row, one_row_path_sums
 
 __all__ = ["LCAHeight", "lca_height_values", "lca_height_table", "lca_height_decode", "lca_height_decode_fused",
            "split_sums"]
@@ -49,58 +50,31 @@ def lca_height_table(post) -> torch.Tensor:
 def lca_height_decode(post) -> torch.Tensor:
     """(B,) int64 the leaf of least expected LCA height (height(leaf) = 0, so the split sums suffice)."""
     h = post.h
-    if _one_row(post):
+    if one_row_path_sums(post):
         return _decode_one_row(post)
     return argbest(h, split_sums(post)[: h.num_leaves], higher_is_better=False)
 
 
-#: Most root-path terms of internal nodes (Σ (d(n) + 1) over them) of a tree whose one-row decoder adds
-#: them in one operator (:func:`_decode_one_row`), and most entries of the ancestors-by-depth table it
-#: reads them from; beyond, the per-level sums, which read each node once.
-ONE_ROW_MAX_TERMS = 2**16
-ONE_ROW_MAX_ANCESTORS = 2**22
-
-
-def _one_row(post) -> bool:
-    """Whether ``post`` is one row on a CPU that the CPU plan sums per level (``"levels"``, torch backend,
-    not traced), on a tree of depth ≥ 1 within ``ONE_ROW_MAX_TERMS`` and ``ONE_ROW_MAX_ANCESTORS``."""
-    h = post.h
-    return (post.batch_size == 1 and post.device.type == "cpu" and post.plan.tree_sums == "levels"
-            and post.plan.backend == "torch" and h.max_depth >= 1 and not torch.compiler.is_compiling()
-            and h.num_nodes * (h.max_depth + 1) <= ONE_ROW_MAX_ANCESTORS
-            and h.cached("internal_path_terms", lambda: int(h.depth[h.num_leaves:].sum()) + h.num_nodes
-                         - h.num_leaves) <= ONE_ROW_MAX_TERMS)
-
-
 def _one_row_tables(h, dtype):
-    """``(src, dst, alpha, leaves, leaf_parents)`` of :func:`_decode_one_row` (cached): for every depth d,
-    root side first, and every internal node n at depth ≥ d, its ancestor at depth d (``src``) and n
-    (``dst``); height(parent(n)) in ``dtype``; the leaves in :func:`preference_order` and their parents."""
+    """``(alpha, leaves, leaf_parents)`` of :func:`_decode_one_row` (cached): height(parent(n)) in ``dtype``,
+    the leaves in :func:`preference_order` and their parents."""
     def build():
-        anc = h.ancestors.to(h.device)[h.num_leaves:].t()  # (D + 1, N − L), N past a node's depth
-        depth, col = (anc < h.num_nodes).nonzero().unbind(1)  # depth-major: each node's terms root first
         leaves = preference_order(h, h.num_leaves)
-        return (anc[depth, col], col + h.num_leaves, h.height.to(dtype).index_select(0, h.parent_or_root),
-                leaves, h.parent_or_root.index_select(0, leaves))
+        return (h.height.to(dtype).index_select(0, h.parent_or_root), leaves,
+                h.parent_or_root.index_select(0, leaves))
     return h.cached(("lca_height_one_row", dtype), build)
 
 
 def _decode_one_row(post) -> torch.Tensor:
     """:func:`lca_height_decode` of one row on the CPU plan, the same bits in a dozen operators instead of
-    two a tree level.
-
-    The per-level root-path sums set S(root) = v(root), then S(n) = v(n) + S(parent(n)) level after level:
-    along n's root path, root first, each partial sum plus the next term, rounded in v's dtype.  One
-    ``index_add_`` of every internal node's root-path terms, depth-major, makes those additions in that
-    order (it adds the entries of one call in index order) onto −0.0, which adds nothing to the first
-    term (+0.0 would turn a −0.0 into +0.0); then every leaf's v(l) + S(parent(l)) at once, in
-    :func:`argbest`'s preference order, whose first least entry is its choice.  O(Σ_{n internal}
-    (d(n) + 1) + N)."""
+    two a tree level: the internal nodes' root-path sums of :func:`~.strategies.internal_path_sums_one_row`,
+    then every leaf's v(l) + S(parent(l)) at once (the per-level sums' last addition), in :func:`argbest`'s
+    preference order, whose first least entry is its choice.  O(Σ_{n internal} (d(n) + 1) + N)."""
     h = post.h
-    src, dst, alpha, leaves, leaf_parents = _one_row_tables(h, post.dtype)
+    alpha, leaves, leaf_parents = _one_row_tables(h, post.dtype)
     p = post.node.view(-1)
     v = p.index_select(0, h.parent_or_root).sub_(p).mul_(alpha)  # split_sums' terms, bit for bit
-    s = torch.full_like(v, -0.0).index_add_(0, dst, v.index_select(0, src))
+    s = internal_path_sums_one_row(h, v)
     s = v.index_select(0, leaves).add_(s.index_select(0, leaf_parents))
     return leaves.index_select(0, s.argmin(0, keepdim=True))
 

@@ -33,7 +33,8 @@ from ..kernels.selection import argbest, argbest_pairs, preference_order
 from ..kernels.tree_sums import level_pairs
 from .base import NodeMetric
 
-__all__ = ["StrategyNodeMetric", "dense_fits", "DENSE_MAX_ENTRIES", "preference_layout", "ordered_path_sum_"]
+__all__ = ["StrategyNodeMetric", "dense_fits", "DENSE_MAX_ENTRIES", "preference_layout", "ordered_path_sum_",
+           "one_row_path_sums", "internal_path_sums_one_row", "ONE_ROW_MAX_TERMS", "ONE_ROW_MAX_ANCESTORS"]
 
 #: The dense (N, L) matrix is used while it has at most this many entries (16 MB in float64).
 DENSE_MAX_ENTRIES = 2_000_000
@@ -105,6 +106,50 @@ def ordered_path_sum_(h, table: torch.Tensor, include_root: bool = True) -> torc
         else:
             rows[span].add_(rows.index_select(0, parents))
     return table
+
+
+#: Most root-path terms of internal nodes (Σ (d(n) + 1) over them) of a tree whose one-row root-path sums
+#: :func:`internal_path_sums_one_row` adds in one operator, and most entries of the ancestors-by-depth table
+#: it reads them from; beyond, the per-level sums, which read each node once.
+ONE_ROW_MAX_TERMS = 2**16
+ONE_ROW_MAX_ANCESTORS = 2**22
+
+
+def one_row_path_sums(post) -> bool:
+    """Whether ``post`` is one row on a CPU that the CPU plan sums per level (``"levels"``, torch backend,
+    not traced), on a tree of depth ≥ 1 within ``ONE_ROW_MAX_TERMS`` and ``ONE_ROW_MAX_ANCESTORS``: where
+    :func:`internal_path_sums_one_row` gives the per-level root-path sums' bits."""
+    h = post.h
+    return (post.batch_size == 1 and post.device.type == "cpu" and post.plan.tree_sums == "levels"
+            and post.plan.backend == "torch" and h.max_depth >= 1 and not torch.compiler.is_compiling()
+            and h.num_nodes * (h.max_depth + 1) <= ONE_ROW_MAX_ANCESTORS
+            and h.cached("internal_path_terms", lambda: int(h.depth[h.num_leaves:].sum()) + h.num_nodes
+                         - h.num_leaves) <= ONE_ROW_MAX_TERMS)
+
+
+def _internal_path_terms(h) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(src, dst)`` (M,) int64 (cached): for every depth d, root side first, and every internal node n at
+    depth ≥ d, its ancestor at depth d and n."""
+    def build():
+        anc = h.ancestors.to(h.device)[h.num_leaves:].t()  # (D + 1, N − L), N past a node's depth
+        depth, col = (anc < h.num_nodes).nonzero().unbind(1)  # depth-major: each node's terms root first
+        return anc[depth, col], col + h.num_leaves
+    return h.cached("internal_path_terms_one_row", build)
+
+
+def internal_path_sums_one_row(h, v: torch.Tensor) -> torch.Tensor:
+    """(N,) ``S(n) = Σ_{a ∈ A(n)} v[a]`` of one row's node values v (N,) at the internal nodes, bit for bit
+    the per-level root-path sums (``kernels.tree_sums.path_sum``, :func:`ordered_path_sum_`); the leaves'
+    entries (ids < L) are 0 (−0.0), theirs to complete: S(l) = v[l] + S(parent(l)).
+
+    The per-level sums set S(root) = v[root], then S(n) = v[n] + S(parent(n)) level after level: along n's
+    root path, root first, each partial sum plus the next term, rounded in v's dtype.  One ``index_add_``
+    of every internal node's root-path terms, depth-major, makes those additions in that order (it adds
+    the entries of one call in index order) onto −0.0, which adds nothing to the first term (+0.0 would
+    turn a −0.0 into +0.0).  Three operators instead of two a tree level, O(Σ_{n internal} (d(n) + 1)).
+    """
+    src, dst = _internal_path_terms(h)
+    return torch.full_like(v, -0.0).index_add_(0, dst, v.index_select(0, src))
 
 
 def dense_fits(h, max_entries: int | None = None) -> bool:
