@@ -272,3 +272,20 @@ def test_zhao_one_row_on_random_trees(monkeypatch, dtype):
         metric = hd.get_metric("zhao", h, strategy="structural")
         with hd.plan_for("cpu"):
             assert torch.equal(_each_row(metric, p), metric.decode(p))
+
+
+@pytest.mark.parametrize("name", ["lca_height", "zhao", "wu_palmer"])
+def test_one_row_chunk_of_a_shared_posterior(name):
+    """A one-row chunk of a Posterior whose node sums were computed for the whole batch (a strided column)
+    takes the one-row paths and decides as the batch."""
+    h, _ = bundled("tieredimagenet-h")
+    p = _rows(h, torch.float32, seed=12, count=8)
+    metric = hd.get_metric(name, h)
+    with hd.plan_for("cpu"):
+        post = Posterior(h, p)
+        post.node
+        want = metric.decode(p)
+        for b in range(p.shape[0]):
+            chunk = post.chunk(b, b + 1)
+            assert chunk.node.stride(0) == p.shape[0]  # a column of the batch's table
+            assert torch.equal(metric._decode_default(chunk), want[b:b + 1])

@@ -72,7 +72,7 @@ def _decode_one_row(post) -> torch.Tensor:
     preference order, whose first least entry is its choice.  O(Σ_{n internal} (d(n) + 1) + N)."""
     h = post.h
     alpha, leaves, leaf_parents = _one_row_tables(h, post.dtype)
-    p = post.node.view(-1)
+    p = post.node.reshape(-1)  # a view, or a copy of a shared batch's strided column
     v = p.index_select(0, h.parent_or_root).sub_(p).mul_(alpha)  # split_sums' terms, bit for bit
     s = internal_path_sums_one_row(h, v)
     s = v.index_select(0, leaves).add_(s.index_select(0, leaf_parents))

@@ -91,7 +91,7 @@ def zhao_ordered_table(post) -> torch.Tensor:
     if h.max_depth >= ONE_ROW_MIN_DEPTH and one_row_path_sums(post):
         # one row: the internal nodes' sums in three operators, the leaves' last addition at once (the same bits)
         node_gain = h.cached(("zhao_gain", post.dtype), lambda: information_gain(h).to(post.dtype))
-        v = post.node.view(-1) * node_gain
+        v = post.node.reshape(-1) * node_gain
         s = internal_path_sums_one_row(h, v)
         j = h.num_leaves
         torch.add(v[:j], s.index_select(0, h.parent[:j]), out=s[:j])

@@ -163,8 +163,8 @@ def path_score_best_torch(x: torch.Tensor, src: torch.Tensor, hi: torch.Tensor, 
 
 def _columns(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``t[:, index]`` of a (B, M) table: one ``index_select`` at one row (one operator, where the gather
-    of an expanded index is two), a gather beyond (``index_select`` along rows took 1.6-2.8× as long at
-    B = 256-4,000 on a CPU).  The same entries either way."""
+    of an expanded index is two), a gather beyond (the CPU's ``index_select`` along the columns of many rows
+    is the slower kernel).  The same entries either way."""
     if t.shape[0] == 1:
         return t.index_select(1, index)
     return torch.gather(t, 1, index.expand(t.shape[0], -1))
