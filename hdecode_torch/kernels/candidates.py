@@ -27,8 +27,8 @@ import torch
 
 from .ancestry import top_ancestor
 
-__all__ = ["PruningStatistics", "pruning_statistics", "candidate_mask", "sampled_products", "candidate_pairs",
-           "pack_candidates", "pack_rows", "depth_rank", "depth_order"]
+__all__ = ["PruningStatistics", "pruning_statistics", "candidate_mask", "sampled_products", "sampled_rows",
+           "candidate_pairs", "pack_candidates", "pack_rows", "depth_rank", "depth_order"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,21 @@ class PruningStatistics:
             down = lambda t: (t - eps * t.abs()).to(dtype)[:, None]  # noqa: E731
             self._factors[dtype] = (up(self.M_in), down(self.m_out), down(self.m_in), up(self.M_out))
         return self._factors[dtype]
+
+    def paired_factors(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(F, T, G, U)``, each (N, 2) in ``dtype`` (cached per dtype): :meth:`slack_factors` paired so that one
+        comparison ``F·p + T < G·r + U`` makes both of :func:`candidate_mask`'s tests, column 0 "n surely
+        worse than its parent" and column 1 "n surely better" negated (F = [up(M_in), −down(m_in)], T =
+        [ε², 0], G = [down(m_out), −up(M_out)], U = [0, −ε²]).  Negation is exact and rounding symmetric,
+        so −(a·p) and −(b·r + ε²) are the bits of the negated terms, and +0 changes no comparison."""
+        key = ("paired", dtype)
+        if key not in self._factors:
+            up_in, down_out, down_in, up_out = self.slack_factors(dtype)
+            eps = 16 * torch.finfo(dtype).eps
+            zero = torch.zeros_like(up_in)
+            self._factors[key] = (torch.cat([up_in, -down_in], 1), torch.cat([zero + eps * eps, zero], 1),
+                                  torch.cat([down_out, -up_out], 1), torch.cat([zero, zero - eps * eps], 1))
+        return self._factors[key]
 
     def to(self, device):
         f = lambda t: t.to(device)  # noqa: E731
@@ -108,6 +123,8 @@ def candidate_mask(h, p: torch.Tensor, stats: PruningStatistics) -> torch.Tensor
     """
     dt = p.dtype
     n, b = p.shape
+    if b == 1 and stats.root_form and not torch.compiler.is_compiling() and p.device.type == "cpu":
+        return _candidate_mask_one_row(h, p, stats)
     # a < b − ε(|a| + |b| + ε) with a = M_in p, b = m_out r (p, r ≥ 0) is
     # (M_in + ε|M_in|) p + ε² < (m_out − ε|m_out|) r: the slack folds into per-node factors (N,).
     eps = 16 * torch.finfo(dt).eps
@@ -146,6 +163,19 @@ def candidate_mask(h, p: torch.Tensor, stats: PruningStatistics) -> torch.Tensor
     else:
         drop |= torch.zeros_like(p).index_add_(0, par, beats.index_select(0, child).to(dt)) > 0
     return drop.logical_not_()
+
+
+def _candidate_mask_one_row(h, p: torch.Tensor, stats: PruningStatistics) -> torch.Tensor:
+    """:func:`candidate_mask` of one sample (root form): both tests as one (N, 2) comparison of paired factors
+    (:meth:`PruningStatistics.paired_factors`), the same products, sums and comparisons entry by entry,
+    so the same mask in three operators fewer (one sample's cost is per operator)."""
+    f, t, g, u = stats.paired_factors(p.dtype)
+    rest = torch.index_select(p, 0, stats.top).sub_(p).clamp_(min=0)
+    tests = torch.lt(torch.mul(f, p).add_(t), torch.mul(g, rest).add_(u))  # (N, 2): drop, beats
+    drop = tests.select(1, 0)
+    child, par = _nonroot_pairs(h)
+    drop.index_put_((par,), tests.select(1, 1).index_select(0, child), accumulate=True)
+    return drop.logical_not_()[:, None]
 
 
 def _whole(t: torch.Tensor) -> torch.Tensor:
@@ -197,6 +227,38 @@ def _sampled_products(cost, probs, node, sample):
         # probs.t() as a view: reading it column by column is faster than a contiguous copy.
         out = torch.sparse.sampled_addmm(pattern, cost, probs.t(), beta=0.0)
     return out.values().clone()  # a plain tensor, not a view of a sparse one (which Dynamo cannot wrap)
+
+
+def sampled_rows(cost: torch.Tensor, probs: torch.Tensor, node: torch.Tensor) -> torch.Tensor:
+    """``cost[node[i]] · probs[0]`` for every i, the bits of :func:`sampled_products` for one sample with its
+    nodes in any order.
+
+    cost: (N, L) float; probs: (1, L) same dtype; node: (M,) int64, M ≥ 1.  Returns (M,).  The sampled
+    product of the candidates' rows on an (M, 1) pattern with one entry per row: its CPU kernel reduces
+    each entry as the same vectorized dot of a cost row and the probabilities, whatever the row's place
+    in the pattern, so the values are those of the (N, 1) pattern of the node ids, without its counts
+    (``bincount``, ``cumsum``) or their order.
+    """
+    if torch.compiler.is_compiling():
+        return _eager_sampled_rows()(cost, probs, node)
+    return _sampled_rows(cost, probs, node)
+
+
+def _eager_sampled_rows():
+    if "rows" not in _EAGER:
+        _EAGER["rows"] = torch.compiler.disable(_sampled_rows)
+    return _EAGER["rows"]
+
+
+def _sampled_rows(cost, probs, node):
+    m = node.numel()
+    crow = torch.arange(m + 1, device=node.device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "sparse CSR support is in beta": this use is tested
+        pattern = torch.sparse_csr_tensor(crow, torch.zeros_like(node), cost.new_zeros(m), size=(m, 1),
+                                          check_invariants=False)
+        out = torch.sparse.sampled_addmm(pattern, cost.index_select(0, node), probs.t(), beta=0.0)
+    return out.values().clone()
 
 
 def depth_order(h) -> torch.Tensor:

@@ -18,10 +18,11 @@ from ..core.chunking import CPU_BLOCK_BYTES
 from ..kernels.ancestry import lca
 from ..kernels.certificate import certify_least_lca_height
 from ..kernels.fused import path_score_best, trust_indices
-from ..kernels.selection import argbest, tie_rank
+from ..kernels.selection import argbest, preference_order, tie_rank
 from ..kernels.support import lca_height_candidates, least_lca_height_of, support_least_lca_height
 from ..kernels.tree_sums import tree_ranges
 from .base import NodeMetric
+from .strategies import internal_path_sums_one_row, one_row_path_sums
 
 __all__ = ["LCAHeight", "lca_height_values", "lca_height_table", "lca_height_decode", "lca_height_decode_fused",
            "split_sums"]
@@ -49,7 +50,33 @@ def lca_height_table(post) -> torch.Tensor:
 def lca_height_decode(post) -> torch.Tensor:
     """(B,) int64 the leaf of least expected LCA height (height(leaf) = 0, so the split sums suffice)."""
     h = post.h
+    if one_row_path_sums(post):
+        return _decode_one_row(post)
     return argbest(h, split_sums(post)[: h.num_leaves], higher_is_better=False)
+
+
+def _one_row_tables(h, dtype):
+    """``(alpha, leaves, leaf_parents)`` of :func:`_decode_one_row` (cached): height(parent(n)) in ``dtype``,
+    the leaves in :func:`preference_order` and their parents."""
+    def build():
+        leaves = preference_order(h, h.num_leaves)
+        return (h.height.to(dtype).index_select(0, h.parent_or_root), leaves,
+                h.parent_or_root.index_select(0, leaves))
+    return h.cached(("lca_height_one_row", dtype), build)
+
+
+def _decode_one_row(post) -> torch.Tensor:
+    """:func:`lca_height_decode` of one row on the CPU plan, the same bits in a dozen operators instead of
+    two a tree level: the internal nodes' root-path sums of :func:`~.strategies.internal_path_sums_one_row`,
+    then every leaf's v(l) + S(parent(l)) at once (the per-level sums' last addition), in :func:`argbest`'s
+    preference order, whose first least entry is its choice.  O(Σ_{n internal} (d(n) + 1) + N)."""
+    h = post.h
+    alpha, leaves, leaf_parents = _one_row_tables(h, post.dtype)
+    p = post.node.reshape(-1)  # a view, or a copy of a shared batch's strided column
+    v = p.index_select(0, h.parent_or_root).sub_(p).mul_(alpha)  # split_sums' terms, bit for bit
+    s = internal_path_sums_one_row(h, v)
+    s = v.index_select(0, leaves).add_(s.index_select(0, leaf_parents))
+    return leaves.index_select(0, s.argmin(0, keepdim=True))
 
 
 def lca_height_decode_fused(post) -> torch.Tensor:

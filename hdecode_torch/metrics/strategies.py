@@ -27,12 +27,14 @@ from ..core.chunking import CPU_BLOCK_BYTES, chunk_ranges
 from ..core.params import Param
 from ..core.plan import get_memory_budget
 from ..kernels.ancestry import leaf_lca
-from ..kernels.candidates import PruningStatistics, candidate_mask, pruning_statistics, sampled_products
+from ..kernels.candidates import (PruningStatistics, candidate_mask, pruning_statistics, sampled_products,
+                                 sampled_rows)
 from ..kernels.selection import argbest, argbest_pairs, preference_order
 from ..kernels.tree_sums import level_pairs
 from .base import NodeMetric
 
-__all__ = ["StrategyNodeMetric", "dense_fits", "DENSE_MAX_ENTRIES", "preference_layout", "ordered_path_sum_"]
+__all__ = ["StrategyNodeMetric", "dense_fits", "DENSE_MAX_ENTRIES", "preference_layout", "ordered_path_sum_",
+           "one_row_path_sums", "internal_path_sums_one_row", "ONE_ROW_MAX_TERMS", "ONE_ROW_MAX_ANCESTORS"]
 
 #: The dense (N, L) matrix is used while it has at most this many entries (16 MB in float64).
 DENSE_MAX_ENTRIES = 2_000_000
@@ -104,6 +106,50 @@ def ordered_path_sum_(h, table: torch.Tensor, include_root: bool = True) -> torc
         else:
             rows[span].add_(rows.index_select(0, parents))
     return table
+
+
+#: Most root-path terms of internal nodes (Σ (d(n) + 1) over them) of a tree whose one-row root-path sums
+#: :func:`internal_path_sums_one_row` adds in one operator, and most entries of the ancestors-by-depth table
+#: it reads them from; beyond, the per-level sums, which read each node once.
+ONE_ROW_MAX_TERMS = 2**16
+ONE_ROW_MAX_ANCESTORS = 2**22
+
+
+def one_row_path_sums(post) -> bool:
+    """Whether ``post`` is one row on a CPU that the CPU plan sums per level (``"levels"``, torch backend,
+    not traced), on a tree of depth ≥ 1 within ``ONE_ROW_MAX_TERMS`` and ``ONE_ROW_MAX_ANCESTORS``: where
+    :func:`internal_path_sums_one_row` gives the per-level root-path sums' bits."""
+    h = post.h
+    return (post.batch_size == 1 and post.device.type == "cpu" and post.plan.tree_sums == "levels"
+            and post.plan.backend == "torch" and h.max_depth >= 1 and not torch.compiler.is_compiling()
+            and h.num_nodes * (h.max_depth + 1) <= ONE_ROW_MAX_ANCESTORS
+            and h.cached("internal_path_terms", lambda: int(h.depth[h.num_leaves:].sum()) + h.num_nodes
+                         - h.num_leaves) <= ONE_ROW_MAX_TERMS)
+
+
+def _internal_path_terms(h) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(src, dst)`` (M,) int64 (cached): for every depth d, root side first, and every internal node n at
+    depth ≥ d, its ancestor at depth d and n."""
+    def build():
+        anc = h.ancestors.to(h.device)[h.num_leaves:].t()  # (D + 1, N − L), N past a node's depth
+        depth, col = (anc < h.num_nodes).nonzero().unbind(1)  # depth-major: each node's terms root first
+        return anc[depth, col], col + h.num_leaves
+    return h.cached("internal_path_terms_one_row", build)
+
+
+def internal_path_sums_one_row(h, v: torch.Tensor) -> torch.Tensor:
+    """(N,) ``S(n) = Σ_{a ∈ A(n)} v[a]`` of one row's node values v (N,) at the internal nodes, bit for bit
+    the per-level root-path sums (``kernels.tree_sums.path_sum``, :func:`ordered_path_sum_`); the leaves'
+    entries (ids < L) are 0 (−0.0), theirs to complete: S(l) = v[l] + S(parent(l)).
+
+    The per-level sums set S(root) = v[root], then S(n) = v[n] + S(parent(n)) level after level: along n's
+    root path, root first, each partial sum plus the next term, rounded in v's dtype.  One ``index_add_``
+    of every internal node's root-path terms, depth-major, makes those additions in that order (it adds
+    the entries of one call in index order) onto −0.0, which adds nothing to the first term (+0.0 would
+    turn a −0.0 into +0.0).  Three operators instead of two a tree level, O(Σ_{n internal} (d(n) + 1)).
+    """
+    src, dst = _internal_path_terms(h)
+    return torch.full_like(v, -0.0).index_add_(0, dst, v.index_select(0, src))
 
 
 def dense_fits(h, max_entries: int | None = None) -> bool:
@@ -247,6 +293,8 @@ class StrategyNodeMetric(NodeMetric):
             return argbest(h, table, self.higher_is_better)
         if self._dense_fits(h):
             # The dense matrix fits: exact statistics, and the candidates' values are sampled products.
+            if post.batch_size == 1 and post.device.type == "cpu" and not torch.compiler.is_compiling():
+                return self._decode_candidates_one_row(post)
             node, sample = candidate_mask(h, post.node, self.dense_pruning(h)).nonzero().unbind(1)
             values = sampled_products(self.similarity_matrix(h, post.dtype), post.probs, node, sample)
         else:
@@ -258,6 +306,23 @@ class StrategyNodeMetric(NodeMetric):
             else:
                 values = torch.cat([self.pair_values(post, node[a:b], sample[a:b]) for a, b in blocks])
         return argbest_pairs(h, values, sample, node, post.batch_size, self.higher_is_better)
+
+    def _decode_candidates_one_row(self, post) -> torch.Tensor:
+        """The dense-statistics candidates of one sample on a CPU, deciding as :func:`argbest_pairs` does:
+        the candidates listed in preference order (:func:`preference_order`), each one's sampled product
+        (:func:`sampled_rows`: the same bits as :func:`sampled_products`'), and the first best of the list,
+        the root where that is NaN (as the scatter's maximum propagates it).  Four operators fewer than
+        the batch path's pairs and scatters (one sample's cost is per operator)."""
+        h = post.h
+        keep = candidate_mask(h, post.node, self.dense_pruning(h)).reshape(-1)
+        order = preference_order(h, h.num_nodes)
+        node = order.masked_select(keep.index_select(0, order))
+        if node.numel() == 0:  # every node dropped (not for a distribution): no best, the root
+            return torch.full((1,), h.root, dtype=torch.long, device=node.device)
+        values = sampled_rows(self.similarity_matrix(h, post.dtype), post.probs, node)
+        first = values.argmax(0, keepdim=True) if self.higher_is_better else values.argmin(0, keepdim=True)
+        best = values.index_select(0, first)
+        return torch.where(best == best, node.index_select(0, first), h.root)
 
     def ordered_table(self, post) -> torch.Tensor | None:
         """(N, B) :meth:`expected_table`'s values, bit for bit, its rows the nodes in

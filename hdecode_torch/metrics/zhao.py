@@ -30,7 +30,8 @@ from ..kernels.fused import path_score_best, trust_indices
 from ..kernels.selection import tie_rank
 from ..kernels.support_similarity import expected_zhao, zhao_tables
 from ..kernels.tree_sums import tree_ranges
-from .strategies import StrategyNodeMetric, ordered_path_sum_, preference_layout
+from .strategies import (StrategyNodeMetric, internal_path_sums_one_row, one_row_path_sums, ordered_path_sum_,
+                         preference_layout)
 from .wu_palmer import path_below_root, similarity_topk_best
 
 __all__ = ["Zhao", "zhao_values", "zhao_table", "information_gain"]
@@ -65,6 +66,13 @@ def zhao_table(post) -> torch.Tensor:
     return 2 * s / den
 
 
+#: Shallowest tree whose one-row table :func:`zhao_ordered_table` sums with
+#: :func:`~.strategies.internal_path_sums_one_row` (about nine operators whatever the depth) rather than per
+#: level (two a level, each cheap at one row): measured faster on tieredImageNet-H (depth 12), slower on
+#: iNat19 (depth 7) (benchmarks/README.md, "Node decoders at one row, round two").
+ONE_ROW_MIN_DEPTH = 10
+
+
 def _ordered_factors(h, dtype):
     """(ΔI, (I + log L) / 2) in ``dtype``, (N, 1) each, rows in preference order (cached): the halved
     denominator is exact (a power of two), so ``S / ((I + log L) / 2)`` rounds as ``2·S / (I + log L)``."""
@@ -80,6 +88,14 @@ def zhao_ordered_table(post) -> torch.Tensor:
     order, scaled, summed along root paths and divided in place."""
     h = post.h
     gain, half_den = _ordered_factors(h, post.dtype)
+    if h.max_depth >= ONE_ROW_MIN_DEPTH and one_row_path_sums(post):
+        # one row: the internal nodes' sums in three operators, the leaves' last addition at once (the same bits)
+        node_gain = h.cached(("zhao_gain", post.dtype), lambda: information_gain(h).to(post.dtype))
+        v = post.node.reshape(-1) * node_gain
+        s = internal_path_sums_one_row(h, v)
+        j = h.num_leaves
+        torch.add(v[:j], s.index_select(0, h.parent[:j]), out=s[:j])
+        return s.index_select(0, preference_layout(h)[0]).view(-1, 1).div_(half_den)
     s = ordered_path_sum_(h, post.node.index_select(0, preference_layout(h)[0]).mul_(gain))
     return s.div_(half_den)
 

@@ -112,11 +112,16 @@ def _prepared(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, d
         pos = torch.empty_like(perm)
         pos[perm] = torch.arange(n, device=perm.device)
         g = gamma.index_select(0, keep)
+        at_kept = at.index_select(0, keep)
+        # no allowed node reads E[0] = 0 (a root path holds its own node): the inclusive prefix, read one
+        # entry earlier, is the same sums without the zero column's three operators
+        inclusive = bool((at_kept >= 1).all())
         return dict(t=euler_src.shape[0], keep=keep, ends=ends.index_select(0, torch.cat([perm, perm + k2])),
                     parent=pos.index_select(0, parent.index_select(0, perm)), alpha=alpha.index_select(0, perm),
                     beta=beta.index_select(0, perm), euler_src=pos.index_select(0, euler_src), sign=sign,
-                    at=at.index_select(0, keep), gamma=None if bool((g == 1).all()) else g,
-                    delta=delta.index_select(0, keep))
+                    at=at_kept - 1 if inclusive else at_kept, inclusive=inclusive,
+                    gamma=None if bool((g == 1).all()) else g, delta=delta.index_select(0, keep),
+                    none=torch.full((), -1, dtype=torch.int64, device=keep.device))
     return derived(("path_score_best", x.device, x.shape[1]),
                    (src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank), build)
 
@@ -137,20 +142,32 @@ def path_score_best_torch(x: torch.Tensor, src: torch.Tensor, hi: torch.Tensor, 
         return torch.full((b,), -1, dtype=torch.int64, device=x.device)
     # p(n) and v(n), the allowed nodes first (in preference order)
     p = node_sums(x, src, o["ends"])
-    v = torch.gather(p, 1, o["parent"].expand(b, -1)).mul_(o["alpha"]).add_(p * o["beta"])
+    v = _columns(p, o["parent"]).mul_(o["alpha"]).add_(p * o["beta"])
     # the root-path sums S: exclusive prefix of the tour's terms sign·v(e), read at each allowed node's entry + 1
-    tour = x.new_empty((b, t + 1), dtype=torch.float64)
-    tour.select(1, 0).zero_()
-    terms = tour.narrow(1, 1, t)
-    torch.index_select(v, 1, o["euler_src"], out=terms).mul_(o["sign"]).cumsum_(dim=1)
-    score = torch.gather(tour, 1, o["at"].expand(b, -1))
+    # (E[k] = C[k − 1] for k ≥ 1, C the inclusive prefix: the same additions)
+    if o["inclusive"]:
+        tour = torch.index_select(v, 1, o["euler_src"]).mul_(o["sign"]).cumsum_(dim=1)
+    else:
+        tour = x.new_empty((b, t + 1), dtype=torch.float64)
+        tour.select(1, 0).zero_()
+        torch.index_select(v, 1, o["euler_src"], out=tour.narrow(1, 1, t)).mul_(o["sign"]).cumsum_(dim=1)
+    score = _columns(tour, o["at"])
     if o["gamma"] is not None:  # × 1 is exact: skipped
         score.mul_(o["gamma"])
     score.add_(p.narrow(1, 0, k) * o["delta"])
     worst = float("-inf") if higher_is_better else float("inf")
     score.nan_to_num_(nan=worst, posinf=float("inf"), neginf=float("-inf"))
     best, first = score.max(1) if higher_is_better else score.min(1)  # the first best column
-    return torch.where(best != worst, o["keep"].index_select(0, first), -1)
+    return torch.where(best != worst, o["keep"].index_select(0, first), o["none"])
+
+
+def _columns(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``t[:, index]`` of a (B, M) table: one ``index_select`` at one row (one operator, where the gather
+    of an expanded index is two), a gather beyond (the CPU's ``index_select`` along the columns of many rows
+    is the slower kernel).  The same entries either way."""
+    if t.shape[0] == 1:
+        return t.index_select(1, index)
+    return torch.gather(t, 1, index.expand(t.shape[0], -1))
 
 
 def _fake(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta, allowed, rank, higher_is_better):
