@@ -1,0 +1,203 @@
+"""Native CPU kernels: the per-level node sums and the deepest node above a threshold, one compiled pass a row.
+
+On the CPU plan the torch path sums a tree with one ``index_add_`` per level over (N, B) tables: each
+operator passes over the whole table and pays a fixed cost, which on a row of tieredImageNet-H is about
+what the whole decision should take.  These kernels read each row of leaf probabilities once, sum the tree
+for a group of 8 rows in a buffer that stays in the cache (O(N) additions a row), and write the
+node-major (N, B) table, or only the (B,) decisions of the threshold rule.
+
+Bits: the same additions in the same order and dtype as :func:`~hdecode_torch.kernels.tree_sums.leaf_to_node_sum`'s
+per-level path (each node: 0, then its children's sums in ascending id order; float32 summed in float64 on
+trees with a node of more than ``FLOAT32_MAX_FAN_IN`` children, then rounded), so every table and decision is
+the torch path's, bit for bit.  Source: ``hdecode_native.c`` next to this file, plain C99.
+
+Availability: the source is compiled on first use with the system C compiler (``$CC``, else ``cc``, else
+``gcc``) into a per-user cache (``$HDECODE_CACHE_DIR``, else ``$XDG_CACHE_HOME/hdecode_torch``, else
+``~/.cache/hdecode_torch``) and loaded with ctypes (``_build.py``).  Where that fails (no compiler, a
+failed build, a machine other than x86-64 / AArch64) or ``HDECODE_NATIVE=0`` is set, the torch path runs,
+silently: :func:`unavailable_reason` says why.  The kernels also stand aside wherever a torch operator
+must be seen: a tensor that needs a gradient, a subclass (fake tensors of ``torch.export``), tracing or
+compiling or exporting, an active dispatch or torch-function mode (operator counts), a vmap/grad wrapper.
+:func:`use_native` turns them off (or back on) for a block, for tests and comparisons.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import threading
+
+import torch
+
+__all__ = ["available", "unavailable_reason", "use_native", "enabled", "leaf_to_node_sum", "deepest_above"]
+
+_LOCK = threading.Lock()
+_STATE: dict = {"lib": None, "reason": None, "loaded": False, "on": True}
+
+
+def _library():
+    """The loaded library, None where unavailable (built and loaded on the first call, once per process)."""
+    if _STATE["loaded"]:
+        return _STATE["lib"]
+    with _LOCK:
+        if not _STATE["loaded"]:
+            if os.environ.get("HDECODE_NATIVE", "").strip() == "0":
+                lib, reason = None, "turned off by HDECODE_NATIVE=0"
+            else:
+                from ._build import load
+
+                lib, reason = load()
+                if lib is not None:
+                    _declare(lib)
+            _STATE.update(lib=lib, reason=reason, loaded=True)
+    return _STATE["lib"]
+
+
+def _declare(lib) -> None:
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    for suffix in ("f32", "f64", "f32w"):
+        f = getattr(lib, f"hd_node_sums_{suffix}")
+        f.restype = ctypes.c_int
+        f.argtypes = [i64, i64, i64, ptr, i64, i64, ptr, i64, i64, i64, ptr, ptr, ptr]
+        g = getattr(lib, f"hd_deepest_above_{suffix}")
+        g.restype = ctypes.c_int
+        g.argtypes = [i64, i64, i64, ptr, i64, i64, ptr, i64, ctypes.c_double, i64, ptr, ptr, ptr, ptr, ptr]
+
+
+def available() -> bool:
+    """Whether the native kernels are built and loaded in this process (building them on the first call)."""
+    return _library() is not None
+
+
+def unavailable_reason() -> str | None:
+    """Why the native kernels do not run in this process (None when they do)."""
+    _library()
+    return _STATE["reason"]
+
+
+def enabled() -> bool:
+    """Whether calls now use the native kernels where they apply: available and not turned off by
+    :func:`use_native`."""
+    return _STATE["on"] and _library() is not None
+
+
+@contextlib.contextmanager
+def use_native(flag: bool):
+    """Within this block the native kernels run where they apply (``True``, the default outside any block)
+    or never (``False``: the torch path, for comparisons).  Process-wide, not per thread; blocks nest."""
+    if not isinstance(flag, bool):
+        raise TypeError(f"Expected `flag` to be a bool, but got {type(flag).__name__}")
+    before = _STATE["on"]
+    _STATE["on"] = flag
+    try:
+        yield
+    finally:
+        _STATE["on"] = before
+
+
+#: (leaf dtype, accumulation dtype) -> the kernels' suffix
+_VARIANTS = {(torch.float32, torch.float32): "f32", (torch.float64, torch.float64): "f64",
+             (torch.float32, torch.float64): "f32w"}
+
+
+def _applies(x: torch.Tensor) -> bool:
+    from ..fused._registry import direct
+
+    # Not while torch.export runs, even on real tensors: its eager warm-up call builds the tree tables the
+    # traced torch path will read.
+    return _STATE["on"] and x.dim() in (1, 2) and direct(x) and not torch.compiler.is_exporting()
+
+
+def _children(h):
+    """The tree as the kernels read it (cached on the hierarchy, CPU tensors): ``(parent, start, child)`` int64,
+    the internal nodes deepest first (a node's internal children before it) and ``parent[i]``'s children
+    ``child[start[i]:start[i + 1]]`` in ascending id order: the order in which the per-level torch path adds
+    them (the leaves, ids 0..L-1, in one call, then the internal nodes level by level, each level ascending)."""
+    def build():
+        num_leaves, n = h.num_leaves, h.num_nodes
+        par, depth = h.parent.cpu(), h.depth.cpu()
+        parent = num_leaves + torch.sort(depth[num_leaves:], descending=True, stable=True).indices
+        rank = torch.full((n,), -1, dtype=torch.long)
+        rank[parent] = torch.arange(parent.numel())
+        ids = torch.arange(n)
+        has_parent = par >= 0
+        # grouped by the parent's place in the processing order, ascending ids within a group
+        child = ids[has_parent][torch.argsort(rank[par[has_parent]] * n + ids[has_parent])]
+        start = torch.zeros(parent.numel() + 1, dtype=torch.long)
+        start[1:] = torch.cumsum(h.num_children.cpu()[parent], 0)
+        return parent, start, child
+    return h.cached("native_children", build)
+
+
+def _deepest_keys(h):
+    """``(key, node_of)`` of :func:`deepest_above` (cached on the hierarchy): ``key`` (N,) int32, larger for deeper
+    nodes and, among equal depths, smaller ids (1..N); ``node_of`` (N + 1,) int64 the node of each key, the root
+    at 0 (no node above the threshold)."""
+    def build():
+        n = h.num_nodes
+        order = torch.sort(h.depth.cpu(), descending=True, stable=True).indices
+        key = torch.empty(n, dtype=torch.int32)
+        key[order] = torch.arange(n, 0, -1, dtype=torch.int32)
+        node_of = torch.cat([torch.tensor([h.root], dtype=torch.long), order.flip(0)])
+        return key, node_of
+    return h.cached("native_deepest_keys", build)
+
+
+def _rows(x: torch.Tensor):
+    """``x`` (L, B) or (L,) as the kernels read it: (rows, stride between leaves, stride between rows)."""
+    if x.dim() == 1:
+        return 1, x.stride(0), 0
+    return x.shape[1], x.stride(0), x.stride(1)
+
+
+def leaf_to_node_sum(h, leaf_values: torch.Tensor, acc: torch.dtype) -> torch.Tensor | None:
+    """The per-level ``leaf_to_node_sum`` by the native kernel, or None where it does not apply (then the caller
+    runs the torch path).
+
+    leaf_values: (L, B) or (L,) float32/float64 CPU values, any strides (the transposed view of batch-major
+    (B, L) probabilities is read row by row); acc: the accumulation dtype (the values' own, or float64 for
+    float32 values).  Returns a new contiguous (N, B) (or (N,)) table in the values' dtype, each node's sum
+    accumulated in ``acc`` then rounded once.  O(N) additions a row; a buffer of 8·N ``acc`` values.
+    """
+    variant = _VARIANTS.get((leaf_values.dtype, acc))
+    if variant is None or not _applies(leaf_values) or _library() is None:
+        return None
+    rows, x_leaf, x_row = _rows(leaf_values)
+    out = torch.empty((h.num_nodes,) + tuple(leaf_values.shape[1:]), dtype=leaf_values.dtype)
+    if rows == 0:
+        return out
+    parent, start, child = _children(h)
+    status = getattr(_STATE["lib"], f"hd_node_sums_{variant}")(
+        rows, h.num_leaves, h.num_nodes, leaf_values.data_ptr(), x_leaf, x_row, out.data_ptr(), rows, 1,
+        parent.numel(), parent.data_ptr(), start.data_ptr(), child.data_ptr())
+    if status:
+        raise MemoryError(f"the native node sums could not allocate {8 * h.num_nodes} values")
+    return out
+
+
+def deepest_above(h, leaf_probs: torch.Tensor, threshold: float, acc: torch.dtype) -> torch.Tensor | None:
+    """``kernels.selection.deepest_above(h, p, threshold)`` of the node sums p that :func:`leaf_to_node_sum`
+    would give, fused with them (no (N, B) table), or None where the kernel does not apply.
+
+    leaf_probs: (B, L) float32/float64 CPU values, any strides; acc: as in :func:`leaf_to_node_sum`.  Per row,
+    the deepest node (smallest id among equal depths) whose sum, rounded to the values' dtype, exceeds
+    ``threshold`` rounded to that dtype (torch's comparison with a Python float), the root if none.  Returns
+    (B,) int64.  O(N) a row.
+    """
+    variant = _VARIANTS.get((leaf_probs.dtype, acc))
+    if variant is None or leaf_probs.dim() != 2 or not _applies(leaf_probs) or _library() is None:
+        return None
+    rows = leaf_probs.shape[0]
+    pred = torch.empty(rows, dtype=torch.long)
+    if rows == 0:
+        return pred
+    parent, start, child = _children(h)
+    key, node_of = _deepest_keys(h)
+    status = getattr(_STATE["lib"], f"hd_deepest_above_{variant}")(
+        rows, h.num_leaves, h.num_nodes, leaf_probs.data_ptr(), leaf_probs.stride(1), leaf_probs.stride(0),
+        pred.data_ptr(), 1, float(threshold), parent.numel(), parent.data_ptr(), start.data_ptr(), child.data_ptr(),
+        key.data_ptr(), node_of.data_ptr())
+    if status:
+        raise MemoryError(f"the native node sums could not allocate {8 * h.num_nodes} values")
+    return pred
