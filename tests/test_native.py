@@ -4,7 +4,7 @@ that falls back to torch whenever it cannot give a library.
 Node sums are compared bit for bit (the raw bits, so -0.0, NaN payloads and subnormals count) against the
 torch per-level path on the bundled trees, random unbalanced trees with single-child chains, a depth-1 star
 wide enough to sum float32 in float64, and inputs that make the order of the additions visible.  Decisions
-of tree_distance(_c) are compared with the kernel on and off.  Where this machine has no C compiler the
+of tree_distance(_c) and hamming are compared with the kernel on and off.  Where this machine has no C compiler the
 comparisons skip (the torch path is then what runs) and the fallback tests still run.
 """
 
@@ -203,6 +203,46 @@ def test_a_shared_posterior_decides_from_its_node_table():
             assert torch.equal(hd.get_metric("tree_distance", h).decode(p), fused)
 
 
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_root_share_sets_equal_the_torch_path(dtype):
+    """Hamming's rule w(n) > share · w(root) of leaf-weighted sums, on values over 30 binades, and its decisions."""
+    g = torch.Generator().manual_seed(11)
+    for h in _trees():
+        for batch in (1, 7, 300):
+            x = _binades(g, (batch, h.num_leaves), dtype)
+            weights = _binades(g, (h.num_leaves, 1), dtype) + 0.25
+            for share in (0.5, 0.3):
+                got = native.above_root_share(h, x, weights, share, accumulation_dtype(h, dtype))
+                with native.use_native(False):
+                    w = leaf_to_node_sum(h, x.t() * weights, "levels")
+                assert got is not None and got.dtype == torch.bool
+                assert torch.equal(got, w > share * w[h.root])
+        metric = hd.get_metric("hamming", h)
+        with hd.plan_for("cpu"):
+            p = torch.softmax(torch.randn(40, h.num_leaves, generator=g, dtype=dtype) * 6, 1)
+            on, off = _decisions(metric, p)
+            assert torch.equal(on, off) and on.stride() == off.stride()
+            q = torch.rand(40, h.num_leaves, generator=g, dtype=dtype) * 3
+            q[0] = 0.0  # w(root) = 0: no node above 0
+            on, off = _decisions(metric, q, validate=False)
+            assert torch.equal(on, off)
+
+
+@needs_native
+def test_a_shared_posterior_decides_hamming_from_its_table():
+    h = bundled("inat19")[0]
+    p = torch.softmax(torch.randn(30, h.num_leaves, generator=torch.Generator().manual_seed(6)) * 5, 1)
+    metric = hd.get_metric("hamming", h)
+    with hd.plan_for("cpu"):
+        post = hd.Posterior(h, p)
+        fused = metric.decode(post)
+        assert ("weighted", "inv_depth") not in post._memo  # no float table: the fused kernel
+        metric.expected(post, fused)  # sums W(n) in the Posterior
+        assert ("weighted", "inv_depth") in post._memo
+        assert torch.equal(metric.decode(post), fused)
+
+
 def test_the_gpu_plan_is_untouched():
     h = bundled("tieredimagenet-h")[0]
     p = torch.softmax(torch.randn(20, h.num_leaves, generator=torch.Generator().manual_seed(2)) * 5, 1)
@@ -227,9 +267,12 @@ def test_the_portable_c_loops_give_the_same_bits(tmp_path, monkeypatch):
         acc = accumulation_dtype(h, torch.float32)
         fast = native.leaf_to_node_sum(h, x.t(), acc)
         fast_pred = native.deepest_above(h, x, 0.01, acc)
+        weights = _binades(g, (h.num_leaves,), torch.float32) + 0.5
+        fast_share = native.above_root_share(h, x, weights, 0.3, acc)
         monkeypatch.setitem(native._STATE, "lib", lib)
         _assert_same_bits(native.leaf_to_node_sum(h, x.t(), acc), fast)
         assert torch.equal(native.deepest_above(h, x, 0.01, acc), fast_pred)
+        assert torch.equal(native.above_root_share(h, x, weights, 0.3, acc), fast_share)
         monkeypatch.undo()
         monkeypatch.setenv("HDECODE_CACHE_DIR", str(tmp_path))
 

@@ -191,6 +191,19 @@ class Posterior:
                 return pred
         return deepest_above(self.h, self.node, threshold)
 
+    def weighted_above_root_share(self, key: Hashable, leaf_weights: torch.Tensor, share: float) -> torch.Tensor:
+        """(N, B) bool ``w(n) > share · w(root)`` of ``w = weighted_node(key, leaf_weights)`` (the product and the
+        comparison in the probabilities' dtype).  On the per-level plan, while ``w`` is not summed yet, one native
+        pass over the leaf probabilities where :mod:`~hdecode_torch.kernels.native` applies (the same sums, the
+        same answers, no float (N, B) table).  O(B·N)."""
+        if ("weighted", key) not in self._memo and self.plan.tree_sums == "levels" and self.plan.backend == "torch":
+            w = leaf_weights if leaf_weights.dtype == self.dtype else leaf_weights.to(self.dtype)
+            out = native.above_root_share(self.h, self.probs, w, share, accumulation_dtype(self.h, self.dtype))
+            if out is not None:
+                return out
+        w = self.weighted_node(key, leaf_weights)
+        return w > share * w[self.h.root]
+
     def leaf_depth_values(self) -> torch.Tensor:
         """(E,) int64 the distinct leaf depths, ascending."""
         return self.h.cached("leaf_depth_values", lambda: torch.unique(self.h.leaf_depth))

@@ -1,10 +1,11 @@
-"""Native CPU kernels: the per-level node sums and the deepest node above a threshold, one compiled pass a row.
+"""Native CPU kernels: the per-level node sums and the threshold rules on them, one compiled pass a row.
 
 On the CPU plan the torch path sums a tree with one ``index_add_`` per level over (N, B) tables: each
 operator passes over the whole table and pays a fixed cost, which on a row of tieredImageNet-H is about
 what the whole decision should take.  These kernels read each row of leaf probabilities once, sum the tree
 for a group of 8 rows in a buffer that stays in the cache (O(N) additions a row), and write the
-node-major (N, B) table, or only the (B,) decisions of the threshold rule.
+node-major (N, B) table, or only the decisions of a threshold rule: the deepest node above a threshold
+(tree distance) or the nodes whose leaf-weighted mass exceeds a share of the root's (Hamming).
 
 Bits: the same additions in the same order and dtype as :func:`~hdecode_torch.kernels.tree_sums.leaf_to_node_sum`'s
 per-level path (each node: 0, then its children's sums in ascending id order; float32 summed in float64 on
@@ -30,7 +31,8 @@ import threading
 
 import torch
 
-__all__ = ["available", "unavailable_reason", "use_native", "enabled", "leaf_to_node_sum", "deepest_above"]
+__all__ = ["available", "unavailable_reason", "use_native", "enabled", "leaf_to_node_sum", "deepest_above",
+           "above_root_share"]
 
 _LOCK = threading.Lock()
 _STATE: dict = {"lib": None, "reason": None, "loaded": False, "on": True}
@@ -63,6 +65,9 @@ def _declare(lib) -> None:
         g = getattr(lib, f"hd_deepest_above_{suffix}")
         g.restype = ctypes.c_int
         g.argtypes = [i64, i64, i64, ptr, i64, i64, ptr, i64, ctypes.c_double, i64, ptr, ptr, ptr, ptr, ptr]
+        s = getattr(lib, f"hd_above_root_share_{suffix}")
+        s.restype = ctypes.c_int
+        s.argtypes = [i64, i64, i64, ptr, i64, i64, ptr, ptr, i64, i64, ctypes.c_double, i64, i64, ptr, ptr, ptr]
 
 
 def available() -> bool:
@@ -201,3 +206,32 @@ def deepest_above(h, leaf_probs: torch.Tensor, threshold: float, acc: torch.dtyp
     if status:
         raise MemoryError(f"the native node sums could not allocate {8 * h.num_nodes} values")
     return pred
+
+
+def above_root_share(h, leaf_probs: torch.Tensor, leaf_weights: torch.Tensor, share: float,
+                     acc: torch.dtype) -> torch.Tensor | None:
+    """``w > share * w[root]`` of the weighted node sums ``w = leaf_to_node_sum(h, leaf_probs.t() * leaf_weights)``
+    (what :meth:`Posterior.weighted_node <hdecode_torch.Posterior.weighted_node>` sums), fused with them, or None
+    where the kernel does not apply.
+
+    leaf_probs: (B, L) float32/float64 CPU values, any strides; leaf_weights: (L,) or (L, 1) in their dtype; acc:
+    as in :func:`leaf_to_node_sum`.  Each product ``p(l) w(l)`` rounded to the values' dtype, the sums rounded to
+    it, ``share * w[root]`` and the comparison in it.  Returns (N, B) bool, node-major.  O(N) a row.
+    """
+    variant = _VARIANTS.get((leaf_probs.dtype, acc))
+    if (variant is None or leaf_probs.dim() != 2 or leaf_weights.dtype != leaf_probs.dtype
+            or leaf_weights.numel() != h.num_leaves or not _applies(leaf_probs) or _library() is None):
+        return None
+    rows = leaf_probs.shape[0]
+    out = torch.empty((h.num_nodes, rows), dtype=torch.bool)
+    if rows == 0:
+        return out
+    weights = leaf_weights.reshape(-1).contiguous()
+    parent, start, child = _children(h)
+    status = getattr(_STATE["lib"], f"hd_above_root_share_{variant}")(
+        rows, h.num_leaves, h.num_nodes, leaf_probs.data_ptr(), leaf_probs.stride(1), leaf_probs.stride(0),
+        weights.data_ptr(), out.data_ptr(), rows, 1, float(share), h.root, parent.numel(), parent.data_ptr(),
+        start.data_ptr(), child.data_ptr())
+    if status:
+        raise MemoryError(f"the native node sums could not allocate {8 * h.num_nodes} values")
+    return out
