@@ -129,6 +129,37 @@ def test_the_kernel_stands_aside_where_a_torch_operator_must_be_seen():
     assert native.leaf_to_node_sum(h, x.t(), torch.float32) is not None
 
 
+class _Count(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+@needs_native
+@pytest.mark.parametrize("name", ["tree_distance", "hamming", None])
+def test_a_call_after_the_kernel_finds_the_torch_paths_tables(name):
+    """A call that must run torch operators (counted here, traced by torch.export) after native calls builds
+    no tree table inside: the same operators as after a torch warm-up."""
+    parents = [h.parent.tolist() for h, _ in random_trees(41, 1)][0]
+    counts = []
+    for warm_native in (False, True):
+        h = hd.Hierarchy.from_parents(parents)  # a fresh tree: no cached table
+        decode = (lambda x: hd.node_probabilities(h, x)) if name is None else hd.get_metric(name, h).decode
+        with hd.plan_for("cpu"):
+            for rows in (1, 40):
+                x = torch.softmax(torch.randn(rows, h.num_leaves), 1)
+                with native.use_native(warm_native):
+                    decode(x)
+                with _Count() as c:
+                    decode(x)
+                counts.append(c.ops)
+    assert counts[:2] == counts[2:] and min(counts) > 0
+
+
 @needs_native
 def test_posterior_node_probabilities_equal_with_the_kernel_on_and_off():
     h = bundled("inat19")[0]

@@ -22,7 +22,6 @@ from ..core.topk import TopK
 from ..core.validation import compute_dtype
 from ..decoders import Decoder
 from ..hierarchy import Hierarchy
-from ..kernels.native import use_native
 
 __all__ = ["tracing", "fixed_size_decoder", "graph_body", "build_tables", "prepare_tables", "decode_traced", "export",
            "export_onnx"]
@@ -101,8 +100,7 @@ def build_tables(head, h: Hierarchy, scores: torch.Tensor, plan: Plan, decoder: 
     key = ("graph_tables", head.decoder.key, head.metric.key, plan.name, dtype)
 
     def build():
-        # the torch path, whose tables the graph reads (the native kernels, which a trace never runs, need others)
-        with _real_tensors(scores), use_native(False):
+        with _real_tensors(scores):
             uniform = torch.full((2, h.num_leaves), 1.0 / h.num_leaves, dtype=dtype, device=h.device)
             graph_body(head, h, uniform, decoder=decoder)
         return True

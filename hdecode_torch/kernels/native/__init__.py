@@ -149,6 +149,24 @@ def _deepest_keys(h):
     return h.cached("native_deepest_keys", build)
 
 
+def _torch_tables(h, dtype: torch.dtype, decide: bool) -> None:
+    """Run the torch path once per tree and dtype (on zeros, one row and 32 rows: both of its layouts) so that
+    the tree tables it reads exist once the native kernels have run instead: a later call that must see torch
+    operators (a trace, a dispatch mode counting them) then finds them built, as it would after a torch call,
+    and never builds them inside the trace or the count.  ``decide``: also the deepest-above selection's."""
+    def build():
+        from ..selection import deepest_above as torch_deepest_above
+        from ..tree_sums import leaf_to_node_sum as torch_leaf_to_node_sum
+
+        with use_native(False):
+            for rows in (1, 32):
+                nodes = torch_leaf_to_node_sum(h, torch.zeros(rows, h.num_leaves, dtype=dtype).t(), "levels")
+                if decide:
+                    torch_deepest_above(h, nodes, 0.5)
+        return True
+    h.cached(("native_torch_tables", dtype, decide), build)
+
+
 def _rows(x: torch.Tensor):
     """``x`` (L, B) or (L,) as the kernels read it: (rows, stride between leaves, stride between rows)."""
     if x.dim() == 1:
@@ -168,6 +186,7 @@ def leaf_to_node_sum(h, leaf_values: torch.Tensor, acc: torch.dtype) -> torch.Te
     variant = _VARIANTS.get((leaf_values.dtype, acc))
     if variant is None or not _applies(leaf_values) or _library() is None:
         return None
+    _torch_tables(h, leaf_values.dtype, False)
     rows, x_leaf, x_row = _rows(leaf_values)
     out = torch.empty((h.num_nodes,) + tuple(leaf_values.shape[1:]), dtype=leaf_values.dtype)
     if rows == 0:
@@ -193,6 +212,7 @@ def deepest_above(h, leaf_probs: torch.Tensor, threshold: float, acc: torch.dtyp
     variant = _VARIANTS.get((leaf_probs.dtype, acc))
     if variant is None or leaf_probs.dim() != 2 or not _applies(leaf_probs) or _library() is None:
         return None
+    _torch_tables(h, leaf_probs.dtype, True)
     rows = leaf_probs.shape[0]
     pred = torch.empty(rows, dtype=torch.long)
     if rows == 0:
@@ -222,6 +242,7 @@ def above_root_share(h, leaf_probs: torch.Tensor, leaf_weights: torch.Tensor, sh
     if (variant is None or leaf_probs.dim() != 2 or leaf_weights.dtype != leaf_probs.dtype
             or leaf_weights.numel() != h.num_leaves or not _applies(leaf_probs) or _library() is None):
         return None
+    _torch_tables(h, leaf_probs.dtype, False)
     rows = leaf_probs.shape[0]
     out = torch.empty((h.num_nodes, rows), dtype=torch.bool)
     if rows == 0:
