@@ -36,6 +36,7 @@ __all__ = ["available", "unavailable_reason", "use_native", "enabled", "leaf_to_
 
 _LOCK = threading.Lock()
 _STATE: dict = {"lib": None, "reason": None, "loaded": False, "on": True}
+_KERNELS: dict = {}
 
 
 def _library():
@@ -54,6 +55,15 @@ def _library():
                     _declare(lib)
             _STATE.update(lib=lib, reason=reason, loaded=True)
     return _STATE["lib"]
+
+
+def _kernel(name: str, variant: str):
+    """The library's ``hd_<name>_<variant>``, looked up once (a ctypes attribute lookup costs a microsecond)."""
+    lib = _STATE["lib"]
+    f = _KERNELS.get((lib, name, variant))
+    if f is None:
+        f = _KERNELS[lib, name, variant] = getattr(lib, f"hd_{name}_{variant}")
+    return f
 
 
 def _declare(lib) -> None:
@@ -107,11 +117,17 @@ _VARIANTS = {(torch.float32, torch.float32): "f32", (torch.float64, torch.float6
 
 
 def _applies(x: torch.Tensor) -> bool:
-    from ..fused._registry import direct
-
+    """Whether the kernels take ``x``: turned on and loaded first (the answer where they are off or unavailable,
+    in a fraction of a microsecond), then a plain CPU tensor with nothing that must see torch operators."""
+    if not _STATE["on"] or (_STATE["lib"] is None and _STATE["loaded"]) or _library() is None:
+        return False
+    direct = _STATE.get("direct")
+    if direct is None:  # imported on first use: kernels.fused imports the tree sums, which import this module
+        from ..fused._registry import direct
+        _STATE["direct"] = direct
     # Not while torch.export runs, even on real tensors: its eager warm-up call builds the tree tables the
     # traced torch path will read.
-    return _STATE["on"] and x.dim() in (1, 2) and direct(x) and not torch.compiler.is_exporting()
+    return x.dim() in (1, 2) and direct(x) and not torch.compiler.is_exporting()
 
 
 def _children(h):
@@ -184,7 +200,7 @@ def leaf_to_node_sum(h, leaf_values: torch.Tensor, acc: torch.dtype) -> torch.Te
     accumulated in ``acc`` then rounded once.  O(N) additions a row; a buffer of 8·N ``acc`` values.
     """
     variant = _VARIANTS.get((leaf_values.dtype, acc))
-    if variant is None or not _applies(leaf_values) or _library() is None:
+    if variant is None or not _applies(leaf_values):
         return None
     _torch_tables(h, leaf_values.dtype, False)
     rows, x_leaf, x_row = _rows(leaf_values)
@@ -192,7 +208,7 @@ def leaf_to_node_sum(h, leaf_values: torch.Tensor, acc: torch.dtype) -> torch.Te
     if rows == 0:
         return out
     parent, start, child = _children(h)
-    status = getattr(_STATE["lib"], f"hd_node_sums_{variant}")(
+    status = _kernel("node_sums", variant)(
         rows, h.num_leaves, h.num_nodes, leaf_values.data_ptr(), x_leaf, x_row, out.data_ptr(), rows, 1,
         parent.numel(), parent.data_ptr(), start.data_ptr(), child.data_ptr())
     if status:
@@ -210,7 +226,7 @@ def deepest_above(h, leaf_probs: torch.Tensor, threshold: float, acc: torch.dtyp
     (B,) int64.  O(N) a row.
     """
     variant = _VARIANTS.get((leaf_probs.dtype, acc))
-    if variant is None or leaf_probs.dim() != 2 or not _applies(leaf_probs) or _library() is None:
+    if variant is None or leaf_probs.dim() != 2 or not _applies(leaf_probs):
         return None
     _torch_tables(h, leaf_probs.dtype, True)
     rows = leaf_probs.shape[0]
@@ -219,7 +235,7 @@ def deepest_above(h, leaf_probs: torch.Tensor, threshold: float, acc: torch.dtyp
         return pred
     parent, start, child = _children(h)
     key, node_of = _deepest_keys(h)
-    status = getattr(_STATE["lib"], f"hd_deepest_above_{variant}")(
+    status = _kernel("deepest_above", variant)(
         rows, h.num_leaves, h.num_nodes, leaf_probs.data_ptr(), leaf_probs.stride(1), leaf_probs.stride(0),
         pred.data_ptr(), 1, float(threshold), parent.numel(), parent.data_ptr(), start.data_ptr(), child.data_ptr(),
         key.data_ptr(), node_of.data_ptr())
@@ -240,7 +256,7 @@ def above_root_share(h, leaf_probs: torch.Tensor, leaf_weights: torch.Tensor, sh
     """
     variant = _VARIANTS.get((leaf_probs.dtype, acc))
     if (variant is None or leaf_probs.dim() != 2 or leaf_weights.dtype != leaf_probs.dtype
-            or leaf_weights.numel() != h.num_leaves or not _applies(leaf_probs) or _library() is None):
+            or leaf_weights.numel() != h.num_leaves or not _applies(leaf_probs)):
         return None
     _torch_tables(h, leaf_probs.dtype, False)
     rows = leaf_probs.shape[0]
@@ -249,7 +265,7 @@ def above_root_share(h, leaf_probs: torch.Tensor, leaf_weights: torch.Tensor, sh
         return out
     weights = leaf_weights.reshape(-1).contiguous()
     parent, start, child = _children(h)
-    status = getattr(_STATE["lib"], f"hd_above_root_share_{variant}")(
+    status = _kernel("above_root_share", variant)(
         rows, h.num_leaves, h.num_nodes, leaf_probs.data_ptr(), leaf_probs.stride(1), leaf_probs.stride(0),
         weights.data_ptr(), out.data_ptr(), rows, 1, float(share), h.root, parent.numel(), parent.data_ptr(),
         start.data_ptr(), child.data_ptr())

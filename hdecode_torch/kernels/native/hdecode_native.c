@@ -14,7 +14,9 @@
  *
  * Layout: rows are processed in groups of HD_LANES; a group's sums live in a node-major buffer of
  * N x HD_LANES values (acc[n * HD_LANES + lane]), so each addition is a short loop over the lanes that
- * the compiler can vectorise without changing any lane's bits, and the buffer stays in the L1/L2 cache.
+ * the compiler can vectorise without changing any lane's bits, and the buffer stays in the L1/L2 cache.  A
+ * last, partial group sums only its lanes; the others hold zeros (calloc) or an earlier group's values, which
+ * the threshold scans read and no output takes.
  */
 #include <float.h>
 #include <stdint.h>
@@ -88,13 +90,22 @@ static void load_##SUFFIX(TACC *acc, int64_t lanes, int64_t num_leaves, const TI
             for (l = first; l < num_leaves; l++) acc[l * HD_LANES + w] = (TACC)row[l * x_leaf];                 \
         }                                                                                                       \
     }                                                                                                           \
-    for (w = lanes; w < HD_LANES; w++)  /* unused lanes: summed, never written out */                            \
-        for (l = 0; l < num_leaves; l++) acc[l * HD_LANES + w] = 0;                                             \
 }                                                                                                               \
                                                                                                                 \
-static void sum_##SUFFIX(TACC *acc, int64_t num_parents, const int64_t *parent, const int64_t *start,          \
-                         const int64_t *child) {                                                                \
+static void sum_##SUFFIX(TACC *acc, int64_t lanes, int64_t num_parents, const int64_t *parent,                 \
+                         const int64_t *start, const int64_t *child) {                                          \
     int64_t i, j, w;                                                                                            \
+    if (lanes < HD_LANES) {  /* the last group of rows, or a few rows: only the lanes in use */                  \
+        for (i = 0; i < num_parents; i++) {                                                                     \
+            TACC *dst = acc + parent[i] * HD_LANES;                                                             \
+            for (w = 0; w < lanes; w++) {                                                                       \
+                TACC s = 0;                                                                                     \
+                for (j = start[i]; j < start[i + 1]; j++) s += acc[child[j] * HD_LANES + w];                    \
+                dst[w] = s;                                                                                     \
+            }                                                                                                   \
+        }                                                                                                       \
+        return;                                                                                                 \
+    }                                                                                                           \
     for (i = 0; i < num_parents; i++) {                                                                         \
         TACC s[HD_LANES];                                                                                       \
         TACC *dst = acc + parent[i] * HD_LANES;                                                                 \
@@ -112,12 +123,12 @@ int hd_node_sums_##SUFFIX(int64_t rows, int64_t num_leaves, int64_t num_nodes, c
                           int64_t x_row, TOUT *out, int64_t out_node, int64_t out_row, int64_t num_parents,     \
                           const int64_t *parent, const int64_t *start, const int64_t *child) {                  \
     int64_t r0, n, w;                                                                                           \
-    TACC *acc = (TACC *)malloc(sizeof(TACC) * HD_LANES * (size_t)num_nodes);                                    \
+    TACC *acc = (TACC *)calloc((size_t)num_nodes * HD_LANES, sizeof(TACC));                                    \
     if (acc == NULL) return 1;                                                                                  \
     for (r0 = 0; r0 < rows; r0 += HD_LANES) {                                                                   \
         int64_t lanes = rows - r0 < HD_LANES ? rows - r0 : HD_LANES;                                            \
         load_##SUFFIX(acc, lanes, num_leaves, x + r0 * x_row, x_leaf, x_row, NULL);                                   \
-        sum_##SUFFIX(acc, num_parents, parent, start, child);                                                   \
+        sum_##SUFFIX(acc, lanes, num_parents, parent, start, child);                                                   \
         if (lanes == HD_LANES && out_row == 1) {                                                                \
             for (n = 0; n < num_nodes; n++) {                                                                   \
                 TOUT *o = out + n * out_node + r0;                                                              \
@@ -142,13 +153,13 @@ int hd_deepest_above_##SUFFIX(int64_t rows, int64_t num_leaves, int64_t num_node
                               const int64_t *node_of) {                                                        \
     int64_t r0, n, w;                                                                                           \
     const TOUT t = (TOUT)threshold;                                                                             \
-    TACC *acc = (TACC *)malloc(sizeof(TACC) * HD_LANES * (size_t)num_nodes);                                    \
+    TACC *acc = (TACC *)calloc((size_t)num_nodes * HD_LANES, sizeof(TACC));                                    \
     if (acc == NULL) return 1;                                                                                  \
     for (r0 = 0; r0 < rows; r0 += HD_LANES) {                                                                   \
         int64_t lanes = rows - r0 < HD_LANES ? rows - r0 : HD_LANES;                                            \
         int32_t best[HD_LANES];                                                                                 \
         load_##SUFFIX(acc, lanes, num_leaves, x + r0 * x_row, x_leaf, x_row, NULL);                                   \
-        sum_##SUFFIX(acc, num_parents, parent, start, child);                                                   \
+        sum_##SUFFIX(acc, lanes, num_parents, parent, start, child);                                                   \
         for (w = 0; w < HD_LANES; w++) best[w] = 0;                                                             \
         for (n = 0; n < num_nodes; n++) {                                                                       \
             const TACC *a = acc + n * HD_LANES;                                                                 \
@@ -174,13 +185,13 @@ int hd_above_root_share_##SUFFIX(int64_t rows, int64_t num_leaves, int64_t num_n
                                  const int64_t *child) {                                                       \
     int64_t r0, n, w;                                                                                           \
     const TOUT f = (TOUT)share;                                                                                 \
-    TACC *acc = (TACC *)malloc(sizeof(TACC) * HD_LANES * (size_t)num_nodes);                                    \
+    TACC *acc = (TACC *)calloc((size_t)num_nodes * HD_LANES, sizeof(TACC));                                    \
     if (acc == NULL) return 1;                                                                                  \
     for (r0 = 0; r0 < rows; r0 += HD_LANES) {                                                                   \
         int64_t lanes = rows - r0 < HD_LANES ? rows - r0 : HD_LANES;                                            \
         TOUT bar[HD_LANES];                                                                                     \
         load_##SUFFIX(acc, lanes, num_leaves, x + r0 * x_row, x_leaf, x_row, weight);                           \
-        sum_##SUFFIX(acc, num_parents, parent, start, child);                                                   \
+        sum_##SUFFIX(acc, lanes, num_parents, parent, start, child);                                                   \
         for (w = 0; w < HD_LANES; w++) bar[w] = f * (TOUT)acc[root * HD_LANES + w];                             \
         if (lanes == HD_LANES && out_row == 1) {                                                                \
             for (n = 0; n < num_nodes; n++) {                                                                   \
