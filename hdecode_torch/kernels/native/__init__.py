@@ -125,8 +125,7 @@ def _applies(x: torch.Tensor) -> bool:
     if direct is None:  # imported on first use: kernels.fused imports the tree sums, which import this module
         from ..fused._registry import direct
         _STATE["direct"] = direct
-    # Not while torch.export runs, even on real tensors: its eager warm-up call builds the tree tables the
-    # traced torch path will read.
+    # Not while torch.export runs, even on real tensors (its own eager calls): what it records is torch's.
     return x.dim() in (1, 2) and direct(x) and not torch.compiler.is_exporting()
 
 
