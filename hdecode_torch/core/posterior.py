@@ -24,7 +24,9 @@ import torch
 
 from ..hierarchy import Hierarchy
 from ..kernels.depth_ranges import depth_prefix_sums, depth_range_ends, depth_ranges
+from ..kernels import native
 from ..kernels.fused import trust_indices
+from ..kernels.selection import deepest_above
 from ..kernels.tree_sums import (
     accumulation_dtype, blocked_gathered_prefix, leaf_to_node_sum, node_major, path_sum, subtree_sum, subtree_sum_,
 )
@@ -176,6 +178,31 @@ class Posterior:
             w = leaf_weights if leaf_weights.dtype == self.dtype else leaf_weights.to(self.dtype)
             return self.leaf_sum(self.probs.t() * (w[:, None] if w.dim() == 1 else w))
         return self._get(("weighted", key), build)
+
+    def deepest_above(self, threshold: float) -> torch.Tensor:
+        """(B,) int64 the deepest node with p(n) > ``threshold`` (smallest id among equal depths), the root if none:
+        :func:`~hdecode_torch.kernels.selection.deepest_above` of :attr:`node`, the comparison in the
+        probabilities' dtype.  On the per-level plan, while p(n) is not summed yet, one native pass over the
+        leaf probabilities where :mod:`~hdecode_torch.kernels.native` applies (the same sums, the same
+        answers, no (N, B) table).  O(B·N)."""
+        if "node" not in self._memo and self.plan.tree_sums == "levels" and self.plan.backend == "torch":
+            pred = native.deepest_above(self.h, self.probs, threshold, accumulation_dtype(self.h, self.dtype))
+            if pred is not None:
+                return pred
+        return deepest_above(self.h, self.node, threshold)
+
+    def weighted_above_root_share(self, key: Hashable, leaf_weights: torch.Tensor, share: float) -> torch.Tensor:
+        """(N, B) bool ``w(n) > share · w(root)`` of ``w = weighted_node(key, leaf_weights)`` (the product and the
+        comparison in the probabilities' dtype).  On the per-level plan, while ``w`` is not summed yet, one native
+        pass over the leaf probabilities where :mod:`~hdecode_torch.kernels.native` applies (the same sums, the
+        same answers, no float (N, B) table).  O(B·N)."""
+        if ("weighted", key) not in self._memo and self.plan.tree_sums == "levels" and self.plan.backend == "torch":
+            w = leaf_weights if leaf_weights.dtype == self.dtype else leaf_weights.to(self.dtype)
+            out = native.above_root_share(self.h, self.probs, w, share, accumulation_dtype(self.h, self.dtype))
+            if out is not None:
+                return out
+        w = self.weighted_node(key, leaf_weights)
+        return w > share * w[self.h.root]
 
     def leaf_depth_values(self) -> torch.Tensor:
         """(E,) int64 the distinct leaf depths, ascending."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from . import native
 from .segment import index_add_rows
 
 __all__ = ["subtree_sum", "subtree_sum_", "accumulation_dtype", "leaf_to_node_sum", "path_sum", "level_pairs",
@@ -234,12 +235,18 @@ def leaf_to_node_sum(h, leaf_values: torch.Tensor, layout: str | None = None, ba
     leaf_values: (L, *) float, leaf-major.  Returns (N, *), same dtype.  With probabilities this
     is p(n) for every node.  The per-level sums accumulate float32 input in float32, except on a
     tree with a node of more than ``FLOAT32_MAX_FAN_IN`` children (then float64); the prefix sums
-    always accumulate in float64.  ``layout``, ``backend``, ``budget``: as in :func:`subtree_sum`.
+    always accumulate in float64.  ``layout``, ``backend``, ``budget``: as in :func:`subtree_sum`.  The
+    per-level sums of float32/float64 CPU values run as one compiled pass a row where
+    :mod:`~hdecode_torch.kernels.native` applies: the same additions, the same bits.
     """
     if _layout(h, layout) == "prefix":
         return _prefix_sums(h, leaf_values, "leaves", budget)
     dtype = leaf_values.dtype
     acc = accumulation_dtype(h, dtype)
+    if backend == "torch":  # the same additions in one compiled pass a row, where the native kernels load
+        out = native.leaf_to_node_sum(h, leaf_values, acc)
+        if out is not None:
+            return out
     # the leaves' rows, then zeros for the internal nodes (ids L..N-1): F.pad would be one copy, but torch
     # 2.8's exported pad refuses an empty batch
     out = torch.empty((h.num_nodes,) + tuple(leaf_values.shape[1:]), dtype=acc, device=leaf_values.device)

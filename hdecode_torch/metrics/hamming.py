@@ -32,13 +32,16 @@ def hamming_from_counts(inter, size, ysize):
     return (size + ysize - 2 * inter) / ysize
 
 
+def _inverse_leaf_depth(post) -> torch.Tensor:
+    """(L, 1) 1 / (d(l) + 1) in float64, rounded once to the probabilities' dtype: a tree-only table, cached."""
+    h = post.h
+    return h.cached(("inverse_leaf_depth", post.dtype),
+                    lambda: (1.0 / (h.leaf_depth.to(torch.float64) + 1)).to(post.dtype)[:, None])
+
+
 def inverse_depth_mass(post) -> torch.Tensor:
     """(N, B) W(n) = Σ_{l ∈ L(n)} p(l) / (d(l) + 1)."""
-    h = post.h
-    # the weights in float64, rounded once to the probabilities' dtype: a tree-only table, cached
-    weights = h.cached(("inverse_leaf_depth", post.dtype),
-                       lambda: (1.0 / (h.leaf_depth.to(torch.float64) + 1)).to(post.dtype)[:, None])
-    return post.weighted_node("inv_depth", weights)
+    return post.weighted_node("inv_depth", _inverse_leaf_depth(post))
 
 
 def hamming_expected(post, sets: torch.Tensor) -> torch.Tensor:
@@ -49,9 +52,8 @@ def hamming_expected(post, sets: torch.Tensor) -> torch.Tensor:
 
 
 def hamming_decode(post) -> torch.Tensor:
-    """(B, N) bool: n is in the set iff W(n) > W(root)/2."""
-    w = inverse_depth_mass(post)
-    return (w > 0.5 * w[post.h.root]).t()
+    """(B, N) bool: n is in the set iff W(n) > W(root)/2 (fused with the sums W where the Posterior can)."""
+    return post.weighted_above_root_share("inv_depth", _inverse_leaf_depth(post), 0.5).t()
 
 
 class Hamming(SetMetric):
