@@ -149,15 +149,15 @@ def depth_masses(h, prefix: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor,
     m, e = ids.numel(), h.num_leaf_depths
     flat, s0, s1 = _flat(prefix)
     step = max(1, budget // (64 * e))
-    if m <= step:
-        return _masses(h, flat, s0, s1, rows, ids).to(dtype)
     out = torch.empty(m, e, dtype=dtype, device=prefix.device)
     for a in range(0, m, step):
-        out[a:a + step] = _masses(h, flat, s0, s1, rows[a:a + step], ids[a:a + step])
+        _masses(h, flat, s0, s1, rows[a:a + step], ids[a:a + step], out[a:a + step])
     return out
 
 
-def _masses(h, flat, s0, s1, rows, ids):
+def _masses(h, flat, s0, s1, rows, ids, out):
+    """Writes the (M, E) masses into ``out``: the float64 difference rounded once to ``out``'s dtype, as
+    ``.to`` after it would, without the float64 (M, E) table between."""
     m, e = ids.numel(), h.num_leaf_depths
     # One flat index_select for both ends (advanced indexing with a 2-D index is slower on a CPU),
     # on the table's own storage whichever way it is laid out.
@@ -166,7 +166,7 @@ def _masses(h, flat, s0, s1, rows, ids):
         at.mul_(s0)
     at.add_(rows[:, None] * s1)
     got = flat.index_select(0, at.view(-1)).view(m, 2, e)
-    return got[:, 0] - got[:, 1]
+    torch.sub(got[:, 0], got[:, 1], out=out)
 
 
 def depth_masses_packed(h, prefix: torch.Tensor, ids: torch.Tensor, budget: int = 1 << 26,
