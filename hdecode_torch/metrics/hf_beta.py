@@ -181,10 +181,11 @@ def _kept_pairs(h, keep: torch.Tensor, p: torch.Tensor):
         return candidate_pairs(h, keep, p)
     order = depth_order(h)
     by_depth = keep.index_select(0, order)
-    if np.count_nonzero(by_depth.numpy()) * _RADIX_MAX_SHARE > by_depth.numel():  # many pairs: their sort costs more
+    listed = by_depth.numpy()
+    if np.count_nonzero(listed) * _RADIX_MAX_SHARE > listed.size:  # many pairs: their sort costs more
         sample, rank = np.divmod(np.flatnonzero(by_depth.t().contiguous().numpy()), n)  # sample-major already
     else:
-        rank, sample = np.divmod(np.flatnonzero(by_depth.numpy()), bsz)
+        rank, sample = np.divmod(np.flatnonzero(listed), bsz)
         by_sample = np.argsort(sample.astype(np.int16), kind="stable")
         sample, rank = sample[by_sample], rank[by_sample]
     sample, rank = torch.from_numpy(sample), torch.from_numpy(rank)
