@@ -449,18 +449,21 @@ class _PrefixSolver:
         self.h, self.r, self.dt, self.p = h, r, p.dtype, p
         self.budget = post.plan.budget
         self.settle = not post.plan.gpu  # see _check
+        self.gpu = post.plan.gpu  # see solve
         # With one leaf depth the masses are p itself.
         self.prefix = _depth_prefix(post) if h.num_leaf_depths > 1 else None
         self.tables = _solver_tables(h, r, self.dt)
         self.depths, self.a, self._w = self.tables.depths, self.tables.a, self.tables.w_at[1:]
 
     @classmethod
-    def on_candidates(cls, h, r: float, dt: torch.dtype, budget: int, settle: bool = True) -> "_PrefixSolver":
+    def on_candidates(cls, h, r: float, dt: torch.dtype, budget: int, settle: bool = True,
+                      gpu: bool = False) -> "_PrefixSolver":
         """A solver for candidates whose masses the caller packs itself (top-k inputs): :meth:`solve` and
-        :meth:`certified_sets` only, not :meth:`from_pairs`.  ``settle``: see :meth:`_check`."""
+        :meth:`certified_sets` only, not :meth:`from_pairs`.  ``settle``: see :meth:`_check`; ``gpu``: the
+        GPU plan's (see :meth:`solve`)."""
         self = cls.__new__(cls)
         self.h, self.r, self.dt, self.p, self.budget, self.prefix = h, r, dt, None, budget, None
-        self.settle = settle
+        self.settle, self.gpu = settle, gpu
         self.tables = _solver_tables(h, r, dt)
         self.depths, self.a, self._w = self.tables.depths, self.tables.a, self.tables.w_at[1:]
         return self
@@ -521,7 +524,8 @@ class _PrefixSolver:
         if not cands.full:
             d_ref = d_ref.masked_fill(ids == self.h.num_nodes, float("-inf"))
         srt = torch.sort(d_ref, dim=1, descending=True, stable=True)
-        qs = _rows_in_order(q, srt.indices)
+        # On the GPU plan one gather (its launches count); on a CPU whole rows (_rows_in_order), the same values
+        qs = q.gather(1, srt.indices[:, :, None].expand_as(q)) if self.gpu else _rows_in_order(q, srt.indices)
         pv = qs.cumsum(1).mul_(self.weights_upto(c)).sum(2)  # (B, C) value of each prefix
         if not cands.full:
             pv.masked_fill_(torch.arange(1, c + 1, device=ids.device) > count[:, None], -1.0)
@@ -696,7 +700,7 @@ def hf_beta_decode_topk(ct, beta: float) -> torch.Tensor:
     dl = depth_listed(h, ct.values, ct.indices, ct.listed, ct.prior)
     plan = resolve_plan(h, rows.device)
     budget = plan.budget
-    solver = _PrefixSolver.on_candidates(h, r, dt, budget, settle=not plan.gpu)
+    solver = _PrefixSolver.on_candidates(h, r, dt, budget, settle=not plan.gpu, gpu=plan.gpu)
     num_e = depth_ranges(h).depths.numel()
     tau = bounds.tau.index_select(0, nodes)
     is_root = nodes == h.root
