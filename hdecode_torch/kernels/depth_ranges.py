@@ -34,6 +34,9 @@ TABLE_MAX_DEPTHS = 16
 #: Entries of the ends table up to which an int64 copy is cached beside it (32 MiB at most): the gathers
 #: take int64 indices, and converting per call cost the GPU plan one more launch at every use.
 INT64_ENDS_MAX_ENTRIES = 1 << 22
+#: (pairs × leaf depths) from which :func:`depth_masses` forms int32 flat positions from the ends table: fewer
+#: (a row's pairs) take the cached int64 ends, one conversion fewer.
+INT32_MIN_ENTRIES = 1 << 12
 
 
 @dataclass(frozen=True)
@@ -149,24 +152,35 @@ def depth_masses(h, prefix: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor,
     m, e = ids.numel(), h.num_leaf_depths
     flat, s0, s1 = _flat(prefix)
     step = max(1, budget // (64 * e))
-    if m <= step:
+    if m <= step and m * e < INT32_MIN_ENTRIES:  # a row's few pairs: the fewest Python steps
         return _masses(h, flat, s0, s1, rows, ids).to(dtype)
     out = torch.empty(m, e, dtype=dtype, device=prefix.device)
+    if m <= step:
+        return _masses(h, flat, s0, s1, rows, ids, out)
     for a in range(0, m, step):
-        out[a:a + step] = _masses(h, flat, s0, s1, rows[a:a + step], ids[a:a + step])
+        _masses(h, flat, s0, s1, rows[a:a + step], ids[a:a + step], out[a:a + step])
     return out
 
 
-def _masses(h, flat, s0, s1, rows, ids):
+def _masses(h, flat, s0, s1, rows, ids, out=None):
+    """The (M, E) float64 masses, or written into ``out``: the float64 difference rounded once to ``out``'s
+    dtype, as ``.to`` after it would, without the float64 (M, E) table between."""
     m, e = ids.numel(), h.num_leaf_depths
     # One flat index_select for both ends (advanced indexing with a 2-D index is slower on a CPU),
     # on the table's own storage whichever way it is laid out.
-    at = depth_range_ends(h, ids)  # (M, 2E), turned in place into flat positions
+    table = depth_ranges(h).ends if m * e >= INT32_MIN_ENTRIES else None
+    if table is not None and flat.numel() <= torch.iinfo(torch.int32).max:
+        # int32 positions read straight from the ends table (index_select takes int32 indices): half the
+        # bytes of the (M, 2E) positions written and read again, the same entries gathered.
+        at = table.index_select(0, ids.reshape(-1))
+        rows = rows.to(torch.int32)
+    else:
+        at = depth_range_ends(h, ids)  # (M, 2E), turned in place into flat positions
     if s0 != 1:
         at.mul_(s0)
     at.add_(rows[:, None] * s1)
     got = flat.index_select(0, at.view(-1)).view(m, 2, e)
-    return got[:, 0] - got[:, 1]
+    return got[:, 0] - got[:, 1] if out is None else torch.sub(got[:, 0], got[:, 1], out=out)
 
 
 def depth_masses_packed(h, prefix: torch.Tensor, ids: torch.Tensor, budget: int = 1 << 26,

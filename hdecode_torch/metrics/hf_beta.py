@@ -56,13 +56,14 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from ..core.node_sets import sparse_node_sets
 from ..core.params import Flag, Param
 from ..core.plan import resolve_plan
 from ..core.scalar_checks import check_positive
-from ..kernels.candidates import candidate_pairs, depth_rank, pack_candidates, pack_rows
+from ..kernels.candidates import candidate_pairs, depth_order, depth_rank, pack_candidates, pack_rows
 from ..kernels.depth_ranges import depth_masses, depth_masses_packed, depth_ranges
 from ..kernels.fused import hf_beta_best_k, trust_indices
 from ..kernels.support import support_table
@@ -123,7 +124,7 @@ def hf_beta_decode(post, beta: float) -> torch.Tensor:
     bounds = _prefix_bounds(h, beta, dt)
     keep = p >= bounds.bound_slack
     keep[h.root] = True
-    sample, node, value = candidate_pairs(h, keep, p)
+    sample, node, value = _kept_pairs(h, keep, p)
     tau = bounds.tau.index_select(0, node)
     is_root = node == h.root
     # A pair's masses are its own values whatever pairs are read with them: a few listed pairs (one row)
@@ -134,13 +135,13 @@ def hf_beta_decode(post, beta: float) -> torch.Tensor:
         every = solver.masses(sample, node)
     # One row packs its pairs as they are (from_pairs) and has one bound: no sample index is read.
     rows = bsz > 1 or every is None
-    at1 = ((value >= tau * slack) | is_root).nonzero().squeeze(1)
+    at1 = _where((value >= tau * slack) | is_root)
     s1, n1 = sample.index_select(0, at1) if rows else None, node.index_select(0, at1)
     q1 = solver.masses(s1, n1) if every is None else every.index_select(0, at1)
     cands1 = solver.from_pairs(s1, n1, q1)
     solved1 = solver.solve(cands1, k_ref)
     lower, k_ref = solved1[:2]
-    at2 = ((value >= tau * (lower.index_select(0, sample) if bsz > 1 else lower) * wide) | is_root).nonzero().squeeze(1)
+    at2 = _where((value >= tau * (lower.index_select(0, sample) if bsz > 1 else lower) * wide) | is_root)
     if at2.shape == at1.shape and torch.equal(at2, at1):
         # Stage 2 kept stage 1's pairs (often, at one row): its solve would repeat stage 1's bit for bit
         # (the same candidates and masses, and k̂ already clamped to their count).
@@ -154,6 +155,49 @@ def hf_beta_decode(post, beta: float) -> torch.Tensor:
             q2 = every.index_select(0, at2)
         ids, count, best_k, delta = solver.certified_sets(solver.from_pairs(s2, n2, q2), k_ref)
     return _best_sets(h, ids, count, best_k, delta, full=bsz == 1)  # from_pairs packs one row without padding
+
+
+#: Entries of a bool table from which :func:`_where` lists its true entries with NumPy on a CPU.
+_NUMPY_WHERE_MIN_ENTRIES = 1 << 12
+
+
+def _where(mask: torch.Tensor) -> torch.Tensor:
+    """(K,) int64 the positions of the true entries of the flat bool ``mask``, ascending: ``mask.nonzero()``'s,
+    listed by NumPy's ``flatnonzero`` on a CPU table of many entries (it counts a bool table's true entries
+    by words, ATen's ``nonzero`` entry by entry).  Small tables (one row) keep the ATen operator."""
+    if mask.device.type != "cpu" or mask.numel() < _NUMPY_WHERE_MIN_ENTRIES:
+        return mask.reshape(-1).nonzero().squeeze(1)
+    return torch.from_numpy(np.flatnonzero(mask.contiguous().numpy()).astype(np.int64, copy=False))
+
+
+def _kept_pairs(h, keep: torch.Tensor, p: torch.Tensor):
+    """:func:`~hdecode_torch.kernels.candidates.candidate_pairs` (the kept (sample, node) pairs of ``keep``
+    (N, B) bool, sample-major, nodes in (depth, id) order; ``(sample, node, value)``, (M,) each), a batch's
+    on a CPU listed by NumPy: the true entries of the node-major mask in (depth, id) order, then a stable
+    sort of them by sample (a radix sort of 16-bit keys, O(M)) in place of the (B, N) transposition of the
+    mask, which a CPU writes one byte at a time.  The same pairs in the same order."""
+    n, bsz = keep.shape
+    if bsz == 1 or keep.device.type != "cpu" or bsz > _RADIX_MAX_SAMPLES:
+        return candidate_pairs(h, keep, p)
+    order = depth_order(h)
+    by_depth = keep.index_select(0, order)
+    listed = by_depth.numpy()
+    if np.count_nonzero(listed) * _RADIX_MAX_SHARE > listed.size:  # many pairs: their sort costs more
+        sample, rank = np.divmod(np.flatnonzero(by_depth.t().contiguous().numpy()), n)  # sample-major already
+    else:
+        rank, sample = np.divmod(np.flatnonzero(listed), bsz)
+        by_sample = np.argsort(sample.astype(np.int16), kind="stable")
+        sample, rank = sample[by_sample], rank[by_sample]
+    sample, rank = torch.from_numpy(sample), torch.from_numpy(rank)
+    node = order.index_select(0, rank)
+    return sample, node, p.reshape(-1).index_select(0, node * bsz + sample)
+
+
+#: Largest batch whose sample indices :func:`_kept_pairs` sorts as 16-bit keys (NumPy's radix sort).
+_RADIX_MAX_SAMPLES = (1 << 15) - 1
+#: :func:`_kept_pairs` transposes the mask instead where more than one entry in this many is kept: the sort's
+#: O(M) passes then cost about what the transposition does (measured on tieredImageNet-H at B = 4,000).
+_RADIX_MAX_SHARE = 20
 
 
 #: (B, C, E) entries from which :meth:`_PrefixSolver._check` settles k from the order at k̂ before checking
@@ -178,10 +222,11 @@ def _reused_masses(solver, m: int, at1: torch.Tensor, q1: torch.Tensor, at2: tor
     where = torch.full((m,), -1, dtype=torch.long, device=at1.device)
     where.index_copy_(0, at1, torch.arange(at1.numel(), device=at1.device))
     src = where.index_select(0, at2)
-    old, new = (src >= 0).nonzero().squeeze(1), (src < 0).nonzero().squeeze(1)
+    old, new = _where(src >= 0), _where(src < 0)
     q2 = q1.new_empty(at2.numel(), q1.shape[1])
-    q2[old] = q1.index_select(0, src.index_select(0, old))
-    q2[new] = solver.masses(s2.index_select(0, new), n2.index_select(0, new))
+    # whole rows: index_put with an index tensor writes entry by entry on a CPU
+    q2.index_copy_(0, old, q1.index_select(0, src.index_select(0, old)))
+    q2.index_copy_(0, new, solver.masses(s2.index_select(0, new), n2.index_select(0, new)))
     return q2
 
 
@@ -384,6 +429,18 @@ def _solver_tables(h, r: float, dt: torch.dtype) -> _SolverTables:
     return h.cached(("hf_beta_solver_tables", r, dt), build)
 
 
+def _rows_in_order(q: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """(B, C, E) ``q`` with each sample's C rows taken in ``order`` (B, C) int64: ``q.gather(1, order``
+    expanded over E``)``, the same values, as one ``index_select`` of whole E-entry rows of the flat
+    (B·C, E) table (a CPU's gather with an expanded index reads one entry at a time)."""
+    bsz, c, e = q.shape
+    flat = q.reshape(bsz * c, e)
+    if bsz == 1:
+        return flat.index_select(0, order.view(c)).view(1, c, e)
+    at = order + torch.arange(0, bsz * c, c, device=order.device)[:, None]
+    return flat.index_select(0, at.view(-1)).view(bsz, c, e)
+
+
 class _PrefixSolver:
     """Best prefix sets of candidate lists (module docstring), for one batch."""
 
@@ -392,18 +449,21 @@ class _PrefixSolver:
         self.h, self.r, self.dt, self.p = h, r, p.dtype, p
         self.budget = post.plan.budget
         self.settle = not post.plan.gpu  # see _check
+        self.gpu = post.plan.gpu  # see solve
         # With one leaf depth the masses are p itself.
         self.prefix = _depth_prefix(post) if h.num_leaf_depths > 1 else None
         self.tables = _solver_tables(h, r, self.dt)
         self.depths, self.a, self._w = self.tables.depths, self.tables.a, self.tables.w_at[1:]
 
     @classmethod
-    def on_candidates(cls, h, r: float, dt: torch.dtype, budget: int, settle: bool = True) -> "_PrefixSolver":
+    def on_candidates(cls, h, r: float, dt: torch.dtype, budget: int, settle: bool = True,
+                      gpu: bool = False) -> "_PrefixSolver":
         """A solver for candidates whose masses the caller packs itself (top-k inputs): :meth:`solve` and
-        :meth:`certified_sets` only, not :meth:`from_pairs`.  ``settle``: see :meth:`_check`."""
+        :meth:`certified_sets` only, not :meth:`from_pairs`.  ``settle``: see :meth:`_check`; ``gpu``: the
+        GPU plan's (see :meth:`solve`)."""
         self = cls.__new__(cls)
         self.h, self.r, self.dt, self.p, self.budget, self.prefix = h, r, dt, None, budget, None
-        self.settle = settle
+        self.settle, self.gpu = settle, gpu
         self.tables = _solver_tables(h, r, dt)
         self.depths, self.a, self._w = self.tables.depths, self.tables.a, self.tables.w_at[1:]
         return self
@@ -443,8 +503,11 @@ class _PrefixSolver:
         if bsz == 1:  # one row: its pairs are its packed candidates, in order (what the packing gives)
             return _Candidates(node[None], node.new_full((1,), node.numel()), flat[None], True)
         ids, count, slot = pack_candidates(h, sample, node, bsz)
-        q = torch.zeros(bsz, ids.shape[1], flat.shape[1], dtype=self.dt, device=ids.device)
-        q[sample, slot] = flat
+        c, e = ids.shape[1], flat.shape[1]
+        q = torch.zeros(bsz, c, e, dtype=self.dt, device=ids.device)
+        # Whole E-entry rows of the flat (B·C, E) table: a CPU's index_put with two index tensors writes
+        # entry by entry (the same values).
+        q.view(bsz * c, e).index_copy_(0, sample * c + slot, flat)
         return _Candidates(ids, count, q)
 
     def solve(self, cands: "_Candidates", k_ref):
@@ -461,7 +524,8 @@ class _PrefixSolver:
         if not cands.full:
             d_ref = d_ref.masked_fill(ids == self.h.num_nodes, float("-inf"))
         srt = torch.sort(d_ref, dim=1, descending=True, stable=True)
-        qs = q.gather(1, srt.indices[:, :, None].expand_as(q))
+        # On the GPU plan one gather (its launches count); on a CPU whole rows (_rows_in_order), the same values
+        qs = q.gather(1, srt.indices[:, :, None].expand_as(q)) if self.gpu else _rows_in_order(q, srt.indices)
         pv = qs.cumsum(1).mul_(self.weights_upto(c)).sum(2)  # (B, C) value of each prefix
         if not cands.full:
             pv.masked_fill_(torch.arange(1, c + 1, device=ids.device) > count[:, None], -1.0)
@@ -636,7 +700,7 @@ def hf_beta_decode_topk(ct, beta: float) -> torch.Tensor:
     dl = depth_listed(h, ct.values, ct.indices, ct.listed, ct.prior)
     plan = resolve_plan(h, rows.device)
     budget = plan.budget
-    solver = _PrefixSolver.on_candidates(h, r, dt, budget, settle=not plan.gpu)
+    solver = _PrefixSolver.on_candidates(h, r, dt, budget, settle=not plan.gpu, gpu=plan.gpu)
     num_e = depth_ranges(h).depths.numel()
     tau = bounds.tau.index_select(0, nodes)
     is_root = nodes == h.root
