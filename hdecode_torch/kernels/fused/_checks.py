@@ -15,7 +15,7 @@ from typing import Callable, Hashable
 import torch
 
 __all__ = ["FLOAT_INPUTS", "OUT_DTYPES", "check_float_tensor", "check_vector", "check_ranges", "check_index_values",
-           "check_bounds", "trust_indices", "derived", "check_tables_once"]
+           "check_bounds", "trust_indices", "derived", "CACHE_ENTRIES", "check_tables_once"]
 
 FLOAT_INPUTS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 OUT_DTYPES = (torch.float32, torch.float64)
@@ -129,33 +129,48 @@ def check_bounds(checks, remember: bool = True, trusted_ok: bool = False) -> Non
             _remember(t, top)
 
 
-#: Tables derived from index tensors, by (tag, ids of the sources): (weak references, versions, value).
+#: Tables derived from index tensors (or from constants alone), by (tag, ids of the sources): (weak references,
+#: versions, value), least recently used first.
 _DERIVED: dict[tuple, tuple] = {}
+
+#: Entries :data:`_DERIVED` keeps: a tree's tables go with its tensors, but the tables of a width (a set per
+#: candidate count a row brings, ``jaccard_sets``' of at most 2^16 float64 cells each) would accumulate.
+CACHE_ENTRIES = 256
 
 _version = operator.attrgetter("_version")
 
 
-def derived(tag: Hashable, sources: tuple, build: Callable[[], object]):
+def derived(tag: Hashable, sources: tuple, build: Callable[[], object], keep: Callable[[object], bool] | None = None):
     """``build()``, computed once per set of ``sources`` tensors and reused while none of them changes.
 
-    For index tables an op derives from its index arguments (reordered ranges, remapped endpoints):
-    the library passes the same cached tree tables on every call, so the derivation runs once per
-    tree rather than once per call.  ``tag`` (hashable) names the derivation and holds every
-    non-tensor input of ``build``.  Inference tensors (no version counter) are never cached.
+    For index tables an op derives from its index arguments (reordered ranges, remapped endpoints) and
+    for the tables of a width (``sources`` empty): the library passes the same cached tree tables on every
+    call, so the derivation runs once per tree rather than once per call.  ``tag`` (hashable) names the
+    derivation and holds every non-tensor input of ``build``.  Inference tensors (no version counter) are
+    never cached, nor a value ``keep`` rejects.  At most ``CACHE_ENTRIES`` entries, the least recently used
+    dropped: a call reads and inserts several, and clearing a full cache would drop the first before the
+    call's next read.  An entry also goes with any of its sources.  O(1) a lookup.
     """
     try:
         versions = tuple(map(_version, sources))
     except RuntimeError:
         return build()
     key = (tag, *map(id, sources))
-    entry = _DERIVED.get(key)
+    entry = _DERIVED.pop(key, None)
     # An entry's sources are alive (a dead one's weak reference removes the entry before its id can
     # be reused), so equal ids are the same tensors.
     if entry is not None and entry[1] == versions:
+        _DERIVED[key] = entry  # the most recently used
         return entry[2]
     value = build()
+    if keep is not None and not keep(value):
+        return value
     refs = tuple(weakref.ref(t, lambda _, key=key, table=_DERIVED: table.pop(key, None)) for t in sources)
     _DERIVED[key] = (refs, versions, value)
+    over = len(_DERIVED) - CACHE_ENTRIES
+    if over > 0:  # (a negative slice end would drop entries below the limit)
+        for old in list(_DERIVED)[:over]:  # a snapshot: another thread may insert meanwhile
+            _DERIVED.pop(old, None)
     return value
 
 
