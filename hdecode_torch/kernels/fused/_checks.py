@@ -134,8 +134,9 @@ def check_bounds(checks, remember: bool = True, trusted_ok: bool = False) -> Non
 _DERIVED: dict[tuple, tuple] = {}
 
 #: Entries :data:`_DERIVED` keeps: a tree's tables go with its tensors, but the tables of a width (a set per
-#: candidate count a row brings, ``jaccard_sets``' of at most 2^16 float64 cells each) would accumulate.
-CACHE_ENTRIES = 256
+#: candidate count a row brings, ``jaccard_sets``' of at most 2^16 float64 cells each: 64 MiB at most) would
+#: accumulate.  A one-row Jaccard call reads six or seven.
+CACHE_ENTRIES = 128
 
 _version = operator.attrgetter("_version")
 
