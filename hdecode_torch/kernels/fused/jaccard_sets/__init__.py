@@ -101,11 +101,7 @@ def depth_table(kind: str, depths: torch.Tensor, args: tuple, build):
     """``build()``, a table of the leaf depths ``depths`` (a tree's) and ``args`` (a width's), made once rather
     than per call where at most ``DEPTH_TABLE_CELLS`` cells (a call of one row runs a few dozen small operators;
     these were about a dozen of them a call): :func:`derived`, ``kind`` naming the table."""
-    return derived((kind, *args), (depths,), build, _small)
-
-
-def _small(table: torch.Tensor) -> bool:
-    return table.numel() <= DEPTH_TABLE_CELLS
+    return derived((kind, *args), (depths,), build, lambda table: table.numel() <= DEPTH_TABLE_CELLS)
 
 
 def gain_weights(depths: torch.Tensor, kmax: int, dtype: torch.dtype, m0: int = 0,
