@@ -1,6 +1,6 @@
-"""The fused ops' one cache of derived tables (``kernels.fused._checks.derived``): reused while its sources
-are unchanged, rebuilt after an in-place change, dropped with a source, bounded with the least recently
-used entry out, never for inference tensors or values ``keep`` rejects."""
+"""The fused ops' one cache of derived tables and index checks passed (``kernels.fused._checks.derived``):
+reused while its sources are unchanged, rebuilt after an in-place change, dropped with a source, bounded with
+the least recently used entry out, never for inference tensors or values ``keep`` rejects."""
 
 from __future__ import annotations
 
@@ -65,3 +65,22 @@ def test_inference_tensors_and_rejected_values_are_not_kept(cache):
     u = torch.arange(3)
     assert checks.derived("u", (u,), build, keep=lambda v: v < 5) == 5 and not cache
     assert checks.derived("u", (u,), lambda: 4, keep=lambda v: v < 5) == 4 and len(cache) == 1
+
+
+def test_index_checks_are_kept_until_a_change_and_trusted_marks_are_not_read(cache):
+    t = torch.tensor([0, 5])
+    checks.check_bounds([(t, 5, "t", "N")])
+    assert len(cache) == 1
+    t[1] = 9  # in place: read again, and refused
+    with pytest.raises(ValueError, match="`t` in \\[0, N\\] = \\[0, 5\\], but got 9"):
+        checks.check_bounds([(t, 5, "t", "N")])
+    assert not cache
+    u = checks.trust_indices(torch.tensor([7]), 3)  # its producer's word: not read where trusted
+    checks.check_bounds([(u, 3, "u", "C")], remember=False, trusted_ok=True)
+    with pytest.raises(ValueError, match="`u`"):
+        checks.check_bounds([(u, 3, "u", "C")], remember=False)
+    v = torch.tensor([1])
+    checks.check_bounds([(v, 3, "v", "C")], remember=False, trusted_ok=True)  # read, not kept
+    with pytest.raises(ValueError, match="`v`"):
+        checks.check_bounds([(v, 0, "v", "C")], remember=False, trusted_ok=True)
+    assert len(cache) == 1

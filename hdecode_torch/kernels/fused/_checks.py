@@ -58,36 +58,13 @@ def check_ranges(x, src, weight, hi, lo) -> None:
         check_vector(lo, "lo", torch.int64, x.device, hi.shape[0])
 
 
-#: Index tensors already checked against a bound, by id: (weak reference, version counter, bound).
-#: The library passes the same cached tree tables on every call, so each is read once, not per call
-#: (a read is a host sync); an in-place change bumps the version and triggers a new check.
-_VERIFIED: dict[int, tuple] = {}
-
-
-def _already_verified(t: torch.Tensor, top: int) -> bool:
-    entry = _VERIFIED.get(id(t))
-    try:
-        return entry is not None and entry[0]() is t and entry[1] == t._version and entry[2] == top
-    except RuntimeError:  # inference tensors have no version counter: always check them
-        return False
-
-
 def trust_indices(t: torch.Tensor, top: int) -> torch.Tensor:
     """Mark an index tensor built correct by construction (``0 <= t <= top``) as checked; returns it.
 
     For tables the library derives from a validated tree: their first use then needs no host read.
     """
-    _remember(t, top)
+    derived(("in range", top), (t,), bool)
     return t
-
-
-def _remember(t: torch.Tensor, top: int) -> None:
-    try:
-        version = t._version
-    except RuntimeError:
-        return
-    key = id(t)
-    _VERIFIED[key] = (weakref.ref(t, lambda _, key=key, table=_VERIFIED: table.pop(key, None)), version, top)
 
 
 def check_index_values(x, src, hi, lo) -> None:
@@ -113,24 +90,37 @@ def check_bounds(checks, remember: bool = True, trusted_ok: bool = False) -> Non
     ``trusted_ok`` and their producer marked them with :func:`trust_indices`.
     """
     for t, top, name, what in checks:
-        if t.numel() == 0:
+        if t.numel() == 0 or t.device.type == "meta":
             continue
-        if t.device.type == "meta" or ((remember or trusted_ok) and _already_verified(t, top)):
+        check = (lambda t=t, top=top, name=name, what=what: _check_range(t, top, name, what))
+        if not (remember or trusted_ok):
+            check()
             continue
-        if t.device.type == "cuda":
-            lo_v, hi_v = torch.aminmax(t)
-            torch._assert_async((lo_v >= 0) & (hi_v <= top), f"`{name}` out of range [0, {what}]")
-            continue
-        lo_v, hi_v = (int(v) for v in torch.aminmax(t))
-        if lo_v < 0 or hi_v > top:
-            bad = lo_v if lo_v < 0 else hi_v
-            raise ValueError(f"Expected every entry of `{name}` in [0, {what}] = [0, {top}], but got {bad}")
-        if remember:
-            _remember(t, top)
+        # Read once per tensor and version (:func:`derived`: the library passes the same cached tree tables on
+        # every call, and a read is a host sync); a CUDA check is queued, not yet known to pass: not kept.
+        derived(("in range", top), (t,), check, None if remember and t.device.type != "cuda" else _never)
 
 
-#: Tables derived from index tensors (or from constants alone), by (tag, ids of the sources): (weak references,
-#: versions, value), least recently used first.
+def _check_range(t: torch.Tensor, top: int, name: str, what: str) -> bool:
+    """True if ``0 <= t <= top`` (read on the host), ValueError naming ``name`` otherwise; on CUDA queued."""
+    if t.device.type == "cuda":
+        lo_v, hi_v = torch.aminmax(t)
+        torch._assert_async((lo_v >= 0) & (hi_v <= top), f"`{name}` out of range [0, {what}]")
+        return True
+    lo_v, hi_v = (int(v) for v in torch.aminmax(t))
+    if lo_v < 0 or hi_v > top:
+        bad = lo_v if lo_v < 0 else hi_v
+        raise ValueError(f"Expected every entry of `{name}` in [0, {what}] = [0, {top}], but got {bad}")
+    return True
+
+
+def _never(_) -> bool:
+    """A ``keep`` of :func:`derived` that keeps nothing: look up, never insert."""
+    return False
+
+
+#: Tables derived from index tensors (or from constants alone) and index checks passed (:func:`check_bounds`), by
+#: (tag, ids of the sources): (weak references, versions, value), least recently used first.
 _DERIVED: dict[tuple, tuple] = {}
 
 #: Entries :data:`_DERIVED` keeps: a tree's tables go with its tensors, but the tables of a width (a set per
