@@ -585,6 +585,45 @@ def test_torch_implementation_on_wide_batches_is_the_numpy_scan(case):
                 assert np.array_equal(got, numpy_decision(want, rank.numpy(), thr, -1))
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+def test_node_sums_read_both_ends_in_one_gather_or_two_with_the_same_bits(monkeypatch, rows):
+    """The range sums the ops share (``_node_sums.node_sums``, with or without a weight, in a float32 or float64
+    ``out``): one (B, 2K) gather of both ends or, beyond ``ONE_GATHER_BYTES``, two (B, K) gathers; the NumPy
+    scan's bits either way, the same sums as ``gathered_prefix``'s, and the one gather two operators fewer."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from hdecode_torch.kernels.fused import _node_sums as NS
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += 1
+            return func(*args, **(kwargs or {}))
+
+    rng = np.random.default_rng(21)
+    m, k = 50, 40
+    x = torch.as_tensor(rng.standard_normal((rows, m))).float()
+    src, weight = torch.as_tensor(rng.integers(0, m, 60)), torch.as_tensor(rng.standard_normal(60))
+    lo = torch.as_tensor(rng.integers(0, 60, k))
+    hi = torch.minimum(lo + torch.as_tensor(rng.integers(1, 4, k)), torch.tensor(60))  # one-entry ranges too
+    ends = NS.table_endpoints(hi, lo, 60)
+    ops = []
+    for limit in (1 << 25, 0):
+        monkeypatch.setattr(NS, "ONE_GATHER_BYTES", limit)
+        for w in (None, weight):
+            want = numpy_range_sums(x.double().numpy(), src.numpy(), None if w is None else w.numpy(), hi.numpy(),
+                                    lo.numpy())
+            with Count() as count:
+                got = NS.node_sums(x, src, ends, w)
+            ops.append(count.n)
+            assert np.array_equal(got.numpy(), want) and got.dtype == torch.float64
+            out = torch.empty(rows, k)
+            assert NS.node_sums(x, src, ends, w, out) is out and torch.equal(out, got.float())
+            assert torch.equal(F.gathered_prefix(x, src, w, hi, lo, torch.float64), got)
+    assert ops[0] == ops[2] - 2 and ops[1] == ops[3] - 2, ops
+
+
 def test_one_entry_ranges_are_the_entry():
     """A range of one entry is weight·x[src[lo]] exactly, where a difference of running sums rounds (1
     after 1e16 is lost); so a node with one leaf below it holds that leaf's probability exactly."""

@@ -15,7 +15,7 @@ from typing import Callable, Hashable
 import torch
 
 __all__ = ["FLOAT_INPUTS", "OUT_DTYPES", "check_float_tensor", "check_vector", "check_ranges", "check_index_values",
-           "check_bounds", "trust_indices", "derived", "check_tables_once"]
+           "check_bounds", "trust_indices", "derived", "CACHE_ENTRIES", "check_tables_once"]
 
 FLOAT_INPUTS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 OUT_DTYPES = (torch.float32, torch.float64)
@@ -58,36 +58,13 @@ def check_ranges(x, src, weight, hi, lo) -> None:
         check_vector(lo, "lo", torch.int64, x.device, hi.shape[0])
 
 
-#: Index tensors already checked against a bound, by id: (weak reference, version counter, bound).
-#: The library passes the same cached tree tables on every call, so each is read once, not per call
-#: (a read is a host sync); an in-place change bumps the version and triggers a new check.
-_VERIFIED: dict[int, tuple] = {}
-
-
-def _already_verified(t: torch.Tensor, top: int) -> bool:
-    entry = _VERIFIED.get(id(t))
-    try:
-        return entry is not None and entry[0]() is t and entry[1] == t._version and entry[2] == top
-    except RuntimeError:  # inference tensors have no version counter: always check them
-        return False
-
-
 def trust_indices(t: torch.Tensor, top: int) -> torch.Tensor:
     """Mark an index tensor built correct by construction (``0 <= t <= top``) as checked; returns it.
 
     For tables the library derives from a validated tree: their first use then needs no host read.
     """
-    _remember(t, top)
+    derived(("in range", top), (t,), bool)
     return t
-
-
-def _remember(t: torch.Tensor, top: int) -> None:
-    try:
-        version = t._version
-    except RuntimeError:
-        return
-    key = id(t)
-    _VERIFIED[key] = (weakref.ref(t, lambda _, key=key, table=_VERIFIED: table.pop(key, None)), version, top)
 
 
 def check_index_values(x, src, hi, lo) -> None:
@@ -113,49 +90,78 @@ def check_bounds(checks, remember: bool = True, trusted_ok: bool = False) -> Non
     ``trusted_ok`` and their producer marked them with :func:`trust_indices`.
     """
     for t, top, name, what in checks:
-        if t.numel() == 0:
+        if t.numel() == 0 or t.device.type == "meta":
             continue
-        if t.device.type == "meta" or ((remember or trusted_ok) and _already_verified(t, top)):
+        check = (lambda t=t, top=top, name=name, what=what: _check_range(t, top, name, what))
+        if not (remember or trusted_ok):
+            check()
             continue
-        if t.device.type == "cuda":
-            lo_v, hi_v = torch.aminmax(t)
-            torch._assert_async((lo_v >= 0) & (hi_v <= top), f"`{name}` out of range [0, {what}]")
-            continue
-        lo_v, hi_v = (int(v) for v in torch.aminmax(t))
-        if lo_v < 0 or hi_v > top:
-            bad = lo_v if lo_v < 0 else hi_v
-            raise ValueError(f"Expected every entry of `{name}` in [0, {what}] = [0, {top}], but got {bad}")
-        if remember:
-            _remember(t, top)
+        # Read once per tensor and version (:func:`derived`: the library passes the same cached tree tables on
+        # every call, and a read is a host sync); a CUDA check is queued, not yet known to pass: not kept.
+        derived(("in range", top), (t,), check, None if remember and t.device.type != "cuda" else _never)
 
 
-#: Tables derived from index tensors, by (tag, ids of the sources): (weak references, versions, value).
+def _check_range(t: torch.Tensor, top: int, name: str, what: str) -> bool:
+    """True if ``0 <= t <= top`` (read on the host), ValueError naming ``name`` otherwise; on CUDA queued."""
+    if t.device.type == "cuda":
+        lo_v, hi_v = torch.aminmax(t)
+        torch._assert_async((lo_v >= 0) & (hi_v <= top), f"`{name}` out of range [0, {what}]")
+        return True
+    lo_v, hi_v = (int(v) for v in torch.aminmax(t))
+    if lo_v < 0 or hi_v > top:
+        bad = lo_v if lo_v < 0 else hi_v
+        raise ValueError(f"Expected every entry of `{name}` in [0, {what}] = [0, {top}], but got {bad}")
+    return True
+
+
+def _never(_) -> bool:
+    """A ``keep`` of :func:`derived` that keeps nothing: look up, never insert."""
+    return False
+
+
+#: Tables derived from index tensors (or from constants alone) and index checks passed (:func:`check_bounds`), by
+#: (tag, ids of the sources): (weak references, versions, value), least recently used first.
 _DERIVED: dict[tuple, tuple] = {}
+
+#: Entries :data:`_DERIVED` keeps: a tree's tables go with its tensors, but the tables of a width (a set per
+#: candidate count a row brings, ``jaccard_sets``' of at most 2^16 float64 cells each: 64 MiB at most) would
+#: accumulate.  A one-row Jaccard call reads six or seven.
+CACHE_ENTRIES = 128
 
 _version = operator.attrgetter("_version")
 
 
-def derived(tag: Hashable, sources: tuple, build: Callable[[], object]):
+def derived(tag: Hashable, sources: tuple, build: Callable[[], object], keep: Callable[[object], bool] | None = None):
     """``build()``, computed once per set of ``sources`` tensors and reused while none of them changes.
 
-    For index tables an op derives from its index arguments (reordered ranges, remapped endpoints):
-    the library passes the same cached tree tables on every call, so the derivation runs once per
-    tree rather than once per call.  ``tag`` (hashable) names the derivation and holds every
-    non-tensor input of ``build``.  Inference tensors (no version counter) are never cached.
+    For index tables an op derives from its index arguments (reordered ranges, remapped endpoints) and
+    for the tables of a width (``sources`` empty): the library passes the same cached tree tables on every
+    call, so the derivation runs once per tree rather than once per call.  ``tag`` (hashable) names the
+    derivation and holds every non-tensor input of ``build``.  Inference tensors (no version counter) are
+    never cached, nor a value ``keep`` rejects.  At most ``CACHE_ENTRIES`` entries, the least recently used
+    dropped: a call reads and inserts several, and clearing a full cache would drop the first before the
+    call's next read.  An entry also goes with any of its sources.  O(1) a lookup.
     """
     try:
         versions = tuple(map(_version, sources))
     except RuntimeError:
         return build()
     key = (tag, *map(id, sources))
-    entry = _DERIVED.get(key)
+    entry = _DERIVED.pop(key, None)
     # An entry's sources are alive (a dead one's weak reference removes the entry before its id can
     # be reused), so equal ids are the same tensors.
     if entry is not None and entry[1] == versions:
+        _DERIVED[key] = entry  # the most recently used
         return entry[2]
     value = build()
+    if keep is not None and not keep(value):
+        return value
     refs = tuple(weakref.ref(t, lambda _, key=key, table=_DERIVED: table.pop(key, None)) for t in sources)
     _DERIVED[key] = (refs, versions, value)
+    over = len(_DERIVED) - CACHE_ENTRIES
+    if over > 0:  # (a negative slice end would drop entries below the limit)
+        for old in list(_DERIVED)[:over]:  # a snapshot: another thread may insert meanwhile
+            _DERIVED.pop(old, None)
     return value
 
 

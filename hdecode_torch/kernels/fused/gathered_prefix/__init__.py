@@ -1,6 +1,7 @@
 """``hdecode::gathered_prefix``: range sums of a gathered, weighted prefix accumulated in float64.
 
-Also the torch range sums the other range-sum ops are built on (:func:`range_sums`).
+Also its torch range sums (:func:`range_sums`, on the node sums the decision ops share:
+:mod:`hdecode_torch.kernels.fused._node_sums`).
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from .._checks import OUT_DTYPES, check_index_values, check_ranges, check_tables_once, derived
+from .._node_sums import node_sums, prefix_table, table_endpoints
 from .._registry import call, register
 
 __all__ = ["gathered_prefix", "gathered_prefix_torch", "range_sums", "SCHEMA"]
@@ -60,24 +62,16 @@ def check(x, src, weight, hi, lo, out_dtype) -> None:
     check_tables_once("gathered_prefix", x, (src, weight, hi, lo), tables)
 
 
-def _endpoints(hi: torch.Tensor, lo: torch.Tensor | None, j: int):
-    """(hi', lo') into the table ``[C | g]`` of :func:`range_sums`: a one-entry range reads ``g[lo] − C[0]``.
-
-    Without ``lo`` every range starts at 0, and ``C[1] − C[0] = g[0]`` exactly already.
-    """
-    if lo is None:
-        return hi, None
-
-    def build():
-        one = hi - lo == 1
-        return torch.where(one, lo + (j + 1), hi), torch.where(one, 0, lo)
-    return derived(f"endpoints/{j}", (hi, lo), build)
+def _endpoints(hi: torch.Tensor, lo: torch.Tensor, j: int):
+    """(hi', lo') of :func:`_both_ends`, apart (cached per set of ranges), for an op that gathers each end
+    on its own (``wu_palmer_best``)."""
+    return derived(("endpoints", j), (hi, lo), lambda: _both_ends(hi, lo, j).chunk(2))
 
 
 def _both_ends(hi: torch.Tensor, lo: torch.Tensor, j: int) -> torch.Tensor:
-    """(2K,) ``[hi' | lo']`` of :func:`_endpoints` side by side (cached per set of ranges), so that one gather
-    reads both ends of every range."""
-    return derived(f"both_ends/{j}", (hi, lo), lambda: torch.cat(_endpoints(hi, lo, j)))
+    """(2K,) :func:`~hdecode_torch.kernels.fused._node_sums.table_endpoints` of the ranges (cached per set of
+    ranges): at one row, a derivation per call costs as much as the sums."""
+    return derived(("both_ends", j), (hi, lo), lambda: table_endpoints(hi, lo, j))
 
 
 def range_sums(x: torch.Tensor, src: torch.Tensor, weight: torch.Tensor | None, hi: torch.Tensor,
@@ -85,36 +79,18 @@ def range_sums(x: torch.Tensor, src: torch.Tensor, weight: torch.Tensor | None, 
     """(B, K) float64 range sums of :func:`gathered_prefix` (in ``out`` if given, float32 or float64: the
     float64 sums cast); arguments unchecked.
 
-    All rows at once: the gathered values ``g`` (B, J) and their exclusive prefix ``C`` (B, J + 1)
-    side by side in one float64 table, so that every range, one-entry ranges included, is one
-    difference of two gathered entries.  Sequential scans: the same bits on every call.
+    All rows at once, :func:`~hdecode_torch.kernels.fused._node_sums.node_sums`: every range, one-entry
+    ranges included, one difference of two entries of a float64 table of the gathered values and their
+    exclusive prefix.  Sequential scans: the same bits on every call.
     """
-    b, j = x.shape[0], src.shape[0]
-    one_entry = lo is not None
-    table = x.new_empty((b, 2 * j + 1 if one_entry else j + 1), dtype=torch.float64)
-    # select, narrow: Python's indexing costs a few µs a call, which at one row is an operator's cost
-    table.select(1, 0).zero_()
-    g = table.narrow(1, j + 1, j) if one_entry else table.narrow(1, 1, j)
-    if x.dtype == torch.float64:
-        torch.index_select(x, 1, src, out=g)
-    else:
-        g.copy_(x.index_select(1, src))
-    if weight is not None:
-        g.mul_(weight)
-    if one_entry:
-        torch.cumsum(g, dim=1, out=table.narrow(1, 1, j))
-    else:
-        g.cumsum_(dim=1)
-    # gather with stride-0 indices: faster on the CPU than index_select along dim 1, and no (B, K) index table
-    if lo is None:
-        if out is not None and out.dtype != torch.float64:
-            return out.copy_(torch.gather(table, 1, hi.expand(b, -1)))  # the float64 sum rounded once
-        return torch.gather(table, 1, hi.expand(b, -1), out=out)
-    # both ends in one gather, then one float64 difference per range, rounded once on its way into a
-    # float32 ``out`` (the bits of a cast after it)
-    k = hi.shape[0]
-    both = torch.gather(table, 1, _both_ends(hi, lo, j).expand(b, -1))
-    return torch.sub(both.narrow(1, 0, k), both.narrow(1, k, k), out=out)
+    if lo is not None:
+        return node_sums(x, src, _both_ends(hi, lo, src.shape[0]), weight, out)
+    # every range from 0: C[hi] alone, from the prefix without the gathered values beside it
+    b = x.shape[0]
+    table = prefix_table(x, src, weight, apart=False)
+    if out is not None and out.dtype != torch.float64:
+        return out.copy_(torch.gather(table, 1, hi.expand(b, -1)))  # the float64 sum rounded once
+    return torch.gather(table, 1, hi.expand(b, -1), out=out)
 
 
 #: Bytes of the float64 table of :func:`range_sums` per block of rows on a CPU.  A table of a whole

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .._checks import check_bounds, check_float_tensor, check_vector
+from .._checks import check_bounds, check_float_tensor, check_vector, derived
 from .._registry import register
 
 __all__ = ["jaccard_sets", "jaccard_sets_torch", "row_slacks", "gains", "gain_weights", "size_bound", "knapsack", "knapsack_sets", "knapsack_band", "walk", "walk_band", "closed_prefix_bound", "group_widths", "SCHEMA"]
@@ -93,56 +93,15 @@ def check_args(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_dep
     check_vector(depths, "depths", torch.float64, dev, e)
 
 
-#: Tables of the leaf depths alone (a tree's) and a width, made once rather than per call (a call of one row
-#: runs a few dozen small operators; these were about a dozen of them a call): key -> (depths, its version,
-#: table).  Looked up by the depths tensor's identity and version, so a changed or other tensor misses.
-_DEPTH_TABLES: dict = {}
-
-
-#: Entries each of this module's caches keeps (widths vary from call to call: a bounded few).
-CACHE_ENTRIES = 64
-
-
-def _recall(cache: dict, key):
-    """``cache[key]`` (None if absent), made the most recently used."""
-    got = cache.pop(key, None)
-    if got is not None:
-        cache[key] = got
-    return got
-
-
-def _remember(cache: dict, key, value):
-    """``cache[key] = value``, the least recently used entry dropped beyond ``CACHE_ENTRIES``: one call reads
-    and inserts several keys, and clearing the whole cache when full dropped the first ones before the call's
-    next read (a warm call's tables missed again by the following call)."""
-    cache[key] = value
-    for old in list(cache)[: len(cache) - CACHE_ENTRIES]:  # a snapshot: another thread may insert meanwhile
-        cache.pop(old, None)
-    return value
+#: Largest table :func:`depth_table` keeps (cells): a deep tree's are made per call.
+DEPTH_TABLE_CELLS = 1 << 16
 
 
 def depth_table(kind: str, depths: torch.Tensor, args: tuple, build):
-    """The cached table ``build()`` of ``depths`` and ``args`` (see ``_DEPTH_TABLES``)."""
-    key = (kind, id(depths), args)
-    version = _version(depths)
-    got = _recall(_DEPTH_TABLES, key)
-    if got is not None and got[0] is depths and version is not None and got[1] == version:
-        return got[2]
-    table = build()
-    if table.numel() > DEPTH_TABLE_CELLS or version is None:  # a deep tree's, or no version to check
-        return table
-    _remember(_DEPTH_TABLES, key, (depths, version, table))
-    return table
-
-
-def _version(t: torch.Tensor) -> int | None:
-    """``t``'s version counter, or None for a tensor that has none (made under ``torch.inference_mode``, as
-    a tree's tables are when first built during a Lightning validation loop)."""
-    return None if t.is_inference() else t._version
-
-
-#: Largest table ``_DEPTH_TABLES`` holds (cells): 64 of them stay within 32 MiB of float64.
-DEPTH_TABLE_CELLS = 1 << 16
+    """``build()``, a table of the leaf depths ``depths`` (a tree's) and ``args`` (a width's), made once rather
+    than per call where at most ``DEPTH_TABLE_CELLS`` cells (a call of one row runs a few dozen small operators;
+    these were about a dozen of them a call): :func:`derived`, ``kind`` naming the table."""
+    return derived((kind, *args), (depths,), build, lambda table: table.numel() <= DEPTH_TABLE_CELLS)
 
 
 def gain_weights(depths: torch.Tensor, kmax: int, dtype: torch.dtype, m0: int = 0,
@@ -209,16 +168,10 @@ def gains(q: torch.Tensor, depth: torch.Tensor, depths: torch.Tensor, kmax: int,
     return g
 
 
-#: (K, device) -> arange(K): the gains' window offsets, made once per width rather than per call.
-_SPANS: dict = {}
-
-
 def _span(kmax: int, dev: torch.device) -> torch.Tensor:
-    """(K,) int64 0..K − 1 (cached; read it, never write it)."""
-    got = _recall(_SPANS, (kmax, dev))
-    if got is None:
-        got = _remember(_SPANS, (kmax, dev), torch.arange(kmax, device=dev))
-    return got
+    """(K,) int64 0..K − 1, the gains' window offsets, made once per width rather than per call (read it,
+    never write it)."""
+    return derived(("span", kmax, dev), (), lambda: torch.arange(kmax, device=dev))
 
 
 def size_bound(q_root: torch.Tensor, depths: torch.Tensor, kmax: int) -> torch.Tensor:
@@ -750,22 +703,16 @@ def row_slacks(count: torch.Tensor, num_e: int, u: float, mass_rel: float, mass_
     return rel, c.mul_(4 * mass_abs)
 
 
-#: (kmax, max_depth, device) -> the tables of :func:`size_tables`: tree- and width-only, made once rather
-#: than per call (a call of one row runs a few dozen small operators; these were five of them).
-_SIZE_TABLES: dict = {}
-
-
 def size_tables(kmax: int, max_depth: int, dev: torch.device):
     """``(kf, tau_k, span)``: the sizes 1..K (float64), τ_k = max(k, v)/(2k + D − 1) for v = 0..D + 1 (rows)
-    and k = 1..K, flattened ((D + 2)·K float64), and 0..K − 1 (int64); cached."""
-    key = (kmax, max_depth, dev)
-    got = _recall(_SIZE_TABLES, key)
-    if got is None:
+    and k = 1..K, flattened ((D + 2)·K float64), and 0..K − 1 (int64); tree- and width-only, made once rather
+    than per call (a call of one row runs a few dozen small operators; these were five of them)."""
+    def build():
         kf = torch.arange(1, kmax + 1, device=dev, dtype=torch.float64)
         levels = torch.arange(max_depth + 2, device=dev, dtype=torch.float64)
         tau_k = (torch.maximum(kf, levels[:, None]) / (2 * kf + max_depth - 1)).view(-1)
-        got = _remember(_SIZE_TABLES, key, (kf, tau_k, torch.arange(kmax, device=dev)))
-    return got
+        return kf, tau_k, _span(kmax, dev)
+    return derived(("size_tables", kmax, max_depth, dev), (), build)
 
 
 def _solve(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget,
