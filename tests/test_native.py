@@ -4,8 +4,10 @@ that falls back to torch whenever it cannot give a library.
 Node sums are compared bit for bit (the raw bits, so -0.0, NaN payloads and subnormals count) against the
 torch per-level path on the bundled trees, random unbalanced trees with single-child chains, a depth-1 star
 wide enough to sum float32 in float64, and inputs that make the order of the additions visible.  Decisions
-of tree_distance(_c) and hamming are compared with the kernel on and off.  Where this machine has no C compiler the
-comparisons skip (the torch path is then what runs) and the fallback tests still run.
+of tree_distance(_c) and hamming are compared with the kernel on and off.  The float64 depth-first prefix sums
+of hF_β and Jaccard are compared bit for bit against each torch layout they replace (a cumsum down a leaf-major
+table, along batch-major rows, along blocks of gathered rows), and those decoders' decisions with the kernel on
+and off.  Where this machine has no C compiler the comparisons skip (the torch path is then what runs) and the fallback tests still run.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hdecode_torch as hd
 from hdecode_torch.kernels import native
+from hdecode_torch.kernels.depth_ranges import depth_prefix_sums, depth_ranges
 from hdecode_torch.kernels.native import _build
 from hdecode_torch.kernels.tree_sums import FLOAT32_MAX_FAN_IN, accumulation_dtype, leaf_to_node_sum
 
@@ -272,6 +276,150 @@ def test_a_shared_posterior_decides_hamming_from_its_table():
         metric.expected(post, fused)  # sums W(n) in the Posterior
         assert ("weighted", "inv_depth") in post._memo
         assert torch.equal(metric.decode(post), fused)
+
+
+def _torch_prefixes(h, x):
+    """The (L + 1, B) prefix sums of (B, L) ``x`` in the tree's depth-first order by each torch layout the kernel
+    replaces: a cumsum down the leaf-major table (``depth_prefix_sums``), along the batch-major rows (hF_β),
+    and along blocks of NumPy-gathered rows (Jaccard at batch)."""
+    order = depth_ranges(h).leaf_order
+    with native.use_native(False):
+        leaf_major = depth_prefix_sums(h, x.t())
+    rows = torch.nn.functional.pad(x.index_select(1, order).to(torch.float64).cumsum(1), (1, 0)).t()
+    blocks = torch.zeros(x.shape[0], h.num_leaves + 1, dtype=torch.float64)
+    for a in range(0, x.shape[0], 5):
+        part = blocks[a:a + 5, 1:]
+        part.copy_(torch.from_numpy(np.take(x[a:a + 5].numpy(), order.numpy(), axis=1)))
+        part.cumsum_(1)
+    return leaf_major, rows, blocks.t()
+
+
+def _prefix_trees():
+    """Trees with one and with several leaf depths: the bundled two, a chain beside leaves, random ones (not the
+    wide star: one leaf depth, as iNat19's)."""
+    trees = [h for h in _trees() if h.num_leaves <= 2000]
+    depths = [h.num_leaf_depths for h in trees]
+    assert max(depths) >= 3 and depths.count(1) >= 1
+    return trees
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("batch", [0, 1, 7, 4000])
+def test_depth_prefix_equals_every_torch_layout_bit_for_bit(dtype, batch):
+    g = torch.Generator().manual_seed(100 + batch)
+    for h in _prefix_trees():
+        if batch == 4000 and h.num_leaves < 50:
+            continue
+        x = _binades(g, (batch, h.num_leaves), dtype)
+        x[:, 0] = -0.0  # a first -0.0: torch's accumulator starts at +0.0
+        refs = _torch_prefixes(h, x)
+        order = depth_ranges(h).leaf_order
+        for batch_major in (False, True):
+            got = native.depth_prefix(x.t(), order, batch_major)
+            assert got is not None and got.shape == (h.num_leaves + 1, batch)
+            assert (got.t() if batch_major else got).is_contiguous()
+            for want in refs:
+                _assert_same_bits(got, want)
+        wired = depth_prefix_sums(h, x.t())  # the wiring takes it
+        _assert_same_bits(wired, refs[0])
+        assert wired.is_contiguous()
+
+
+@needs_native
+def test_depth_prefix_takes_any_strides():
+    g = torch.Generator().manual_seed(6)
+    for h in _prefix_trees()[:6]:
+        order = depth_ranges(h).leaf_order
+        for dtype in (torch.float32, torch.float64):
+            wide = _binades(g, (40, 3 * h.num_leaves), dtype)
+            cases = [wide[:, ::3],                                       # leaves 3 apart
+                     wide[::4, : h.num_leaves],                          # every 4th row
+                     wide[:9, : h.num_leaves].t().contiguous().t(),      # from a node-major table
+                     wide[0, : h.num_leaves].expand(11, -1),             # one row broadcast (stride 0)
+                     wide[3:4, : 3 * h.num_leaves : 3]]                  # one sample, strided
+            for x in cases:
+                want = _torch_prefixes(h, x.contiguous())
+                for batch_major in (False, True):
+                    _assert_same_bits(native.depth_prefix(x.t(), order, batch_major), want[0])
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_depth_prefix_of_extreme_values_matches_torch(dtype):
+    h = bundled("tieredimagenet-h")[0]
+    big, tiny = torch.finfo(dtype).max, torch.finfo(dtype).tiny
+    x = torch.rand(24, h.num_leaves, generator=torch.Generator().manual_seed(2), dtype=dtype)
+    x[1, 5], x[2, 7], x[3, 9], x[3, 10] = float("inf"), float("nan"), float("inf"), float("-inf")
+    x[4] = big  # float64 sums of float64 maxima overflow to inf
+    x[5, ::2], x[5, 1::2] = big, -big  # cancellations whose rounding depends on the order
+    x[6] = tiny / 8  # subnormals
+    x[7] = -x[7] * 1e-30
+    x[8, ::3] = 1e30 if dtype == torch.float32 else 1e300
+    order = depth_ranges(h).leaf_order
+    want = _torch_prefixes(h, x)
+    for batch_major in (False, True):
+        for w in want:
+            _assert_same_bits(native.depth_prefix(x.t(), order, batch_major), w)
+
+
+@needs_native
+def test_depth_prefix_stands_aside_where_it_does_not_apply():
+    h = bundled("tieredimagenet-h")[0]
+    x = torch.rand(4, h.num_leaves)
+    order = depth_ranges(h).leaf_order
+    assert native.depth_prefix(x.t().requires_grad_(), order, True) is None  # autograd records it
+    assert native.depth_prefix(x.t().half(), order, True) is None  # dtypes without a kernel
+    assert native.depth_prefix(x.t(), order.int(), True) is None  # int32 orders
+    assert native.depth_prefix(x.t(), order[:-1], True) is None  # an order of another length
+    assert native.depth_prefix(x[0], order, True) is None  # 1-D
+    with _Count() as count:  # operator counts see the torch path
+        assert native.depth_prefix(x.t(), order, True) is None
+        depth_prefix_sums(h, x.t())
+    assert count.ops > 0
+    with native.use_native(False):
+        assert native.depth_prefix(x.t(), order, False) is None
+    assert native.depth_prefix(x.t(), order, False) is not None
+
+
+@needs_native
+@pytest.mark.parametrize("plan", ["cpu", "cuda"])
+def test_posterior_depth_prefix_equals_with_the_kernel_on_and_off(plan):
+    g = torch.Generator().manual_seed(9)
+    for h in _prefix_trees()[:3]:
+        p = torch.softmax(torch.randn(37, h.num_leaves, generator=g) * 5, 1)
+        with hd.plan_for(plan):
+            on = hd.Posterior(h, p).depth_prefix()
+            with native.use_native(False):
+                off = hd.Posterior(h, p).depth_prefix()
+        _assert_same_bits(on, off)
+        assert on.stride() == off.stride()
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_hf_beta_and_jaccard_decisions_equal_with_the_kernel_on_and_off(dtype, monkeypatch):
+    """Batches below and above the size from which both decoders scan the batch-major rows in place (Jaccard:
+    2^17 entries), on trees with several leaf depths, peaked and flat rows."""
+    g = torch.Generator().manual_seed(4)
+    ran, kernel = [], native.depth_prefix
+
+    def spy(leaf_values, order, batch_major):
+        out = kernel(leaf_values, order, batch_major)
+        ran.append(batch_major if out is not None else None)
+        return out
+    monkeypatch.setattr(native, "depth_prefix", spy)
+    trees = [bundled("tieredimagenet-h")[0]] + [h for h in _prefix_trees()[3:] if h.num_leaf_depths > 1][:3]
+    with hd.plan_for("cpu"):
+        for h in trees:
+            metrics = [hd.get_metric("hf_beta", h, beta=b) for b in (0.5, 1.0, 2.0)] + [hd.get_metric("jaccard", h)]
+            for batch in (1, 7, max(300, (1 << 17) // h.num_leaves + 5)):
+                scale = torch.rand(batch, 1, generator=g, dtype=dtype) * 8
+                p = torch.softmax(torch.randn(batch, h.num_leaves, generator=g, dtype=dtype) * scale, 1)
+                for metric in metrics:
+                    on, off = _decisions(metric, p)
+                    assert torch.equal(on, off)
+    assert set(ran) == {False, True, None}  # both layouts ran (None: turned off): leaf-major (the Posterior's) and batch-major
 
 
 def test_the_gpu_plan_is_untouched():

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from . import native
+
 __all__ = ["DepthRanges", "depth_ranges", "depth_range_ends", "depth_prefix_sums", "depth_masses",
            "depth_masses_packed", "TABLE_MAX_DEPTHS"]
 
@@ -119,9 +121,13 @@ def depth_prefix_sums(h, leaf_values: torch.Tensor) -> torch.Tensor:
 
     Leaf-major, like the node tables (``p[:L]`` of node probabilities ``p`` is exactly the leaf
     probabilities), so the reordering moves whole rows.  float64 so that the differences taken by
-    :func:`depth_masses` keep the precision of the masses themselves.
+    :func:`depth_masses` keep the precision of the masses themselves.  On plain CPU tensors one native pass
+    (:func:`~hdecode_torch.kernels.native.depth_prefix`: the same additions as ``cumsum``, the same bits).
     """
     order = depth_ranges(h).leaf_order
+    out = native.depth_prefix(leaf_values, order, batch_major=False)
+    if out is not None:
+        return out
     out = torch.empty(h.num_leaves + 1, leaf_values.shape[1], dtype=torch.float64, device=leaf_values.device)
     out[0] = 0
     # Converting first and then summing in place beats cumsum(dtype=float64) on a CPU.

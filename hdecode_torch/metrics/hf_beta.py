@@ -63,6 +63,7 @@ from ..core.node_sets import sparse_node_sets
 from ..core.params import Flag, Param
 from ..core.plan import resolve_plan
 from ..core.scalar_checks import check_positive
+from ..kernels import native
 from ..kernels.candidates import candidate_pairs, depth_order, depth_rank, pack_candidates, pack_rows
 from ..kernels.depth_ranges import depth_masses, depth_masses_packed, depth_ranges
 from ..kernels.fused import hf_beta_best_k, trust_indices
@@ -353,10 +354,14 @@ _VALUE_SLACK = 1024
 def _depth_prefix(post) -> torch.Tensor:
     """(L + 1, B) float64 :meth:`~hdecode_torch.Posterior.depth_prefix`, scanned along the batch-major
     probabilities on every plan: the same sequential sums, but a CPU's ``cumsum`` along rows of a
-    node-major table walks B columns in strides and took a third of a large batch's decode."""
+    node-major table walks B columns in strides and took a third of a large batch's decode.  On plain CPU
+    tensors one native pass over each row (the same additions)."""
     if post.plan.batch_major:
         return post.depth_prefix()
     h, probs = post.h, post.probs
+    out = native.depth_prefix(probs.t(), depth_ranges(h).leaf_order, batch_major=True)
+    if out is not None:
+        return out
     if probs.shape[0] * h.num_leaves <= _SMALL_PREFIX_ENTRIES:  # a few rows: four operators fewer, the same sums
         return torch.nn.functional.pad(probs.index_select(1, depth_ranges(h).leaf_order).to(torch.float64).cumsum(1),
                                        (1, 0)).t()

@@ -149,6 +149,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..kernels import native
 from ..kernels.candidates import pack_rows
 from ..kernels.depth_ranges import depth_masses, depth_masses_packed, depth_ranges
 from ..kernels.fused import jaccard_sets, trust_indices
@@ -290,11 +291,14 @@ def _depth_prefix(post) -> torch.Tensor:
     node-major table walks B columns in strides, and the masses then gather each sample's prefix sums from
     one row.  Made a block of rows at a time in place, so that the (B, L + 1) result is the only large
     allocation (whole-batch temporaries beside it were fresh pages at every call, whose faults cost more
-    than the sums)."""
+    than the sums).  On plain CPU tensors one native pass over each row instead (the same additions)."""
     h, probs = post.h, post.probs
     if post.plan.batch_major or probs.numel() < _PREFIX_BLOCK:  # small batches: fewer operators
         return post.depth_prefix()
     order = depth_ranges(h).leaf_order
+    out = native.depth_prefix((probs.detach() if probs.requires_grad else probs).t(), order, batch_major=True)
+    if out is not None:
+        return out
     bsz = probs.shape[0]
     out = torch.empty(bsz, h.num_leaves + 1, dtype=torch.float64, device=probs.device)
     out[:, 0] = 0

@@ -1,4 +1,5 @@
-"""Native CPU kernels: the per-level node sums and the threshold rules on them, one compiled pass a row.
+"""Native CPU kernels: the per-level node sums and the threshold rules on them, one compiled pass a row; the
+float64 prefix sums of the leaves in a given order.
 
 On the CPU plan the torch path sums a tree with one ``index_add_`` per level over (N, B) tables: each
 operator passes over the whole table and pays a fixed cost, which on a row of tieredImageNet-H is about
@@ -32,7 +33,7 @@ import threading
 import torch
 
 __all__ = ["available", "unavailable_reason", "use_native", "enabled", "leaf_to_node_sum", "deepest_above",
-           "above_root_share"]
+           "above_root_share", "depth_prefix"]
 
 _LOCK = threading.Lock()
 _STATE: dict = {"lib": None, "reason": None, "loaded": False, "on": True}
@@ -78,6 +79,10 @@ def _declare(lib) -> None:
         s = getattr(lib, f"hd_above_root_share_{suffix}")
         s.restype = ctypes.c_int
         s.argtypes = [i64, i64, i64, ptr, i64, i64, ptr, ptr, i64, i64, ctypes.c_double, i64, i64, ptr, ptr, ptr]
+    for suffix in ("f32", "f64"):
+        f = getattr(lib, f"hd_depth_prefix_{suffix}")
+        f.restype = None
+        f.argtypes = [i64, i64, ptr, i64, i64, ptr, ptr, i64, i64]
 
 
 def available() -> bool:
@@ -270,4 +275,38 @@ def above_root_share(h, leaf_probs: torch.Tensor, leaf_weights: torch.Tensor, sh
         start.data_ptr(), child.data_ptr())
     if status:
         raise MemoryError(f"the native node sums could not allocate {8 * h.num_nodes} values")
+    return out
+
+
+#: leaf dtype -> the prefix kernel's suffix
+_PREFIX_VARIANTS = {torch.float32: "f32", torch.float64: "f64"}
+
+
+def depth_prefix(leaf_values: torch.Tensor, order: torch.Tensor, batch_major: bool) -> torch.Tensor | None:
+    """Prefix sums in float64 of ``leaf_values`` taken in the leaf order ``order``, by the native kernel, or None
+    where it does not apply (then the caller runs the torch path).
+
+    leaf_values: (L, B) float32/float64 CPU values, any strides (the transposed view of batch-major (B, L)
+    probabilities, or the leaf rows of a node table); order: (L,) int64 CPU, a permutation of 0..L-1 (not
+    checked: the callers pass a tree's cached order).  Returns (L + 1, B) float64 with
+    ``out[0, b] = 0`` and ``out[j + 1, b] = out[j, b] + leaf_values[order[j], b]``: torch's
+    ``cumsum(index_select(leaf_values, 0, order).to(float64), 0)`` under a zero row, bit for bit.  Stored
+    contiguous (leaf-major) or, with ``batch_major``, as the transposed view of a contiguous (B, L + 1) table.
+    O(L) additions a row, one pass over the values, no temporary.
+    """
+    variant = _PREFIX_VARIANTS.get(leaf_values.dtype)
+    if (variant is None or leaf_values.dim() != 2 or order.dtype != torch.long or not order.is_cpu
+            or order.dim() != 1 or order.numel() != leaf_values.shape[0] or not _applies(leaf_values)):
+        return None
+    num_leaves, rows = leaf_values.shape
+    if batch_major:
+        out = torch.empty(rows, num_leaves + 1, dtype=torch.float64).t()
+    else:
+        out = torch.empty(num_leaves + 1, rows, dtype=torch.float64)
+    if rows == 0:
+        return out
+    order = order.contiguous()
+    _kernel("depth_prefix", variant)(
+        rows, num_leaves, leaf_values.data_ptr(), leaf_values.stride(0), leaf_values.stride(1), order.data_ptr(),
+        out.data_ptr(), out.stride(0), out.stride(1))
     return out

@@ -30,7 +30,7 @@ __all__ = ["SOURCE", "FLAGS", "ABI", "cache_dir", "find_compiler", "library_path
 SOURCE = pathlib.Path(__file__).with_name("hdecode_native.c")
 FLAGS = ("-std=c99", "-O2", "-fPIC", "-shared", "-ffp-contract=off")
 #: What ``hd_native_abi()`` returns for this package's source: a file that answers otherwise is not loaded.
-ABI = 2
+ABI = 3
 #: Machines whose C ``float``/``double`` arithmetic is IEEE binary32/binary64, one rounding per operation
 #: (SSE2 on x86-64, NEON/VFP on AArch64): elsewhere (the x87 unit of 32-bit x86, say) the torch path runs.
 MACHINES = ("x86_64", "amd64", "aarch64", "arm64")

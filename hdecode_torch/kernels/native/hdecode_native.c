@@ -1,6 +1,7 @@
 /*
  * Native CPU kernels of hdecode_torch: the per-level node sums p(n) = sum of p(l) over the leaves l under n,
- * and the deepest node with p(n) > t, one pass over each row of leaf probabilities.
+ * and the deepest node with p(n) > t, one pass over each row of leaf probabilities; and the float64 prefix
+ * sums of each row's leaves in a given order (kernels/depth_ranges.py).
  *
  * Plain C99 over raw pointers, element strides and int64 index tables, built by the package on first use
  * (hdecode_torch/kernels/native/_build.py) and called through ctypes.  No Python or torch header.
@@ -27,7 +28,7 @@
 #endif
 
 #define HD_LANES 8
-#define HD_ABI 2
+#define HD_ABI 3
 
 int64_t hd_native_abi(void) { return HD_ABI; }
 
@@ -213,3 +214,71 @@ HD_DEFINE(f32, float, float, float)
 HD_DEFINE(f64, double, double, double)
 /* float32 probabilities summed in float64 (trees with a node of very many children), rounded to float32 */
 HD_DEFINE(f32w, float, double, float)
+
+/* Prefix sums in float64 of each row's leaves in the order order[0 .. L): for every row r,
+ * out[0 * out_pos + r * out_row] = 0 and out[(j + 1) * out_pos + r * out_row] = s_j, with s_{-1} = 0 and
+ * s_j = s_{j-1} + (double)x[order[j] * x_leaf + r * x_row]: one IEEE double addition each, left to right,
+ * the sequence torch's CPU cumsum runs along either dimension (an accumulator started at 0, so a first -0.0
+ * gives +0.0), after an exact conversion of float32 values.  Leaf-major output (out_row == 1) sums a whole
+ * output row from the previous one (B independent sums, vectorisable); any other layout sums HD_LANES rows at
+ * a time, each in its own register (independent chains of additions: the latency of one is hidden). */
+#define HD_PREFIX_LANES 4
+#define HD_DEFINE_PREFIX(SUFFIX, TIN)                                                                          \
+void hd_depth_prefix_##SUFFIX(int64_t rows, int64_t num_leaves, const TIN *x, int64_t x_leaf, int64_t x_row,    \
+                             const int64_t *order, double *out, int64_t out_pos, int64_t out_row) {             \
+    int64_t r0, r, j, w;                                                                                        \
+    double *buf;                                                                                                \
+    if (out_row == 1) {                                                                                         \
+        for (r = 0; r < rows; r++) out[r] = 0.0;                                                                \
+        for (j = 0; j < num_leaves; j++) {                                                                      \
+            const TIN *xj = x + order[j] * x_leaf;                                                              \
+            const double *prev = out + j * out_pos;                                                             \
+            double *cur = out + (j + 1) * out_pos;                                                              \
+            if (x_row == 1)                                                                                     \
+                for (r = 0; r < rows; r++) cur[r] = prev[r] + (double)xj[r];                                    \
+            else                                                                                                \
+                for (r = 0; r < rows; r++) cur[r] = prev[r] + (double)xj[r * x_row];                            \
+        }                                                                                                       \
+        return;                                                                                                 \
+    }                                                                                                           \
+    /* leaves[l * HD_PREFIX_LANES + w]: row r0 + w's leaf l in double, read in storage order (the prefetcher    \
+     * follows it; gathered from memory in the tree's order, rows were a cache miss per line), then gathered    \
+     * from this buffer, which stays in the L1 cache; HD_PREFIX_LANES independent chains of additions. */       \
+    buf = (double *)malloc((size_t)(num_leaves > 0 ? num_leaves : 1) * HD_PREFIX_LANES * sizeof(double));     \
+    for (r0 = 0; buf != NULL && r0 + HD_PREFIX_LANES <= rows; r0 += HD_PREFIX_LANES) {                          \
+        double s[HD_PREFIX_LANES];                                                                              \
+        double *o = out + r0 * out_row;                                                                         \
+        for (w = 0; w < HD_PREFIX_LANES; w++) {                                                                 \
+            const TIN *row = x + (r0 + w) * x_row;                                                              \
+            if (x_leaf == 1)                                                                                    \
+                for (j = 0; j < num_leaves; j++) buf[j * HD_PREFIX_LANES + w] = (double)row[j];                 \
+            else                                                                                                \
+                for (j = 0; j < num_leaves; j++) buf[j * HD_PREFIX_LANES + w] = (double)row[j * x_leaf];        \
+            s[w] = 0.0;                                                                                         \
+            o[w * out_row] = 0.0;                                                                               \
+        }                                                                                                       \
+        for (j = 0; j < num_leaves; j++) {                                                                      \
+            const double *lj = buf + order[j] * HD_PREFIX_LANES;                                                \
+            double *oj = o + (j + 1) * out_pos;                                                                 \
+            for (w = 0; w < HD_PREFIX_LANES; w++) {                                                             \
+                s[w] += lj[w];                                                                                  \
+                oj[w * out_row] = s[w];                                                                         \
+            }                                                                                                   \
+        }                                                                                                       \
+    }                                                                                                           \
+    if (buf == NULL) r0 = 0;  /* no buffer: every row one at a time, the same sums */                           \
+    free(buf);                                                                                                  \
+    for (r = r0; r < rows; r++) {  /* the last rows, fewer than HD_LANES: one at a time */                       \
+        double s = 0.0;                                                                                         \
+        const TIN *xr = x + r * x_row;                                                                          \
+        double *o = out + r * out_row;                                                                          \
+        o[0] = 0.0;                                                                                             \
+        for (j = 0; j < num_leaves; j++) {                                                                      \
+            s += (double)xr[order[j] * x_leaf];                                                                 \
+            o[(j + 1) * out_pos] = s;                                                                           \
+        }                                                                                                       \
+    }                                                                                                           \
+}
+
+HD_DEFINE_PREFIX(f32, float)
+HD_DEFINE_PREFIX(f64, double)
