@@ -7,7 +7,8 @@ wide enough to sum float32 in float64, and inputs that make the order of the add
 of tree_distance(_c) and hamming are compared with the kernel on and off.  The float64 depth-first prefix sums
 of hF_β and Jaccard are compared bit for bit against each torch layout they replace (a cumsum down a leaf-major
 table, along batch-major rows, along blocks of gathered rows), and those decoders' decisions with the kernel on
-and off.  Where this machine has no C compiler the comparisons skip (the torch path is then what runs) and the fallback tests still run.
+and off.  Where this machine has no C compiler the comparisons skip (the torch path is then what runs) and the
+fallback tests still run.
 """
 
 from __future__ import annotations
@@ -419,7 +420,8 @@ def test_hf_beta_and_jaccard_decisions_equal_with_the_kernel_on_and_off(dtype, m
                 for metric in metrics:
                     on, off = _decisions(metric, p)
                     assert torch.equal(on, off)
-    assert set(ran) == {False, True, None}  # both layouts ran (None: turned off): leaf-major (the Posterior's) and batch-major
+    # both layouts ran: leaf-major (the Posterior's) and batch-major (None: turned off)
+    assert set(ran) == {False, True, None}
 
 
 def test_the_gpu_plan_is_untouched():

@@ -220,9 +220,9 @@ HD_DEFINE(f32w, float, double, float)
  * s_j = s_{j-1} + (double)x[order[j] * x_leaf + r * x_row]: one IEEE double addition each, left to right,
  * the sequence torch's CPU cumsum runs along either dimension (an accumulator started at 0, so a first -0.0
  * gives +0.0), after an exact conversion of float32 values.  Leaf-major output (out_row == 1) sums a whole
- * output row from the previous one (B independent sums, vectorisable); any other layout sums HD_LANES rows at
- * a time, each in its own register (independent chains of additions: the latency of one is hidden). */
-#define HD_PREFIX_LANES 4
+ * output row from the previous one (B independent sums, vectorisable); any other layout sums HD_PREFIX_LANES
+ * rows at a time from a buffer (below). */
+#define HD_PREFIX_LANES 4  /* the rows summed together: four accumulators below */
 #define HD_DEFINE_PREFIX(SUFFIX, TIN)                                                                          \
 void hd_depth_prefix_##SUFFIX(int64_t rows, int64_t num_leaves, const TIN *x, int64_t x_leaf, int64_t x_row,    \
                              const int64_t *order, double *out, int64_t out_pos, int64_t out_row) {             \
@@ -246,7 +246,6 @@ void hd_depth_prefix_##SUFFIX(int64_t rows, int64_t num_leaves, const TIN *x, in
      * from this buffer, which stays in the L1 cache; HD_PREFIX_LANES independent chains of additions. */       \
     buf = (double *)malloc((size_t)(num_leaves > 0 ? num_leaves : 1) * HD_PREFIX_LANES * sizeof(double));     \
     for (r0 = 0; buf != NULL && r0 + HD_PREFIX_LANES <= rows; r0 += HD_PREFIX_LANES) {                          \
-        double s[HD_PREFIX_LANES];                                                                              \
         double *o = out + r0 * out_row;                                                                         \
         for (w = 0; w < HD_PREFIX_LANES; w++) {                                                                 \
             const TIN *row = x + (r0 + w) * x_row;                                                              \
@@ -254,21 +253,21 @@ void hd_depth_prefix_##SUFFIX(int64_t rows, int64_t num_leaves, const TIN *x, in
                 for (j = 0; j < num_leaves; j++) buf[j * HD_PREFIX_LANES + w] = (double)row[j];                 \
             else                                                                                                \
                 for (j = 0; j < num_leaves; j++) buf[j * HD_PREFIX_LANES + w] = (double)row[j * x_leaf];        \
-            s[w] = 0.0;                                                                                         \
             o[w * out_row] = 0.0;                                                                               \
         }                                                                                                       \
-        for (j = 0; j < num_leaves; j++) {                                                                      \
-            const double *lj = buf + order[j] * HD_PREFIX_LANES;                                                \
-            double *oj = o + (j + 1) * out_pos;                                                                 \
-            for (w = 0; w < HD_PREFIX_LANES; w++) {                                                             \
-                s[w] += lj[w];                                                                                  \
-                oj[w * out_row] = s[w];                                                                         \
+        {   /* four named accumulators: an array of them was kept on the stack, a store and a reload a sum */   \
+            double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;                                                      \
+            for (j = 0; j < num_leaves; j++) {                                                                  \
+                const double *lj = buf + order[j] * HD_PREFIX_LANES;                                            \
+                double *oj = o + (j + 1) * out_pos;                                                             \
+                s0 += lj[0]; s1 += lj[1]; s2 += lj[2]; s3 += lj[3];                                             \
+                oj[0] = s0; oj[out_row] = s1; oj[2 * out_row] = s2; oj[3 * out_row] = s3;                       \
             }                                                                                                   \
         }                                                                                                       \
     }                                                                                                           \
     if (buf == NULL) r0 = 0;  /* no buffer: every row one at a time, the same sums */                           \
     free(buf);                                                                                                  \
-    for (r = r0; r < rows; r++) {  /* the last rows, fewer than HD_LANES: one at a time */                       \
+    for (r = r0; r < rows; r++) {  /* the last rows, fewer than HD_PREFIX_LANES: one at a time */                   \
         double s = 0.0;                                                                                         \
         const TIN *xr = x + r * x_row;                                                                          \
         double *o = out + r * out_row;                                                                          \
