@@ -459,6 +459,20 @@ def test_the_portable_c_loops_give_the_same_bits(tmp_path, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------- the build cache
+def test_every_c_source_and_header_is_built_and_shipped():
+    """Every C file beside the kernels is compiled (and keys the cache), and the package data ships it."""
+    import fnmatch
+    import tomllib
+
+    folder = pathlib.Path(native.__file__).parent
+    assert set(_build.SOURCES) == set(folder.glob("*.c")) and _build.SOURCES
+    assert set(_build.HEADERS) == set(folder.glob("*.h"))
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    shipped = config["tool"]["setuptools"]["package-data"]["hdecode_torch.kernels.native"]
+    for f in _build.SOURCES + _build.HEADERS:
+        assert any(fnmatch.fnmatch(f.name, pattern) for pattern in shipped), f.name
+
+
 def test_a_second_load_reuses_the_built_library(tmp_path, monkeypatch):
     if _build.find_compiler() is None:
         pytest.skip("no C compiler here")

@@ -32,8 +32,8 @@ import threading
 
 import torch
 
-__all__ = ["available", "unavailable_reason", "use_native", "enabled", "leaf_to_node_sum", "deepest_above",
-           "above_root_share", "depth_prefix"]
+__all__ = ["available", "unavailable_reason", "use_native", "enabled", "applies", "function", "tree_children",
+           "leaf_to_node_sum", "deepest_above", "above_root_share", "depth_prefix"]
 
 _LOCK = threading.Lock()
 _STATE: dict = {"lib": None, "reason": None, "loaded": False, "on": True}
@@ -64,6 +64,19 @@ def _kernel(name: str, variant: str):
     f = _KERNELS.get((lib, name, variant))
     if f is None:
         f = _KERNELS[lib, name, variant] = getattr(lib, f"hd_{name}_{variant}")
+    return f
+
+
+def function(symbol: str, restype, argtypes: list):
+    """The library's C function ``symbol`` with its ctypes signature declared (once per library), for the kernel
+    families whose sources sit beside ``hdecode_native.c`` (each declares its own functions where it calls them).
+    Call only after :func:`applies` (or :func:`available`) said yes: the library is then loaded."""
+    lib = _STATE["lib"]
+    f = _KERNELS.get((lib, symbol))
+    if f is None:
+        f = getattr(lib, symbol)
+        f.restype, f.argtypes = restype, argtypes
+        _KERNELS[lib, symbol] = f
     return f
 
 
@@ -121,7 +134,7 @@ _VARIANTS = {(torch.float32, torch.float32): "f32", (torch.float64, torch.float6
              (torch.float32, torch.float64): "f32w"}
 
 
-def _applies(x: torch.Tensor) -> bool:
+def applies(x: torch.Tensor) -> bool:
     """Whether the kernels take ``x``: turned on and loaded first (the answer where they are off or unavailable,
     in a fraction of a microsecond), then a plain CPU tensor with nothing that must see torch operators."""
     if not _STATE["on"] or (_STATE["lib"] is None and _STATE["loaded"]) or _library() is None:
@@ -134,7 +147,7 @@ def _applies(x: torch.Tensor) -> bool:
     return x.dim() in (1, 2) and direct(x) and not torch.compiler.is_exporting()
 
 
-def _children(h):
+def tree_children(h):
     """The tree as the kernels read it (cached on the hierarchy, CPU tensors): ``(parent, start, child)`` int64,
     the internal nodes deepest first (a node's internal children before it) and ``parent[i]``'s children
     ``child[start[i]:start[i + 1]]`` in ascending id order: the order in which the per-level torch path adds
@@ -204,14 +217,14 @@ def leaf_to_node_sum(h, leaf_values: torch.Tensor, acc: torch.dtype) -> torch.Te
     accumulated in ``acc`` then rounded once.  O(N) additions a row; a buffer of 8·N ``acc`` values.
     """
     variant = _VARIANTS.get((leaf_values.dtype, acc))
-    if variant is None or not _applies(leaf_values):
+    if variant is None or not applies(leaf_values):
         return None
     _torch_tables(h, leaf_values.dtype, False)
     rows, x_leaf, x_row = _rows(leaf_values)
     out = torch.empty((h.num_nodes,) + tuple(leaf_values.shape[1:]), dtype=leaf_values.dtype)
     if rows == 0:
         return out
-    parent, start, child = _children(h)
+    parent, start, child = tree_children(h)
     status = _kernel("node_sums", variant)(
         rows, h.num_leaves, h.num_nodes, leaf_values.data_ptr(), x_leaf, x_row, out.data_ptr(), rows, 1,
         parent.numel(), parent.data_ptr(), start.data_ptr(), child.data_ptr())
@@ -230,14 +243,14 @@ def deepest_above(h, leaf_probs: torch.Tensor, threshold: float, acc: torch.dtyp
     (B,) int64.  O(N) a row.
     """
     variant = _VARIANTS.get((leaf_probs.dtype, acc))
-    if variant is None or leaf_probs.dim() != 2 or not _applies(leaf_probs):
+    if variant is None or leaf_probs.dim() != 2 or not applies(leaf_probs):
         return None
     _torch_tables(h, leaf_probs.dtype, True)
     rows = leaf_probs.shape[0]
     pred = torch.empty(rows, dtype=torch.long)
     if rows == 0:
         return pred
-    parent, start, child = _children(h)
+    parent, start, child = tree_children(h)
     key, node_of = _deepest_keys(h)
     status = _kernel("deepest_above", variant)(
         rows, h.num_leaves, h.num_nodes, leaf_probs.data_ptr(), leaf_probs.stride(1), leaf_probs.stride(0),
@@ -260,7 +273,7 @@ def above_root_share(h, leaf_probs: torch.Tensor, leaf_weights: torch.Tensor, sh
     """
     variant = _VARIANTS.get((leaf_probs.dtype, acc))
     if (variant is None or leaf_probs.dim() != 2 or leaf_weights.dtype != leaf_probs.dtype
-            or leaf_weights.numel() != h.num_leaves or not _applies(leaf_probs)):
+            or leaf_weights.numel() != h.num_leaves or not applies(leaf_probs)):
         return None
     _torch_tables(h, leaf_probs.dtype, False)
     rows = leaf_probs.shape[0]
@@ -268,7 +281,7 @@ def above_root_share(h, leaf_probs: torch.Tensor, leaf_weights: torch.Tensor, sh
     if rows == 0:
         return out
     weights = leaf_weights.reshape(-1).contiguous()
-    parent, start, child = _children(h)
+    parent, start, child = tree_children(h)
     status = _kernel("above_root_share", variant)(
         rows, h.num_leaves, h.num_nodes, leaf_probs.data_ptr(), leaf_probs.stride(1), leaf_probs.stride(0),
         weights.data_ptr(), out.data_ptr(), rows, 1, float(share), h.root, parent.numel(), parent.data_ptr(),
@@ -296,7 +309,7 @@ def depth_prefix(leaf_values: torch.Tensor, order: torch.Tensor, batch_major: bo
     """
     variant = _PREFIX_VARIANTS.get(leaf_values.dtype)
     if (variant is None or leaf_values.dim() != 2 or order.dtype != torch.long or not order.is_cpu
-            or order.dim() != 1 or order.numel() != leaf_values.shape[0] or not _applies(leaf_values)):
+            or order.dim() != 1 or order.numel() != leaf_values.shape[0] or not applies(leaf_values)):
         return None
     num_leaves, rows = leaf_values.shape
     if batch_major:

@@ -1,6 +1,8 @@
-"""Building and loading the native kernels: the C source compiled once per user, cached, loaded with ctypes.
+"""Building and loading the native kernels: the C sources compiled once per user, cached, loaded with ctypes.
 
-The shared library's name is keyed by a hash of the source, the compiler (its path and ``--version``),
+Every ``*.c`` file next to this one is compiled, with the ``*.h`` files beside them, into one shared library: a
+kernel family adds its own source without touching the others'.  The library's name is keyed by a hash of
+the sources and headers, the compiler (its path and ``--version``),
 the flags and the platform, so a changed source, compiler or flag builds a new file and never loads a
 stale one.  It is compiled to a temporary name in the cache folder and moved into place with
 ``os.replace`` (atomic): several processes (pytest-xdist workers) may build it at once, and each loads a
@@ -25,9 +27,13 @@ import subprocess
 import sys
 import tempfile
 
-__all__ = ["SOURCE", "FLAGS", "ABI", "cache_dir", "find_compiler", "library_path", "load"]
+__all__ = ["SOURCES", "HEADERS", "FLAGS", "ABI", "cache_dir", "find_compiler", "library_path", "load"]
 
-SOURCE = pathlib.Path(__file__).with_name("hdecode_native.c")
+_HERE = pathlib.Path(__file__).parent
+#: The C sources compiled together (sorted: the same command line, the same key, on every machine).
+SOURCES = tuple(sorted(_HERE.glob("*.c")))
+#: The headers they include (part of the cache key: a changed header builds a new library).
+HEADERS = tuple(sorted(_HERE.glob("*.h")))
 FLAGS = ("-std=c99", "-O2", "-fPIC", "-shared", "-ffp-contract=off")
 #: What ``hd_native_abi()`` returns for this package's source: a file that answers otherwise is not loaded.
 ABI = 3
@@ -73,9 +79,10 @@ def _identity(cc: list[str]) -> str | None:
 
 def library_path(cc: list[str], identity: str, directory: pathlib.Path, flags=FLAGS) -> pathlib.Path:
     """Where the library built by ``cc`` with ``flags`` lives in ``directory``: named by a hash of everything
-    that makes its bits (source, compiler, flags, platform, the ABI number)."""
+    that makes its bits (sources and headers with their names, compiler, flags, platform, the ABI number)."""
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), "\0".join(cc).encode(), identity.encode(), "\0".join(flags).encode(),
+    files = [part for f in SOURCES + HEADERS for part in (f.name.encode(), f.read_bytes())]
+    for part in (*files, "\0".join(cc).encode(), identity.encode(), "\0".join(flags).encode(),
                  sys.platform.encode(), platform.machine().encode(), str(ABI).encode()):
         key.update(part)
         key.update(b"\0")
@@ -94,13 +101,13 @@ def _open(path: pathlib.Path):
 
 
 def _compile(cc: list[str], path: pathlib.Path, flags=FLAGS) -> str | None:
-    """Compile the source to ``path`` (through a temporary file moved into place); None on success, else why not."""
+    """Compile the sources to ``path`` (through a temporary file moved into place); None on success, else why not."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     os.close(fd)
     try:
         try:
-            done = subprocess.run(cc + list(flags) + [str(SOURCE), "-o", tmp], capture_output=True,
+            done = subprocess.run(cc + list(flags) + [str(f) for f in SOURCES] + ["-o", tmp], capture_output=True,
                                   timeout=_COMPILE_TIMEOUT_S, check=False)
         except (OSError, subprocess.SubprocessError) as err:
             return f"the compiler did not run ({err})"
@@ -119,8 +126,8 @@ def load(flags=FLAGS):
     compiler's (tests build the portable C loops with ``FLAGS + ("-DHD_PORTABLE",)``)."""
     if platform.machine().lower() not in MACHINES or struct.calcsize("P") != 8:
         return None, f"not built on this machine ({platform.machine()}, {8 * struct.calcsize('P')}-bit)"
-    if not SOURCE.exists():
-        return None, f"the C source is missing ({SOURCE})"
+    if not SOURCES:
+        return None, f"the C sources are missing ({_HERE})"
     cc = find_compiler()
     if cc is None:
         return None, "no C compiler ($CC, cc or gcc)"
