@@ -11,7 +11,9 @@ Registered with ``torch.library.Library`` + ``define``/``impl``/``register_fake`
 Both ``torch.compile`` and ``torch.export`` see the ops as opaque nodes through their fake kernels.
 
 Calls: :func:`call` runs an op.  On plain CPU tensors, outside any trace, dispatch mode or autograd
-recording, it calls the torch implementation directly, which is what the dispatcher would run: the
+recording, it calls the op's native CPU kernel where it has one that takes the arguments (the same results
+as the torch implementation, see :mod:`hdecode_torch.kernels.native`), else the torch implementation directly,
+which is what the dispatcher would run: the
 dispatcher's way there (schema parsing, the autograd wrapper, Python re-entry) costs as much on a CPU
 as a small batch's work (benchmarks/README.md, "The fixed cost of a call").  Everywhere else (CUDA,
 ``torch.compile``, ``torch.export``, operator counting under a ``TorchDispatchMode``) the op is
@@ -55,6 +57,7 @@ class Op:
     torch_impl: Callable
     cuda: Callable
     fake: Callable
+    native: Callable | None = None
 
 
 #: name -> :class:`Op`.
@@ -93,7 +96,12 @@ def call(name: str, x: torch.Tensor, *args):
     gradient, nothing tracing and no dispatch mode active.  The other tensor arguments are the tree's
     index tables, on ``x``'s device (the implementation checks them)."""
     if direct(x):
-        return OPS[name].torch_impl(x, *args)
+        op = OPS[name]
+        if op.native is not None:
+            out = op.native(x, *args)
+            if out is not None:
+                return out
+        return op.torch_impl(x, *args)
     return getattr(torch.ops.hdecode, name)(x, *args)
 
 
@@ -114,7 +122,7 @@ def _functorch_wrapped(x: torch.Tensor) -> bool:
 
 
 def register(name: str, schema: str, torch_impl: Callable, fake: Callable, check: Callable, triton_module: str | None,
-             autograd: tuple[Callable, Callable] | None = None) -> Op:
+             autograd: tuple[Callable, Callable] | None = None, native: Callable | None = None) -> Op:
     """Define ``hdecode::<name>`` and register its kernels.
 
     Args:
@@ -125,6 +133,9 @@ def register(name: str, schema: str, torch_impl: Callable, fake: Callable, check
         triton_module: the importable name of the module holding ``launch`` (same arguments as the
             op); imported on the first CUDA call.  None: the torch implementation serves every device.
         autograd: ``(backward, setup_context)`` for ``torch.library.register_autograd``, if any.
+        native: the op's native CPU kernel, if any: same arguments, the torch implementation's results, or
+            None where it does not apply (then :func:`call` runs the torch implementation).  Only
+            :func:`call`'s direct path runs it: the dispatcher (traces, operator counts) sees the torch one.
     """
     def cuda(*args):
         module = _import(triton_module) if _state["enabled"] and triton_module is not None else None
@@ -144,5 +155,5 @@ def register(name: str, schema: str, torch_impl: Callable, fake: Callable, check
         backward, setup_context = autograd
         torch.library.register_autograd(f"hdecode::{name}", backward, setup_context=setup_context, lib=_LIB)
     SCHEMAS[name] = schema
-    OPS[name] = Op(name, schema, torch_impl, cuda, fake)
+    OPS[name] = Op(name, schema, torch_impl, cuda, fake, native)
     return OPS[name]
