@@ -11,7 +11,10 @@ Latency: median wall time of ``metric.decode(p)`` (validated, probabilities in f
 call after warm-up calls that build the tree's cached tables, under ``hd.plan_for("cpu")`` and
 ``hd.plan_for("cuda")`` on CPU tensors, and the copy of the input (the floor of any call); ``optimal`` is
 the sum over the ten optimal decoders (every metric's, hF_β at β = 1 and 0.5), what decoding one row with
-all of them costs.  ``--clock thread`` times the calling thread's CPU time instead of wall time: on a
+all of them costs.  At B = 1 also the paper-style per-sample NumPy code on the same row (``benchmarks.baselines``: its
+node sums per tree level, ``np``, and as the paper's own loop over the nodes, ``py``), timed the same way, and
+each decoder's speed-up over both on either plan (issue 34's "≥ 10× the paper's per-sample code at B = 1").
+``--clock thread`` times the calling thread's CPU time instead of wall time: on a
 machine shared with other work it leaves out the time the thread waits to be scheduled.  A CPU shows most of what a GPU pays per call: Python per operator, checks, host reads.
 
 Counts: ATen operators that launch a kernel (a fused ``hdecode::`` op counts one) and host reads of one
@@ -24,6 +27,7 @@ operators that grow with B), against a B = 2 call.  The decisions are checked eq
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import statistics
@@ -33,13 +37,15 @@ import time
 if __package__ in (None, ""):  # `python benchmarks/latency.py`
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import hdecode_torch as hd  # noqa: E402
+from benchmarks.baselines import Baselines, expected_score  # noqa: E402
 from benchmarks.plan_cost import cost_of  # noqa: E402
 from benchmarks.workloads import TREE_ALIASES, load_tree  # noqa: E402
 
-__all__ = ["DECODERS", "latency", "counts", "nested_ops", "main"]
+__all__ = ["DECODERS", "latency", "baseline_latency", "counts", "nested_ops", "main"]
 
 #: What is timed: (label, metric name, parameters).  node_probabilities is timed through hd.node_probabilities.
 DECODERS = [("node_probabilities", None, {}), ("accuracy", "accuracy", {}), ("tree_distance", "tree_distance", {}),
@@ -89,6 +95,38 @@ def latency(h, batch: int, plan: str, min_time: float, clock: str = "wall") -> d
             out[label] = _median_us(lambda: fn(p), min_time, clock=tick)
     out["optimal"] = sum(out[label] for label, name, _ in DECODERS if name is not None)
     out["copy"] = _median_us(lambda: p.clone(), min_time, clock=tick)
+    return out
+
+
+def baseline_latency(h, min_time: float, clock: str = "wall") -> dict:
+    """{"np": {label: µs}, "py": {label: µs}}: the per-sample NumPy baselines on the row :func:`latency` decodes at
+    B = 1 (float64, as the baselines take it), node sums per level (``np``) and by the paper's loop over the nodes
+    (``py``); a decoder without a baseline (accuracy) is left out.  Each baseline's answer is checked against the
+    library's (the same node or set, or an equal expected score) before it is timed."""
+    row = _probs(h, 1)
+    pl = row[0].double().numpy()
+    tick = CLOCKS[clock]
+    bl = Baselines(h.parents_list)
+    out: dict = {"np": {}, "py": {}}
+    for key, base in (("np", bl), ("py", bl.with_traversal("python"))):
+        for label, name, params in DECODERS:
+            if name is None:
+                fn = base.node_probs
+            else:
+                m = hd.get_metric(name, h, **params)
+                try:
+                    accepted = inspect.signature(base.decoder(name)).parameters
+                except ValueError:  # no per-sample baseline (accuracy's is the argmax)
+                    continue
+                # the metric's own settings (tree_distance_c's c: the baseline's default differs)
+                kw = {q.name: getattr(m, q.name) for q in type(m).PARAMS if q.name in accepted}
+                fn = base.decoder(name, **kw)
+                ours = m.decode(row)[0].numpy()
+                a, b = (expected_score(bl.t, name, pred, pl, **kw) for pred in (ours, fn(pl)))
+                if abs(a - b) > 1e-6 * max(abs(a), abs(b), 1e-12):
+                    raise SystemExit(f"{label}: the per-sample baseline's answer differs in expected value "
+                                     f"({b} against the library's {a})")
+            out[key][label] = _median_us(lambda: fn(pl), min_time, clock=tick)
     return out
 
 
@@ -171,6 +209,19 @@ def main(argv=None) -> int:
         for key, lat in entry["latency_us"].items():
             plan, b = key.split("/")
             print("  " + f"{plan:>5} {int(b):6d} " + " ".join(f"{lat[lab]:12.0f}" for lab in shown))
+        if 1 in sizes:
+            base = entry["baseline_us"] = baseline_latency(h, args.min_time, args.clock)
+            print("  the paper-style per-sample NumPy code on the same row (µs; np: node sums per level, py: the "
+                  "paper's loop over the nodes), and each plan's speed-up over it at B = 1:")
+            for key in ("np", "py"):
+                print("  " + f"{key:>5} {1:6d} " + " ".join(
+                    f"{base[key][lab]:12.0f}" if lab in base[key] else f"{'-':>12}" for lab in labels))
+            for plan in ("cpu", "cuda"):
+                lat = entry["latency_us"][f"{plan}/1"]
+                for key in ("np", "py"):
+                    print("  " + f"{f'{plan}÷{key}':>12} " + " ".join(
+                        f"{base[key][lab] / lat[lab]:11.1f}×" if lab in base[key] else f"{'-':>12}"
+                        for lab in labels))
     if args.large:
         for tree, batch in (("100k", 256), ("1m", 64)):
             h, _ = load_tree(tree)

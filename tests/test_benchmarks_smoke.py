@@ -116,3 +116,25 @@ def test_calibration_benchmark_runs_and_prints_its_table(tmp_path, capsys):
     # the oracle's row is the gap itself
     assert methods["oracle"]["hF_1"]["recovered"] == pytest.approx(1.0)
     assert methods["depth_leaf"]["nll"] < methods["temperature"]["nll"]
+
+
+def test_latency_checks_and_times_the_per_sample_baselines_at_one_row(monkeypatch):
+    """benchmarks.latency's B = 1 yardstick: every decoder with a per-sample baseline is checked against it
+    (expected score of the library's answer) and timed on both node-sum traversals; a wrong baseline stops it."""
+    latency = pytest.importorskip("benchmarks.latency")
+    from benchmarks import baselines
+    from benchmarks.workloads import load_tree
+
+    h, _ = load_tree("synthetic-tiny")
+    out = latency.baseline_latency(h, 0.0)
+    labels = {label for label, _, _ in latency.DECODERS}
+    for key in ("np", "py"):
+        assert set(out[key]) == labels  # accuracy's baseline is the argmax
+        assert all(v > 0 for v in out[key].values())
+
+    def wrong(self, pl):  # the root: a worse expected distance than the deepest node above 1/2 on most rows
+        return int(self.t.root)
+
+    monkeypatch.setattr(baselines.Baselines, "tree_distance", wrong)
+    with pytest.raises(SystemExit, match="tree_distance"):
+        latency.baseline_latency(h, 0.0)
