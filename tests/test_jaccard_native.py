@@ -245,3 +245,41 @@ def test_large_batch_row_by_row(plan):
     assert torch.equal(big, _decode(h, P, plan, False))
     for i in np.random.default_rng(0).choice(4000, 12, replace=False):
         assert torch.equal(big[i:i + 1], _decode(h, P[i:i + 1], plan, True)), i
+
+
+@needs_native
+def test_masses_bit_for_bit():
+    """The native per-leaf-depth masses against depth_masses / depth_masses_packed: both prefix layouts, strided
+    views, padding ids (N), an empty list, bundled and random trees (several leaf depths)."""
+    from hdecode_torch.kernels.depth_ranges import depth_masses, depth_masses_packed, depth_prefix_sums, depth_ranges
+
+    rng = np.random.default_rng(4)
+    trees = [bundled("tieredimagenet-h")[0], bundled("inat19")[0]] + [h for h, _ in random_trees(41, 20)]
+    checked = 0
+    for h in trees:
+        if depth_ranges(h).ends is None:
+            continue
+        n, bsz = h.num_nodes, 5
+        x = torch.from_numpy(rng.dirichlet(np.full(h.num_leaves, 0.5), size=bsz))
+        with native.use_native(False):
+            prefix = depth_prefix_sums(h, x.t())  # (L + 1, B) leaf-major
+        wide = torch.zeros(2 * prefix.shape[0], bsz, dtype=torch.float64)
+        wide[::2] = prefix
+        for pre in (prefix, prefix.t().contiguous().t(), wide[::2]):
+            rows = torch.from_numpy(rng.integers(0, bsz, 40))
+            ids = torch.from_numpy(rng.integers(0, n + 1, 40))  # N: padding
+            got = J._native_masses(h, pre, rows, ids)
+            with native.use_native(False):
+                ref = depth_masses(h, pre, rows, ids)
+            assert torch.equal(got.view(torch.int64), ref.view(torch.int64))
+            assert J._native_masses(h, pre, rows[:0], ids[:0]).shape == (0, h.num_leaf_depths)
+            packed = torch.from_numpy(rng.integers(0, n + 1, (bsz, 7)))
+            got = J._native_masses(h, pre.t(), None, packed)
+            with native.use_native(False):
+                ref = depth_masses_packed(h, pre.t(), packed)
+            assert got.shape == ref.shape and torch.equal(got.view(torch.int64), ref.view(torch.int64))
+            checked += 1
+        with native.use_native(False):
+            assert J._native_masses(h, prefix, rows, ids) is None
+        assert J._native_masses(h, prefix.float(), rows, ids) is None
+    assert checked >= 9
