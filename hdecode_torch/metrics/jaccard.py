@@ -119,7 +119,8 @@ O(M·E·K) for the gains of the M (sample, candidate) entries (C per sample; C �
 far fewer on model outputs), O(Σ_r A_r·min(k_r, A_r − k_r + 1)) for the knapsacks of the R pairs
 (sample, size) left (a few per sample; on deep caterpillars the bounds often allow exactly k_r nodes,
 a band of one state).  Python loops: over the candidate positions of the knapsack and of the
-walk back (C steps each, all pairs at once) and ⌈log₂ D⌉ pointer-doubling steps; none over
+walk back (C steps each, all pairs at once; on plain CPU tensors one compiled pass a pair instead,
+``kernels/native/jaccard.c``, the same values and sets) and ⌈log₂ D⌉ pointer-doubling steps; none over
 samples, nodes or tree levels.  Memory: one (N, B) mask and threshold, (M, K) gains and the
 pairs' banded knapsack tables; no N×L and no N×B×K tensor.  The gain tables grow as C² per sample, so trees
 with long single-child chains (C ~ D) cost O(B·D²).  On a caterpillar of depth D (a chain, one leaf

@@ -277,7 +277,9 @@ def knapsack_sets(gains, entry, nxt, b, kidx, budget: int):
     be skipped, a narrow band when the bounds leave few more allowed nodes than the size; on deep
     caterpillars often none).  A pair with fewer than k_r allowed candidates (no set of its size: never
     an optimal size) gets V = -inf and the root alone.  Per group: its (pairs, C) gains and
-    positions (half the budget, at least one pair) and one host read (the allowed counts).
+    positions (half the budget, at least one pair) and one host read (the allowed counts).  On plain CPU
+    tensors where the native kernels apply, one compiled pass a pair instead (:func:`_knapsack_sets_native`:
+    the same values and sets, bit for bit, no host read).
     """
     r, c = b.numel(), entry.shape[1]
     dev = entry.device
