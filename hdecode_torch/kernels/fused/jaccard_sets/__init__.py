@@ -20,7 +20,7 @@ import torch
 
 from ... import native
 from .._checks import check_bounds, check_float_tensor, check_vector, derived
-from .._registry import register
+from .._registry import call, register
 
 __all__ = ["jaccard_sets", "jaccard_sets_torch", "row_slacks", "gains", "gain_weights", "size_bound", "knapsack", "knapsack_sets", "knapsack_band", "walk", "walk_band", "closed_prefix_bound", "group_widths", "SCHEMA"]
 
@@ -74,8 +74,10 @@ def jaccard_sets(q: torch.Tensor, ids: torch.Tensor, count: torch.Tensor, lb: to
     Raises:
         ValueError / TypeError naming the argument for a wrong shape, dtype or device.
     """
-    return torch.ops.hdecode.jaccard_sets(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths,
-                                          int(max_depth), float(mass_rel), float(mass_abs), int(budget))
+    # call(): on plain CPU tensors the torch implementation directly, not the dispatcher's way to it (its
+    # schema parsing and Python re-entry, tens of µs a call); everywhere else the registered op
+    return call("jaccard_sets", q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths,
+                int(max_depth), float(mass_rel), float(mass_abs), int(budget))
 
 
 def check_args(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget) -> None:
