@@ -13,6 +13,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hdecode_torch as hd
+from hdecode_torch.kernels import native
 from harness import bundled, model_like
 
 JS = importlib.import_module("hdecode_torch.kernels.fused.jaccard_sets")
@@ -59,11 +60,15 @@ def _best_by_enumeration(g, par, k):
     return best
 
 
+@pytest.mark.parametrize("on", [False, True], ids=["numpy", "native"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_cpu_knapsacks_are_the_enumeration(dtype):
-    """knapsack_sets on CPU tensors (both table layouts, the pairs' allowed candidates packed, their walks) returns
-    each pair's best closed set of its size and, among sets of equal value (dyadic gains: exact ties, many), the
-    first in preorder; pairs without a set of their size get -inf and the root alone."""
+def test_cpu_knapsacks_are_the_enumeration(dtype, on):
+    """knapsack_sets on CPU tensors (the NumPy path: both table layouts, the pairs' allowed candidates packed, their
+    walks; and the native kernel) returns each pair's best closed set of its size and, among sets of equal value
+    (dyadic gains: exact ties, many), the first in preorder; pairs without a set of their size get -inf and the
+    root alone."""
+    if on and not native.available():
+        pytest.skip(f"native kernels unavailable here: {native.unavailable_reason()}")
     rng = np.random.default_rng(5)
     layouts = collections.Counter()
     real = JS.pair_chunks
@@ -74,24 +79,33 @@ def test_cpu_knapsacks_are_the_enumeration(dtype):
         return got
     JS.pair_chunks, saved = spy, JS.pair_chunks
     try:
-        for trial in range(60):
-            bsz, c = int(rng.integers(1, 4)), int(rng.integers(2, 10))
-            nxt, pars = zip(*[_forest(rng, c) for _ in range(bsz)])
-            gains = torch.as_tensor(rng.integers(0, 4, (bsz * c, c)) / 4, dtype=dtype)
-            gains[torch.as_tensor(rng.random((bsz * c, c)) < 0.2)] = float("-inf")
-            gains[::c] = gains[::c].clamp(min=0)  # the roots: always allowed
-            b = torch.as_tensor(rng.integers(0, bsz, 5))
-            kidx = torch.as_tensor(rng.integers(0, c, 5))
-            entry = torch.arange(bsz * c).view(bsz, c)
-            val, members = JS.knapsack_sets(gains, entry, torch.as_tensor(np.stack(nxt)), b, kidx, 1 << 20)
-            for r in range(5):
-                rows = gains[entry[b[r]], kidx[r]].tolist()
-                want_v, want_m = _best_by_enumeration(rows, pars[int(b[r])], int(kidx[r]) + 1)
-                assert float(val[r]) == want_v, (trial, r)
-                assert tuple(members[r].tolist()) == want_m, (trial, r)
+        with native.use_native(on):
+            _knapsacks_against_enumeration(rng, dtype)
     finally:
         JS.pair_chunks = saved
-    assert layouts[True] and layouts[False], layouts  # both layouts were solved
+    if not on:
+        assert layouts[True] and layouts[False], layouts  # both layouts were solved
+    else:
+        assert not layouts  # the native kernel solved every pair
+
+
+def _knapsacks_against_enumeration(rng, dtype):
+    """Sixty random forests of 2-9 candidates in 1-3 rows, dyadic gains, five pairs each, against enumeration."""
+    for trial in range(60):
+        bsz, c = int(rng.integers(1, 4)), int(rng.integers(2, 10))
+        nxt, pars = zip(*[_forest(rng, c) for _ in range(bsz)])
+        gains = torch.as_tensor(rng.integers(0, 4, (bsz * c, c)) / 4, dtype=dtype)
+        gains[torch.as_tensor(rng.random((bsz * c, c)) < 0.2)] = float("-inf")
+        gains[::c] = gains[::c].clamp(min=0)  # the roots: always allowed
+        b = torch.as_tensor(rng.integers(0, bsz, 5))
+        kidx = torch.as_tensor(rng.integers(0, c, 5))
+        entry = torch.arange(bsz * c).view(bsz, c)
+        val, members = JS.knapsack_sets(gains, entry, torch.as_tensor(np.stack(nxt)), b, kidx, 1 << 20)
+        for r in range(5):
+            rows = gains[entry[b[r]], kidx[r]].tolist()
+            want_v, want_m = _best_by_enumeration(rows, pars[int(b[r])], int(kidx[r]) + 1)
+            assert float(val[r]) == want_v, (trial, r)
+            assert tuple(members[r].tolist()) == want_m, (trial, r)
 
 
 class _Count(TorchDispatchMode):

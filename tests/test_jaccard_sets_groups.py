@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import hdecode_torch as hd
+from hdecode_torch.kernels import native
 from harness import bundled, model_like
 from benchmarks import jaccard_gpu_check as gpu_check
 
@@ -78,7 +79,9 @@ def test_pair_chunks_equal_their_definition():
 @pytest.mark.parametrize("tree", ["tieredimagenet-h", "inat19"])
 def test_cpu_table_budget_keeps_the_sets(tree, monkeypatch):
     """On a CPU the knapsack tables are chunked within ``CPU_BUDGET`` whatever budget the caller passes
-    (the GPU plan passes 4 GiB): many small chunks, the default and no cap give the same sets."""
+    (the GPU plan passes 4 GiB): many small chunks, the default and no cap give the same sets (the NumPy path,
+    which the native kernels, one pair at a time, replace where they apply)."""
+    monkeypatch.setitem(native._STATE, "on", False)
     h, _ = bundled(tree)
     rng = np.random.default_rng(43)
     P = np.concatenate([model_like(rng, h, 120, kind) for kind in ("peaked", "diffuse", "confused")])

@@ -13,11 +13,14 @@ left, and the smallest size whose value is within float64 rounding of the best. 
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import torch
 
+from ... import native
 from .._checks import check_bounds, check_float_tensor, check_vector, derived
-from .._registry import register
+from .._registry import call, register
 
 __all__ = ["jaccard_sets", "jaccard_sets_torch", "row_slacks", "gains", "gain_weights", "size_bound", "knapsack", "knapsack_sets", "knapsack_band", "walk", "walk_band", "closed_prefix_bound", "group_widths", "SCHEMA"]
 
@@ -71,8 +74,10 @@ def jaccard_sets(q: torch.Tensor, ids: torch.Tensor, count: torch.Tensor, lb: to
     Raises:
         ValueError / TypeError naming the argument for a wrong shape, dtype or device.
     """
-    return torch.ops.hdecode.jaccard_sets(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths,
-                                          int(max_depth), float(mass_rel), float(mass_abs), int(budget))
+    # call(): on plain CPU tensors the torch implementation directly, not the dispatcher's way to it (its
+    # schema parsing and Python re-entry, tens of µs a call); everywhere else the registered op
+    return call("jaccard_sets", q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths,
+                int(max_depth), float(mass_rel), float(mass_abs), int(budget))
 
 
 def check_args(q, ids, count, lb, k_ref, pre, end, depth, dmin1, depths, max_depth, mass_rel, mass_abs, budget) -> None:
@@ -274,7 +279,9 @@ def knapsack_sets(gains, entry, nxt, b, kidx, budget: int):
     be skipped, a narrow band when the bounds leave few more allowed nodes than the size; on deep
     caterpillars often none).  A pair with fewer than k_r allowed candidates (no set of its size: never
     an optimal size) gets V = -inf and the root alone.  Per group: its (pairs, C) gains and
-    positions (half the budget, at least one pair) and one host read (the allowed counts).
+    positions (half the budget, at least one pair) and one host read (the allowed counts).  On plain CPU
+    tensors where the native kernels apply, one compiled pass a pair instead (:func:`_knapsack_sets_native`:
+    the same values and sets, bit for bit, no host read).
     """
     r, c = b.numel(), entry.shape[1]
     dev = entry.device
@@ -283,6 +290,10 @@ def knapsack_sets(gains, entry, nxt, b, kidx, budget: int):
     if r == 0 or c == 0:
         return val, members
     kk = gains.shape[1]
+    if dev.type == "cpu":  # one compiled pass a pair where the native kernels apply: the same values and sets
+        got = _knapsack_sets_native(gains, entry, nxt, b, kidx, val, members)
+        if got is not None:
+            return got
     step = max(1, budget // (2 * 128 * (c + 1)))  # ~13 (pair, position) temporaries of ≤ 8 bytes each
     if dev.type == "cpu":  # the same steps on NumPy views: a few dozen operators fewer per call
         flat, ent, nx, bn, kn = (_numpy(t) for t in (gains.view(-1), entry, nxt, b, kidx))
@@ -295,6 +306,38 @@ def knapsack_sets(gains, entry, nxt, b, kidx, budget: int):
         e = slice(a, a + step)
         gp = gains.view(-1)[entry[b[e]] * kk + kidx[e, None]]  # (R', C)
         val[e], members[e] = _solve_pairs(gp, nxt[b[e]], kidx[e], budget // 2)
+    return val, members
+
+
+#: gains dtype -> the native knapsack's suffix (``hd_jaccard_knapsack_<suffix>`` in ``kernels/native/jaccard.c``)
+_NATIVE_KNAPSACK = {torch.float32: "f32", torch.float64: "f64"}
+
+
+def _knapsack_sets_native(gains, entry, nxt, b, kidx, val, members):
+    """:func:`knapsack_sets` by the native kernel (``kernels/native/jaccard.c``), or None where it does not apply
+    (the kernels off or unavailable, a tensor that must be seen by torch: :func:`~hdecode_torch.kernels.native.
+    applies`); then the caller runs the NumPy path.  Fills ``val`` (R,) and ``members`` (R, C) and returns them.
+
+    The same steps pair by pair: the allowed candidates kept (no disallowed ancestor), the knapsack's additions in
+    the gains' dtype and its ``>=`` comparisons at the same states, the walk from (1, k): every value and set of the
+    NumPy path, bit for bit, whatever its grouping into chunks and layouts (which change no state's value).  Scratch
+    O(A·min(k + 1, A − k + 1)) for one pair at a time, so ``budget`` is not needed.  No host read (the NumPy path's
+    one read of the allowed counts is of CPU values too; a host-read count runs under a dispatch mode, where this
+    kernel stands aside).
+    """
+    suffix = _NATIVE_KNAPSACK.get(gains.dtype)
+    if suffix is None or not native.applies(gains):
+        return None
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    fn = native.function(f"hd_jaccard_knapsack_{suffix}", ctypes.c_int,
+                         [i64, i64, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr])
+    g = gains if gains.is_contiguous() else gains.contiguous()
+    ent, nx = entry.contiguous(), nxt.contiguous()
+    bb, kx = b.contiguous(), kidx.contiguous()
+    r, c = members.shape
+    if fn(r, c, g.shape[1], g.data_ptr(), ent.data_ptr(), nx.data_ptr(), bb.data_ptr(), kx.data_ptr(),
+          val.data_ptr(), members.data_ptr()):
+        raise MemoryError(f"the native Jaccard knapsack could not allocate its tables ({c} candidates)")
     return val, members
 
 
