@@ -143,8 +143,6 @@ class LCAHeight(NodeMetric):
                 return pred
         return lca_height_decode(post)
 
-    def _cpu_block_bytes(self, post):
-        return None if _native_route(post) else self.cpu_block_bytes
 
     def _decode_gpu(self, post):
         return lca_height_decode_fused(post)

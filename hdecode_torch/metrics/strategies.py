@@ -213,11 +213,9 @@ class StrategyNodeMetric(NodeMetric):
 
     def _cpu_block_bytes(self, post) -> int | None:
         # the structural sums are passes over (N, B) tables (and (N, E, B) ones), which cache-sized blocks
-        # speed up; the candidates' and the dense product's work is per pair or per row, and so is the native
-        # pass's (a block would only add calls)
-        if self.resolved_strategy(post.plan, post.h) != "structural" or self._native_route(post):
-            return None
-        return self.cpu_block_bytes
+        # speed up (the native pass gives the same decisions in any block); the candidates' and the dense
+        # product's work is per pair or per row
+        return self.cpu_block_bytes if self.resolved_strategy(post.plan, post.h) == "structural" else None
 
     def _native_route(self, post) -> bool:
         """Whether :meth:`_decode_default` decides ``post`` in one native pass a row (:meth:`native_args`): the

@@ -8,7 +8,7 @@ import ctypes
 import torch
 
 from ... import native
-from .._checks import derived
+from .. import _checks
 from . import _prepared
 
 __all__ = ["path_score_best_native"]
@@ -32,7 +32,7 @@ def _tables(x, args):
         # the exclusive prefix E read at `at` (E[0] = 0): the inclusive one at `at - 1` is E at `at`
         return dict(held=(held, gamma), n=o["ends"].shape[0] // 2, j=args[0].shape[0], t=o["t"], k=keep.shape[0],
                     at_offset=1 if o["inclusive"] else 0, gamma=None if gamma is None else gamma.data_ptr(), ptr=ptr)
-    return derived(("path_score_best_native", x.device, x.shape[1]), args, build)
+    return _checks.derived(("path_score_best_native", x.device, x.shape[1]), args, build)
 
 
 def path_score_best_native(x: torch.Tensor, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta,
