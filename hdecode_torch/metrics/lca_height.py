@@ -18,11 +18,12 @@ from ..core.chunking import CPU_BLOCK_BYTES
 from ..kernels.ancestry import lca
 from ..kernels.certificate import certify_least_lca_height
 from ..kernels.fused import path_score_best, trust_indices
+from ..kernels.path_argbest import path_argbest
 from ..kernels.selection import argbest, preference_order, tie_rank
 from ..kernels.support import lca_height_candidates, least_lca_height_of, support_least_lca_height
 from ..kernels.tree_sums import tree_ranges
 from .base import NodeMetric
-from .strategies import internal_path_sums_one_row, one_row_path_sums
+from .strategies import internal_path_sums_one_row, native_decides, one_row_path_sums, warm_torch_path
 
 __all__ = ["LCAHeight", "lca_height_values", "lca_height_table", "lca_height_decode", "lca_height_decode_fused",
            "split_sums"]
@@ -79,6 +80,21 @@ def _decode_one_row(post) -> torch.Tensor:
     return leaves.index_select(0, s.argmin(0, keepdim=True))
 
 
+def _native_route(post) -> bool:
+    """Whether the CPU plan's decoder runs as one native pass a row (per-level sums, a batch the kernels take)."""
+    return post.plan.tree_sums == "levels" and post.plan.backend == "torch" and native_decides(post)
+
+
+def _native_args(h, dtype):
+    """:func:`~hdecode_torch.kernels.path_argbest.path_argbest`'s arguments after ``(h, probs)`` for
+    :func:`lca_height_decode`: v = (p(parent) − p)·height(parent), the split sums S, the leaves in preference order,
+    least first (cached)."""
+    def build():
+        alpha = h.height.to(dtype).index_select(0, h.parent_or_root).contiguous()
+        return ("split", alpha, False, None, None, preference_order(h, h.num_leaves).contiguous(), False)
+    return h.cached(("lca_height_native_args", dtype), build)
+
+
 def lca_height_decode_fused(post) -> torch.Tensor:
     """:func:`lca_height_decode` as one fused pass over the leaf probabilities: node sums, root-path
     sums and the choice (``hdecode::path_score_best``, float64), no (N, B) table."""
@@ -108,7 +124,8 @@ class LCAHeight(NodeMetric):
     kind = "leaf"
     higher_is_better = False
     description = "height of LCA(prediction, target), Karthik et al. 2021 (lower is better)"
-    algorithms = {"cpu": "root-path sums of the mass that splits off, per level",
+    algorithms = {"cpu": "root-path sums of the mass that splits off, per level (one native pass a row on plain "
+                         "float CPU tensors)",
                   "gpu": "the fused hdecode::path_score_best"}
     oracle, baseline = "reference:lca_height", "benchmarks.baselines:Baselines.lca_height"
 
@@ -119,7 +136,13 @@ class LCAHeight(NodeMetric):
         return lca_height_table(post)
 
     def _decode_default(self, post):
+        if _native_route(post):  # the same sums and choice in one native pass a row, no (N, B) table
+            pred = path_argbest(post.h, post.probs, *_native_args(post.h, post.dtype))
+            if pred is not None:
+                warm_torch_path(self, post, None)
+                return pred
         return lca_height_decode(post)
+
 
     def _decode_gpu(self, post):
         return lca_height_decode_fused(post)

@@ -26,14 +26,16 @@ import torch
 from ..core.chunking import CPU_BLOCK_BYTES, chunk_ranges
 from ..core.params import Param
 from ..core.plan import get_memory_budget
+from ..kernels import native
 from ..kernels.ancestry import leaf_lca
+from ..kernels.path_argbest import path_argbest
 from ..kernels.candidates import (PruningStatistics, candidate_mask, pruning_statistics, sampled_products,
                                  sampled_rows)
 from ..kernels.selection import argbest, argbest_pairs, preference_order
 from ..kernels.tree_sums import level_pairs
 from .base import NodeMetric
 
-__all__ = ["StrategyNodeMetric", "dense_fits", "DENSE_MAX_ENTRIES", "preference_layout", "ordered_path_sum_",
+__all__ = ["StrategyNodeMetric", "dense_fits", "native_decides", "warm_torch_path", "DENSE_MAX_ENTRIES", "preference_layout", "ordered_path_sum_",
            "one_row_path_sums", "internal_path_sums_one_row", "ONE_ROW_MAX_TERMS", "ONE_ROW_MAX_ANCESTORS"]
 
 #: The dense (N, L) matrix is used while it has at most this many entries (16 MB in float64).
@@ -152,6 +154,29 @@ def internal_path_sums_one_row(h, v: torch.Tensor) -> torch.Tensor:
     return torch.full_like(v, -0.0).index_add_(0, dst, v.index_select(0, src))
 
 
+def native_decides(post) -> bool:
+    """Whether ``post``'s leaf probabilities are a plain (B, L) float32/float64 CPU batch that the native kernels
+    take (:func:`hdecode_torch.kernels.native.applies`): then the CPU plan's structural node decoders decide in
+    one native pass a row (:func:`~hdecode_torch.kernels.path_argbest.path_argbest`)."""
+    probs = post.probs
+    return probs.dtype in (torch.float32, torch.float64) and probs.dim() == 2 and native.applies(probs)
+
+
+def warm_torch_path(component, post, key) -> None:
+    """Decode uniform rows of ``post``'s dtype (one row, then 32: both layouts) once per tree and ``key`` with the
+    native kernels turned off, so that the tree tables the torch path reads exist once the native kernels have
+    decided instead: a later call that must see torch operators (a trace, a dispatch mode counting them) finds
+    them built, as it would after a torch call, and never builds them inside the trace or the count."""
+    h = post.h
+
+    def build():
+        with native.use_native(False):
+            for rows in (1, 32):
+                component.decode(torch.full((rows, h.num_leaves), 1 / h.num_leaves, dtype=post.dtype), validate=False)
+        return True
+    h.cached(("native_warm_torch_path", type(component), key, post.plan.gpu, post.dtype), build)
+
+
 def dense_fits(h, max_entries: int | None = None) -> bool:
     """Whether the dense (N, L) matrix of ``h`` is small enough to use."""
     return h.num_nodes * h.num_leaves <= (DENSE_MAX_ENTRIES if max_entries is None else max_entries)
@@ -188,8 +213,22 @@ class StrategyNodeMetric(NodeMetric):
 
     def _cpu_block_bytes(self, post) -> int | None:
         # the structural sums are passes over (N, B) tables (and (N, E, B) ones), which cache-sized blocks
-        # speed up; the candidates' and the dense product's work is per pair or per row
+        # speed up (the native pass gives the same decisions in any block); the candidates' and the dense
+        # product's work is per pair or per row
         return self.cpu_block_bytes if self.resolved_strategy(post.plan, post.h) == "structural" else None
+
+    def _native_route(self, post) -> bool:
+        """Whether :meth:`_decode_default` decides ``post`` in one native pass a row (:meth:`native_args`): the
+        CPU plan's structural strategy on its per-level sums, a batch :func:`native_decides` takes."""
+        return (not post.plan.gpu and post.plan.tree_sums == "levels" and post.plan.backend == "torch"
+                and self.resolved_strategy(post.plan, post.h) == "structural" and self.native_args(post) is not None
+                and native_decides(post))
+
+    def native_args(self, post) -> tuple | None:
+        """The arguments of :func:`~hdecode_torch.kernels.path_argbest.path_argbest` after ``(h, probs)`` that
+        decide as :meth:`ordered_table`'s first best row (the same table, bit for bit), or None where the metric
+        has no such form (cached tree tables)."""
+        return None
 
     def _dense_fits(self, h) -> bool:
         return dense_fits(h, self.DENSE_MAX_ENTRIES)
@@ -276,6 +315,11 @@ class StrategyNodeMetric(NodeMetric):
 
     # ------------------------------------------------------------------ decoding
     def _decode_default(self, post):
+        if self._native_route(post):
+            pred = path_argbest(post.h, post.probs, *self.native_args(post))
+            if pred is not None:
+                warm_torch_path(self, post, self.strategy)
+                return pred
         strategy = self.resolved_strategy(post.plan, post.h)
         h = post.h
         if strategy == "structural":

@@ -161,6 +161,18 @@ class WuPalmer(StrategyNodeMetric):
             return wu_palmer_best(post.probs, *_fused_args(post.h))
         return self._decode_default(post)
 
+    def native_args(self, post):
+        h = post.h
+        if h.num_leaf_depths != 1:  # the per-leaf-depth table has no native pass (the candidates are faster there)
+            return None
+
+        def build():
+            # wu_palmer_ordered_table's with leaves at one depth: S = Σ p along root paths below the root, × 2/(d + e)
+            w = 2.0 / (h.depth.to(post.dtype) + post.leaf_depth_values().to(post.dtype))
+            return ("scaled", torch.ones(h.num_nodes, dtype=post.dtype), True, "multiply", w.contiguous(),
+                    preference_layout(h)[0].contiguous(), True)
+        return h.cached(("wu_palmer_native_args", post.dtype), build)
+
     def _bytes_per_sample(self, h, plan):
         if self._fused(plan, h):
             # wu_palmer_best's rows, whatever E: its float64 prefix table (2L) and, at its peak, a leaf

@@ -175,4 +175,7 @@ def _fake(x, src, hi, lo, parent, alpha, beta, euler_src, sign, at, gamma, delta
     return x.new_empty((x.shape[0],), dtype=torch.int64)
 
 
-register("path_score_best", SCHEMA, path_score_best_torch, _fake, check, __name__ + ".triton")
+from .native import path_score_best_native  # noqa: E402  (it reads _prepared, defined above)
+
+register("path_score_best", SCHEMA, path_score_best_torch, _fake, check, __name__ + ".triton",
+         native=path_score_best_native)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from .._checks import check_bounds, check_float_tensor, check_index_values, check_ranges, check_vector, derived
-from .._registry import register
+from .._registry import call, register
+from .._node_sums import prefix_table
 from ..gathered_prefix import _endpoints
 
 __all__ = ["wu_palmer_best", "wu_palmer_best_torch", "SCHEMA"]
@@ -49,7 +50,7 @@ def wu_palmer_best(x: torch.Tensor, src: torch.Tensor, hi: torch.Tensor, lo: tor
     Raises:
         ValueError / TypeError naming the argument for a wrong shape, dtype, device or index.
     """
-    return torch.ops.hdecode.wu_palmer_best(x, src, hi, lo, depth, leaf_depths, euler_src, sign, at, rank)
+    return call("wu_palmer_best", x, src, hi, lo, depth, leaf_depths, euler_src, sign, at, rank)
 
 
 def check_args(x, src, hi, lo, depth, leaf_depths, euler_src, sign, at, rank) -> None:
@@ -94,11 +95,7 @@ def wu_palmer_best_torch(x: torch.Tensor, src: torch.Tensor, hi: torch.Tensor, l
     t = torch.float64 if x.dtype == torch.float64 else torch.float32
     # the gathered entries and their exclusive prefix side by side, as gathered_prefix's table: every
     # mass, one-entry runs included, is one difference of two gathered entries
-    table = x.new_empty((b, 2 * j + 1), dtype=torch.float64)
-    table[:, 0] = 0
-    g = table[:, j + 1:]
-    g.copy_(x.index_select(1, src))
-    torch.cumsum(g, dim=1, out=table[:, 1:j + 1])
+    table = prefix_table(x, src)
     hi2, lo2 = _endpoints(hi, lo, j)
     weight = torch.tensor(2.0, dtype=t, device=x.device) / (depth.to(t)[None, :] + leaf_depths.to(t)[:, None])  # (E, N)
     # the Euler tour's table, reused for every leaf depth: entries t(Q_e)·sign, scanned in place
@@ -130,4 +127,6 @@ def _fake(x, src, hi, lo, depth, leaf_depths, euler_src, sign, at, rank):
     return x.new_empty((x.shape[0],), dtype=torch.int64)
 
 
-register("wu_palmer_best", SCHEMA, wu_palmer_best_torch, _fake, check, None)
+from .native import wu_palmer_best_native  # noqa: E402  (it reads check and _order, defined above)
+
+register("wu_palmer_best", SCHEMA, wu_palmer_best_torch, _fake, check, None, native=wu_palmer_best_native)
