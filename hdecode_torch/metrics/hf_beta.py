@@ -275,12 +275,19 @@ def hf_beta_decode_exact(post, beta: float) -> torch.Tensor:
     3. Their per-leaf-depth masses from the depth-first prefix sums, and the exact per-k solver
        (``hdecode::hf_beta_best_k``).  Returns (B, N) bool, ancestor-closed; ties as in
        :func:`hf_beta_decode`.  O(B·(N + L) + B·C²·E) work.
+    On plain CPU tensors (nothing tracing or counting operators) the native decoder of :func:`hf_beta_decode`
+    runs instead, as the fused ops run their native kernels there.
     """
     h, p = post.h, post.node
     dt = p.dtype
     bsz = p.shape[1]
     if bsz == 0:
         return torch.zeros(0, h.num_nodes, dtype=torch.bool, device=p.device)
+    # Plain CPU tensors (the plan run on a CPU, nothing tracing or counting operators): the native decoder, as the
+    # fused ops run their native kernels there.
+    got = _decode_native(post, beta, _bound_slack(dt), 1 - _VALUE_SLACK * torch.finfo(dt).eps)
+    if got is not None:
+        return got
     r = _recall_share(beta)
     prefix = post.depth_prefix().t()  # (B, L + 1) float64, batch-major
     wide = 1 - _VALUE_SLACK * torch.finfo(dt).eps
