@@ -103,9 +103,14 @@ class Cost(TorchDispatchMode):
 
 
 def cost_of(fn, x, plan: str = "cuda") -> Cost:
-    """The :class:`Cost` of ``fn(x)`` under ``hd.plan_for(plan)``, after a warm-up call (tree-only tables)."""
+    """The :class:`Cost` of ``fn(x)`` under ``hd.plan_for(plan)``, after a warm-up call (tree-only tables) of the
+    path counted: the torch path (the native kernels stand aside under the counting mode, so the warm-up does too,
+    else the counted call would build the tables a native warm-up left unbuilt)."""
+    from hdecode_torch.kernels import native
+
     with hd.plan_for(plan):
-        fn(x)
+        with native.use_native(False):
+            fn(x)
         with Cost() as c:
             fn(x)
     return c

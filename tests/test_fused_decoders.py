@@ -32,6 +32,7 @@ import pytest
 import torch
 
 import hdecode_torch as hd
+from hdecode_torch.kernels import native
 import hdecode_torch.kernels.fused as F
 from hdecode_torch.kernels.depth_ranges import depth_ranges
 from hdecode_torch.kernels.fused import trust_indices
@@ -96,7 +97,8 @@ def solver_cases(h, probs, beta):
         return out
     HF.hf_beta_best_k = spy
     try:
-        with hd.plan_for("cuda"):
+        # the plan's torch path (on plain CPU tensors the native decoder would run, without this solver)
+        with hd.plan_for("cuda"), native.use_native(False):
             hd.get_metric("hf_beta", h, beta=beta).decode(probs)
     finally:
         HF.hf_beta_best_k = original

@@ -23,12 +23,14 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from .ancestry import top_ancestor
+from .native import hf_beta as native_hf_beta
 
 __all__ = ["PruningStatistics", "pruning_statistics", "candidate_mask", "sampled_products", "sampled_rows",
-           "candidate_pairs", "pack_candidates", "pack_rows", "depth_rank", "depth_order"]
+           "candidate_pairs", "bounded_pairs", "pack_candidates", "pack_rows", "depth_rank", "depth_order"]
 
 
 @dataclass(frozen=True)
@@ -298,17 +300,54 @@ def candidate_pairs(h, keep: torch.Tensor, p: torch.Tensor):
     """The kept (sample, node) pairs, sample-major, nodes in (depth, id) order within a sample.
 
     keep: (N, B) bool; p: (N, B) float.  Returns ``(sample, node, value)``, each (M,): int64,
-    int64 and p at the pair.  One host sync (M, through ``nonzero``).
+    int64 and p at the pair.  One host sync (M, through ``nonzero``).  A batch on a CPU is listed by NumPy:
+    the true entries of the node-major mask in (depth, id) order, then a stable sort of them by sample (a
+    radix sort of 16-bit keys, O(M)) in place of the (B, N) transposition of the mask, which a CPU writes one
+    byte at a time (the same pairs in the same order).
     """
     order = depth_order(h)
-    if keep.shape[1] == 1:  # one sample: its kept nodes in depth order, no (sample, rank) pairs to split
+    n, bsz = keep.shape
+    if bsz == 1:  # one sample: its kept nodes in depth order, no (sample, rank) pairs to split
         node = order.masked_select(keep.reshape(-1).index_select(0, order))
         return torch.zeros_like(node), node, p.reshape(-1).index_select(0, node)
-    # nonzero walks its input in logical order: a batch-major copy of the mask is read in sequence, where
-    # the transposed view was read in strides of B (a quarter less time at B = 4,000 on a CPU).
-    pairs = keep.index_select(0, order).t().contiguous().nonzero()  # (M, 2): (sample, rank in depth order)
-    sample, node = pairs[:, 0], order.index_select(0, pairs[:, 1])
-    return sample, node, p.reshape(-1).index_select(0, node * p.shape[1] + sample)
+    by_depth = keep.index_select(0, order)
+    if keep.device.type == "cpu" and bsz <= _RADIX_MAX_SAMPLES:
+        listed = by_depth.numpy()
+        if np.count_nonzero(listed) * _RADIX_MAX_SHARE > listed.size:  # many pairs: their sort costs more
+            sample, rank = np.divmod(np.flatnonzero(by_depth.t().contiguous().numpy()), n)  # sample-major already
+        else:
+            rank, sample = np.divmod(np.flatnonzero(listed), bsz)
+            by_sample = np.argsort(sample.astype(np.int16), kind="stable")
+            sample, rank = sample[by_sample], rank[by_sample]
+        sample, rank = torch.from_numpy(sample), torch.from_numpy(rank)
+    else:
+        # nonzero walks its input in logical order: a batch-major copy of the mask is read in sequence, where
+        # the transposed view was read in strides of B (a quarter less time at B = 4,000 on a CPU).
+        sample, rank = by_depth.t().contiguous().nonzero().unbind(1)  # (sample, rank in depth order)
+    node = order.index_select(0, rank)
+    return sample, node, p.reshape(-1).index_select(0, node * bsz + sample)
+
+
+#: Largest batch whose sample indices :func:`candidate_pairs` sorts as 16-bit keys (NumPy's radix sort).
+_RADIX_MAX_SAMPLES = (1 << 15) - 1
+#: :func:`candidate_pairs` transposes the mask instead where more than one entry in this many is kept: the
+#: sort's O(M) passes then cost about what the transposition does (measured on tieredImageNet-H at B = 4,000).
+_RADIX_MAX_SHARE = 20
+
+
+def bounded_pairs(h, p: torch.Tensor, bound: torch.Tensor):
+    """:func:`candidate_pairs` of the mask ``p >= bound`` with the root kept: ``(sample, node, value)``.
+
+    p: (N, B) float node-major values; bound: (N, 1) in p's dtype.  On plain CPU tensors one native pass lists
+    the pairs without the (N, B) mask (:func:`~hdecode_torch.kernels.native.hf_beta.kept_pairs`, the same
+    pairs and values); else the mask and :func:`candidate_pairs`.  O(N·B).
+    """
+    got = native_hf_beta.kept_pairs(p, bound, depth_order(h), h.root)
+    if got is not None:
+        return got
+    keep = p >= bound
+    keep[h.root] = True
+    return candidate_pairs(h, keep, p)
 
 
 def pack_candidates(h, sample: torch.Tensor, node: torch.Tensor, bsz: int):

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from . import native
+from .native import hf_beta as native_hf_beta
 
 __all__ = ["DepthRanges", "depth_ranges", "depth_range_ends", "depth_prefix_sums", "depth_masses",
            "depth_masses_packed", "TABLE_MAX_DEPTHS"]
@@ -153,8 +154,13 @@ def depth_masses(h, prefix: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor,
     prefix: (L + 1, B) float64 from :func:`depth_prefix_sums`; rows, ids: (M,) int64 sample
     indices and node ids (``N`` is padding: its masses are 0).  Beyond the output, temporaries of at
     most about ``budget`` bytes (the entries in chunks: the ends, their flat positions and the
-    gathered prefix sums take some 64·E bytes an entry at their peak).
+    gathered prefix sums take some 64·E bytes an entry at their peak).  On plain CPU tensors with the ends
+    table built, one native pass (:func:`~hdecode_torch.kernels.native.hf_beta.pair_masses`, the same
+    subtraction and rounding per entry, the same bits) and no temporary.
     """
+    got = native_hf_beta.pair_masses(prefix, depth_ranges(h).ends, rows, ids, dtype)
+    if got is not None:  # one native pass, no temporary: the same subtraction and rounding per entry
+        return got
     m, e = ids.numel(), h.num_leaf_depths
     flat, s0, s1 = _flat(prefix)
     step = max(1, budget // (64 * e))
@@ -197,8 +203,12 @@ def depth_masses_packed(h, prefix: torch.Tensor, ids: torch.Tensor, budget: int 
 
     One gather of both ends when the temporaries (some 64·E bytes an entry at their peak) fit ``budget`` bytes;
     else in chunks of samples, or of one sample's columns, that do (the same values), written into the
-    ``dtype`` output (no float64 copy of it).
+    ``dtype`` output (no float64 copy of it).  On plain CPU tensors with the ends table built, one native pass
+    (:func:`~hdecode_torch.kernels.native.hf_beta.pair_masses`, the same bits) and no temporary.
     """
+    got = native_hf_beta.pair_masses(prefix.t(), depth_ranges(h).ends, None, ids, dtype)
+    if got is not None:  # one native pass, no temporary: the same subtraction and rounding per entry
+        return got
     bsz, c = ids.shape
     e = h.num_leaf_depths
     step = max(1, budget // (64 * e))  # entries per chunk

@@ -47,6 +47,12 @@ the order barely moves with k, are solved by a sort.  When all leaves share one 
 does not depend on k and every pair passes.  Host syncs: the two stages' C, whether stage 2 kept
 stage 1's pairs (then its solve is stage 1's), the pairs to check.
 
+Natively on plain CPU tensors (:func:`hf_beta_decode`, :mod:`hdecode_torch.kernels.native.hf_beta`): the pairs
+above the fixed bound listed and their masses read in one pass each (the torch path's bits), then per row in C
+the same two stages, the same prefix values and upper bounds, and the k left checked from their Δ_k, in float64
+sums (ties within 2^-42 to the smallest k): the same optimal sets but for ties within the rounding of the
+values' dtype, with no operator per stage (a row's cost was some seventy operators).
+
 Top-k inputs (:func:`hf_beta_decode_topk`): the same stages and solver on the completed distribution,
 their candidates and per-depth masses read from the listed leaves and tree tables
 (:mod:`hdecode_torch.kernels.support_hf_beta`), never a B × L or B × N table; sparse sets out.
@@ -64,9 +70,10 @@ from ..core.params import Flag, Param
 from ..core.plan import resolve_plan
 from ..core.scalar_checks import check_positive
 from ..kernels import native
-from ..kernels.candidates import candidate_pairs, depth_order, depth_rank, pack_candidates, pack_rows
+from ..kernels.candidates import bounded_pairs, depth_order, depth_rank, pack_candidates, pack_rows
 from ..kernels.depth_ranges import depth_masses, depth_masses_packed, depth_ranges
 from ..kernels.fused import hf_beta_best_k, trust_indices
+from ..kernels.native import hf_beta as native_hf_beta
 from ..kernels.support import support_table
 from ..kernels.support_hf_beta import depth_listed, depth_masses_topk, heavy_nodes, heavy_order
 from .base import SetMetric
@@ -107,25 +114,27 @@ def hf_beta_decode(post, beta: float) -> torch.Tensor:
     sets certified per k, the few k left solved by a sort (fewest operations, where a host read
     costs nothing): host reads, one per stage (its candidate count), whether stage 2 kept stage 1's
     pairs where it kept as many, and the (sample, k) pairs to check.  One row takes shortcuts that give
-    the same values with fewer operators (its pairs packed as listed, their masses read once).
+    the same values with fewer operators (its pairs packed as listed, their masses read once).  On plain CPU
+    tensors the native decoder (:func:`_decode_native`, module docstring) runs instead, no host read.
     """
     h, p = post.h, post.node
     dt = p.dtype
     bsz = p.shape[1]
     if bsz == 0:
         return torch.zeros(0, h.num_nodes, dtype=torch.bool, device=p.device)
-    solver = _PrefixSolver(post, _recall_share(beta))
     slack = _bound_slack(dt)
     # LB is a sum of up to C·E rounded terms: a wider slack keeps its rounding from ever dropping an
     # optimal node.
     wide = 1 - _VALUE_SLACK * torch.finfo(dt).eps
+    got = _decode_native(post, beta, slack, wide)
+    if got is not None:
+        return got
+    solver = _PrefixSolver(post, _recall_share(beta))
     # k̂ = E[d(y)] + 1, the size of a typical label set.
     k_ref = (post.expected_leaf_depth() + 1).round().long()
     # The pairs above the fixed bound are listed once; both stages filter that list.
     bounds = _prefix_bounds(h, beta, dt)
-    keep = p >= bounds.bound_slack
-    keep[h.root] = True
-    sample, node, value = _kept_pairs(h, keep, p)
+    sample, node, value = bounded_pairs(h, p, bounds.bound_slack)
     tau = bounds.tau.index_select(0, node)
     is_root = node == h.root
     # A pair's masses are its own values whatever pairs are read with them: a few listed pairs (one row)
@@ -158,6 +167,39 @@ def hf_beta_decode(post, beta: float) -> torch.Tensor:
     return _best_sets(h, ids, count, best_k, delta, full=bsz == 1)  # from_pairs packs one row without padding
 
 
+#: Stage-2 candidates a row may keep for the native decoder (:func:`_decode_native`), which solves every set size
+#: k of them (O(C²·(E + log C))); a row with more runs the torch path (deep caterpillars).
+_NATIVE_MAX_CANDIDATES = 256
+
+
+def _decode_native(post, beta: float, slack: float, wide: float) -> torch.Tensor | None:
+    """:func:`hf_beta_decode` by the native kernels on plain CPU tensors, or None where they do not apply.
+
+    The same pairs above the fixed bound and the same masses (bit for bit, :mod:`hdecode_torch.kernels.native.hf_beta`),
+    the same two stages per row, then every set size k of the second stage's candidates solved exactly, in float64
+    sums, where the torch path certifies prefix sets k by k: both give a row's optimal set under the same ties
+    (smallest k, then shallowest nodes, then smallest ids), one pass a row with no operator per stage.
+    """
+    h, p = post.h, post.node
+    dt = p.dtype
+    if not native.applies(p):
+        return None
+    bounds = _prefix_bounds(h, beta, dt)
+    listed = native_hf_beta.kept_pairs(p, bounds.bound_slack, depth_order(h), h.root)
+    if listed is None:
+        return None
+    sample, node, value = listed
+    e = h.num_leaf_depths
+    if value.numel() * e * value.element_size() > post.plan.budget:
+        return None
+    r = _recall_share(beta)
+    tables = _solver_tables(h, r, dt)
+    # With one leaf depth a mass is p itself (the torch path's too).
+    q = value[:, None] if e == 1 else depth_masses(h, _depth_prefix(post), sample, node, post.plan.budget, dt)
+    return native_hf_beta.decide_rows(sample, node, value, q, bounds.tau, h.root, tables.depths, tables.a, r, slack,
+                                      wide, p.shape[1], h.num_nodes, _NATIVE_MAX_CANDIDATES)
+
+
 #: Entries of a bool table from which :func:`_where` lists its true entries with NumPy on a CPU.
 _NUMPY_WHERE_MIN_ENTRIES = 1 << 12
 
@@ -169,36 +211,6 @@ def _where(mask: torch.Tensor) -> torch.Tensor:
     if mask.device.type != "cpu" or mask.numel() < _NUMPY_WHERE_MIN_ENTRIES:
         return mask.reshape(-1).nonzero().squeeze(1)
     return torch.from_numpy(np.flatnonzero(mask.contiguous().numpy()).astype(np.int64, copy=False))
-
-
-def _kept_pairs(h, keep: torch.Tensor, p: torch.Tensor):
-    """:func:`~hdecode_torch.kernels.candidates.candidate_pairs` (the kept (sample, node) pairs of ``keep``
-    (N, B) bool, sample-major, nodes in (depth, id) order; ``(sample, node, value)``, (M,) each), a batch's
-    on a CPU listed by NumPy: the true entries of the node-major mask in (depth, id) order, then a stable
-    sort of them by sample (a radix sort of 16-bit keys, O(M)) in place of the (B, N) transposition of the
-    mask, which a CPU writes one byte at a time.  The same pairs in the same order."""
-    n, bsz = keep.shape
-    if bsz == 1 or keep.device.type != "cpu" or bsz > _RADIX_MAX_SAMPLES:
-        return candidate_pairs(h, keep, p)
-    order = depth_order(h)
-    by_depth = keep.index_select(0, order)
-    listed = by_depth.numpy()
-    if np.count_nonzero(listed) * _RADIX_MAX_SHARE > listed.size:  # many pairs: their sort costs more
-        sample, rank = np.divmod(np.flatnonzero(by_depth.t().contiguous().numpy()), n)  # sample-major already
-    else:
-        rank, sample = np.divmod(np.flatnonzero(listed), bsz)
-        by_sample = np.argsort(sample.astype(np.int16), kind="stable")
-        sample, rank = sample[by_sample], rank[by_sample]
-    sample, rank = torch.from_numpy(sample), torch.from_numpy(rank)
-    node = order.index_select(0, rank)
-    return sample, node, p.reshape(-1).index_select(0, node * bsz + sample)
-
-
-#: Largest batch whose sample indices :func:`_kept_pairs` sorts as 16-bit keys (NumPy's radix sort).
-_RADIX_MAX_SAMPLES = (1 << 15) - 1
-#: :func:`_kept_pairs` transposes the mask instead where more than one entry in this many is kept: the sort's
-#: O(M) passes then cost about what the transposition does (measured on tieredImageNet-H at B = 4,000).
-_RADIX_MAX_SHARE = 20
 
 
 #: (B, C, E) entries from which :meth:`_PrefixSolver._check` settles k from the order at k̂ before checking
@@ -263,12 +275,19 @@ def hf_beta_decode_exact(post, beta: float) -> torch.Tensor:
     3. Their per-leaf-depth masses from the depth-first prefix sums, and the exact per-k solver
        (``hdecode::hf_beta_best_k``).  Returns (B, N) bool, ancestor-closed; ties as in
        :func:`hf_beta_decode`.  O(B·(N + L) + B·C²·E) work.
+    On plain CPU tensors (nothing tracing or counting operators) the native decoder of :func:`hf_beta_decode`
+    runs instead, as the fused ops run their native kernels there.
     """
     h, p = post.h, post.node
     dt = p.dtype
     bsz = p.shape[1]
     if bsz == 0:
         return torch.zeros(0, h.num_nodes, dtype=torch.bool, device=p.device)
+    # Plain CPU tensors (the plan run on a CPU, nothing tracing or counting operators): the native decoder, as the
+    # fused ops run their native kernels there.
+    got = _decode_native(post, beta, _bound_slack(dt), 1 - _VALUE_SLACK * torch.finfo(dt).eps)
+    if got is not None:
+        return got
     r = _recall_share(beta)
     prefix = post.depth_prefix().t()  # (B, L + 1) float64, batch-major
     wide = 1 - _VALUE_SLACK * torch.finfo(dt).eps
