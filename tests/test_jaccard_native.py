@@ -249,8 +249,9 @@ def test_large_batch_row_by_row(plan):
 
 @needs_native
 def test_masses_bit_for_bit():
-    """The native per-leaf-depth masses against depth_masses / depth_masses_packed: both prefix layouts, strided
-    views, padding ids (N), an empty list, bundled and random trees (several leaf depths)."""
+    """depth_masses / depth_masses_packed (the native pass Jaccard reads its masses with) against their torch path:
+    both prefix layouts, strided views, padding ids (N), an empty list, bundled and random trees (several leaf
+    depths)."""
     from hdecode_torch.kernels.depth_ranges import depth_masses, depth_masses_packed, depth_prefix_sums, depth_ranges
 
     rng = np.random.default_rng(4)
@@ -268,18 +269,15 @@ def test_masses_bit_for_bit():
         for pre in (prefix, prefix.t().contiguous().t(), wide[::2]):
             rows = torch.from_numpy(rng.integers(0, bsz, 40))
             ids = torch.from_numpy(rng.integers(0, n + 1, 40))  # N: padding
-            got = J._native_masses(h, pre, rows, ids)
+            got = depth_masses(h, pre, rows, ids)
             with native.use_native(False):
                 ref = depth_masses(h, pre, rows, ids)
             assert torch.equal(got.view(torch.int64), ref.view(torch.int64))
-            assert J._native_masses(h, pre, rows[:0], ids[:0]).shape == (0, h.num_leaf_depths)
+            assert depth_masses(h, pre, rows[:0], ids[:0]).shape == (0, h.num_leaf_depths)
             packed = torch.from_numpy(rng.integers(0, n + 1, (bsz, 7)))
-            got = J._native_masses(h, pre.t(), None, packed)
+            got = depth_masses_packed(h, pre.t(), packed)
             with native.use_native(False):
                 ref = depth_masses_packed(h, pre.t(), packed)
             assert got.shape == ref.shape and torch.equal(got.view(torch.int64), ref.view(torch.int64))
             checked += 1
-        with native.use_native(False):
-            assert J._native_masses(h, prefix, rows, ids) is None
-        assert J._native_masses(h, prefix.float(), rows, ids) is None
     assert checked >= 9

@@ -145,7 +145,6 @@ exactness argument there; :func:`jaccard_expected_topk` for the value of a set).
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 
 import numpy as np
@@ -335,49 +334,6 @@ _SCREEN_BLOCK = 1 << 20
 _MASS_CHUNK = 1 << 22
 
 
-def _native_masses(h, prefix: torch.Tensor, rows: torch.Tensor | None, ids: torch.Tensor) -> torch.Tensor | None:
-    """The float64 per-leaf-depth masses of ``depth_masses`` (``rows`` (M,), ``ids`` (M,)) or of
-    ``depth_masses_packed`` (``rows`` None, ``ids`` (B, C), row b of ``prefix`` for row b of ``ids``), by the
-    native kernel (``kernels/native/jaccard.c``), or None where it does not apply (then the caller gathers with
-    torch).  The same float64 subtraction of the same two prefix sums per entry, so the same bits.
-
-    prefix: (B, L + 1) or (L + 1, B) float64, any strides (``rows`` given: (L + 1, B), else (B, L + 1)); needs
-    the tree's ends table (``depth_ranges(h).ends``, trees with few leaf depths).  Returns (M, E) or (B, C, E).
-    O(M·E), no temporaries.
-    """
-    ends = depth_ranges(h).ends
-    if ends is None or prefix.dtype != torch.float64 or prefix.dim() != 2 or not native.applies(prefix):
-        return None
-    e = ends.shape[1] // 2
-    h.cached("jaccard_native_masses_torch_tables", lambda: _masses_torch_tables(h))
-    fn = native.function("hd_jaccard_masses_f64", None, [ctypes.c_int64] * 2 + [ctypes.c_void_p] + [ctypes.c_int64] * 2
-                         + [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p])
-    ids = ids.contiguous()
-    m = ids.numel()
-    out = torch.empty(m, e, dtype=torch.float64)
-    if rows is None:  # packed (B, C): positions along dim 1 of prefix, rows along dim 0
-        cols, p_pos, p_row, rp = ids.shape[1], prefix.stride(1), prefix.stride(0), None
-        out = out.view(*ids.shape, e)
-    else:
-        cols, p_pos, p_row = 1, prefix.stride(0), prefix.stride(1)
-        rows = rows.contiguous()
-        rp = rows.data_ptr()
-    if m:
-        fn(m, e, prefix.data_ptr(), p_pos, p_row, rp, cols, ids.data_ptr(), ends.data_ptr(), out.data_ptr())
-    return out
-
-
-def _masses_torch_tables(h) -> bool:
-    """Run the torch masses once per tree (one zero row) so that the tree tables they read exist once the native
-    kernel has run instead: a later call that must see torch operators (a trace, a dispatch mode counting them)
-    finds them built, as after a torch call, and never builds them inside the trace or the count."""
-    prefix = torch.zeros(h.num_leaves + 1, 1, dtype=torch.float64)
-    ids = torch.tensor([h.root], dtype=torch.int64)
-    depth_masses(h, prefix, torch.zeros(1, dtype=torch.int64), ids)
-    depth_masses_packed(h, prefix.t(), ids[None, :])
-    return True
-
-
 class _Masses:
     """Per-leaf-depth masses Q_e(n) of any (sample, node) pairs.
 
@@ -399,8 +355,7 @@ class _Masses:
     def __call__(self, rows, ids):
         """(M, E) float64 masses of nodes ``ids`` (N: padding, zero) in samples ``rows`` (M,)."""
         if self.prefix is not None:
-            got = _native_masses(self.h, self.prefix, rows, ids)
-            return got if got is not None else depth_masses(self.h, self.prefix, rows, ids, self.budget)
+            return depth_masses(self.h, self.prefix, rows, ids, self.budget)
         n = self.h.num_nodes
         got = self.p[ids.clamp(max=n - 1), rows]  # either layout of the (N, B) table
         return torch.where(ids < n, got, 0).double()[:, None]
@@ -980,9 +935,8 @@ def _preorder_rank(h, T) -> torch.Tensor:
 def _masses_packed(h, prefix: torch.Tensor, ids: torch.Tensor, budget: int) -> torch.Tensor:
     """(B, C, E) float64 per-leaf-depth masses of the nodes ``ids`` (B, C) (``N``: 0), from the
     batch-major depth-first prefix sums ``prefix`` (B, L + 1), temporaries within ``budget`` (none on plain CPU
-    tensors: :func:`_native_masses`)."""
-    got = _native_masses(h, prefix, None, ids)
-    return got if got is not None else depth_masses_packed(h, prefix, ids, budget)
+    tensors, where one native pass reads them)."""
+    return depth_masses_packed(h, prefix, ids, budget)
 
 
 # --------------------------------------------------------------------------- top-k inputs

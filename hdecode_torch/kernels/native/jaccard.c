@@ -142,25 +142,3 @@ int hd_jaccard_knapsack_##SUFFIX(int64_t pairs, int64_t c, int64_t kk, const T *
 
 HD_DEFINE_JACCARD_KNAPSACK(f32, float)
 HD_DEFINE_JACCARD_KNAPSACK(f64, double)
-
-/* Per-leaf-depth masses Q_e(n) = P[row, hi_e(n)] - P[row, lo_e(n)] of M (row, node) pairs, from float64 prefix
- * sums P of the leaves in (depth, depth-first) order (hdecode_torch.kernels.depth_ranges): one double subtraction
- * each, rounded once to the output's type (float: as torch's float64 difference written to a float32 tensor).
- * prefix: entry (row, position) at prefix[row * p_row + position * p_pos]; rows: (M,) int64, or NULL for packed
- * rows, pair i in row i / cols; ids: (M,) int64 in 0..N (N: the padding row of the ends, an empty run);
- * ends: (N + 1, 2E) int32 [hi | lo]; out: (M, E) contiguous.  O(M * E). */
-#define HD_DEFINE_JACCARD_MASSES(SUFFIX, TOUT)                                                                  \
-void hd_jaccard_masses_##SUFFIX(int64_t m, int64_t e, const double *prefix, int64_t p_pos, int64_t p_row,       \
-                                const int64_t *rows, int64_t cols, const int64_t *ids, const int32_t *ends,     \
-                                TOUT *out) {                                                                     \
-    int64_t i, j;                                                                                               \
-    for (i = 0; i < m; i++) {                                                                                   \
-        const double *p = prefix + (rows != NULL ? rows[i] : i / cols) * p_row;                                 \
-        const int32_t *hi = ends + ids[i] * 2 * e, *lo = hi + e;                                                \
-        TOUT *o = out + i * e;                                                                                  \
-        for (j = 0; j < e; j++) o[j] = (TOUT)(p[(int64_t)hi[j] * p_pos] - p[(int64_t)lo[j] * p_pos]);         \
-    }                                                                                                           \
-}
-
-HD_DEFINE_JACCARD_MASSES(f32, float)
-HD_DEFINE_JACCARD_MASSES(f64, double)
