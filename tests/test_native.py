@@ -29,6 +29,8 @@ from hdecode_torch.kernels import native
 from hdecode_torch.kernels.depth_ranges import depth_prefix_sums, depth_ranges
 from hdecode_torch.kernels.native import _build
 from hdecode_torch.kernels.tree_sums import FLOAT32_MAX_FAN_IN, accumulation_dtype, leaf_to_node_sum
+from hdecode_torch.metrics.hamming import hamming_decode, inverse_depth_mass
+from hdecode_torch.metrics.tree_distance import tree_distance_decode
 
 from harness import bundled, random_trees
 
@@ -231,12 +233,17 @@ def test_a_shared_posterior_decides_from_its_node_table():
     p = torch.softmax(torch.randn(50, h.num_leaves, generator=torch.Generator().manual_seed(1)) * 5, 1)
     with hd.plan_for("cpu"):
         post = hd.Posterior(h, p)
-        fused = post.deepest_above(0.5)  # no node table yet: the fused kernel
+        fused = tree_distance_decode(post)  # no node table yet: the fused kernel
         assert "node" not in post._memo
         post.node
-        assert torch.equal(post.deepest_above(0.5), fused)
+        assert torch.equal(tree_distance_decode(post), fused)
+        fused_sets = hamming_decode(post)  # no weighted table yet: the fused kernel
+        assert ("weighted", "inv_depth") not in post._memo
+        inverse_depth_mass(post)
+        assert torch.equal(hamming_decode(post), fused_sets)
         with native.use_native(False):
             assert torch.equal(hd.get_metric("tree_distance", h).decode(p), fused)
+            assert torch.equal(hd.get_metric("hamming", h).decode(p), fused_sets)
 
 
 @needs_native
