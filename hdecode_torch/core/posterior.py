@@ -186,7 +186,8 @@ class Posterior:
         the same rule in it (no (N, B) table), given ``w`` the weights in the probabilities' dtype (None without
         ``key``) and ``acc`` the accumulation dtype; it returns None where it does not apply (a
         :mod:`~hdecode_torch.kernels.native` kernel: on plain CPU tensors outside traces), and the rule then
-        reads t.  Both must give the same answer, bit for bit.  O(B·N) for a rule linear in the table."""
+        reads t.  Both must give the same answer, bit for bit.  Returns what they return (the decoders': (B,) int64
+        node ids, (N, B) bool sets).  O(B·N) for the sums, plus the rule's own cost."""
         memo = "node" if key is None else ("weighted", key)
         if memo not in self._memo and self.plan.tree_sums == "levels" and self.plan.backend == "torch":
             out = fused(None if key is None else self._in_dtype(leaf_weights), accumulation_dtype(self.h, self.dtype))
@@ -195,6 +196,7 @@ class Posterior:
         return rule(self.node if key is None else self.weighted_node(key, leaf_weights))
 
     def _in_dtype(self, leaf_weights: torch.Tensor) -> torch.Tensor:
+        """``leaf_weights`` in the probabilities' dtype (the same tensor when it already is)."""
         return leaf_weights if leaf_weights.dtype == self.dtype else leaf_weights.to(self.dtype)
 
     def leaf_depth_values(self) -> torch.Tensor:
