@@ -34,6 +34,7 @@ from hdecode_torch.kernels.fused.best_ranked_above import best_ranked_above_torc
 from hdecode_torch.kernels.fused.gathered_prefix import gathered_prefix_torch
 from hdecode_torch.kernels.fused.row_check import POSITIVE_FINITE, row_check_torch, unit_sum_bounds
 
+from testing import Operators
 from triton_testing import (  # noqa: E402
     ROOT, block_imports, check_compiles_for_sm90, interpreter_results, needs_triton, run_python)
 
@@ -590,16 +591,7 @@ def test_node_sums_read_both_ends_in_one_gather_or_two_with_the_same_bits(monkey
     """The range sums the ops share (``_node_sums.node_sums``, with or without a weight, in a float32 or float64
     ``out``): one (B, 2K) gather of both ends or, beyond ``ONE_GATHER_BYTES``, two (B, K) gathers; the NumPy
     scan's bits either way, the same sums as ``gathered_prefix``'s, and the one gather two operators fewer."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from hdecode_torch.kernels.fused import _node_sums as NS
-
-    class Count(TorchDispatchMode):
-        n = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.n += 1
-            return func(*args, **(kwargs or {}))
 
     rng = np.random.default_rng(21)
     m, k = 50, 40
@@ -614,9 +606,9 @@ def test_node_sums_read_both_ends_in_one_gather_or_two_with_the_same_bits(monkey
         for w in (None, weight):
             want = numpy_range_sums(x.double().numpy(), src.numpy(), None if w is None else w.numpy(), hi.numpy(),
                                     lo.numpy())
-            with Count() as count:
+            with Operators() as count:
                 got = NS.node_sums(x, src, ends, w)
-            ops.append(count.n)
+            ops.append(len(count.ops))
             assert np.array_equal(got.numpy(), want) and got.dtype == torch.float64
             out = torch.empty(rows, k)
             assert NS.node_sums(x, src, ends, w, out) is out and torch.equal(out, got.float())
@@ -706,7 +698,6 @@ def test_cpu_calls_run_the_torch_implementation_and_everything_else_the_op():
     the operator counts use), the op itself is dispatched; the same bits either way, and the tables'
     checks still catch a table changed in place."""
     from torch.profiler import ProfilerActivity, profile
-    from torch.utils._python_dispatch import TorchDispatchMode
 
     x = torch.rand(3, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
     src, hi, lo = torch.tensor([0, 1, 2, 3]), torch.tensor([4, 2]), torch.tensor([0, 1])
@@ -724,18 +715,9 @@ def test_cpu_calls_run_the_torch_implementation_and_everything_else_the_op():
     out.sum().backward()
     assert torch.equal(xg.grad, torch.tensor([[1.0, 2.0, 1.0, 1.0]]).expand(3, -1).double())
 
-    class Names(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.append(str(func))
-            return func(*args, **(kwargs or {}))
-
-    with Names() as mode:
+    with Operators() as mode:
         out = F.gathered_prefix(x, src, None, hi, lo)
-    assert mode.names == ["hdecode.gathered_prefix.default"] and torch.equal(out, direct)
+    assert mode.ops == ["hdecode.gathered_prefix.default"] and torch.equal(out, direct)
     src[0] = 4  # in place: a new version, checked again
     with pytest.raises(ValueError, match="`src`.*got 4"):
         F.gathered_prefix(x, src, None, hi, lo)

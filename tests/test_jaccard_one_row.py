@@ -10,11 +10,11 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import hdecode_torch as hd
 from hdecode_torch.kernels import native
 from harness import bundled, model_like
+from testing import Operators
 
 JS = importlib.import_module("hdecode_torch.kernels.fused.jaccard_sets")
 J = importlib.import_module("hdecode_torch.metrics.jaccard")
@@ -108,21 +108,11 @@ def _knapsacks_against_enumeration(rng, dtype):
             assert tuple(members[r].tolist()) == want_m, (trial, r)
 
 
-class _Count(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.n = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.n += 1
-        return func(*args, **(kwargs or {}))
-
-
 def _ops(fn):
     fn()  # tree tables and cached width tables
-    with _Count() as counter:
+    with Operators() as counter:
         fn()
-    return counter.n
+    return len(counter.ops)
 
 
 @pytest.mark.parametrize("tree", ["tieredimagenet-h", "inat19"])

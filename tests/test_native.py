@@ -22,20 +22,27 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import hdecode_torch as hd
 from hdecode_torch.kernels import native
 from hdecode_torch.kernels.depth_ranges import depth_prefix_sums, depth_ranges
 from hdecode_torch.kernels.native import _build
 from hdecode_torch.kernels.tree_sums import FLOAT32_MAX_FAN_IN, accumulation_dtype, leaf_to_node_sum
+from hdecode_torch.metrics.hamming import hamming_decode, inverse_depth_mass
+from hdecode_torch.metrics.tree_distance import tree_distance_decode
 
 from harness import bundled, random_trees
+from testing import Operators
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 needs_native = pytest.mark.skipif(not native.available(),
                                   reason=f"native kernels unavailable here: {native.unavailable_reason()}")
 BITS = {torch.float32: torch.int32, torch.float64: torch.int64}
+
+
+def _rows(h, batch: int, seed: int, scale: float = 5) -> torch.Tensor:
+    """(batch, L) float32 softmax rows of normal logits times ``scale``: model-like rows, peaked at larger scales."""
+    return torch.softmax(torch.randn(batch, h.num_leaves, generator=torch.Generator().manual_seed(seed)) * scale, 1)
 
 
 def _trees():
@@ -119,29 +126,11 @@ def test_the_kernel_stands_aside_where_a_torch_operator_must_be_seen():
     assert native.leaf_to_node_sum(h, x.t().requires_grad_(), torch.float32) is None  # autograd records it
     assert native.leaf_to_node_sum(h, x.t().half(), torch.float16) is None  # dtypes without a kernel
     assert native.leaf_to_node_sum(h, x.t()[..., None], torch.float32) is None  # (L, *, *) tables
-
-    class Count(TorchDispatchMode):
-        ops = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            Count.ops += 1
-            return func(*args, **(kwargs or {}))
-
-    with Count():  # operator counts see the torch path
+    with Operators():  # operator counts see the torch path
         assert native.leaf_to_node_sum(h, x.t(), torch.float32) is None
     with native.use_native(False):
         assert native.leaf_to_node_sum(h, x.t(), torch.float32) is None
     assert native.leaf_to_node_sum(h, x.t(), torch.float32) is not None
-
-
-class _Count(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops += 1
-        return func(*args, **(kwargs or {}))
 
 
 @needs_native
@@ -159,30 +148,33 @@ def test_a_call_after_the_kernel_finds_the_torch_paths_tables(name):
                 x = torch.softmax(torch.randn(rows, h.num_leaves), 1)
                 with native.use_native(warm_native):
                     decode(x)
-                with _Count() as c:
+                with Operators() as c:
                     decode(x)
-                counts.append(c.ops)
+                counts.append(len(c.ops))
     assert counts[:2] == counts[2:] and min(counts) > 0
 
 
 @needs_native
 def test_posterior_node_probabilities_equal_with_the_kernel_on_and_off():
     h = bundled("inat19")[0]
-    p = torch.softmax(torch.randn(33, h.num_leaves, generator=torch.Generator().manual_seed(0)) * 4, 1)
+    p = _rows(h, 33, seed=0, scale=4)
     with hd.plan_for("cpu"):
-        on = hd.node_probabilities(h, p)
-        with native.use_native(False):
-            off = hd.node_probabilities(h, p)
+        on, off = _on_and_off(lambda: hd.node_probabilities(h, p))
     _assert_same_bits(on, off)
     assert on.t().is_contiguous()  # node-major, as the torch path stores it
 
 
-def _decisions(metric, p, **kw):
+def _on_and_off(fn):
+    """``fn()`` with the native kernels on, then off (the torch path)."""
     with native.use_native(True):
-        on = metric.decode(p, **kw)
+        on = fn()
     with native.use_native(False):
-        off = metric.decode(p, **kw)
+        off = fn()
     return on, off
+
+
+def _decisions(metric, p, **kw):
+    return _on_and_off(lambda: metric.decode(p, **kw))
 
 
 @needs_native
@@ -228,15 +220,20 @@ def test_tree_distance_compares_in_the_probabilities_dtype():
 @needs_native
 def test_a_shared_posterior_decides_from_its_node_table():
     h = bundled("tieredimagenet-h")[0]
-    p = torch.softmax(torch.randn(50, h.num_leaves, generator=torch.Generator().manual_seed(1)) * 5, 1)
+    p = _rows(h, 50, seed=1)
     with hd.plan_for("cpu"):
         post = hd.Posterior(h, p)
-        fused = post.deepest_above(0.5)  # no node table yet: the fused kernel
+        fused = tree_distance_decode(post)  # no node table yet: the fused kernel
         assert "node" not in post._memo
         post.node
-        assert torch.equal(post.deepest_above(0.5), fused)
+        assert torch.equal(tree_distance_decode(post), fused)
+        fused_sets = hamming_decode(post)  # no weighted table yet: the fused kernel
+        assert ("weighted", "inv_depth") not in post._memo
+        inverse_depth_mass(post)
+        assert torch.equal(hamming_decode(post), fused_sets)
         with native.use_native(False):
             assert torch.equal(hd.get_metric("tree_distance", h).decode(p), fused)
+            assert torch.equal(hd.get_metric("hamming", h).decode(p), fused_sets)
 
 
 @needs_native
@@ -268,7 +265,7 @@ def test_root_share_sets_equal_the_torch_path(dtype):
 @needs_native
 def test_a_shared_posterior_decides_hamming_from_its_table():
     h = bundled("inat19")[0]
-    p = torch.softmax(torch.randn(30, h.num_leaves, generator=torch.Generator().manual_seed(6)) * 5, 1)
+    p = _rows(h, 30, seed=6)
     metric = hd.get_metric("hamming", h)
     with hd.plan_for("cpu"):
         post = hd.Posterior(h, p)
@@ -374,10 +371,10 @@ def test_depth_prefix_stands_aside_where_it_does_not_apply():
     assert native.depth_prefix(x.t(), order.int(), True) is None  # int32 orders
     assert native.depth_prefix(x.t(), order[:-1], True) is None  # an order of another length
     assert native.depth_prefix(x[0], order, True) is None  # 1-D
-    with _Count() as count:  # operator counts see the torch path
+    with Operators() as count:  # operator counts see the torch path
         assert native.depth_prefix(x.t(), order, True) is None
         depth_prefix_sums(h, x.t())
-    assert count.ops > 0
+    assert count.ops
     with native.use_native(False):
         assert native.depth_prefix(x.t(), order, False) is None
     assert native.depth_prefix(x.t(), order, False) is not None
@@ -426,7 +423,7 @@ def test_hf_beta_and_jaccard_decisions_equal_with_the_kernel_on_and_off(dtype, m
 
 def test_the_gpu_plan_is_untouched():
     h = bundled("tieredimagenet-h")[0]
-    p = torch.softmax(torch.randn(20, h.num_leaves, generator=torch.Generator().manual_seed(2)) * 5, 1)
+    p = _rows(h, 20, seed=2)
     with hd.plan_for("cuda"):
         post = hd.Posterior(h, p)
         assert post.plan.tree_sums == "prefix"

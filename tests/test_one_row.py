@@ -6,24 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import hdecode_torch as hd
 from hdecode_torch.core.component import HierarchyComponent
 from hdecode_torch.metrics import jaccard as jaccard_module
-from testing import PLANS
-
-
-class _Ops(TorchDispatchMode):
-    """The ATen operators dispatched inside the block, in order (``str`` of each overload)."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
+from testing import PLANS, Operators
 
 
 @pytest.fixture(scope="module")
@@ -44,11 +31,11 @@ def test_no_detach_of_a_row_without_gradient(h, plan):
     metric = hd.get_metric("accuracy", h)
     with hd.plan_for(plan):
         metric.decode(p)
-        with _Ops() as seen:
+        with Operators() as seen:
             out = metric.decode(p)
         assert "aten.detach.default" not in seen.ops
         q = p.clone().requires_grad_()
-        with _Ops() as seen_grad:
+        with Operators() as seen_grad:
             out_grad = metric.decode(q)
     assert "aten.detach.default" in seen_grad.ops
     assert not out_grad.requires_grad
@@ -88,7 +75,7 @@ def test_expected_leaf_depth_converts_no_tree_table(h, dtype):
     p = _row(h).to(dtype)
     hd.Posterior(h, p).expected_leaf_depth()
     post = hd.Posterior(h, p)
-    with _Ops() as seen:
+    with Operators() as seen:
         got = post.expected_leaf_depth()
     assert not any("_to_copy" in op for op in seen.ops), seen.ops
     assert torch.equal(got, p @ h.leaf_depth.to(dtype))
@@ -119,7 +106,7 @@ def test_candidate_slack_factors_cached_per_dtype(h, dtype):
     metric = hd.get_metric("wu_palmer", h)
     p = _row(h).to(dtype)
     first = metric.decode(p)
-    with _Ops() as seen:
+    with Operators() as seen:
         again = metric.decode(p)
     assert "aten.abs.default" not in seen.ops
     assert torch.equal(first, again)

@@ -13,6 +13,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import hdecode_torch as hd
 from hdecode_torch import functional as F
@@ -40,6 +41,20 @@ def grid(plans=PLANS, devices=DEVICES, dtypes=FLOAT_DTYPES):
     return pytest.mark.parametrize("plan,device,dtype", [
         pytest.param(p, d, t, id=f"{p}-{d}-{str(t).removeprefix('torch.')}")
         for p, d, t in itertools.product(plans, devices, dtypes)])
+
+
+class Operators(TorchDispatchMode):
+    """The ATen operators dispatched inside the block (``with Operators() as seen:``), in order: ``seen.ops``
+    the ``str`` of each overload (``"aten.add.Tensor"``), ``len(seen.ops)`` how many.  A dispatch mode is also
+    what makes the library's direct paths (native kernels, fused ops run without the dispatcher) stand aside."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
 
 
 class Tester:

@@ -18,15 +18,13 @@ table with prefix sums (scans along the contiguous dimension).
 
 from __future__ import annotations
 
-from typing import Hashable
+from typing import Callable, Hashable
 
 import torch
 
 from ..hierarchy import Hierarchy
 from ..kernels.depth_ranges import depth_prefix_sums, depth_range_ends, depth_ranges
-from ..kernels import native
 from ..kernels.fused import trust_indices
-from ..kernels.selection import deepest_above
 from ..kernels.tree_sums import (
     accumulation_dtype, blocked_gathered_prefix, leaf_to_node_sum, node_major, path_sum, subtree_sum, subtree_sum_,
 )
@@ -175,34 +173,31 @@ class Posterior:
         """(N, B) ``Σ_{l ∈ L(n)} p(l) w(l)`` for a fixed per-leaf weight ``leaf_weights`` (L,) or (L, 1), each
         product ``p(l) w(l)`` rounded to the probabilities' dtype (weights in it already cost no conversion)."""
         def build():
-            w = leaf_weights if leaf_weights.dtype == self.dtype else leaf_weights.to(self.dtype)
+            w = self._in_dtype(leaf_weights)
             return self.leaf_sum(self.probs.t() * (w[:, None] if w.dim() == 1 else w))
         return self._get(("weighted", key), build)
 
-    def deepest_above(self, threshold: float) -> torch.Tensor:
-        """(B,) int64 the deepest node with p(n) > ``threshold`` (smallest id among equal depths), the root if none:
-        :func:`~hdecode_torch.kernels.selection.deepest_above` of :attr:`node`, the comparison in the
-        probabilities' dtype.  On the per-level plan, while p(n) is not summed yet, one native pass over the
-        leaf probabilities where :mod:`~hdecode_torch.kernels.native` applies (the same sums, the same
-        answers, no (N, B) table).  O(B·N)."""
-        if "node" not in self._memo and self.plan.tree_sums == "levels" and self.plan.backend == "torch":
-            pred = native.deepest_above(self.h, self.probs, threshold, accumulation_dtype(self.h, self.dtype))
-            if pred is not None:
-                return pred
-        return deepest_above(self.h, self.node, threshold)
-
-    def weighted_above_root_share(self, key: Hashable, leaf_weights: torch.Tensor, share: float) -> torch.Tensor:
-        """(N, B) bool ``w(n) > share · w(root)`` of ``w = weighted_node(key, leaf_weights)`` (the product and the
-        comparison in the probabilities' dtype).  On the per-level plan, while ``w`` is not summed yet, one native
-        pass over the leaf probabilities where :mod:`~hdecode_torch.kernels.native` applies (the same sums, the
-        same answers, no float (N, B) table).  O(B·N)."""
-        if ("weighted", key) not in self._memo and self.plan.tree_sums == "levels" and self.plan.backend == "torch":
-            w = leaf_weights if leaf_weights.dtype == self.dtype else leaf_weights.to(self.dtype)
-            out = native.above_root_share(self.h, self.probs, w, share, accumulation_dtype(self.h, self.dtype))
+    def node_rule(self, rule: Callable[[torch.Tensor], torch.Tensor],
+                  fused: Callable[[torch.Tensor | None, torch.dtype], torch.Tensor | None],
+                  key: Hashable | None = None, leaf_weights: torch.Tensor | None = None) -> torch.Tensor:
+        """``rule(t)`` of a node table t, (N, B): :attr:`node`, or with ``key`` the leaf-weighted sums
+        :meth:`weighted_node(key, leaf_weights) <weighted_node>`.  On the per-level plan, while t is not summed
+        yet, ``fused(w, acc)`` first: one pass over :attr:`probs` that sums t as the torch path would and applies
+        the same rule in it (no (N, B) table), given ``w`` the weights in the probabilities' dtype (None without
+        ``key``) and ``acc`` the accumulation dtype; it returns None where it does not apply (a
+        :mod:`~hdecode_torch.kernels.native` kernel: on plain CPU tensors outside traces), and the rule then
+        reads t.  Both must give the same answer, bit for bit.  Returns what they return (the decoders': (B,) int64
+        node ids, (N, B) bool sets).  O(B·N) for the sums, plus the rule's own cost."""
+        memo = "node" if key is None else ("weighted", key)
+        if memo not in self._memo and self.plan.tree_sums == "levels" and self.plan.backend == "torch":
+            out = fused(None if key is None else self._in_dtype(leaf_weights), accumulation_dtype(self.h, self.dtype))
             if out is not None:
                 return out
-        w = self.weighted_node(key, leaf_weights)
-        return w > share * w[self.h.root]
+        return rule(self.node if key is None else self.weighted_node(key, leaf_weights))
+
+    def _in_dtype(self, leaf_weights: torch.Tensor) -> torch.Tensor:
+        """``leaf_weights`` in the probabilities' dtype (the same tensor when it already is)."""
+        return leaf_weights if leaf_weights.dtype == self.dtype else leaf_weights.to(self.dtype)
 
     def leaf_depth_values(self) -> torch.Tensor:
         """(E,) int64 the distinct leaf depths, ascending."""

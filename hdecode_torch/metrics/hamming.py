@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from ..core.node_sets import sparse_node_sets
+from ..kernels import native
 from ..kernels.support import walk_up
 from ..kernels.support_hamming import (flat_node_mass, hamming_certificate, inverse_depth_listed,
                                        inverse_depth_weights, root_mass, support_hamming_path)
@@ -52,8 +53,13 @@ def hamming_expected(post, sets: torch.Tensor) -> torch.Tensor:
 
 
 def hamming_decode(post) -> torch.Tensor:
-    """(B, N) bool: n is in the set iff W(n) > W(root)/2 (fused with the sums W where the Posterior can)."""
-    return post.weighted_above_root_share("inv_depth", _inverse_leaf_depth(post), 0.5).t()
+    """(B, N) bool: n is in the set iff W(n) > W(root)/2, the product and the comparison in the probabilities'
+    dtype (fused with the sums W in one native pass a row where the Posterior can: :meth:`Posterior.node_rule
+    <hdecode_torch.Posterior.node_rule>`)."""
+    h, probs = post.h, post.probs
+    return post.node_rule(lambda w: w > 0.5 * w[h.root],
+                          lambda w, acc: native.above_root_share(h, probs, w, 0.5, acc),
+                          "inv_depth", _inverse_leaf_depth(post)).t()
 
 
 class Hamming(SetMetric):

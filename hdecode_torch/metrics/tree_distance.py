@@ -23,7 +23,8 @@ from ..core.conversion import warn_user
 from ..core.scalar_checks import check_nonnegative
 from ..kernels.ancestry import lca_depth
 from ..kernels.certificate import certify_deepest_above, path_intervals, tree_distance_regret_bound
-from ..kernels.selection import deepest_above_from_leaves
+from ..kernels import native
+from ..kernels.selection import deepest_above, deepest_above_from_leaves
 from ..kernels.support import support_deepest_above
 from .base import NodeMetric
 
@@ -49,10 +50,11 @@ def tree_distance_table(post, c: float = 0.0) -> torch.Tensor:
 
 
 def tree_distance_decode(post, c: float = 0.0) -> torch.Tensor:
-    """(B,) int64 the deepest node with p(n) > (1 + c)/2, the root if none, from the Posterior's node
-    probabilities (:meth:`Posterior.deepest_above <hdecode_torch.Posterior.deepest_above>`: fused with the node
-    sums in one native pass a row where it can be)."""
-    return post.deepest_above((1 + c) / 2)
+    """(B,) int64 the deepest node with p(n) > (1 + c)/2 (compared in the probabilities' dtype), the root if none,
+    from the Posterior's node probabilities (:meth:`Posterior.node_rule <hdecode_torch.Posterior.node_rule>`:
+    fused with the node sums in one native pass a row where it can be)."""
+    h, probs, t = post.h, post.probs, (1 + c) / 2
+    return post.node_rule(lambda p: deepest_above(h, p, t), lambda _, acc: native.deepest_above(h, probs, t, acc))
 
 
 def tree_distance_decode_fused(post, c: float = 0.0) -> torch.Tensor:

@@ -33,7 +33,8 @@ import triton
 import triton.language as tl
 
 __all__ = ["MAX_REGISTER_ROW", "SCAN_BLOCK", "interpreted", "launch_context", "row_layout", "row_buffers",
-           "shared_memory", "padded", "num_warps", "prefix_tile", "prefix_to_memory", "prefix_at", "range_sums"]
+           "shared_memory", "padded", "num_warps", "prefix_tile", "prefix_to_memory", "row_prefix", "prefix_at",
+           "range_sums"]
 
 #: Longest row whose prefix a program holds in registers (16384 float64 over 512 threads = 32 a
 #: thread); longer rows go through a scratch row in global memory.
@@ -71,6 +72,21 @@ def prefix_to_memory(xrow, stride_xm, SRC, W, J, P, HAS_W: tl.constexpr, BLOCK: 
         j = j0 + tl.arange(0, BLOCK)
         tl.store(P + j, c, mask=j < J)
         j0 += BLOCK
+
+
+@triton.jit
+def row_prefix(xrow, stride_xm, SRC, W, J, P, HAS_W: tl.constexpr, IN_REGS: tl.constexpr, BLOCK: tl.constexpr):
+    """The row prologue of a program: the inclusive float64 prefix of ``W[j]·xrow[SRC[j]]``, j < J, in the
+    layout :func:`row_layout` chose.  ``IN_REGS``: returned, one tile of ``BLOCK`` >= J entries; else written to
+    the scratch row ``P[0:J]`` in tiles of ``BLOCK``, followed by a block barrier, and 0.0 returned (a placeholder:
+    the prefix is read from ``P``).  What :func:`prefix_at` and :func:`range_sums` take as ``(c, P)``."""
+    if IN_REGS:
+        c, _ = prefix_tile(xrow, stride_xm, SRC, W, 0, J, 0.0, HAS_W, BLOCK)
+    else:
+        c = 0.0
+        prefix_to_memory(xrow, stride_xm, SRC, W, J, P, HAS_W, BLOCK)
+        tl.debug_barrier()
+    return c
 
 
 @triton.jit

@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from .. import _triton as T
-from .._triton import prefix_tile, prefix_to_memory, range_sums
+from .._triton import range_sums, row_prefix
 from . import check_args
 
 __all__ = ["MAX_BLOCK_K", "launch"]
@@ -28,14 +28,8 @@ def _best_ranked_above_kernel(X, stride_xb, stride_xm, SRC, HI, LO, RANK, OUT, S
                               BLOCK_J: tl.constexpr, BLOCK_K: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     xrow = X + row * stride_xb
-    P = SCRATCH
-    if IN_REGS:
-        c, _ = prefix_tile(xrow, stride_xm, SRC, SRC, 0, J, 0.0, False, BLOCK_J)
-    else:
-        c = 0.0
-        P = SCRATCH + row * J
-        prefix_to_memory(xrow, stride_xm, SRC, SRC, J, P, False, BLOCK_J)
-        tl.debug_barrier()
+    P = SCRATCH + row * J  # read only in the scratch layout
+    c = row_prefix(xrow, stride_xm, SRC, SRC, J, P, False, IN_REGS, BLOCK_J)
     best_rank = tl.full((), _INT64_MIN, tl.int64)
     best_k = tl.full((), -1, tl.int64)
     k0 = tl.full((), 0, tl.int32)

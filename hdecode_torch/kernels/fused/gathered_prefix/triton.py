@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 
 from .. import _triton as T
-from .._triton import prefix_tile, prefix_to_memory, range_sums
+from .._triton import range_sums, row_prefix
 from . import check_args
 
 __all__ = ["MAX_BLOCK_K", "launch"]
@@ -27,14 +27,8 @@ def _gathered_prefix_kernel(X, stride_xb, stride_xm, SRC, W, HI, LO, OUT, SCRATC
                             BLOCK_K: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     xrow = X + row * stride_xb
-    P = SCRATCH
-    if IN_REGS:
-        c, _ = prefix_tile(xrow, stride_xm, SRC, W, 0, J, 0.0, HAS_W, BLOCK_J)
-    else:
-        c = 0.0
-        P = SCRATCH + row * J
-        prefix_to_memory(xrow, stride_xm, SRC, W, J, P, HAS_W, BLOCK_J)
-        tl.debug_barrier()
+    P = SCRATCH + row * J  # read only in the scratch layout
+    c = row_prefix(xrow, stride_xm, SRC, W, J, P, HAS_W, IN_REGS, BLOCK_J)
     out_row = OUT + row * K
     k0 = tl.full((), 0, tl.int32)
     while k0 < K:

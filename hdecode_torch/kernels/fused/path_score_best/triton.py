@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 
 from .. import _triton as T
-from .._triton import prefix_tile, prefix_to_memory, range_sums
+from .._triton import prefix_to_memory, range_sums, row_prefix
 from . import check_args
 
 __all__ = ["launch"]
@@ -47,8 +47,9 @@ def _path_score_best_kernel(X, stride_xb, stride_xm, SRC, HI, LO, PARENT, ALPHA,
     # in registers JP, NP, TP cover J, N and T; through scratch they are the tile widths
     row = tl.program_id(0).to(tl.int64)
     xrow = X + row * stride_xb
+    PC = SCRATCH + row * (J + 2 * N + T)  # scratch layout: leaf prefix (J), then p (N), v (N), tour prefix (T)
+    c = row_prefix(xrow, stride_xm, SRC, SRC, J, PC, False, IN_REGS, JP)
     if IN_REGS:
-        c, _ = prefix_tile(xrow, stride_xm, SRC, SRC, 0, J, 0.0, False, JP)
         n = tl.arange(0, NP)
         live = n < N
         p = range_sums(c, c, xrow, stride_xm, SRC, SRC, HI, LO, n, N, False, True, True)
@@ -64,12 +65,9 @@ def _path_score_best_kernel(X, stride_xb, stride_xm, SRC, HI, LO, PARENT, ALPHA,
         score = tl.load(GAMMA + n, mask=live, other=0.0) * s + tl.load(DELTA + n, mask=live, other=0.0) * p
         _, _, best = _best_of_tile(score, n, live, ALLOWED, RANK, N, HIGHER)
     else:
-        PC = SCRATCH + row * (J + 2 * N + T)  # leaf prefix (J), then p (N), v (N), tour prefix (T)
         PP = PC + J
         PV = PP + N
         PE = PV + N
-        prefix_to_memory(xrow, stride_xm, SRC, SRC, J, PC, False, JP)
-        tl.debug_barrier()
         n0 = tl.full((), 0, tl.int32)
         while n0 < N:
             n = n0 + tl.arange(0, NP)
