@@ -17,7 +17,7 @@ from hdecode_torch.kernels.tree_sums import tree_ranges
 from hdecode_torch.metrics import lca_height as lca_module, strategies, zhao as zhao_module
 from harness import batch, bundled, model_like, random_trees
 from test_fused_decoders import dyadic_rows, numpy_best
-from test_one_row import _Ops
+from testing import Operators
 from testing import PLANS
 
 TREES = ["tieredimagenet-h", "inat19"]
@@ -104,7 +104,7 @@ def test_lca_height_one_row_operators(tree):
         post = Posterior(h, p)
         post.node
         lca_module.lca_height_decode(post)
-        with _Ops() as seen:
+        with Operators() as seen:
             lca_module.lca_height_decode(post)
     assert len(seen.ops) <= 12, seen.ops
 
@@ -152,7 +152,7 @@ def test_path_score_best_one_row_operators(tree):
     p = _rows(h, torch.float32, count=8)[:1]
     args = lca_module._fused_args(h)
     want = path_score_best_torch(p, *args)
-    with _Ops() as seen:
+    with Operators() as seen:
         got = path_score_best_torch(p, *args)
     assert torch.equal(got, want)
     assert len(seen.ops) <= 29, seen.ops
@@ -229,7 +229,7 @@ def test_wu_palmer_one_row_operators():
     metric = hd.get_metric("wu_palmer", h)
     with hd.plan_for("cpu"):
         metric.decode(p)
-        with _Ops() as seen:
+        with Operators() as seen:
             metric.decode(p)
     assert len(seen.ops) <= 67, seen.ops
 

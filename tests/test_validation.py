@@ -686,8 +686,12 @@ def _host_reads(monkeypatch, fn) -> int:
 def test_deferred_check_reads_once_and_raises_the_same_error(inat, plan, monkeypatch):
     """A decoder's input check is read with the decoder's own host read (one in all on the GPU plan),
     and bad input still raises the check's own error, not whatever the decoder did with the bad values."""
+    from hdecode_torch.kernels import native
+
     p = _probs(inat, 32).float()
-    with hd.plan_for(plan):
+    # The GPU plan's reads are what a GPU pays: on CPU tensors its native kernels (hF_β's decoder, read-free) would
+    # run instead, so that plan is checked on its torch path.
+    with hd.plan_for(plan), native.use_native(plan == "cpu"):
         for name, kw in [("tree_distance", {}), ("hf_beta", {"beta": 2.0}), ("wu_palmer", {}), ("hamming", {})]:
             m = hd.get_metric(name, inat, **kw)
             m.decode(p)

@@ -143,7 +143,6 @@ class LCAHeight(NodeMetric):
                 return pred
         return lca_height_decode(post)
 
-
     def _decode_gpu(self, post):
         return lca_height_decode_fused(post)
 

@@ -35,8 +35,9 @@ from ..kernels.selection import argbest, argbest_pairs, preference_order
 from ..kernels.tree_sums import level_pairs
 from .base import NodeMetric
 
-__all__ = ["StrategyNodeMetric", "dense_fits", "native_decides", "warm_torch_path", "DENSE_MAX_ENTRIES", "preference_layout", "ordered_path_sum_",
-           "one_row_path_sums", "internal_path_sums_one_row", "ONE_ROW_MAX_TERMS", "ONE_ROW_MAX_ANCESTORS"]
+__all__ = ["StrategyNodeMetric", "dense_fits", "native_decides", "warm_torch_path", "DENSE_MAX_ENTRIES",
+           "preference_layout", "ordered_path_sum_", "one_row_path_sums", "internal_path_sums_one_row",
+           "ONE_ROW_MAX_TERMS", "ONE_ROW_MAX_ANCESTORS"]
 
 #: The dense (N, L) matrix is used while it has at most this many entries (16 MB in float64).
 DENSE_MAX_ENTRIES = 2_000_000
