@@ -458,6 +458,7 @@ def _sigint_as_on_a_terminal():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@pytest.mark.plan_independent
 def test_real_process_conditions(work, tmp_path):
     folder, paths, *_ = work
     if not os.path.exists("/dev/full"):
@@ -637,6 +638,7 @@ def test_sigterm_during_a_write_leaves_no_fragment_and_stale_ones_are_swept(work
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in (out, running, other))
 
 
+@pytest.mark.plan_independent
 def test_ctrl_c_while_torch_loads_is_one_line(tmp_path):
     """On a terminal the progress line is up at once, before torch loads (~2 s): Ctrl-C right then
     exits 130 with one line, not a traceback from inside torch's import."""

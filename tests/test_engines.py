@@ -59,6 +59,7 @@ def ray_cluster():
         ray.shutdown()
 
 
+@pytest.mark.plan_independent
 @pytest.mark.slow
 def test_ray_data_map_batches_equals_a_direct_decode(ray_cluster):
     import ray.data
@@ -119,6 +120,7 @@ def spark():
                 proc.wait(timeout=60)
 
 
+@pytest.mark.plan_independent
 @pytest.mark.slow
 def test_spark_predict_batch_udf_equals_a_direct_decode(spark):
     from pyspark.ml.functions import predict_batch_udf

@@ -38,6 +38,7 @@ def _run(name, *args, timeout=120):
     return proc.stdout, proc.stderr
 
 
+@pytest.mark.plan_independent
 def test_decoding_head_example(tmp_path):
     out = tmp_path / "head.json"
     stdout, _ = _run("decoding_head", "--samples", 1500, "--test-samples", 200, "--epochs", 2, "--show", 3,
@@ -68,6 +69,7 @@ def test_decoding_head_example(tmp_path):
                                                                          "expected_optimal", "expected_argmax_leaf")]
 
 
+@pytest.mark.plan_independent
 def test_batch_inference_example(tmp_path):
     preds, timings = tmp_path / "preds.npz", tmp_path / "t.json"
     stdout, stderr = _run("batch_inference", "--samples", 2500, "--chunk-size", 1000, "--device", "cpu",
@@ -135,6 +137,7 @@ def test_lightning_example():
         assert logged[name] == pytest.approx(want, rel=torch.finfo(torch.float32).eps), (metric, label)
 
 
+@pytest.mark.plan_independent
 def test_lightning_example_as_run(tmp_path):
     """Run as a user runs it: no warning printed, and the printed table is the logged values."""
     pytest.importorskip("pytorch_lightning")
@@ -156,6 +159,7 @@ def test_lightning_example_as_run(tmp_path):
     assert logged["val_tree_distance_optimal"] == logged["val_tree_distance_majority"]
 
 
+@pytest.mark.plan_independent
 @pytest.mark.slow
 def test_distributed_decoding_example(tmp_path):
     pytest.importorskip("ray.data")

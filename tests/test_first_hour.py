@@ -40,6 +40,7 @@ def _readme_metric_module() -> str:
     return "import hdecode_torch as hd\n" + definition + "\n"
 
 
+@pytest.mark.plan_independent
 def test_console_script_imports_a_module_from_the_current_folder(tmp_path):
     """`hdecode compare --import my_metrics`, run where my_metrics.py is (the README's example), failed
     with ModuleNotFoundError: the console script's path holds its own folder, not the current one."""
@@ -112,6 +113,7 @@ _CASES = [
 ]
 
 
+@pytest.mark.plan_independent
 def test_name_and_file_errors_answer_before_torch_loads(tmp_path):
     """A misspelt metric, decoder or tree, a missing input file and a parameter of a metric that is not
     selected waited for torch to load (3-17 s on a busy machine); the README says they answer before."""

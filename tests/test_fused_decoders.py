@@ -709,6 +709,7 @@ def interpreter_checks() -> dict:
     return results
 
 
+@pytest.mark.plan_independent
 @needs_triton
 def test_triton_interpreter_matches_torch():
     results = interpreter_results("test_fused_decoders")
@@ -719,6 +720,7 @@ def test_triton_interpreter_matches_torch():
     assert not failed, failed
 
 
+@pytest.mark.plan_independent
 @needs_triton
 def test_triton_kernels_compile_for_sm90():
     """The real compiler (not the interpreter) accepts both kernels, path_score_best in both row

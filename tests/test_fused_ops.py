@@ -1023,6 +1023,7 @@ def interpreter_checks() -> dict:
     return results
 
 
+@pytest.mark.plan_independent
 @needs_triton
 def test_triton_interpreter_matches_torch():
     results = interpreter_results("test_fused_ops")
@@ -1039,6 +1040,7 @@ def test_triton_interpreter_matches_torch():
     assert not not_bitwise, not_bitwise
 
 
+@pytest.mark.plan_independent
 @needs_triton
 def test_triton_kernels_compile_for_sm90():
     """The real compiler (not the interpreter) accepts every kernel variant, in both row layouts:

@@ -16,6 +16,8 @@ import json
 import os
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from triton_testing import check_compiles_for_sm90, interpreter_results, needs_triton  # noqa: E402
@@ -154,6 +156,7 @@ def interpreter_checks() -> dict:
     return results
 
 
+@pytest.mark.plan_independent
 @needs_triton
 def test_jaccard_kernel_under_the_interpreter():
     results = interpreter_results("test_jaccard_triton")
@@ -163,6 +166,7 @@ def test_jaccard_kernel_under_the_interpreter():
     assert not failed, failed
 
 
+@pytest.mark.plan_independent
 @needs_triton
 def test_jaccard_kernel_compiles_for_sm90():
     check_compiles_for_sm90("""

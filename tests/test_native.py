@@ -538,6 +538,7 @@ DECIDE = """
 """
 
 
+@pytest.mark.plan_independent
 def test_without_a_library_the_torch_path_decides(tmp_path):
     """A corrupt cache file and no compiler, or HDECODE_NATIVE=0: the same decisions, from torch."""
     cc = _build.find_compiler()
@@ -554,6 +555,7 @@ def test_without_a_library_the_torch_path_decides(tmp_path):
         assert on[:2] == ["True", "None"] and on[2:] == off[2:]
 
 
+@pytest.mark.plan_independent
 def test_two_processes_building_at_once_both_load(tmp_path):
     if _build.find_compiler() is None:
         pytest.skip("no C compiler here")
