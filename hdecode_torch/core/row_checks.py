@@ -13,6 +13,7 @@ import math
 import torch
 
 from ..kernels.fused.row_check import POSITIVE_FINITE, row_check, unit_sum_bounds
+from ..kernels.native.row_check import row_stats
 from .index_checks import raise_first_range_error, range_flags
 
 __all__ = ["ROW_SUM_TOLERANCE", "row_sum_tolerance", "row_sums", "row_sums_and_min", "CHECK_BLOCK_BYTES",
@@ -200,21 +201,15 @@ def unit_sum_stats(x: torch.Tensor, tol: float):
 
     The float64 test ``abs(s - 1) <= tol`` passes an interval of sums, so it passes every row exactly
     when it passes the smallest and the largest row sum; NaN anywhere makes a statistic NaN, which
-    fails it, and so does an infinite sum.  The row sums are :func:`row_sums`' (taken in the input's
-    precision, exact in float64), so the decision is the row-by-row test's.  Four operators (sum,
-    extremes, minimum, stack) whatever B ≥ 2; one row: ``(its sum, smallest entry)``, three.
+    fails it, and so does an infinite sum.  On a CPU one native pass makes all three (float64 sums in a
+    fixed order a row, so a row's verdict never depends on its batch:
+    :func:`~hdecode_torch.kernels.native.row_check.row_stats`); elsewhere the row sums are :func:`row_sums`'
+    (taken in the input's precision, exact in float64), in four operators (sum, extremes, minimum, stack)
+    whatever B ≥ 2, and for one row ``(its sum, smallest entry)`` in three.
     """
-    if x.numel() * x.element_size() > CHECK_BLOCKED_FROM_BYTES and x.device.type == "cpu":
-        sums, low = row_sums_and_min(x)  # float64 sums, exact: compared as float64
-        values = torch.stack([sums.amin(), sums.amax(), low.to(torch.float64)])
-    elif x.shape[0] == 1:
-        # one row: its sum is both extremes, and the (1,) sum and minimum join without aminmax and the 0-d
-        # stack (three operators instead of four, a few µs at one row; the same sum, the same minimum)
-        values = torch.cat([x.sum(dim=1), x.amin(dim=1)])
-    else:
-        sums = x.sum(dim=1)
-        values = torch.stack([*torch.aminmax(sums), x.amin()])
-
+    values = row_stats(x)
+    if values is None:
+        values = _torch_stats(x)
     def judge(v) -> bool:
         lo, hi, low = v if len(v) == 3 else (v[0], v[0], v[1])
         return abs(lo - 1.0) <= tol and abs(hi - 1.0) <= tol and low >= 0
@@ -225,6 +220,19 @@ def unit_sum_stats(x: torch.Tensor, tol: float):
         return ((v[:k] - 1).abs() <= tol).all() & (v[k] >= 0)
 
     return values, judge, on_device
+
+
+def _torch_stats(x: torch.Tensor) -> torch.Tensor:
+    """:func:`unit_sum_stats`' statistics by torch operators: (3,) or, for one row, (2,) ``(its sum, smallest entry)``."""
+    if x.numel() * x.element_size() > CHECK_BLOCKED_FROM_BYTES and x.device.type == "cpu":
+        sums, low = row_sums_and_min(x)  # float64 sums, exact: compared as float64
+        return torch.stack([sums.amin(), sums.amax(), low.to(torch.float64)])
+    if x.shape[0] == 1:
+        # one row: its sum is both extremes, and the (1,) sum and minimum join without aminmax and the 0-d
+        # stack (three operators instead of four, a few µs at one row; the same sum, the same minimum)
+        return torch.cat([x.sum(dim=1), x.amin(dim=1)])
+    sums = x.sum(dim=1)
+    return torch.stack([*torch.aminmax(sums), x.amin()])
 
 
 def raise_probs_error(x, sums, flags, name, tol, normalize, in_dtype):
@@ -246,7 +254,9 @@ def raise_probs_error(x, sums, flags, name, tol, normalize, in_dtype):
         row = int((sums <= 0).nonzero()[0])
         raise ValueError(f"Cannot normalize `{name}`: row {row} sums to {float(sums[row]):.4g} (expected a positive sum)")
     bad = ((sums - 1).abs() > tol).nonzero()
-    row = int(bad[0])
+    # a check whose float64 sums were taken in another order can reject a row these sums put a few ulps
+    # inside the tolerance: name the row farthest from 1
+    row = int(bad[0]) if bad.numel() else int((sums - 1).abs().argmax())
     raise ValueError(
         f"Expected each row of `{name}` to sum to 1 (tolerance {tol:g} for {in_dtype} input), but row {row} sums "
         f"to {float(sums[row]):.6g} ({bad.numel()} bad row(s)). Pass normalize=True to renormalize, or "
