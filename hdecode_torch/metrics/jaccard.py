@@ -429,8 +429,10 @@ class _Cands:
         """(M,) the entry of each entry's parent (the root entry: itself)."""
         if self.key is None:
             ppos = torch.searchsorted(self.pre, T.pre[T.parent[self.ids]])
+            if self.count.numel() == 1 and _ONE_ROW:  # one row: its start is 0 and its slots are its entries
+                return ppos[0]
             return self.start[self.sample] + ppos[self.sample, self.slot]
-        return self.start[self.sample] + self._row_position(T.pre[T.parent[self.node]])
+        return self.per_entry(self.start) + self._row_position(T.pre[T.parent[self.node]])
 
     def subset(self, T, keep, dt):
         """The entries where ``keep`` (M,) holds (one host read: their number and the width)."""
@@ -446,6 +448,13 @@ class _Cands:
             total, c = torch.stack([count.sum(), count.max()]).tolist()
         idx = torch.nonzero_static(keep, size=total)[:, 0]
         return _Cands(T, bsz, self.sample[idx], self.node[idx], self.q64[idx], dt, count, c)
+
+    def per_entry(self, x):
+        """(M, ...) a per-sample table ``x`` (B, ...) read at each entry's sample (one row: a broadcast view of
+        its only row, the same values without a gather)."""
+        if self.count.numel() == 1 and _ONE_ROW:
+            return x.expand(self.sample.numel(), *x.shape[1:])
+        return x[self.sample]
 
     def to_table(self, values, fill):
         """(B, C) table of per-entry ``values`` (M,), ``fill`` at padding (one row: a view of ``values``)."""
@@ -633,7 +642,8 @@ def _prefix_lower_bound(T, cands, g, ks, col):
         jump = jump[jump]
     order = torch.sort(cands.to_table(key, float("-inf")), dim=1, descending=True, stable=True).indices
     rank = torch.empty_like(order).scatter_(1, order, torch.arange(cands.c, device=g.device).expand(bsz, -1))
-    inside = rank[cands.sample, cands.slot][:, None] < ks[cands.sample]
+    at_rank = rank[0] if cands.count.numel() == 1 and _ONE_ROW else rank[cands.sample, cands.slot]
+    inside = at_rank[:, None] < cands.per_entry(ks)
     vals = torch.zeros(bsz, j, dtype=g.dtype, device=g.device).index_add_(0, cands.sample, g.masked_fill(~inside, 0))
     vals = vals.masked_fill(ks > cands.count[:, None], float("-inf")).nan_to_num(nan=float("-inf"))
     return vals.max(1).values
@@ -725,10 +735,10 @@ def _solve(post, trace):
     wide = _Cands(T, bsz, sample, node, masses(sample, node), dt, count, c)
     # (iii) LB from the closed prefixes of the wide candidates, at sizes around E[d(y)] + 1.
     ks = (k_ref[:, None] + torch.arange(-3, 4, device=dev)).clamp(min=1, max=wide.c)
-    g = _gains_at(T, wide.q, wide.depth, ks[wide.sample], wide.c, _chunk_bytes(post))
+    g = _gains_at(T, wide.q, wide.depth, wide.per_entry(ks), wide.c, _chunk_bytes(post))
     lb = torch.maximum(lb0, safe(_prefix_lower_bound(T, wide, g, ks, 3), wide.c))
     # (iv) the candidates, their gains and the allowed nodes of each size.
-    cands = wide.subset(T, at_least(wide.pv, T.tau[wide.node] * lb[wide.sample]) | (wide.slot == 0), dt)
+    cands = wide.subset(T, at_least(wide.pv, T.tau[wide.node] * wide.per_entry(lb)) | (wide.slot == 0), dt)
     if not trace:  # one sample's (C, E) masses: only the candidates' are needed from here
         wide = None
     kmax, m = cands.c, cands.sample.numel()
@@ -747,24 +757,27 @@ def _solve(post, trace):
     level = _dmin1_index(h, T).index_select(0, cands.node)
     allowed_all = torch.empty(m, kmax, dtype=torch.bool, device=dev) if trace else None
     blk = max(GAIN_ROWS, GAIN_CELLS // kmax)
+    scale_e = cands.per_entry(scale)
     for a in range(0, m, blk):
-        pv, smp, slot, lev, ga = (cands.pv, cands.sample, cands.slot, level, g) if m <= blk else (
-            t[a:a + blk] for t in (cands.pv, cands.sample, cands.slot, level, g))  # one block: no views
-        allowed = (pv + masses.abs)[:, None] >= tau_tab[lev] * scale[smp][:, None]
+        pv, sc, slot, lev, ga = (cands.pv, scale_e, cands.slot, level, g) if m <= blk else (
+            t[a:a + blk] for t in (cands.pv, scale_e, cands.slot, level, g))  # one block: no views
+        allowed = (pv + masses.abs)[:, None] >= tau_tab[lev] * sc[:, None]
         allowed |= (slot == 0)[:, None]
         ga.masked_fill_(~allowed, float("-inf"))
         if trace:
             allowed_all[a:a + blk] = allowed
     # (v) the sizes that pass G(k) and the Lagrangian top-k bound, λ_k the gain at k of the
     # candidate ranked k-th by its gain at the typical size k̂.
-    col = (k_ref.clamp(min=1, max=kmax) - 1)[cands.sample]
+    col = cands.per_entry(k_ref.clamp(min=1, max=kmax) - 1)
     order = torch.sort(cands.to_table(g.gather(1, col[:, None])[:, 0], float("-inf")), dim=1, descending=True).indices
     kth = cands.entry.gather(1, order)  # (B, C = K) the entry ranked k-th
     lam = gpad.view(-1)[kth * kmax + span].clamp(min=0).nan_to_num(nan=0.0)
     ub = torch.zeros(bsz, kmax, dtype=dt, device=dev)
+    lam_e = cands.per_entry(lam)
     for a in range(0, m, blk):
-        smp, ga = (cands.sample, g) if m <= blk else (cands.sample[a:a + blk], g[a:a + blk])
-        ub.index_add_(0, smp, (ga - lam[smp]).clamp_(min=0))
+        smp, ga, la = (cands.sample, g, lam_e) if m <= blk else (
+            cands.sample[a:a + blk], g[a:a + blk], lam_e[a:a + blk])
+        ub.index_add_(0, smp, (ga - la).clamp_(min=0))
     ub += lam * kf.to(dt)
     ub = torch.minimum(ub, cover.to(dt))
     if dt == torch.float64:  # the (M, E) masses are read again only to re-score float32 values
