@@ -324,6 +324,11 @@ _PREFIX_BLOCK = 1 << 17
 _numpy = torch.Tensor.numpy
 
 
+#: One-row calls (B = 1) build the candidate tables, the screen's order, the pairs and the choice of the best
+#: pair without the per-sample scatters and reductions a batch needs: the same integers and the same float
+#: operations on the same values, in fewer operators (tests turn it off to compare the two bit for bit).
+_ONE_ROW = True
+
 #: (B, C) cells of a candidate table from which :class:`_Cands` finds positions by one search of its flat
 #: keys rather than a search along each row.
 _FLAT_SEARCH = 1 << 12
@@ -373,17 +378,24 @@ class _Cands:
         m = sample.numel()
         dev = sample.device
         self.c = c
-        start = torch.cumsum(count, 0) - count
-        slot = torch.arange(m, device=dev) - start[sample]
+        n = T.pre.numel() - 1
+        if bsz == 1 and _ONE_ROW:
+            # One row: its entries are its slots (c = m, no padding), so the tables are views of the
+            # entries: the same integers as the scatters below, in 4 operators fewer than 11.
+            slot = torch.arange(m, device=dev)
+            start = slot[:1] - slot[:1]  # (1,) zero
+            ids, entry = node.view(1, m), slot.view(1, m)
+        else:
+            start = torch.cumsum(count, 0) - count
+            slot = torch.arange(m, device=dev) - start[sample]
+            ids = torch.full((bsz, c), n, dtype=torch.long, device=dev)
+            ids[sample, slot] = node
+            entry = torch.full((bsz, c), m, dtype=torch.long, device=dev)
+            entry[sample, slot] = torch.arange(m, device=dev)
         self.sample, self.node, self.slot, self.count, self.start = sample, node, slot, count, start
         self.depth = T.depth[node]
         self.q64, self.q = q64, q64.to(dt)
         self.pv = q64.sum(1)
-        n = T.pre.numel() - 1
-        ids = torch.full((bsz, c), n, dtype=torch.long, device=dev)
-        ids[sample, slot] = node
-        entry = torch.full((bsz, c), m, dtype=torch.long, device=dev)
-        entry[sample, slot] = torch.arange(m, device=dev)
         self.ids, self.entry = ids, entry
         self.T, self._nxt = T, None
         # The entries' keys sample·N + preorder position ascend (sample-major, preorder within a
@@ -417,13 +429,18 @@ class _Cands:
         """(M,) the entry of each entry's parent (the root entry: itself)."""
         if self.key is None:
             ppos = torch.searchsorted(self.pre, T.pre[T.parent[self.ids]])
+            if self.count.numel() == 1 and _ONE_ROW:  # one row: its start is 0 and its slots are its entries
+                return ppos[0]
             return self.start[self.sample] + ppos[self.sample, self.slot]
-        return self.start[self.sample] + self._row_position(T.pre[T.parent[self.node]])
+        return self.per_entry(self.start) + self._row_position(T.pre[T.parent[self.node]])
 
     def subset(self, T, keep, dt):
         """The entries where ``keep`` (M,) holds (one host read: their number and the width)."""
         bsz = self.count.numel()
-        count = torch.zeros(bsz, dtype=torch.long, device=keep.device).index_add_(0, self.sample, keep.long())
+        if bsz == 1 and _ONE_ROW:  # one row: its count is the number kept
+            count = keep.sum().view(1)
+        else:
+            count = torch.zeros(bsz, dtype=torch.long, device=keep.device).index_add_(0, self.sample, keep.long())
         if count.device.type == "cpu":  # a NumPy view: no operators for the read
             got = _numpy(count)
             total, c = int(got.sum()), int(got.max())
@@ -432,8 +449,17 @@ class _Cands:
         idx = torch.nonzero_static(keep, size=total)[:, 0]
         return _Cands(T, bsz, self.sample[idx], self.node[idx], self.q64[idx], dt, count, c)
 
+    def per_entry(self, x):
+        """(M, ...) a per-sample table ``x`` (B, ...) read at each entry's sample (one row: a broadcast view of
+        its only row, the same values without a gather)."""
+        if self.count.numel() == 1 and _ONE_ROW:
+            return x.expand(self.sample.numel(), *x.shape[1:])
+        return x[self.sample]
+
     def to_table(self, values, fill):
-        """(B, C) table of per-entry ``values`` (M,), ``fill`` at padding."""
+        """(B, C) table of per-entry ``values`` (M,), ``fill`` at padding (one row: a view of ``values``)."""
+        if self.count.numel() == 1 and _ONE_ROW:  # no padding: entry is 0..M − 1
+            return values.view(1, -1)
         return torch.cat([values, values.new_full((1,), fill)])[self.entry]
 
 
@@ -496,6 +522,10 @@ def _screen(h, T, p, thr, batch_major):
                 at[:, 0] += a
                 found.append(at)
             node, sample = torch.cat(found).unbind(1)
+        if p.shape[1] == 1 and _ONE_ROW:  # one row: its count is its number of pairs, its keys their positions
+            c = node.numel()
+            node = node.index_select(0, torch.sort(T.pre.index_select(0, node)).indices)
+            return sample, node, sample.new_full((1,), c), c
         count = torch.bincount(sample, minlength=p.shape[1])
         c = int(count.max())
     # Sample-major, then preorder: the keys are distinct.
@@ -612,7 +642,8 @@ def _prefix_lower_bound(T, cands, g, ks, col):
         jump = jump[jump]
     order = torch.sort(cands.to_table(key, float("-inf")), dim=1, descending=True, stable=True).indices
     rank = torch.empty_like(order).scatter_(1, order, torch.arange(cands.c, device=g.device).expand(bsz, -1))
-    inside = rank[cands.sample, cands.slot][:, None] < ks[cands.sample]
+    at_rank = rank[0] if cands.count.numel() == 1 and _ONE_ROW else rank[cands.sample, cands.slot]
+    inside = at_rank[:, None] < cands.per_entry(ks)
     vals = torch.zeros(bsz, j, dtype=g.dtype, device=g.device).index_add_(0, cands.sample, g.masked_fill(~inside, 0))
     vals = vals.masked_fill(ks > cands.count[:, None], float("-inf")).nan_to_num(nan=float("-inf"))
     return vals.max(1).values
@@ -704,10 +735,10 @@ def _solve(post, trace):
     wide = _Cands(T, bsz, sample, node, masses(sample, node), dt, count, c)
     # (iii) LB from the closed prefixes of the wide candidates, at sizes around E[d(y)] + 1.
     ks = (k_ref[:, None] + torch.arange(-3, 4, device=dev)).clamp(min=1, max=wide.c)
-    g = _gains_at(T, wide.q, wide.depth, ks[wide.sample], wide.c, _chunk_bytes(post))
+    g = _gains_at(T, wide.q, wide.depth, wide.per_entry(ks), wide.c, _chunk_bytes(post))
     lb = torch.maximum(lb0, safe(_prefix_lower_bound(T, wide, g, ks, 3), wide.c))
     # (iv) the candidates, their gains and the allowed nodes of each size.
-    cands = wide.subset(T, at_least(wide.pv, T.tau[wide.node] * lb[wide.sample]) | (wide.slot == 0), dt)
+    cands = wide.subset(T, at_least(wide.pv, T.tau[wide.node] * wide.per_entry(lb)) | (wide.slot == 0), dt)
     if not trace:  # one sample's (C, E) masses: only the candidates' are needed from here
         wide = None
     kmax, m = cands.c, cands.sample.numel()
@@ -726,24 +757,27 @@ def _solve(post, trace):
     level = _dmin1_index(h, T).index_select(0, cands.node)
     allowed_all = torch.empty(m, kmax, dtype=torch.bool, device=dev) if trace else None
     blk = max(GAIN_ROWS, GAIN_CELLS // kmax)
+    scale_e = cands.per_entry(scale)
     for a in range(0, m, blk):
-        pv, smp, slot, lev, ga = (cands.pv, cands.sample, cands.slot, level, g) if m <= blk else (
-            t[a:a + blk] for t in (cands.pv, cands.sample, cands.slot, level, g))  # one block: no views
-        allowed = (pv + masses.abs)[:, None] >= tau_tab[lev] * scale[smp][:, None]
+        pv, sc, slot, lev, ga = (cands.pv, scale_e, cands.slot, level, g) if m <= blk else (
+            t[a:a + blk] for t in (cands.pv, scale_e, cands.slot, level, g))  # one block: no views
+        allowed = (pv + masses.abs)[:, None] >= tau_tab[lev] * sc[:, None]
         allowed |= (slot == 0)[:, None]
         ga.masked_fill_(~allowed, float("-inf"))
         if trace:
             allowed_all[a:a + blk] = allowed
     # (v) the sizes that pass G(k) and the Lagrangian top-k bound, λ_k the gain at k of the
     # candidate ranked k-th by its gain at the typical size k̂.
-    col = (k_ref.clamp(min=1, max=kmax) - 1)[cands.sample]
+    col = cands.per_entry(k_ref.clamp(min=1, max=kmax) - 1)
     order = torch.sort(cands.to_table(g.gather(1, col[:, None])[:, 0], float("-inf")), dim=1, descending=True).indices
     kth = cands.entry.gather(1, order)  # (B, C = K) the entry ranked k-th
     lam = gpad.view(-1)[kth * kmax + span].clamp(min=0).nan_to_num(nan=0.0)
     ub = torch.zeros(bsz, kmax, dtype=dt, device=dev)
+    lam_e = cands.per_entry(lam)
     for a in range(0, m, blk):
-        smp, ga = (cands.sample, g) if m <= blk else (cands.sample[a:a + blk], g[a:a + blk])
-        ub.index_add_(0, smp, (ga - lam[smp]).clamp_(min=0))
+        smp, ga, la = (cands.sample, g, lam_e) if m <= blk else (
+            cands.sample[a:a + blk], g[a:a + blk], lam_e[a:a + blk])
+        ub.index_add_(0, smp, (ga - la).clamp_(min=0))
     ub += lam * kf.to(dt)
     ub = torch.minimum(ub, cover.to(dt))
     if dt == torch.float64:  # the (M, E) masses are read again only to re-score float32 values
@@ -758,23 +792,44 @@ def _solve(post, trace):
     # The pairs, samples with more candidates first: at knapsack position i only the pairs of
     # samples with more than i candidates work, a prefix.  One host read: the pair count and,
     # for each i, the size of that prefix.
-    by_count = torch.sort(cands.count, descending=True, stable=True).indices
-    per = torch.zeros(kmax + 1, dtype=torch.long, device=dev).index_add_(0, cands.count, want.sum(1))
-    sizes = torch.cat([per.flip(0).cumsum(0).flip(0), per.new_zeros(1)]).tolist()  # [i]: count ≥ i
-    b, kidx = torch.nonzero_static(want[by_count], size=sizes[0]).unbind(1)
-    b = by_count[b]
+    if bsz == 1 and _ONE_ROW:  # one row: its pairs are its sizes kept, in increasing order as listed below
+        kidx = want[0].nonzero()[:, 0]
+        b = torch.zeros_like(kidx)
+    else:
+        by_count = torch.sort(cands.count, descending=True, stable=True).indices
+        per = torch.zeros(kmax + 1, dtype=torch.long, device=dev).index_add_(0, cands.count, want.sum(1))
+        sizes = torch.cat([per.flip(0).cumsum(0).flip(0), per.new_zeros(1)]).tolist()  # [i]: count ≥ i
+        b, kidx = torch.nonzero_static(want[by_count], size=sizes[0]).unbind(1)
+        b = by_count[b]
     # (vi) the knapsack of every pair and its set.
     val, members = knapsack_sets(gpad, cands.entry, cands.nxt, b, kidx, post.plan.budget)  # (R,), (R, C)
     # (vii) the best pair of each sample.  Its value in the compute dtype decides, except between
     # sizes within rounding of each other: those pairs are compared on the float64 values of their
     # sets (from the float64 masses), so that only float64 rounding can split a tie between sizes,
     # and the smallest of the tied sizes wins.
-    best = torch.full((bsz,), float("-inf"), dtype=dt, device=dev).scatter_reduce(0, b, val, "amax")
-    near = val.double() >= best[b].double() * (1 - slack_v)[b] - slack_abs[b]
+    # One row with pairs: its per-sample reductions are reductions over all pairs (the initial values below
+    # bound every pair's: the same results) and its (1,) per-sample values broadcast over the pairs (the same
+    # operations on the same operands as read at each pair).
+    one = bsz == 1 and _ONE_ROW and b.numel() > 0
+
+    def reduce(init, values, how):
+        """(B,) per-sample amax / amin of the pairs' ``values`` (R,), ``init`` where a sample has none."""
+        if one:
+            return (values.max() if how == "amax" else values.min()).view(1)
+        return torch.full((bsz,), init, dtype=values.dtype, device=dev).scatter_reduce(0, b, values, how)
+
+    def at(x):
+        """A per-sample (B,) table read at each pair (one row: broadcast)."""
+        return x if one else x[b]
+    best = reduce(float("-inf"), val, "amax")
+    near = val.double() >= at(best.double() * (1 - slack_v) - slack_abs)
     if dt == torch.float64:  # the values are float64 already
         eligible = near
     else:
-        contested = near & (torch.zeros(bsz, dtype=torch.long, device=dev).index_add_(0, b, near.long()) >= 2)[b]
+        if one:
+            contested = near & (near.sum() >= 2)
+        else:
+            contested = near & (torch.zeros(bsz, dtype=torch.long, device=dev).index_add_(0, b, near.long()) >= 2)[b]
         ci = None if post.plan.gpu else contested.nonzero()[:, 0]  # a host read costs nothing on a CPU
         if ci is not None and not ci.numel():  # no pair contested (often so for one row): eligible = near
             eligible = near
@@ -784,16 +839,13 @@ def _solve(post, trace):
             else:  # the few contested pairs, listed
                 val64 = torch.full((b.numel(),), float("-inf"), dtype=torch.float64, device=dev)
                 val64[ci] = _values64(T, cands, b[ci], kidx[ci] + 1, members[ci])
-            best64 = torch.full((bsz,), float("-inf"), dtype=torch.float64, device=dev).scatter_reduce(
-                0, b, val64, "amax")
+            best64 = reduce(float("-inf"), val64, "amax")
             rel64, abs64 = row_slacks(cands.count, num_e, u64, 0.0, masses.abs)
             tol64 = rel64 * best64.abs() + abs64
-            eligible = torch.where(contested, val64 >= best64[b] - tol64[b], near)
-    kbest = torch.full((bsz,), kmax, dtype=torch.long, device=dev).scatter_reduce(
-        0, b, torch.where(eligible, kidx, kmax), "amin")
-    first = eligible & (kidx == kbest[b])
-    pick = torch.full((bsz,), b.numel(), dtype=torch.long, device=dev).scatter_reduce(
-        0, b, torch.where(first, torch.arange(b.numel(), device=dev), b.numel()), "amin")
+            eligible = torch.where(contested, val64 >= at(best64) - at(tol64), near)
+    kbest = reduce(kmax, torch.where(eligible, kidx, kmax), "amin")
+    first = eligible & (kidx == at(kbest))
+    pick = reduce(b.numel(), torch.where(first, torch.arange(b.numel(), device=dev), b.numel()), "amin")
     members = torch.cat([members, members.new_zeros(1, kmax)])  # row R: no pair (a row without mass)
     chosen = torch.where(members[pick], cands.ids, torch.full_like(cands.ids, n))
     out = torch.zeros(bsz, n + 1, dtype=torch.bool, device=dev)
