@@ -15,8 +15,8 @@ E leaf depths, C candidates of a row, A a knapsack pair's allowed candidates, k 
 
 from __future__ import annotations
 
-__all__ = ["LANES", "fits", "node_sums_scratch", "depth_prefix_scratch", "path_argbest_scratch", "path_score_best_scratch",
-           "wu_palmer_best_scratch", "hf_beta_rows_scratch", "jaccard_pair_scratch", "jaccard_scratch_bound"]
+__all__ = ["LANES", "fits", "node_sums_scratch", "depth_prefix_scratch", "path_argbest_scratch",
+           "path_score_best_scratch", "wu_palmer_best_scratch", "hf_beta_rows_scratch", "jaccard_pair_scratch", "jaccard_scratch_bound"]
 
 #: Rows a native node kernel carries together (``HD_LANES`` in ``hdecode_native.h``).
 LANES = 8
@@ -88,7 +88,7 @@ def jaccard_pair_scratch(allowed: int, k: int, num_candidates: int, value_size: 
 
 def jaccard_scratch_bound(num_candidates: int, value_size: int) -> int:
     """An upper bound on :func:`jaccard_pair_scratch` over every pair of rows with C candidates: A ≤ C and
-    w = min(k + 1, A − k + 1) ≤ ⌊(A + 2) / 2⌋, so ``(C + 1) · ⌊(C + 2) / 2⌋ · (value_size + 1)`` plus the per-call
-    buffers.  O(1): the wrappers check it before reading any pair."""
+    w = min(k + 1, A − k + 1) ≤ ⌊(A + 2) / 2⌋, so ``(C + 1) · ⌊(C + 2) / 2⌋ · (value_size + 1)`` plus the
+    per-call buffers.  O(1): the wrappers check it before reading any pair."""
     c = num_candidates
     return (c + 1) * ((c + 2) // 2) * (value_size + 1) + max(c, 1) * value_size + 32 * (c + 1)

@@ -42,7 +42,8 @@ def path_score_best_native(x: torch.Tensor, src, hi, lo, parent, alpha, beta, eu
     caller runs the torch implementation, which also raises on bad arguments): x a plain (B, M) float32/float64
     CPU tensor, any strides, under :func:`hdecode_torch.kernels.native.applies`.  The same node as the torch
     implementation, row by row.  O(B·(J + T + N)); a buffer of 8·(2J + T + 2N + 2) float64
-    (:func:`~hdecode_torch.kernels.native.budget.path_score_best_scratch`); None where that is over the memory budget."""
+    (:func:`~hdecode_torch.kernels.native.budget.path_score_best_scratch`); None where that is over the memory
+    budget."""
     variant = _VARIANTS.get(x.dtype) if isinstance(x, torch.Tensor) else None
     if variant is None or x.dim() != 2 or not native.applies(x):
         return None

@@ -57,7 +57,7 @@ def wu_palmer_best_native(x: torch.Tensor, src, hi, lo, depth, leaf_depths, eule
         o = _tables(x, args, t)
     except (AttributeError, TypeError, ValueError):  # the torch implementation raises the argument's error
         return None
-    if not fits(wu_palmer_best_scratch(o["j"], o["n"], o["t"], t.itemsize)):  # over the budget: the torch implementation
+    if not fits(wu_palmer_best_scratch(o["j"], o["n"], o["t"], t.itemsize)):  # over the budget: the torch path
         return None
     b = x.shape[0]
     pred = torch.empty(b, dtype=torch.int64)
