@@ -11,6 +11,7 @@ import ctypes
 import torch
 
 from . import native
+from .native.budget import fits, path_argbest_scratch
 from .tree_sums import accumulation_dtype
 
 __all__ = ["path_argbest", "MODES", "SCALES"]
@@ -26,6 +27,8 @@ _ARGTYPES = [_I64, _I64, _I64, _PTR, _I64, _I64, _I64, _PTR, _PTR, _PTR, _I64, _
 #: (values' dtype, accumulation dtype) -> the kernel's suffix
 _VARIANTS = {(torch.float32, torch.float32): "f32", (torch.float64, torch.float64): "f64",
              (torch.float32, torch.float64): "f32w"}
+#: the kernels' suffix -> bytes of their accumulation dtype
+_ACC_SIZE = {"f32": 4, "f64": 8, "f32w": 8}
 
 
 def _down(h):
@@ -49,11 +52,14 @@ def path_argbest(h, probs: torch.Tensor, mode: str, coef: torch.Tensor, zero_roo
     once), ``v = p·coef`` (``mode="scaled"``) or ``(p(parent) − p)·coef`` (``"split"``), S the per-level root-path
     sums of v (the root's term 0 with ``zero_root``), the score ``S / scale``, ``S · scale`` or S; the first
     candidate of largest (``higher_is_better``) or least score, a NaN first wherever one occurs (torch's argmax /
-    argmin).  O(N) a row, 8 rows at a time; buffers of 8·N accumulation values and 16·N values.
+    argmin).  O(N) a row, 8 rows at a time; buffers of 8·N accumulation values and 16·N values
+    (:func:`~hdecode_torch.kernels.native.budget.path_argbest_scratch`); None where that is over the memory budget.
     """
     variant = _VARIANTS.get((probs.dtype, accumulation_dtype(h, probs.dtype)))
     if variant is None or probs.dim() != 2 or not native.applies(probs):
         return None
+    if not fits(path_argbest_scratch(h.num_nodes, probs.element_size(), _ACC_SIZE[variant])):
+        return None  # over the memory budget: the torch path
     rows = probs.shape[0]
     pred = torch.empty(rows, dtype=torch.int64)
     if rows == 0:

@@ -197,7 +197,8 @@ def _decode_native(post, beta: float, slack: float, wide: float) -> torch.Tensor
     # With one leaf depth a mass is p itself (the torch path's too).
     q = value[:, None] if e == 1 else depth_masses(h, _depth_prefix(post), sample, node, post.plan.budget, dt)
     return native_hf_beta.decide_rows(sample, node, value, q, bounds.tau, h.root, tables.depths, tables.a, r, slack,
-                                      wide, p.shape[1], h.num_nodes, _NATIVE_MAX_CANDIDATES)
+                                      wide, p.shape[1], h.num_nodes, _NATIVE_MAX_CANDIDATES,
+                                      budget=post.plan.budget)
 
 
 #: Entries of a bool table from which :func:`_where` lists its true entries with NumPy on a CPU.

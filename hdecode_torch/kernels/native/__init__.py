@@ -32,6 +32,8 @@ import threading
 
 import torch
 
+from .budget import depth_prefix_scratch, fits, node_sums_scratch  # imports nothing at load
+
 __all__ = ["available", "unavailable_reason", "use_native", "enabled", "applies", "function", "tree_children",
            "leaf_to_node_sum", "deepest_above", "above_root_share", "depth_prefix"]
 
@@ -214,10 +216,13 @@ def leaf_to_node_sum(h, leaf_values: torch.Tensor, acc: torch.dtype) -> torch.Te
     leaf_values: (L, B) or (L,) float32/float64 CPU values, any strides (the transposed view of batch-major
     (B, L) probabilities is read row by row); acc: the accumulation dtype (the values' own, or float64 for
     float32 values).  Returns a new contiguous (N, B) (or (N,)) table in the values' dtype, each node's sum
-    accumulated in ``acc`` then rounded once.  O(N) additions a row; a buffer of 8·N ``acc`` values.
+    accumulated in ``acc`` then rounded once.  O(N) additions a row; a buffer of 8·N ``acc`` values (None where
+    that is over the memory budget).
     """
     variant = _VARIANTS.get((leaf_values.dtype, acc))
     if variant is None or not applies(leaf_values):
+        return None
+    if not _within_budget(h, acc):
         return None
     _torch_tables(h, leaf_values.dtype, False)
     rows, x_leaf, x_row = _rows(leaf_values)
@@ -244,6 +249,8 @@ def deepest_above(h, leaf_probs: torch.Tensor, threshold: float, acc: torch.dtyp
     """
     variant = _VARIANTS.get((leaf_probs.dtype, acc))
     if variant is None or leaf_probs.dim() != 2 or not applies(leaf_probs):
+        return None
+    if not _within_budget(h, acc):
         return None
     _torch_tables(h, leaf_probs.dtype, True)
     rows = leaf_probs.shape[0]
@@ -275,6 +282,8 @@ def above_root_share(h, leaf_probs: torch.Tensor, leaf_weights: torch.Tensor, sh
     if (variant is None or leaf_probs.dim() != 2 or leaf_weights.dtype != leaf_probs.dtype
             or leaf_weights.numel() != h.num_leaves or not applies(leaf_probs)):
         return None
+    if not _within_budget(h, acc):
+        return None
     _torch_tables(h, leaf_probs.dtype, False)
     rows = leaf_probs.shape[0]
     out = torch.empty((h.num_nodes, rows), dtype=torch.bool)
@@ -291,6 +300,13 @@ def above_root_share(h, leaf_probs: torch.Tensor, leaf_weights: torch.Tensor, sh
     return out
 
 
+def _within_budget(h, acc: torch.dtype) -> bool:
+    """Whether the node kernels' accumulator table, 8·N values of ``acc``
+    (:func:`~hdecode_torch.kernels.native.budget.node_sums_scratch`), is within the memory budget; where it is not,
+    the wrappers return None and the caller runs the torch path."""
+    return fits(node_sums_scratch(h.num_nodes, acc.itemsize))
+
+
 #: leaf dtype -> the prefix kernel's suffix
 _PREFIX_VARIANTS = {torch.float32: "f32", torch.float64: "f64"}
 
@@ -305,7 +321,8 @@ def depth_prefix(leaf_values: torch.Tensor, order: torch.Tensor, batch_major: bo
     ``out[0, b] = 0`` and ``out[j + 1, b] = out[j, b] + leaf_values[order[j], b]``: torch's
     ``cumsum(index_select(leaf_values, 0, order).to(float64), 0)`` under a zero row, bit for bit.  Stored
     contiguous (leaf-major) or, with ``batch_major``, as the transposed view of a contiguous (B, L + 1) table.
-    O(L) additions a row, one pass over the values, no temporary.
+    O(L) additions a row, one pass over the values, a buffer of 4·L float64 (None where that is over the memory
+    budget).
     """
     variant = _PREFIX_VARIANTS.get(leaf_values.dtype)
     if (variant is None or leaf_values.dim() != 2 or order.dtype != torch.long or not order.is_cpu
@@ -318,6 +335,8 @@ def depth_prefix(leaf_values: torch.Tensor, order: torch.Tensor, batch_major: bo
         out = torch.empty(num_leaves + 1, rows, dtype=torch.float64)
     if rows == 0:
         return out
+    if not fits(depth_prefix_scratch(num_leaves)):  # over the memory budget: the torch path
+        return None
     order = order.contiguous()
     _kernel("depth_prefix", variant)(
         rows, num_leaves, leaf_values.data_ptr(), leaf_values.stride(0), leaf_values.stride(1), order.data_ptr(),

@@ -15,6 +15,7 @@ import ctypes
 import torch
 
 from . import applies, function
+from .budget import fits, hf_beta_rows_scratch
 
 __all__ = ["kept_pairs", "pair_masses", "decide_rows"]
 
@@ -88,17 +89,21 @@ _ROWS_ARGS = [_I64, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _PTR, ctypes
 
 def decide_rows(sample: torch.Tensor, node: torch.Tensor, value: torch.Tensor, q: torch.Tensor, tau: torch.Tensor,
                 root: int, depths: torch.Tensor, a: torch.Tensor, r: float, slack: float, wide: float, bsz: int,
-                num_nodes: int, max_c: int):
+                num_nodes: int, max_c: int, budget: int | None = None):
     """(B, N) bool hF_β decisions of every row from its listed pairs, or None where a row's second stage keeps more
-    than ``max_c`` candidates (then the caller runs the torch path).
+    than ``max_c`` candidates or where the kernel's scratch is over ``budget`` bytes (default
+    :func:`~hdecode_torch.get_memory_budget`; then the caller runs the torch path).
 
     sample, node, value: (M,) the pairs :func:`kept_pairs` lists (sample-major, (depth, id) order, every row's
     root among them); q: (M, E) their masses per leaf depth in value's dtype; tau: (N,) τ(n); depths, a: (E,) the
     leaf depths and (1 − r)(d_e + 1), all in value's dtype; r = 1/(1+β²); slack, wide: the two stages' rounding
     slacks.  The stages of :func:`~hdecode_torch.metrics.hf_beta.hf_beta_decode` per row (the fixed bound's pairs
     filtered by τ, a prefix set's value LB, the pairs above τ·LB), then every set size k of the second stage solved
-    exactly (the k largest Δ_k, in float64 sums): O(M·E + C²·(E + log C)) a row for C candidates.
+    exactly (the k largest Δ_k, in float64 sums): O(M·E + C²·(E + log C)) a row for C candidates.  Scratch,
+    shared by the rows: 64·N + 16·E + 8·E·(min(max_c, N) + 2) bytes (:func:`~.budget.hf_beta_rows_scratch`).
     """
+    if not fits(hf_beta_rows_scratch(num_nodes, q.shape[1], max_c), budget):
+        return None
     suffix = _SUFFIX[value.dtype]
     out = torch.zeros(bsz, num_nodes, dtype=torch.bool)
     if bsz == 0:

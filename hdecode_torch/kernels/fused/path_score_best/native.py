@@ -8,6 +8,7 @@ import ctypes
 import torch
 
 from ... import native
+from ...native.budget import fits, path_score_best_scratch
 from .. import _checks
 from . import _prepared
 
@@ -40,7 +41,9 @@ def path_score_best_native(x: torch.Tensor, src, hi, lo, parent, alpha, beta, eu
     """``path_score_best``'s (B,) int64 answer by the native kernel, or None where it does not apply (then the
     caller runs the torch implementation, which also raises on bad arguments): x a plain (B, M) float32/float64
     CPU tensor, any strides, under :func:`hdecode_torch.kernels.native.applies`.  The same node as the torch
-    implementation, row by row.  O(B·(J + T + N)); a buffer of 8·(2J + T + 2N) float64."""
+    implementation, row by row.  O(B·(J + T + N)); a buffer of 8·(2J + T + 2N + 2) float64
+    (:func:`~hdecode_torch.kernels.native.budget.path_score_best_scratch`); None where that is over the memory
+    budget."""
     variant = _VARIANTS.get(x.dtype) if isinstance(x, torch.Tensor) else None
     if variant is None or x.dim() != 2 or not native.applies(x):
         return None
@@ -48,6 +51,8 @@ def path_score_best_native(x: torch.Tensor, src, hi, lo, parent, alpha, beta, eu
     try:
         o = _tables(x, args)
     except (AttributeError, TypeError):  # a table that is not a tensor: the torch implementation raises its error
+        return None
+    if not fits(path_score_best_scratch(o["j"], o["n"], o["t"])):  # over the budget: the torch implementation
         return None
     b = x.shape[0]
     pred = torch.empty(b, dtype=torch.int64)

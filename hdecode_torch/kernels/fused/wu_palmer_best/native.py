@@ -9,6 +9,7 @@ import ctypes
 import torch
 
 from ... import native
+from ...native.budget import fits, wu_palmer_best_scratch
 from .._checks import check_tables_once, derived
 from ..gathered_prefix import _endpoints
 from . import _order, check
@@ -43,7 +44,9 @@ def wu_palmer_best_native(x: torch.Tensor, src, hi, lo, depth, leaf_depths, eule
     """``wu_palmer_best``'s (B,) int64 answer by the native kernel, or None where it does not apply (then the
     caller runs the torch implementation, which also raises on bad arguments): x a plain (B, M) float32/float64
     CPU tensor, any strides, under :func:`hdecode_torch.kernels.native.applies`.  The same node as the torch
-    implementation, row by row.  O(B·(J + E·(N + T))); buffers of 8·(2J + T) float64 and 16·N compute values."""
+    implementation, row by row.  O(B·(J + E·(N + T))); buffers of 8·(2J + T + 2) float64 and 16·N compute
+    values (:func:`~hdecode_torch.kernels.native.budget.wu_palmer_best_scratch`); None where that is over the memory
+    budget."""
     variant = _VARIANTS.get(x.dtype) if isinstance(x, torch.Tensor) else None
     if variant is None or x.dim() != 2 or not native.applies(x):
         return None
@@ -53,6 +56,8 @@ def wu_palmer_best_native(x: torch.Tensor, src, hi, lo, depth, leaf_depths, eule
         check_tables_once("wu_palmer_best", x, args, lambda: check(x, *args))
         o = _tables(x, args, t)
     except (AttributeError, TypeError, ValueError):  # the torch implementation raises the argument's error
+        return None
+    if not fits(wu_palmer_best_scratch(o["j"], o["n"], o["t"], t.itemsize)):  # over the budget: the torch path
         return None
     b = x.shape[0]
     pred = torch.empty(b, dtype=torch.int64)
