@@ -243,7 +243,7 @@ def test_decoder_falls_back_beyond_its_candidates(monkeypatch):
         want = metric.decode(probs)
         got = []
         real = native_hf_beta.decide_rows
-        monkeypatch.setattr(native_hf_beta, "decide_rows", lambda *a: got.append(real(*a)) or got[-1])
+        monkeypatch.setattr(native_hf_beta, "decide_rows", lambda *a, **k: got.append(real(*a, **k)) or got[-1])
         monkeypatch.setattr(hfb, "_NATIVE_MAX_CANDIDATES", 1)
         assert torch.equal(metric.decode(probs), want)
     assert got == [None]

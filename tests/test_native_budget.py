@@ -224,3 +224,16 @@ def test_native_scratch_is_held_to_the_budget_in_a_process():
     assert scratch > small and pred == pred_off == pred_big
     assert on_small <= small + (16 << 20) and on_small <= off_small + (4 << 20)
     assert on_big >= 0.9 * scratch  # the measurement sees the C scratch where it runs
+
+
+def test_the_scratch_limit_follows_set_memory_budget():
+    """The kernels sit below ``core`` and keep their own copy of the budget: ``set_memory_budget`` sets it."""
+    from hdecode_torch.kernels.native import budget
+
+    try:
+        hd.set_memory_budget(4096)
+        assert budget.fits(4096) and not budget.fits(4097)
+        assert budget.fits(10_000, budget=10_000)  # an explicit budget wins
+    finally:
+        hd.set_memory_budget(None)
+    assert budget.fits(hd.get_memory_budget()) and not budget.fits(hd.get_memory_budget() + 1)

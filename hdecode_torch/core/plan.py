@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels.native import budget as _native_budget
 from ..kernels.segment import scatter_available
 from ..kernels.tree_sums import MAX_LEVELS
 
@@ -50,6 +51,7 @@ _OVERRIDE: contextvars.ContextVar[str | None] = contextvars.ContextVar("hdecode_
 DEFAULT_BUDGET = 512 * 2**20
 GPU_DEFAULT_BUDGET = 4 * 2**30
 _SETTINGS = {"budget": DEFAULT_BUDGET, "budget_set": False, "backend": "torch"}
+_native_budget.set_limit(DEFAULT_BUDGET)  # the native kernels' scratch follows the same budget
 _DEVICE_MEMORY: dict = {}
 _PLANS: dict = {}
 
@@ -144,10 +146,11 @@ def set_memory_budget(num_bytes: int | None) -> None:
     ``None`` restores the defaults."""
     if num_bytes is None:
         _SETTINGS.update(budget=DEFAULT_BUDGET, budget_set=False)
-        return
-    if isinstance(num_bytes, bool) or not isinstance(num_bytes, int) or num_bytes <= 0:
+    elif isinstance(num_bytes, bool) or not isinstance(num_bytes, int) or num_bytes <= 0:
         raise ValueError(f"Expected `num_bytes` to be a positive int, but got {num_bytes!r}")
-    _SETTINGS.update(budget=num_bytes, budget_set=True)
+    else:
+        _SETTINGS.update(budget=num_bytes, budget_set=True)
+    _native_budget.set_limit(_SETTINGS["budget"])
 
 
 def set_backend(name: str) -> None:

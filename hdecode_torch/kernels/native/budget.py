@@ -21,19 +21,21 @@ __all__ = ["LANES", "fits", "node_sums_scratch", "depth_prefix_scratch", "path_a
 #: Rows a native node kernel carries together (``HD_LANES`` in ``hdecode_native.h``).
 LANES = 8
 
-_BUDGET = {}
+#: The memory budget the scratch is held to, in bytes: ``core.plan`` keeps it equal to
+#: :func:`~hdecode_torch.get_memory_budget` (``set_memory_budget`` sets both), as the kernels sit below ``core``
+#: and do not import it.
+_LIMIT = [512 * 2**20]
+
+
+def set_limit(num_bytes: int) -> None:
+    """Hold the native kernels' scratch to ``num_bytes`` (called by ``set_memory_budget``)."""
+    _LIMIT[0] = int(num_bytes)
 
 
 def fits(num_bytes: int, budget: int | None = None) -> bool:
-    """Whether ``num_bytes`` of scratch is within ``budget`` (default: :func:`~hdecode_torch.get_memory_budget`,
-    read at each call, so that ``set_memory_budget`` takes effect at once).  O(1)."""
-    if budget is None:
-        get = _BUDGET.get("get")
-        if get is None:  # imported on first use: core.plan imports the tree sums, which import the kernels
-            from ...core.plan import get_memory_budget as get
-            _BUDGET["get"] = get
-        budget = get()
-    return num_bytes <= budget
+    """Whether ``num_bytes`` of scratch is within ``budget`` (default: the memory budget in force, so that
+    ``set_memory_budget`` takes effect at once).  O(1)."""
+    return num_bytes <= (_LIMIT[0] if budget is None else budget)
 
 
 def node_sums_scratch(num_nodes: int, acc_size: int) -> int:
