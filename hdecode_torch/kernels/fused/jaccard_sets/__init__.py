@@ -56,8 +56,9 @@ def jaccard_sets(q: torch.Tensor, ids: torch.Tensor, count: torch.Tensor, lb: to
         depth: (N + 1,) int64 node depths; dmin1: (N + 1,) float64 the depth of the shallowest leaf
             under each node, plus one.
         depths: (E,) float64 the leaf depth of each column of q; max_depth: D, the deepest leaf.
-        mass_rel, mass_abs: the relative and absolute errors of an entry of q (a difference of float64
-            prefix sums: 0 and a few ulps of 1; node probabilities: their summation's relative error).
+        mass_rel, mass_abs: the relative error of an entry of q (node probabilities: their summation's) and
+            a bound on the absolute error of a row of q, one node's E masses together (differences of float64
+            prefix sums: a few ulps of 1 times the number of leaves, and of leaf depths on a GPU).
         budget: bytes for the knapsack's gathered gains and tables at a time (the (row, size) pairs are
             solved in groups and chunks).
     Returns:
