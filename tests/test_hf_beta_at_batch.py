@@ -54,15 +54,6 @@ def test_pairs_beyond_16_bit_samples_fall_back(monkeypatch):
         assert torch.equal(a, b) and torch.equal(a, c)
 
 
-@pytest.mark.parametrize("shape", [(0,), (5,), (4099,), (70, 300)])
-def test_where_lists_nonzero(shape):
-    rng = np.random.default_rng(sum(shape))
-    mask = torch.as_tensor(rng.random(shape) < 0.1)
-    got = hfb._where(mask)
-    assert got.dtype == torch.int64
-    assert torch.equal(got, mask.reshape(-1).nonzero().squeeze(1))
-
-
 @pytest.mark.parametrize("bsz", [1, 6])
 def test_rows_in_order_is_the_expanded_gather(bsz):
     g = torch.Generator().manual_seed(bsz)

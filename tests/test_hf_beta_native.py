@@ -247,3 +247,31 @@ def test_decoder_falls_back_beyond_its_candidates(monkeypatch):
         monkeypatch.setattr(hfb, "_NATIVE_MAX_CANDIDATES", 1)
         assert torch.equal(metric.decode(probs), want)
     assert got == [None]
+
+
+@needs_native
+def test_gpu_plans_tree_tables_are_built_whichever_path_runs_first():
+    """The GPU plan's tree-only tables (its τ and chain weights, the packing rank) are built by its first call
+    even where the native decoder answers it: a later call that must run the torch path (an operator count, a
+    trace) then counts only its own work, the operators of every later call (it counted 28 more: 86 against 58)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    h = hd.Hierarchy.from_parents(bundled("tieredimagenet-h")[0].parents_list)  # no table cached yet
+    x = torch.softmax(torch.randn(1, h.num_leaves, generator=torch.Generator().manual_seed(0)) * 3, 1)
+    metric = hd.get_metric("hf_beta", h, beta=1.0)
+    counts = []
+    with hd.plan_for("cuda"):
+        metric.decode(x)  # plain CPU tensors: the native decoder
+        for _ in range(3):
+            Count.n = 0
+            with Count():
+                metric.decode(x)
+            counts.append(Count.n)
+    assert counts[0] <= counts[1] + 2 and counts[1] == counts[2], counts

@@ -17,6 +17,7 @@ from ..core.params import REQUIRED, Param
 from ..core.conversion import as_tensor
 from ..kernels.candidates import PruningStatistics, candidate_mask, pruning_statistics, sampled_products
 from ..kernels.selection import argbest, argbest_pairs
+from ..kernels.true_entries import true_pairs
 from .base import NodeMetric
 
 __all__ = ["CostMatrixMetric"]
@@ -126,7 +127,7 @@ class CostMatrixMetric(NodeMetric):
         if stats.m_in.device != h.device:
             stats = self._pruning = stats.to(h.device)
         mask = candidate_mask(h, post.node, stats)
-        node, sample = mask.nonzero().unbind(1)  # node-major: the rows of a CSR mask
+        node, sample = true_pairs(mask)  # node-major: the rows of a CSR mask
         risk = sampled_products(self.cost_on(post.device, post.dtype), post.probs, node, sample)
         return argbest_pairs(h, risk, sample, node, post.batch_size, self.higher_is_better)
 

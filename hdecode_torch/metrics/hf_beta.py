@@ -75,6 +75,7 @@ from ..kernels.depth_ranges import depth_masses, depth_masses_packed, depth_rang
 from ..kernels.fused import hf_beta_best_k, trust_indices
 from ..kernels.native import hf_beta as native_hf_beta
 from ..kernels.support import support_table
+from ..kernels.true_entries import true_pairs, true_positions
 from ..kernels.support_hf_beta import depth_listed, depth_masses_topk, heavy_nodes, heavy_order
 from .base import SetMetric
 
@@ -145,13 +146,13 @@ def hf_beta_decode(post, beta: float) -> torch.Tensor:
         every = solver.masses(sample, node)
     # One row packs its pairs as they are (from_pairs) and has one bound: no sample index is read.
     rows = bsz > 1 or every is None
-    at1 = _where((value >= tau * slack) | is_root)
+    at1 = true_positions((value >= tau * slack) | is_root)
     s1, n1 = sample.index_select(0, at1) if rows else None, node.index_select(0, at1)
     q1 = solver.masses(s1, n1) if every is None else every.index_select(0, at1)
     cands1 = solver.from_pairs(s1, n1, q1)
     solved1 = solver.solve(cands1, k_ref)
     lower, k_ref = solved1[:2]
-    at2 = _where((value >= tau * (lower.index_select(0, sample) if bsz > 1 else lower) * wide) | is_root)
+    at2 = true_positions((value >= tau * (lower.index_select(0, sample) if bsz > 1 else lower) * wide) | is_root)
     if at2.shape == at1.shape and torch.equal(at2, at1):
         # Stage 2 kept stage 1's pairs (often, at one row): its solve would repeat stage 1's bit for bit
         # (the same candidates and masses, and k̂ already clamped to their count).
@@ -201,19 +202,6 @@ def _decode_native(post, beta: float, slack: float, wide: float) -> torch.Tensor
                                       budget=post.plan.budget)
 
 
-#: Entries of a bool table from which :func:`_where` lists its true entries with NumPy on a CPU.
-_NUMPY_WHERE_MIN_ENTRIES = 1 << 12
-
-
-def _where(mask: torch.Tensor) -> torch.Tensor:
-    """(K,) int64 the positions of the true entries of the flat bool ``mask``, ascending: ``mask.nonzero()``'s,
-    listed by NumPy's ``flatnonzero`` on a CPU table of many entries (it counts a bool table's true entries
-    by words, ATen's ``nonzero`` entry by entry).  Small tables (one row) keep the ATen operator."""
-    if mask.device.type != "cpu" or mask.numel() < _NUMPY_WHERE_MIN_ENTRIES:
-        return mask.reshape(-1).nonzero().squeeze(1)
-    return torch.from_numpy(np.flatnonzero(mask.contiguous().numpy()).astype(np.int64, copy=False))
-
-
 #: (B, C, E) entries from which :meth:`_PrefixSolver._check` settles k from the order at k̂ before checking
 #: pairs: below, one chunk of pairs checks every k in about as many operators (at one row on
 #: tieredImageNet-H half the rows have some k left after settling, so both ran).
@@ -236,7 +224,7 @@ def _reused_masses(solver, m: int, at1: torch.Tensor, q1: torch.Tensor, at2: tor
     where = torch.full((m,), -1, dtype=torch.long, device=at1.device)
     where.index_copy_(0, at1, torch.arange(at1.numel(), device=at1.device))
     src = where.index_select(0, at2)
-    old, new = _where(src >= 0), _where(src < 0)
+    old, new = true_positions(src >= 0), true_positions(src < 0)
     q2 = q1.new_empty(at2.numel(), q1.shape[1])
     # whole rows: index_put with an index tensor writes entry by entry on a CPU
     q2.index_copy_(0, old, q1.index_select(0, src.index_select(0, old)))
@@ -284,6 +272,9 @@ def hf_beta_decode_exact(post, beta: float) -> torch.Tensor:
     bsz = p.shape[1]
     if bsz == 0:
         return torch.zeros(0, h.num_nodes, dtype=torch.bool, device=p.device)
+    # The tree-only tables first, whichever path runs: built once, they would otherwise be built by the first
+    # call that runs the torch path after native ones, and a count of that call's operators would include them.
+    tables, rank = _exact_tables(h, beta, dt), depth_rank(h)
     # Plain CPU tensors (the plan run on a CPU, nothing tracing or counting operators): the native decoder, as the
     # fused ops run their native kernels there.
     got = _decode_native(post, beta, _bound_slack(dt), 1 - _VALUE_SLACK * torch.finfo(dt).eps)
@@ -292,7 +283,6 @@ def hf_beta_decode_exact(post, beta: float) -> torch.Tensor:
     r = _recall_share(beta)
     prefix = post.depth_prefix().t()  # (B, L + 1) float64, batch-major
     wide = 1 - _VALUE_SLACK * torch.finfo(dt).eps
-    tables = _exact_tables(h, beta, dt)
     if tables.chain_weights is not None:
         chain = h.ancestors.index_select(0, post.probs.argmax(1))  # (B, D + 1), N past the leaf
         lower = _chain_lower(h, prefix, chain, tables.chain_weights, post.plan.budget, dt)
@@ -302,7 +292,7 @@ def hf_beta_decode_exact(post, beta: float) -> torch.Tensor:
     keep = p.t() >= torch.outer(lower * wide, tables.tau)  # (B, N)
     count = keep.sum(1)
     (width,) = post.read(count.max())  # the host read, with the input check's flags
-    ids = pack_rows(keep, depth_rank(h), width)
+    ids = pack_rows(keep, rank, width)
     trust_indices(count, width)  # 0 <= count <= width by construction: the solver need not read it
     best_k, delta = hf_beta_best_k(_masses_bm(h, prefix, ids, post.plan.budget, dt), count, tables.depths, r)
     # pack_rows's columns are distinct nodes (a top-k's indices); one row's width is its count
@@ -636,7 +626,7 @@ class _PrefixSolver:
         # rows' small tables, where the pairs' check below is as many operators and settles as many k.
         if self.settle and bsz * c * e >= _SETTLE_MIN_ENTRIES:
             check &= ~self._settled(ratio, d_ref, q)
-        b, kk = check.nonzero().unbind(1)  # (P,) pairs (sample, k - 1)
+        b, kk = true_pairs(check)  # (P,) pairs (sample, k - 1)
         if not b.numel():
             return value, best_k
         # Is the length-k prefix a top-k set of Δ_k?  Its smallest Δ_k against the largest after it.  The

@@ -158,6 +158,7 @@ from ..kernels.depth_ranges import depth_masses, depth_masses_packed, depth_rang
 from ..kernels.fused import jaccard_sets, trust_indices
 from ..kernels.fused.jaccard_sets import PAD_DEPTH as _PAD_DEPTH
 from ..kernels.fused.jaccard_sets import GAIN_CELLS, GAIN_ROWS, gains, knapsack_sets, row_slacks, size_bound
+from ..kernels.true_entries import true_pairs
 from ..kernels.fused.jaccard_sets import DEPTH_TABLE_CELLS, depth_table, size_tables
 from ..core.node_sets import sparse_node_sets
 from ..core.plan import resolve_plan
@@ -529,17 +530,17 @@ def _screen(h, T, p, thr, batch_major):
         if step >= p.shape[0]:
             keep = p >= tau[:, None] * thr_dt
             keep[h.root] = True
-            node, sample = keep.nonzero().unbind(1)
+            node, sample = true_pairs(keep)
         else:
-            found = []
+            nodes, samples = [], []
             for a in range(0, p.shape[0], step):
                 keep = p[a:a + step] >= tau[a:a + step, None] * thr_dt
                 if a <= h.root < a + step:
                     keep[h.root - a] = True
-                at = keep.nonzero()
-                at[:, 0] += a
-                found.append(at)
-            node, sample = torch.cat(found).unbind(1)
+                at, s = true_pairs(keep)
+                nodes.append(at.add_(a))
+                samples.append(s)
+            node, sample = torch.cat(nodes), torch.cat(samples)
         if p.shape[1] == 1 and _ONE_ROW:  # one row: its count is its number of pairs, its keys their positions
             c = node.numel()
             node = node.index_select(0, torch.sort(T.pre.index_select(0, node)).indices)

@@ -33,6 +33,7 @@ from ..kernels.candidates import (PruningStatistics, candidate_mask, pruning_sta
                                  sampled_rows)
 from ..kernels.selection import argbest, argbest_pairs, preference_order
 from ..kernels.tree_sums import level_pairs
+from ..kernels.true_entries import true_pairs
 from .base import NodeMetric
 
 __all__ = ["StrategyNodeMetric", "dense_fits", "native_decides", "warm_torch_path", "DENSE_MAX_ENTRIES",
@@ -340,10 +341,10 @@ class StrategyNodeMetric(NodeMetric):
             # The dense matrix fits: exact statistics, and the candidates' values are sampled products.
             if post.batch_size == 1 and post.device.type == "cpu" and not torch.compiler.is_compiling():
                 return self._decode_candidates_one_row(post)
-            node, sample = candidate_mask(h, post.node, self.dense_pruning(h)).nonzero().unbind(1)
+            node, sample = true_pairs(candidate_mask(h, post.node, self.dense_pruning(h)))
             values = sampled_products(self.similarity_matrix(h, post.dtype), post.probs, node, sample)
         else:
-            node, sample = candidate_mask(h, post.node, self.pruning(h)).nonzero().unbind(1)
+            node, sample = true_pairs(candidate_mask(h, post.node, self.pruning(h)))
             # root paths cost O(D) per pair: blocks of pairs, their temporaries within the budget
             blocks = chunk_ranges(node.numel(), self.pair_bytes(h), post.plan.budget)
             if len(blocks) == 1:
