@@ -62,7 +62,6 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import numpy as np
 import torch
 
 from ..core.node_sets import sparse_node_sets
