@@ -27,7 +27,10 @@ import numpy as np
 import torch
 
 from .ancestry import top_ancestor
+from .fused._checks import derived
+from .fused._registry import direct
 from .native import hf_beta as native_hf_beta
+from .true_entries import NUMPY_MIN_ENTRIES
 
 __all__ = ["PruningStatistics", "pruning_statistics", "candidate_mask", "sampled_products", "sampled_rows",
            "candidate_pairs", "bounded_pairs", "pack_candidates", "pack_rows", "depth_rank", "depth_order"]
@@ -269,16 +272,43 @@ def depth_order(h) -> torch.Tensor:
         h.depth * h.num_nodes + torch.arange(h.num_nodes, device=h.depth.device)).indices)
 
 
-def pack_rows(keep: torch.Tensor, rank: torch.Tensor, width: int) -> torch.Tensor:
+def pack_rows(keep: torch.Tensor, rank: torch.Tensor, width: int, pad: int | None = None) -> torch.Tensor:
     """Each row's kept nodes, left-packed in the order of ``rank``.
 
     keep: (B, N) bool; rank: (N,) int32, distinct and non-negative (larger first); width: at least
-    the largest number of kept nodes in a row (read by the caller).  Returns (B, width) int64 node
-    ids, the kept ones first; the columns past a row's count hold other nodes, to be ignored.  One
-    top-``width`` selection that reads a (B, N) key once and writes only (B, width); no host read.
+    the largest number of kept nodes in a row (read by the caller); pad: None, or a value the caller
+    lets stand in the columns past a row's count.  Returns (B, width) int64 node ids, the kept ones
+    first; the columns past a row's count hold other nodes (``pad`` where given, on plain CPU tensors),
+    to be ignored.  One top-``width`` selection that reads a (B, N) key once and writes only
+    (B, width); no host read.  With ``pad`` on plain CPU tensors (nothing tracing or counting
+    operators) NumPy lists the kept entries instead and sorts them by (row, rank), O(B·N + M log M)
+    for M kept entries: a CPU's ``topk`` selects row by row at several times that cost.
     """
+    if pad is not None and keep.numel() >= NUMPY_MIN_ENTRIES and direct(keep):
+        return _pack_rows_numpy(keep, rank, width, pad)
     key = torch.where(keep, rank, -1)
     return torch.topk(key, width, dim=1, largest=True, sorted=True).indices
+
+
+def _pack_rows_numpy(keep: torch.Tensor, rank: torch.Tensor, width: int, pad: int) -> torch.Tensor:
+    """:func:`pack_rows` of a plain CPU mask with ``pad`` in the padding columns: the same kept columns."""
+    bsz, n = keep.shape
+    order, position = derived(("pack_order",), (rank,), lambda: _pack_order(rank))
+    sample, node = np.divmod(np.flatnonzero(keep.contiguous().numpy()), n)
+    # one sort of (row, position in pack order) keys: rows stay apart, each row's nodes come in rank order
+    sample, slot = np.divmod(np.sort(sample * n + position[node]), n)
+    count = np.bincount(sample, minlength=bsz)
+    out = np.full((bsz, width), pad, dtype=np.int64)
+    out[sample, np.arange(sample.size) - (np.cumsum(count) - count)[sample]] = order[slot]
+    return torch.from_numpy(out)
+
+
+def _pack_order(rank: torch.Tensor):
+    """``(order, position)``: the nodes by decreasing ``rank`` and each node's place in that order (NumPy int64)."""
+    order = np.argsort(-rank.numpy().astype(np.int64))  # distinct ranks: no ties to break
+    position = np.empty_like(order)
+    position[order] = np.arange(order.size)
+    return order, position
 
 
 def depth_rank(h) -> torch.Tensor:

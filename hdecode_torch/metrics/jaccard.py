@@ -156,6 +156,7 @@ from ..kernels import native
 from ..kernels.candidates import pack_rows
 from ..kernels.depth_ranges import depth_masses, depth_masses_packed, depth_ranges
 from ..kernels.fused import jaccard_sets, trust_indices
+from ..kernels.fused._registry import direct
 from ..kernels.fused.jaccard_sets import PAD_DEPTH as _PAD_DEPTH
 from ..kernels.fused.jaccard_sets import GAIN_CELLS, GAIN_ROWS, gains, knapsack_sets, row_slacks, size_bound
 from ..kernels.true_entries import true_pairs
@@ -488,12 +489,12 @@ _NUMPY_ARGMAX = 1 << 14
 
 
 def _argmax_rows(probs) -> torch.Tensor:
-    """(B,) int64 the first column of each row's largest value: NumPy's on CPU tensors (several times
-    faster than ``argmax`` along the rows of a (B, L) table there), the same index."""
-    if probs.device.type != "cpu" or probs.numel() < _NUMPY_ARGMAX:
+    """(B,) int64 the first column of each row's largest value: NumPy's on plain CPU tensors (several
+    times faster than ``argmax`` along the rows of a (B, L) table there; nothing tracing or counting
+    operators), the same index."""
+    if probs.numel() < _NUMPY_ARGMAX or not direct(probs):
         return probs.argmax(1)
-    return torch.from_numpy(np.argmax(_numpy(probs.detach() if probs.requires_grad else probs), axis=1).astype(
-        np.int64, copy=False))
+    return torch.from_numpy(np.argmax(_numpy(probs.detach()), axis=1).astype(np.int64, copy=False))
 
 
 def _dmin1_index(h, T) -> torch.Tensor:
@@ -950,7 +951,7 @@ def jaccard_decode_packed(post) -> torch.Tensor:
     if not h.ancestor_table_fits:
         values, k = post.probs.double() @ (1 / (h.leaf_depth.double() + 1)), 1  # E[J({root})]
     else:
-        top = post.probs.argmax(1)
+        top = _argmax_rows(post.probs)
         if num_e > 1:
             chain = _root_paths(h, T, top)  # (B, D + 1), N past the leaf; no (N, D + 1) table
             q = masses(chain)  # (B, D + 1, E)
@@ -980,7 +981,7 @@ def jaccard_decode_packed(post) -> torch.Tensor:
     # counted in int32 (exact below 2^31 nodes): a bool sum to int64 converts the whole (B, N) mask first
     count = keep.sum(1, dtype=torch.int32).long()
     (width,) = post.read(count.max())
-    ids = pack_rows(keep, _preorder_rank(h, T), width)  # (B, C), root first, preorder
+    ids = pack_rows(keep, _preorder_rank(h, T), width, pad=h.root)  # (B, C), root first, preorder; padding ignored
     trust_indices(count, width)
     members = jaccard_sets(masses(ids), ids, count, lb0, k_ref, T.pre, T.end, T.depth, T.dmin1,
                            T.depths, T.max_depth, mass_rel, mass_abs, post.plan.budget)
