@@ -15,7 +15,7 @@ E leaf depths, C candidates of a row, A a knapsack pair's allowed candidates, k 
 
 from __future__ import annotations
 
-__all__ = ["LANES", "fits", "node_sums_scratch", "depth_prefix_scratch", "path_argbest_scratch",
+__all__ = ["LANES", "fits", "node_sums_scratch", "depth_prefix_scratch", "gathered_prefix_scratch", "path_argbest_scratch",
            "path_score_best_scratch", "wu_palmer_best_scratch", "hf_beta_rows_scratch", "jaccard_pair_scratch", "jaccard_scratch_bound"]
 
 #: Rows a native node kernel carries together (``HD_LANES`` in ``hdecode_native.h``).
@@ -54,6 +54,12 @@ def path_argbest_scratch(num_nodes: int, in_size: int, acc_size: int) -> int:
     """Bytes of ``hd_path_argbest`` (``node_scores.c``): the accumulators ``8 · N · acc_size`` and two tables of
     node values ``2 · 8 · N · in_size`` (in_size: bytes of the values' dtype)."""
     return LANES * num_nodes * (acc_size + 2 * in_size)
+
+
+def gathered_prefix_scratch(num_src: int) -> int:
+    """Bytes of ``hd_gathered_prefix`` (``range_sums.c``): the table ``[0 | C | g]`` of 8 rows, ``8 · (2J + 1)``
+    float64."""
+    return LANES * (2 * num_src + 1) * 8
 
 
 def path_score_best_scratch(num_src: int, num_nodes: int, tour_len: int) -> int:

@@ -103,7 +103,8 @@ def gathered_prefix_torch(x: torch.Tensor, src: torch.Tensor, weight: torch.Tens
                           lo: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
     """The torch implementation of :func:`gathered_prefix` (every device): all rows at once, except
     on a CPU, where blocks of rows whose table is about ``CPU_BLOCK_BYTES`` (rows are independent: the
-    same bits)."""
+    same bits).  On plain CPU tensors where the native kernels apply, :func:`call` runs the native kernel
+    instead (:func:`~.native.gathered_prefix_native`: the same bits)."""
     check(x, src, weight, hi, lo, out_dtype)
     b, k = x.shape[0], hi.shape[0]
     out = x.new_empty((b, k), dtype=out_dtype)
@@ -151,5 +152,7 @@ def _backward(ctx, grad):
     return gx, None, None, None, None, None
 
 
+from .native import gathered_prefix_native  # noqa: E402  (it runs check, defined above)
+
 register("gathered_prefix", SCHEMA, gathered_prefix_torch, _fake, check, __name__ + ".triton",
-         autograd=(_backward, _setup_context))
+         autograd=(_backward, _setup_context), native=gathered_prefix_native)
