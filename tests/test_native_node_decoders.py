@@ -309,3 +309,25 @@ def test_a_counted_call_after_the_kernels_finds_the_torch_paths_tables(name, pla
                     metric.decode(x)
                 counts.append(c.ops)
     assert counts[:2] == counts[2:] and min(counts) > 0
+
+
+@needs_native
+@pytest.mark.parametrize("name", ["zhao", "wu_palmer", "lca_height"])
+def test_partial_groups_of_rows_decide_as_the_full_batch(name, monkeypatch):
+    """A batch that is not a multiple of the kernel's 8 lanes computes its last group on the lanes in use only:
+    every batch size 1-17 gives each row the decision the torch path and the whole batch give it."""
+    calls = _Calls(monkeypatch)
+    for h in [bundled("inat19")[0], hd.Hierarchy.from_parents(ONE_DEPTH)] + [h for h, _ in random_trees(53, 3)]:
+        if name == "wu_palmer" and h.num_leaf_depths != 1:
+            continue
+        metric = hd.get_metric(name, h, **({} if name == "lca_height" else {"strategy": "structural"}))
+        for dtype in (torch.float32, torch.float64):
+            x = _tie_rows(h, dtype, b=17, seed=h.num_nodes)
+            with hd.plan_for("cpu"):
+                full = metric.decode(x, validate=False)
+                with native.use_native(False):
+                    assert torch.equal(full, metric.decode(x, validate=False))
+                before = calls.count
+                for b in range(1, 18):
+                    assert torch.equal(metric.decode(x[-b:], validate=False), full[-b:]), (name, h.num_nodes, b)
+                assert calls.count == before + 17

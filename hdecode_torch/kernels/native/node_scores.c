@@ -245,8 +245,60 @@ HD_DEFINE_WU_PALMER_BEST(f64, double, double)
  * (``higher``) or least, a NaN score winning at its first place, as torch's argmax / argmin over the reordered
  * table.  Returns 1 where its buffers cannot be allocated, else 0.
  */
+#if defined(__GNUC__)
+#define HD_NOINLINE __attribute__((noinline))
+#else
+#define HD_NOINLINE
+#endif
+
+/* A group's scores and first best, given its node sums acc, on NL lanes: the constant HD_LANES for a full group
+ * (loops the compiler vectorises) or the lanes in use of a partial one (a single row no longer pays for eight).
+ * Each lane's operations are the same either way.  Two functions, so that the full group's code is as alone. */
+#define HD_DEFINE_PATH_ARGBEST_SCORES(SUFFIX, TIN, TACC, NAME, NL)                                              \
+static HD_NOINLINE void NAME##_##SUFFIX(int64_t lanes, const TACC *acc, TIN *p, TIN *s, int64_t num_nodes,      \
+        int64_t mode, const int64_t *up, const TIN *coef, int64_t root, int64_t zero_root, int64_t num_down,    \
+        const int64_t *down, int64_t scale_mode, const TIN *scale, int64_t num_cand, const int64_t *cand,       \
+        int64_t higher, TIN *best, int64_t *first) {                                                            \
+    int64_t i, k, w;                                                                                            \
+    (void)lanes;                                                                                                \
+    for (i = 0; i < num_nodes; i++) for (w = 0; w < (NL); w++) p[i * HD_LANES + w] = (TIN)acc[i * HD_LANES + w]; \
+    if (mode == 0) {                                                                                            \
+        for (i = 0; i < num_nodes; i++) {                                                                       \
+            const TIN c = coef[i];                                                                              \
+            for (w = 0; w < (NL); w++) s[i * HD_LANES + w] = p[i * HD_LANES + w] * c;                           \
+        }                                                                                                       \
+    } else {                                                                                                    \
+        for (i = 0; i < num_nodes; i++) {                                                                       \
+            const TIN c = coef[i];                                                                              \
+            const TIN *pu = p + up[i] * HD_LANES, *pi = p + i * HD_LANES;                                       \
+            for (w = 0; w < (NL); w++) { const TIN d = pu[w] - pi[w]; s[i * HD_LANES + w] = d * c; }            \
+        }                                                                                                       \
+    }                                                                                                           \
+    if (zero_root)                                                                                              \
+        for (w = 0; w < (NL); w++) s[root * HD_LANES + w] = 0;                                                  \
+    for (i = 0; i < num_down; i++) {                                                                            \
+        TIN *sn = s + down[i] * HD_LANES;                                                                       \
+        const TIN *su = s + up[down[i]] * HD_LANES;                                                             \
+        for (w = 0; w < (NL); w++) sn[w] = sn[w] + su[w];                                                       \
+    }                                                                                                           \
+    for (k = 0; k < num_cand; k++) {                                                                            \
+        const int64_t n = cand[k];                                                                              \
+        const TIN *sn = s + n * HD_LANES;                                                                       \
+        for (w = 0; w < (NL); w++) {                                                                            \
+            const TIN v = scale_mode == 0 ? sn[w] / scale[n] : scale_mode == 1 ? sn[w] * scale[n] : sn[w];      \
+            int take;                                                                                           \
+            if (k == 0) take = 1;                                                                               \
+            else if (best[w] != best[w]) take = 0;  /* a NaN stays the answer */                                \
+            else take = v != v || (higher ? v > best[w] : v < best[w]);                                         \
+            if (take) { best[w] = v; first[w] = k; }                                                            \
+        }                                                                                                       \
+    }                                                                                                           \
+}
+
 #define HD_DEFINE_PATH_ARGBEST(SUFFIX, TIN, TACC)                                                              \
 HD_DEFINE_TREE_SUMS(SUFFIX, TIN, TACC)                                                                          \
+HD_DEFINE_PATH_ARGBEST_SCORES(SUFFIX, TIN, TACC, path_scores_full, HD_LANES)                                    \
+HD_DEFINE_PATH_ARGBEST_SCORES(SUFFIX, TIN, TACC, path_scores_part, lanes)                                       \
                                                                                                                 \
 int hd_path_argbest_##SUFFIX(int64_t rows, int64_t num_leaves, int64_t num_nodes, const TIN *x, int64_t x_leaf, \
                              int64_t x_row, int64_t num_parents, const int64_t *parent, const int64_t *start,  \
@@ -254,7 +306,7 @@ int hd_path_argbest_##SUFFIX(int64_t rows, int64_t num_leaves, int64_t num_nodes
                              int64_t root, int64_t zero_root, int64_t num_down, const int64_t *down,           \
                              int64_t scale_mode, const TIN *scale, int64_t num_cand, const int64_t *cand,      \
                              int64_t higher, int64_t *pred, int64_t pred_stride) {                             \
-    int64_t r0, i, k, w;                                                                                        \
+    int64_t r0, w;                                                                                              \
     TACC *acc = (TACC *)calloc((size_t)num_nodes * HD_LANES, sizeof(TACC));                                    \
     TIN *p = (TIN *)calloc((size_t)num_nodes * HD_LANES * 2, sizeof(TIN));                                     \
     TIN *s;                                                                                                     \
@@ -266,38 +318,12 @@ int hd_path_argbest_##SUFFIX(int64_t rows, int64_t num_leaves, int64_t num_nodes
         int64_t first[HD_LANES];                                                                                \
         load_##SUFFIX(acc, lanes, num_leaves, x + r0 * x_row, x_leaf, x_row, NULL);                             \
         sum_##SUFFIX(acc, lanes, num_parents, parent, start, child);                                            \
-        for (i = 0; i < num_nodes * HD_LANES; i++) p[i] = (TIN)acc[i];                                          \
-        if (mode == 0) {                                                                                        \
-            for (i = 0; i < num_nodes; i++) {                                                                   \
-                const TIN c = coef[i];                                                                          \
-                for (w = 0; w < HD_LANES; w++) s[i * HD_LANES + w] = p[i * HD_LANES + w] * c;                   \
-            }                                                                                                   \
-        } else {                                                                                                \
-            for (i = 0; i < num_nodes; i++) {                                                                   \
-                const TIN c = coef[i];                                                                          \
-                const TIN *pu = p + up[i] * HD_LANES, *pi = p + i * HD_LANES;                                   \
-                for (w = 0; w < HD_LANES; w++) { const TIN d = pu[w] - pi[w]; s[i * HD_LANES + w] = d * c; }    \
-            }                                                                                                   \
-        }                                                                                                       \
-        if (zero_root)                                                                                          \
-            for (w = 0; w < HD_LANES; w++) s[root * HD_LANES + w] = 0;                                          \
-        for (i = 0; i < num_down; i++) {                                                                        \
-            TIN *sn = s + down[i] * HD_LANES;                                                                   \
-            const TIN *su = s + up[down[i]] * HD_LANES;                                                         \
-            for (w = 0; w < HD_LANES; w++) sn[w] = sn[w] + su[w];                                               \
-        }                                                                                                       \
-        for (k = 0; k < num_cand; k++) {                                                                        \
-            const int64_t n = cand[k];                                                                          \
-            const TIN *sn = s + n * HD_LANES;                                                                   \
-            for (w = 0; w < HD_LANES; w++) {                                                                    \
-                const TIN v = scale_mode == 0 ? sn[w] / scale[n] : scale_mode == 1 ? sn[w] * scale[n] : sn[w];  \
-                int take;                                                                                       \
-                if (k == 0) take = 1;                                                                           \
-                else if (best[w] != best[w]) take = 0;  /* a NaN stays the answer */                            \
-                else take = v != v || (higher ? v > best[w] : v < best[w]);                                     \
-                if (take) { best[w] = v; first[w] = k; }                                                        \
-            }                                                                                                   \
-        }                                                                                                       \
+        if (lanes == HD_LANES)                                                                                  \
+            path_scores_full_##SUFFIX(lanes, acc, p, s, num_nodes, mode, up, coef, root, zero_root, num_down, down, \
+                                      scale_mode, scale, num_cand, cand, higher, best, first);                  \
+        else                                                                                                    \
+            path_scores_part_##SUFFIX(lanes, acc, p, s, num_nodes, mode, up, coef, root, zero_root, num_down, down, \
+                                      scale_mode, scale, num_cand, cand, higher, best, first);                  \
         for (w = 0; w < lanes; w++) pred[(r0 + w) * pred_stride] = num_cand > 0 ? cand[first[w]] : -1;          \
     }                                                                                                           \
     free(acc);                                                                                                  \
