@@ -28,9 +28,8 @@ import torch
 
 from .ancestry import top_ancestor
 from .fused._checks import derived
-from .fused._registry import direct
 from .native import hf_beta as native_hf_beta
-from .true_entries import NUMPY_MIN_ENTRIES
+from .true_entries import listed_by_numpy, true_pairs
 
 __all__ = ["PruningStatistics", "pruning_statistics", "candidate_mask", "sampled_products", "sampled_rows",
            "candidate_pairs", "bounded_pairs", "pack_candidates", "pack_rows", "depth_rank", "depth_order"]
@@ -284,7 +283,7 @@ def pack_rows(keep: torch.Tensor, rank: torch.Tensor, width: int, pad: int | Non
     operators) NumPy lists the kept entries instead and sorts them by (row, rank), O(B·N + M log M)
     for M kept entries: a CPU's ``topk`` selects row by row at several times that cost.
     """
-    if pad is not None and keep.numel() >= NUMPY_MIN_ENTRIES and direct(keep):
+    if pad is not None and listed_by_numpy(keep):
         return _pack_rows_numpy(keep, rank, width, pad)
     key = torch.where(keep, rank, -1)
     return torch.topk(key, width, dim=1, largest=True, sorted=True).indices
@@ -294,7 +293,7 @@ def _pack_rows_numpy(keep: torch.Tensor, rank: torch.Tensor, width: int, pad: in
     """:func:`pack_rows` of a plain CPU mask with ``pad`` in the padding columns: the same kept columns."""
     bsz, n = keep.shape
     order, position = derived(("pack_order",), (rank,), lambda: _pack_order(rank))
-    sample, node = np.divmod(np.flatnonzero(keep.contiguous().numpy()), n)
+    sample, node = (t.numpy() for t in true_pairs(keep))
     # one sort of (row, position in pack order) keys: rows stay apart, each row's nodes come in rank order
     sample, slot = np.divmod(np.sort(sample * n + position[node]), n)
     count = np.bincount(sample, minlength=bsz)

@@ -15,14 +15,16 @@ import torch
 
 from .fused._registry import direct
 
-__all__ = ["true_positions", "true_pairs", "NUMPY_MIN_ENTRIES"]
+__all__ = ["true_positions", "true_pairs", "listed_by_numpy", "NUMPY_MIN_ENTRIES"]
 
 #: Entries from which a table's true entries are listed by NumPy (smaller ones keep the one ATen operator,
 #: which costs less than the conversions there).
 NUMPY_MIN_ENTRIES = 1 << 12
 
 
-def _by_numpy(mask: torch.Tensor) -> bool:
+def listed_by_numpy(mask: torch.Tensor) -> bool:
+    """Whether :func:`true_positions` and :func:`true_pairs` list ``mask``'s true entries with NumPy: at least
+    ``NUMPY_MIN_ENTRIES`` entries, a plain CPU tensor that nothing traces, counts or differentiates."""
     return mask.numel() >= NUMPY_MIN_ENTRIES and direct(mask)
 
 
@@ -31,7 +33,7 @@ def true_positions(mask: torch.Tensor) -> torch.Tensor:
     ``mask.reshape(-1).nonzero().squeeze(1)``.  O(numel)."""
     if mask.dtype != torch.bool:
         raise TypeError(f"Expected `mask` to be a bool tensor, but got {mask.dtype}")
-    if not _by_numpy(mask):
+    if not listed_by_numpy(mask):
         return mask.reshape(-1).nonzero().squeeze(1)
     return torch.from_numpy(np.flatnonzero(mask.contiguous().numpy()).astype(np.int64, copy=False))
 
@@ -41,7 +43,7 @@ def true_pairs(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     ``mask.nonzero().unbind(1)``.  O(numel)."""
     if mask.dtype != torch.bool or mask.dim() != 2:
         raise TypeError(f"Expected `mask` to be a 2-D bool tensor, but got {mask.dim()}-D {mask.dtype}")
-    if not _by_numpy(mask):
+    if not listed_by_numpy(mask):
         return mask.nonzero().unbind(1)
     row, col = np.divmod(np.flatnonzero(mask.contiguous().numpy()).astype(np.int64, copy=False), mask.shape[1])
     return torch.from_numpy(row), torch.from_numpy(col)

@@ -152,7 +152,7 @@ def _backward(ctx, grad):
     return gx, None, None, None, None, None
 
 
-from .native import gathered_prefix_native  # noqa: E402  (it runs check, defined above)
+from .native import gathered_prefix_native  # noqa: E402  (it imports check, defined above)
 
 register("gathered_prefix", SCHEMA, gathered_prefix_torch, _fake, check, __name__ + ".triton",
          autograd=(_backward, _setup_context), native=gathered_prefix_native)

@@ -11,6 +11,7 @@ from ... import native
 from ...native.budget import fits, gathered_prefix_scratch
 from .._checks import derived
 from .._node_sums import table_endpoints
+from . import check  # defined before the package imports this module
 
 __all__ = ["gathered_prefix_native"]
 
@@ -40,8 +41,6 @@ def gathered_prefix_native(x: torch.Tensor, src: torch.Tensor, weight: torch.Ten
     variant = _VARIANTS.get(x.dtype) if isinstance(x, torch.Tensor) else None
     if variant is None or x.dim() != 2 or not native.applies(x):
         return None
-    from . import check  # the package imports this module while it is defined
-
     check(x, src, weight, hi, lo, out_dtype)
     j = src.shape[0]
     if not fits(gathered_prefix_scratch(j)):
